@@ -1,0 +1,63 @@
+"""The ``kda_inductor`` torch.compile backend: stock Inductor plus our post-grad pass.
+
+Registered under the ``torch_dynamo_backends`` entry point, so
+``torch.compile(m, backend="kda_inductor")`` works without importing us.
+``mode=`` and every Inductor option behave exactly as with ``backend="inductor"``;
+the extra ``options["kda"]`` key holds :class:`~kda_inductor.options.KdaOptions`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kda_inductor.options import KdaOptions
+from kda_inductor.pass_manager import KdaPostGradPass, combine_with
+
+HOOK = "post_grad_custom_post_pass"
+
+
+def _inductor_config_patches(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """Inductor's own config patches for ``mode``/``options``, validated as Inductor does."""
+    wrapper_cls = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if wrapper_cls is not None:
+        return dict(wrapper_cls(mode, options, None).config)
+    # Fallback for a torch without the wrapper: same mapping, less validation.
+    from torch._inductor import list_mode_options
+
+    patches = dict(list_mode_options(mode)) if mode and mode != "default" else {}
+    patches.update({k.replace("-", "_"): v for k, v in options.items()})
+    return patches
+
+
+def kda_inductor(
+    gm: torch.fx.GraphModule,
+    example_inputs: list[Any],
+    mode: str | None = None,
+    options: dict[str, Any] | None = None,
+):
+    """Compile ``gm`` with Inductor, running the kda rewrites as a post-grad pass."""
+    from torch._inductor import config as inductor_config
+    from torch._inductor.compile_fx import compile_fx
+
+    options = dict(options or {})
+    kda_options = KdaOptions.parse(options.pop("kda", None))
+    patches = _inductor_config_patches(mode, options)
+    existing = patches.get(HOOK, getattr(inductor_config, HOOK))
+    patches[HOOK] = combine_with(KdaPostGradPass(kda_options), existing)
+    return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def _reset() -> None:
+    """Called by ``torch._dynamo.reset()``: drop cudagraph trees as Inductor does."""
+    from torch._inductor import config
+
+    if config.triton.cudagraphs:
+        from torch._inductor.cudagraph_trees import reset_cudagraph_trees
+
+        reset_cudagraph_trees()
+
+
+kda_inductor.reset = _reset  # type: ignore[attr-defined]
+

@@ -1,0 +1,11 @@
+"""The registry: every rewrite, by its stable name, in the order the pass runs them."""
+
+from __future__ import annotations
+
+from kda_inductor.patterns.base import Rewrite
+from kda_inductor.patterns.indexer_k_gather import IndexerKGather
+
+REWRITES: dict[str, type[Rewrite]] = {cls.name: cls for cls in (IndexerKGather,)}
+REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
+
+__all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite"]

@@ -1,0 +1,348 @@
+"""Read integer index arithmetic in a post-grad graph as sympy expressions.
+
+Rewrites that replace gathers must prove that the user's index tensors compute
+a specific function of the output position (``t`` along dim 0, ``j`` along dim
+1). Rather than matching one spelling node by node, :class:`IndexAlgebra`
+interprets the index-producing nodes symbolically: ``arange``/``iota`` become
+axis symbols, integer lookups into tensors become uninterpreted functions
+(``tab_<node>(i, ...)``), ``searchsorted``/``bucketize`` with ``right=True``
+become ``ss_<node>(x)`` (the count of entries ``<= x``), and ``+ - * // % >> &``
+and dtype casts become sympy arithmetic. Two spellings match when their
+normalized expressions are equal, so ``bucketize`` vs ``searchsorted``,
+``view`` vs ``reshape``, int32 vs int64, ``x % b`` vs ``x - x // b * b`` and
+``x >> 6`` vs ``x // 64`` all agree, while a different block size, group
+size or layout does not.
+
+Assumptions (documented for each rewrite that relies on them): index values are
+in range and non-negative where ``//``/``%`` are applied, so casts between
+integer dtypes and floor vs. truncating division do not change values, and a
+boundaries tensor sliced as ``b[1:]`` has ``b[0] <= x`` (``cu_seq_lens[0] == 0``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+
+from kda_inductor.patterns.base import aten, is_op, prims, val
+
+_counter = itertools.count()
+
+
+@dataclasses.dataclass(frozen=True)
+class Table:
+    """An integer tensor read by index (``cu_seq_lens``, ``block_table``...).
+
+    ``offset`` is a leading ``[k:]`` slice on dim 0 (only used for boundaries).
+    """
+
+    node: fx.Node
+    offset: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Sym:
+    """An integer tensor as ``expr`` of its axes; ``dims[d]`` is the axis symbol of dim d."""
+
+    expr: sympy.Expr
+    dims: tuple[sympy.Symbol | None, ...]
+
+
+def normalize(e: sympy.Expr) -> sympy.Expr:
+    """Canonical form: ``Mod`` spelled with ``floor``, everything expanded."""
+    e = e.replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b))
+    return sympy.expand(e, deep=True)
+
+
+def same(a: sympy.Expr, b: sympy.Expr) -> bool:
+    return sympy.simplify(normalize(a) - normalize(b)) == 0
+
+
+def _is_one(size: Any) -> bool:
+    return isinstance(size, int) and size == 1
+
+
+_INT_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
+_CASTS = (prims.convert_element_type, aten._to_copy, aten.to)
+_VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
+
+
+class IndexAlgebra:
+    """Memoized symbolic interpretation of integer nodes; see the module doc."""
+
+    def __init__(self) -> None:
+        self._memo: dict[fx.Node, Any] = {}
+        self.axis_len: dict[sympy.Symbol, Any] = {}
+        """Axis symbol -> the length argument of its iota/arange (int or node)."""
+        self.visited: set[fx.Node] = set()
+        """Every node interpreted as arithmetic (not tables): the region to replace."""
+        self._tables: dict[str, fx.Node] = {}
+
+    # ---------------------------------------------------------------- tables
+    def table_fn(self, node: fx.Node) -> Any:
+        """``tab_<node>(i, ...)``: the value of ``node`` at an index."""
+        return self._fn("tab", node)
+
+    def count_le_fn(self, node: fx.Node) -> Any:
+        """``ss_<node>(x)``: how many entries of the 1-D ``node`` are ``<= x``."""
+        return self._fn("ss", node)
+
+    def _fn(self, kind: str, node: fx.Node) -> Any:
+        name = f"{kind}_{node.name}"
+        self._tables[name] = node
+        return sympy.Function(name)
+
+    def tables_read(self, e: sympy.Expr, kind: str, arity: int) -> set[fx.Node]:
+        """Nodes read by ``kind`` ("tab"/"ss") functions of ``arity`` args in ``e``."""
+        return {
+            self._tables[f.func.__name__]
+            for f in e.atoms(sympy.core.function.AppliedUndef)
+            if f.func.__name__.startswith(kind + "_") and len(f.args) == arity
+        }
+
+    # ---------------------------------------------------------------- public
+    def interpret(self, node: Any) -> Sym | Table | int | None:
+        if isinstance(node, bool):
+            return None
+        if isinstance(node, int):
+            return node
+        if not isinstance(node, fx.Node):
+            return None
+        if node not in self._memo:
+            self._memo[node] = self._interpret(node)
+            if isinstance(self._memo[node], Sym):
+                self.visited.add(node)
+        return self._memo[node]
+
+    @staticmethod
+    def bind(
+        values: list[Sym], names: list[sympy.Symbol]
+    ) -> tuple[list[sympy.Expr], list[sympy.Symbol]] | None:
+        """Broadcast ``values`` together and rename their axes to ``names``.
+
+        Returns the renamed expressions and the original axis symbol of each
+        name, or ``None`` when the broadcast shape uses axes other than
+        ``names`` (or a ``names`` axis is missing).
+        """
+        rank = len(names)
+        if any(len(v.dims) > rank for v in values):
+            return None
+        axes: list[sympy.Symbol | None] = [None] * rank
+        exprs = []
+        for v in values:
+            e = v.expr
+            for pos, s in enumerate((None,) * (rank - len(v.dims)) + v.dims):
+                if s is None:
+                    continue
+                if axes[pos] is None:
+                    axes[pos] = s
+                elif axes[pos] != s:
+                    e = e.subs(s, axes[pos])
+            exprs.append(e)
+        if any(a is None for a in axes):
+            return None
+        mapping = dict(zip(axes, names))
+        out = [e.xreplace(mapping) for e in exprs]
+        stray = set().union(*(e.free_symbols for e in out)) - set(names)
+        return None if stray else (out, axes)
+
+    # -------------------------------------------------------------- internal
+    def _interpret(self, n: fx.Node) -> Sym | Table | int | None:
+        v = val(n)
+        if not isinstance(v, torch.Tensor) or v.dtype not in _INT_DTYPES:
+            return None
+        a = n.args
+        kw = n.kwargs
+        if is_op(n, prims.iota):
+            return self._axis(a[0], kw.get("start", 0), kw.get("step", 1))
+        if is_op(n, aten.arange):
+            if n.target is aten.arange.default:
+                return self._axis(a[0], 0, 1)
+            if n.target is aten.arange.start:
+                return self._axis_range(a[0], a[1], 1)
+            if n.target is aten.arange.start_step:
+                return self._axis_range(a[0], a[1], a[2] if len(a) > 2 else kw.get("step", 1))
+            return None
+        if is_op(n, *_CASTS):
+            inner = self.interpret(a[0])
+            return inner if isinstance(inner, (Sym, Table)) else None
+        if is_op(n, aten.clone, aten.alias):
+            return self.interpret(a[0])
+        if is_op(n, aten.slice):
+            return self._slice(n)
+        if is_op(n, aten.unsqueeze):
+            x = self.interpret(a[0])
+            if not isinstance(x, Sym):
+                return None
+            d = a[1] % (len(x.dims) + 1)
+            return Sym(x.expr, x.dims[:d] + (None,) + x.dims[d:])
+        if is_op(n, aten.squeeze, *_VIEWS, aten.expand):
+            return self._reshape(n)
+        if is_op(n, aten.add, aten.sub, aten.mul):
+            return self._binary(n)
+        if is_op(n, aten.neg):
+            x = self.interpret(a[0])
+            return Sym(-x.expr, x.dims) if isinstance(x, Sym) else None
+        if is_op(n, aten.div) and kw.get("rounding_mode") == "floor" or is_op(n, aten.floor_divide):
+            return self._binary(n, lambda x, y: sympy.floor(x / y))
+        if is_op(n, aten.remainder):
+            return self._binary(n, sympy.Mod)
+        if is_op(n, aten.bitwise_right_shift, aten.__rshift__):
+            return self._binary(n, lambda x, y: sympy.floor(x / 2**y), const_rhs=True)
+        if is_op(n, aten.bitwise_and):
+            return self._and_mask(n)
+        if is_op(n, aten.searchsorted):
+            right = kw.get("right", False) or kw.get("side") == "right"
+            return self._count_le(a[0], a[1], right)
+        if is_op(n, aten.bucketize):
+            right = kw.get("right", a[3] if len(a) > 3 else False)
+            return self._count_le(a[1], a[0], right)
+        if is_op(n, aten.index) and n.target is aten.index.Tensor:
+            return self._lookup(n)
+        if n.op in ("placeholder", "call_function", "get_attr"):
+            return Table(n)
+        return None
+
+    def _axis(self, length: Any, start: Any, step: Any) -> Sym | None:
+        if not (isinstance(start, int) and isinstance(step, int)):
+            return None
+        s = sympy.Symbol(f"axis{next(_counter)}", integer=True, nonnegative=True)
+        self.axis_len[s] = length
+        return Sym(start + step * s, (s,))
+
+    def _axis_range(self, start: Any, end: Any, step: Any) -> Sym | None:
+        if not (isinstance(start, int) and isinstance(end, int) and isinstance(step, int)):
+            return None
+        return self._axis((end - start + step - 1) // step, start, step)
+
+    def _operand(self, x: Any) -> Sym | None:
+        y = self.interpret(x)
+        if isinstance(y, int):
+            return Sym(sympy.Integer(y), ())
+        return y if isinstance(y, Sym) else None
+
+    def _binary(self, n: fx.Node, fn: Any = None, const_rhs: bool = False) -> Sym | None:
+        x, y = self._operand(n.args[0]), self._operand(n.args[1])
+        if x is None or y is None or (const_rhs and not y.expr.is_Integer):
+            return None
+        if fn is None:
+            alpha = n.kwargs.get("alpha", 1)
+            fn = {
+                "add": lambda p, q: p + alpha * q,
+                "sub": lambda p, q: p - alpha * q,
+                "mul": lambda p, q: p * q,
+            }[n.target.overloadpacket.__name__]
+        merged, ye = self._broadcast(x, y)
+        return Sym(fn(merged.expr, ye), merged.dims)
+
+    def _and_mask(self, n: fx.Node) -> Sym | None:
+        x, m = self._operand(n.args[0]), self._operand(n.args[1])
+        if x is None or m is None or not m.expr.is_Integer:
+            return None
+        mask = int(m.expr)
+        if mask < 0 or mask & (mask + 1):
+            return None
+        return Sym(sympy.Mod(x.expr, mask + 1), x.dims)
+
+    def _reshape(self, n: fx.Node) -> Sym | None:
+        x = self.interpret(n.args[0])
+        if not isinstance(x, Sym):
+            return None
+        in_shape, out_shape = tuple(val(n.args[0]).shape), tuple(val(n).shape)
+        if is_op(n, aten.expand):
+            lead = len(out_shape) - len(in_shape)
+            if lead < 0:
+                return None
+            dims = (None,) * lead + x.dims
+            # expanding a size-1 dim creates a constant axis: fine, no symbol.
+            return Sym(x.expr, dims)
+        kept_in = [(s, d) for s, d in zip(in_shape, x.dims) if not _is_one(s)]
+        kept_out = [i for i, s in enumerate(out_shape) if not _is_one(s)]
+        if len(kept_in) != len(kept_out):
+            return None
+        dims: list[sympy.Symbol | None] = [None] * len(out_shape)
+        for (size, d), pos in zip(kept_in, kept_out):
+            if not _known(size == out_shape[pos]):
+                return None
+            dims[pos] = d
+        return Sym(x.expr, tuple(dims))
+
+    def _slice(self, n: fx.Node) -> Sym | Table | None:
+        x = self.interpret(n.args[0])
+        dim = n.args[1] if len(n.args) > 1 else 0
+        start = n.args[2] if len(n.args) > 2 else 0
+        end = n.args[3] if len(n.args) > 3 else None
+        step = n.args[4] if len(n.args) > 4 else 1
+        if step != 1 or not isinstance(start, int):
+            return None
+        if isinstance(x, Table):
+            if start == 0:
+                return x  # a prefix of a table reads the same values
+            base = val(x.node)
+            if dim == 0 and base.dim() == 1 and x.offset + start <= 1:
+                return Table(x.node, x.offset + start)
+            return None
+        size = val(n.args[0]).shape[dim]
+        if isinstance(x, Sym) and start == 0 and (end is None or _known(end >= size)):
+            return x
+        return None
+
+    def _count_le(self, boundaries: Any, values: Any, right: bool) -> Sym | None:
+        if not right:
+            return None
+        b = self.interpret(boundaries)
+        x = self._operand(values)
+        if not isinstance(b, Table) or x is None or val(b.node).dim() != 1:
+            return None
+        return Sym(self.count_le_fn(b.node)(x.expr) - b.offset, x.dims)
+
+    def _lookup(self, n: fx.Node) -> Sym | None:
+        table = self.interpret(n.args[0])
+        indices = n.args[1]
+        if not isinstance(table, Table) or any(i is None for i in indices):
+            return None
+        if len(indices) != val(table.node).dim():
+            return None
+        ops = [self._operand(i) for i in indices]
+        if any(o is None for o in ops):
+            return None
+        # broadcast the index tensors together
+        merged = ops[0]
+        exprs = [merged.expr]
+        for o in ops[1:]:
+            merged, e = self._broadcast(merged, o)
+            exprs.append(e)
+        if table.offset:
+            exprs[0] = exprs[0] + table.offset
+        return Sym(self.table_fn(table.node)(*exprs), merged.dims)
+
+    @staticmethod
+    def _broadcast(x: Sym, y: Sym) -> tuple[Sym, sympy.Expr]:
+        """Broadcast ``x`` and ``y``; returns merged dims (with x's expr) and y's expr."""
+        rank = max(len(x.dims), len(y.dims))
+        xd = (None,) * (rank - len(x.dims)) + x.dims
+        yd = (None,) * (rank - len(y.dims)) + y.dims
+        ye = y.expr
+        dims = []
+        for p, q in zip(xd, yd):
+            if p is not None and q is not None and p != q:
+                ye = ye.subs(q, p)
+            dims.append(p if p is not None else q)
+        return Sym(x.expr, tuple(dims)), ye
+
+
+def _known(pred: Any) -> bool:
+    """``pred`` (a bool or SymBool) is true for every value of its symbols."""
+    if isinstance(pred, bool):
+        return pred
+    try:
+        from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+        return bool(statically_known_true(pred))
+    except Exception:  # noqa: BLE001
+        return False

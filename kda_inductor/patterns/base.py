@@ -1,0 +1,127 @@
+"""What every rewrite implements, and the graph helpers they share.
+
+A rewrite is two steps over a post-grad FX graph:
+
+* ``find(graph)`` looks, never mutates, and returns matches;
+* ``replace(graph, match)`` inserts the fused op and reroutes the users.
+
+The pass manager runs ``replace`` inside :func:`transaction`, so a rewrite that
+raises half-way leaves the graph as it found it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import Iterable, Iterator
+from typing import Any, ClassVar
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+
+
+@dataclasses.dataclass
+class Match:
+    """One place to rewrite: the nodes it replaces and whatever the rewrite needs."""
+
+    nodes: list[fx.Node]
+    """Every node of the matched region (outputs included); erased when dead."""
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+class Rewrite:
+    """Base class of one rewrite; subclasses live one per file in ``patterns/``."""
+
+    name: ClassVar[str]
+    summary: ClassVar[str]
+    eager_form_hint: ClassVar[str | None] = None
+    """Where to find a traceable spelling, for ``explain()`` when a frame fell back to eager."""
+
+    def find(self, graph: fx.Graph) -> list[Match]:
+        raise NotImplementedError
+
+    def replace(self, graph: fx.Graph, match: Match) -> None:
+        raise NotImplementedError
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def val(node: Any) -> Any:
+    """The fake value recorded on a node (``None`` when absent or not a node)."""
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def is_op(node: Any, *targets: Any) -> bool:
+    """``node`` calls one of ``targets`` (an OpOverload or an OpOverloadPacket)."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    t = node.target
+    for want in targets:
+        if t is want or getattr(t, "overloadpacket", None) is want:
+            return True
+    return False
+
+
+def region_is_closed(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> bool:
+    """Every node of the region but its outputs is used only inside the region.
+
+    A region whose intermediate values are read elsewhere cannot be replaced
+    without recomputing them, so rewrites refuse it.
+    """
+    inside = set(nodes)
+    outs = set(outputs)
+    return all(
+        user in inside for n in inside if n not in outs for user in n.users
+    )
+
+
+def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
+    """Erase the given nodes that have no users left, users before producers."""
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    for n in sorted(set(nodes), key=order.__getitem__, reverse=True):
+        if not n.users and n.op == "call_function":
+            graph.erase_node(n)
+
+
+def fake_mode_of(graph: fx.Graph):
+    """The FakeTensorMode the graph's metadata was made with."""
+    from torch._guards import detect_fake_mode
+
+    vals = [val(n) for n in graph.nodes if n.op == "placeholder"]
+    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
+
+
+def set_fake_vals(graph: fx.Graph, node: fx.Node) -> None:
+    """Run ``node``'s target on the fake values of its args and record the result."""
+    mode = fake_mode_of(graph)
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: val(n))
+    ctx = mode if mode is not None else contextlib.nullcontext()
+    with ctx:
+        node.meta["val"] = node.target(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def transaction(graph: fx.Graph) -> Iterator[None]:
+    """Undo node insertions if the body raises.
+
+    Rewrites insert new nodes first and reroute users last, so erasing what was
+    inserted restores the graph. If users were already rerouted the graph is
+    not restorable and the error propagates as a hard failure.
+    """
+    before = set(graph.nodes)
+    try:
+        yield
+    except BaseException:
+        new = [n for n in graph.nodes if n not in before]
+        for n in reversed(new):
+            if any(u in before for u in n.users):
+                raise RuntimeError(
+                    "kda_inductor: a rewrite failed after rerouting users; "
+                    "the graph cannot be restored"
+                )
+            graph.erase_node(n)
+        raise

@@ -1,0 +1,236 @@
+"""``indexer_k_gather``: DeepSeek-V3.2's indexer K-cache gather -> one fused op.
+
+What it finds (post-grad graph): two ``aten.index`` gathers out of a flat uint8
+view of the blocked paged cache ``kv_cache [num_blocks, block_size, D + 4G]``
+(``kv_cache.view(num_blocks, -1)[rows, cols]``, or the 1-D form
+``kv_cache.view(-1)[rows * block_bytes + cols]``): one reading the ``D`` fp8
+value bytes of every token, one reading its ``4G`` scale bytes. Their index
+tensors must compute exactly, for output row ``t`` and column ``j``::
+
+    req  = searchsorted(cu_seq_lens, t, right=True) - 1
+    pos  = t - cu_seq_lens[req]
+    rows = block_table[req, pos // block_size]
+    cols = (pos % block_size) * D + j                                # values
+    cols = block_size * D + (pos % block_size) * 4G + j              # scales
+
+which is checked symbolically (``_index_algebra``), so any spelling of the same
+arithmetic matches (bucketize, ``cu[1:]`` without the ``- 1``, int32 or int64,
+``view`` or ``reshape``, ``%`` or ``&``, ...) and a different layout, block
+size or group size does not. The scale bytes may be viewed as float32 ``[N, G]``
+or kept as uint8 ``[N, 4G]``; the result may be returned or copied into
+preallocated buffers: only the gathers are replaced, the user's views and
+copies stay.
+
+Extra checks: both gathers present and reading the same cache, table and
+lengths; ``D`` a multiple of 128; every intermediate node used only by the
+gathers (a region whose intermediates are read elsewhere is left alone).
+
+Replacement: ``torch.ops.kda.indexer_k_gather(kv_cache, block_table,
+cu_seq_lens, num_tokens, D)`` returning both byte tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+
+from kda_inductor.lowerings import indexer_k_gather as _lowering  # registers the op
+from kda_inductor.patterns._index_algebra import (
+    IndexAlgebra,
+    Sym,
+    same,
+)
+from kda_inductor.patterns.base import (
+    Match,
+    Rewrite,
+    aten,
+    erase_dead,
+    is_op,
+    region_is_closed,
+    set_fake_vals,
+    val,
+)
+from kda_inductor.reference import QUANT_GROUP
+
+_T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
+_VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
+
+
+@dataclasses.dataclass
+class _Gather:
+    """One ``aten.index`` out of the flat cache, with what its indices compute."""
+
+    node: fx.Node
+    cache: fx.Node
+    flat: fx.Node
+    rows: sympy.Expr  # block row index (2-D form) or None (1-D form)
+    cols: sympy.Expr  # byte column within the block (2-D) or flat byte index (1-D)
+    width: Any
+    t_axis: sympy.Symbol
+
+
+def _cache_of(flat: Any) -> fx.Node | None:
+    """The 3-D uint8 cache that ``flat`` is a flat view of, else ``None``."""
+    if not is_op(flat, *_VIEWS):
+        return None
+    cache = flat.args[0]
+    cv, fv = val(cache), val(flat)
+    if cv is None or fv is None or cv.dtype != torch.uint8 or cv.dim() != 3:
+        return None
+    nb, bs, row = cv.shape
+    if fv.dim() == 2 and fv.shape[1] == bs * row:
+        return cache
+    if fv.dim() == 1:
+        return cache
+    return None
+
+
+def _layout(cache: fx.Node) -> tuple[int, int, int] | None:
+    """(block_size, head_dim, scale_bytes) of a blocked cache, if its row width fits."""
+    _, bs, row = val(cache).shape
+    if not all(isinstance(x, int) for x in (bs, row)):
+        return None
+    if row % (QUANT_GROUP + 4):
+        return None
+    groups = row // (QUANT_GROUP + 4)
+    return bs, groups * QUANT_GROUP, 4 * groups
+
+
+class IndexerKGather(Rewrite):
+    name = "indexer_k_gather"
+    summary = "DeepSeek-V3.2 indexer K-cache gather (values + scales) -> kda::indexer_k_gather"
+    eager_form_hint = (
+        "kda_inductor.reference.gather_indexer_k (sync-free: searchsorted + advanced "
+        "indexing) traces into one graph and is rewritten by indexer_k_gather"
+    )
+
+    def find(self, graph: fx.Graph) -> list[Match]:
+        algebra = IndexAlgebra()
+        gathers = [g for n in graph.nodes if (g := self._gather(n, algebra)) is not None]
+        matches = []
+        used: set[fx.Node] = set()
+        for values in gathers:
+            if values.node in used:
+                continue
+            layout = _layout(values.cache)
+            if layout is None or values.width != layout[1]:
+                continue
+            m = self._pair(values, gathers, layout, algebra, used)
+            if m is not None:
+                used.update((m.data["values"], m.data["scales"]))
+                matches.append(m)
+        return matches
+
+    # ------------------------------------------------------------------ find
+    @staticmethod
+    def _gather(n: fx.Node, algebra: IndexAlgebra) -> _Gather | None:
+        if not (is_op(n, aten.index) and n.target is aten.index.Tensor):
+            return None
+        flat, indices = n.args
+        cache = _cache_of(flat)
+        out = val(n)
+        if cache is None or out is None or out.dim() != 2 or any(i is None for i in indices):
+            return None
+        if len(indices) != val(flat).dim():
+            return None
+        syms = [algebra.interpret(i) for i in indices]
+        if not all(isinstance(s, Sym) for s in syms):
+            return None
+        bound = algebra.bind(syms, [_T, _J])
+        if bound is None:
+            return None
+        exprs, axes = bound
+        rows, cols = (exprs if len(exprs) == 2 else (None, exprs[0]))
+        return _Gather(n, cache, flat, rows, cols, out.shape[1], axes[0])
+
+    def _pair(self, values, gathers, layout, algebra, used) -> Match | None:
+        bs, hd, sb = layout
+        e = values.rows if values.rows is not None else values.cols
+        cus, bts = algebra.tables_read(e, "ss", 1), algebra.tables_read(e, "tab", 2)
+        if len(cus) != 1 or len(bts) != 1:
+            return None
+        cu, bt = cus.pop(), bts.pop()
+        req = algebra.count_le_fn(cu)(_T) - 1
+        pos = _T - algebra.table_fn(cu)(req)
+        row = algebra.table_fn(bt)(req, sympy.floor(pos / bs))
+        off = sympy.Mod(pos, bs)
+        block_bytes = bs * (hd + sb)
+
+        def fits(g: _Gather, col: sympy.Expr) -> bool:
+            if g.rows is None:  # 1-D form: one flat byte index
+                return same(g.cols, row * block_bytes + col)
+            return same(g.rows, row) and same(g.cols, col)
+
+        if not fits(values, off * hd + _J):
+            return None
+        for scales in gathers:
+            if (
+                scales.node in used
+                or scales.cache is not values.cache
+                or scales.width != sb
+                or algebra.axis_len[scales.t_axis] != algebra.axis_len[values.t_axis]
+                or not fits(scales, bs * hd + off * sb + _J)
+            ):
+                continue
+            region = (algebra.visited & _ancestors(values.node, scales.node)) | {
+                values.node,
+                scales.node,
+            }
+            if not region_is_closed(region, [values.node, scales.node]):
+                continue
+            return Match(
+                nodes=sorted(region | {values.flat, scales.flat}, key=_order(values.node.graph)),
+                data={
+                    "values": values.node,
+                    "scales": scales.node,
+                    "cache": values.cache,
+                    "block_table": bt,
+                    "cu_seq_lens": cu,
+                    "num_tokens": algebra.axis_len[values.t_axis],
+                    "head_dim": hd,
+                },
+            )
+        return None
+
+    # --------------------------------------------------------------- replace
+    def replace(self, graph: fx.Graph, match: Match) -> None:
+        d = match.data
+        first = min((d["values"], d["scales"]), key=_order(graph))
+        with graph.inserting_before(first):
+            fused = graph.call_function(
+                torch.ops.kda.indexer_k_gather.default,
+                (d["cache"], d["block_table"], d["cu_seq_lens"], d["num_tokens"], d["head_dim"]),
+            )
+            set_fake_vals(graph, fused)
+            outs = []
+            for i in range(2):
+                g = graph.call_function(operator.getitem, (fused, i))
+                g.meta["val"] = fused.meta["val"][i]
+                outs.append(g)
+        fused.meta["stack_trace"] = d["values"].meta.get("stack_trace")
+        d["values"].replace_all_uses_with(outs[0])
+        d["scales"].replace_all_uses_with(outs[1])
+        erase_dead(graph, match.nodes)
+
+
+def _order(graph: fx.Graph):
+    """Sort key: a node's position in ``graph``."""
+    pos = {n: i for i, n in enumerate(graph.nodes)}
+    return pos.__getitem__
+
+
+def _ancestors(*nodes: fx.Node) -> set[fx.Node]:
+    seen: set[fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        for m in n.all_input_nodes:
+            if m not in seen:
+                seen.add(m)
+                stack.append(m)
+    return seen

@@ -1,0 +1,117 @@
+"""Eager references for the rewrites, kept deliberately plain.
+
+Every function here is the *specification* the fused ops are tested against.
+Cache layout (see ``shared/reference.md``): ``kv_cache`` is uint8
+``[num_blocks, block_size, head_dim + 4 * head_dim // 128]`` but laid out
+BLOCKED: one block holds ``block_size * head_dim`` fp8 value bytes (token ``o``
+at ``o * head_dim``) followed by ``block_size`` float32 scales per 128-value
+group (token ``o``, group ``g`` at ``block_size * head_dim + 4 * (o * G + g)``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+QUANT_GROUP = 128
+"""Values per float32 scale."""
+
+
+def scale_bytes(head_dim: int) -> int:
+    """Bytes of float32 scales per token for ``head_dim`` values."""
+    return 4 * (head_dim // QUANT_GROUP)
+
+
+def cache_row_bytes(head_dim: int) -> int:
+    """The nominal last dim of ``kv_cache``: value bytes plus scale bytes per token."""
+    return head_dim + scale_bytes(head_dim)
+
+
+def gather_indexer_k_loop(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens):
+    """The seed's per-request Python loop (host syncs and all). Fills ``dst_*`` in place.
+
+    ``dst_value``: ``[N, head_dim]`` fp8/uint8; ``dst_scale``: ``[N, 4 * G]`` uint8.
+    Cannot be traced by Dynamo (data-dependent branching); kept to check the others.
+    """
+    num_blocks, block_size, _ = kv_cache.shape
+    head_dim = dst_value.shape[-1]
+    sb = scale_bytes(head_dim)
+    flat = kv_cache.view(num_blocks, -1)
+    dst_value = dst_value.view(torch.uint8)
+    dst_scale = dst_scale.view(torch.uint8).view(dst_value.shape[0], sb)
+    for b in range(block_table.shape[0]):
+        start, end = cu_seq_lens[b], cu_seq_lens[b + 1]
+        s = end - start
+        if s == 0:
+            continue
+        n_blk = (s + block_size - 1) // block_size
+        for i in range(n_blk):
+            blk = block_table[b, i]
+            lo = start + i * block_size
+            hi = torch.minimum(end, lo + block_size)
+            cnt = hi - lo
+            dst_value[lo:hi] = flat[blk, : cnt * head_dim].view(-1, head_dim)
+            base = block_size * head_dim
+            dst_scale[lo:hi] = flat[blk, base : base + cnt * sb].view(-1, sb)
+    return dst_value, dst_scale
+
+
+def gather_indexer_k(kv_cache, block_table, cu_seq_lens, num_tokens: int):
+    """The sync-free vectorized form: what ``indexer_k_gather`` matches.
+
+    Returns ``(values, scales)``: fp8 e4m3 ``[N, head_dim]`` and float32 ``[N, G]``.
+    """
+    num_blocks, block_size, row = kv_cache.shape
+    head_dim = row * QUANT_GROUP // (QUANT_GROUP + 4)
+    sb = scale_bytes(head_dim)
+    device = kv_cache.device
+    token = torch.arange(num_tokens, device=device)
+    req = torch.searchsorted(cu_seq_lens, token, right=True) - 1
+    pos = token - cu_seq_lens[req]
+    blk = block_table[req, pos // block_size]
+    off = pos % block_size
+    flat = kv_cache.view(num_blocks, -1)
+    val_col = (off * head_dim).unsqueeze(1) + torch.arange(head_dim, device=device)
+    values = flat[blk.unsqueeze(1), val_col]
+    sc_col = (block_size * head_dim + off * sb).unsqueeze(1) + torch.arange(sb, device=device)
+    scales = flat[blk.unsqueeze(1), sc_col]
+    return values.view(torch.float8_e4m3fn), scales.view(torch.float32)
+
+
+def dequantize_k(values: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """fp8 values ``[N, D]`` times their float32 group scales ``[N, D // 128]`` -> float32."""
+    v = values.view(torch.float8_e4m3fn).float()
+    s = scales.view(torch.float32).reshape(v.shape[0], -1)
+    return (v.view(v.shape[0], -1, QUANT_GROUP) * s.unsqueeze(-1)).view_as(v)
+
+
+def random_indexer_cache(seq_lens, block_size=64, head_dim=128, *, extra_blocks=3,
+                         table_stride_pad=0, index_dtype=torch.int32, device="cpu",
+                         generator=None):
+    """A random blocked cache plus a shuffled block table for requests of ``seq_lens``.
+
+    Every byte of the cache is random (value bytes are replaced by finite fp8 and
+    scales by positive float32 so that dequantizing is meaningful). The table gets
+    ``table_stride_pad`` unused columns per row and is returned as a column slice,
+    so its row stride is larger than its width. Returns
+    ``(kv_cache, block_table, cu_seq_lens, num_tokens)``.
+    """
+    g = generator
+    seq_lens = [int(s) for s in seq_lens]
+    blocks_per = [(s + block_size - 1) // block_size for s in seq_lens]
+    width = max(1, max(blocks_per, default=1))
+    num_blocks = sum(blocks_per) + extra_blocks
+    sb = scale_bytes(head_dim)
+    vals = (torch.randn(num_blocks, block_size * head_dim, generator=g) * 40).to(torch.float8_e4m3fn)
+    scs = torch.rand(num_blocks, block_size * sb // 4, generator=g) * 0.1 + 1e-3
+    cache = torch.cat([vals.view(torch.uint8), scs.view(torch.uint8)], dim=1)
+    cache = cache.view(num_blocks, block_size, head_dim + sb)
+    perm = torch.randperm(num_blocks, generator=g)
+    table = torch.randint(0, num_blocks, (len(seq_lens), width + table_stride_pad), generator=g)
+    used = 0
+    for b, n in enumerate(blocks_per):
+        table[b, :n] = perm[used : used + n]
+        used += n
+    table = table.to(index_dtype)[:, :width]
+    cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(seq_lens, dtype=torch.int64), 0)
+    return cache.to(device), table.to(device), cu.to(device), int(cu[-1])

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections import Counter
 from collections.abc import Callable
 from typing import Any
@@ -110,8 +111,8 @@ def _hint(reason: str) -> str | None:
     )
 
 
-def _eager_frames(breaks: Counter, unimplemented: Counter, frames: Counter) -> list[EagerFrame]:
-    reasons = list(unimplemented) + list(breaks)
+def _eager_frames(breaks: Counter, frames: Counter) -> list[EagerFrame]:
+    reasons = list(breaks)
     found: dict[tuple[str, str], EagerFrame] = {}
     for reason in reasons:
         for m in _FRAME_SKIPPED.finditer(reason):
@@ -137,21 +138,23 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     import torch._dynamo
 
     torch._dynamo.reset()
-    records: list[dict[str, Any]] = []
-    observe = records.append
     before = _snapshot()
-    pass_manager._observers.append(observe)
-    try:
-        with torch._inductor.config.patch(force_disable_caches=True):
-            torch.compile(fn, backend="kda_inductor")(*args, **kwargs)
-    finally:
-        pass_manager._observers.remove(observe)
+    with (
+        pass_manager.observe() as records,
+        torch._inductor.config.patch(force_disable_caches=True),
+        warnings.catch_warnings(),
+    ):
+        warnings.filterwarnings("ignore", message=".*force disabled by.*force_disable_caches")
+        torch.compile(fn, backend="kda_inductor")(*args, **kwargs)
     breaks = _delta(before, "graph_break")
+    unimplemented = _delta(before, "unimplemented")
+    # A break that made Dynamo skip the whole frame is only counted as unimplemented.
+    breaks |= unimplemented
     graphs = [GraphReport(r["matches"], r["before"], r["after"], r["errors"]) for r in records]
     matches = {name: sum(g.matches.get(name, 0) for g in graphs) for name in REWRITE_NAMES}
     return Report(
         matches=matches,
         graphs=graphs,
         graph_breaks=[GraphBreak(_first_line(r), r, c) for r, c in breaks.items()],
-        eager_frames=_eager_frames(breaks, _delta(before, "unimplemented"), _delta(before, "frames")),
+        eager_frames=_eager_frames(breaks, _delta(before, "frames")),
     )

@@ -8,13 +8,14 @@ FX graph cache stays on and never serves code compiled with other options.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
 import pathlib
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch.fx as fx
@@ -121,3 +122,19 @@ def combine_with(ours: KdaPostGradPass, existing: Any) -> Any:
     if isinstance(existing, (list, tuple)):
         return [ours, *existing]
     return _Chain(ours, existing)
+
+
+@contextlib.contextmanager
+def observe() -> Iterator[list[dict[str, Any]]]:
+    """Collect one record per graph our pass runs on while the block executes.
+
+    Each record has ``matches`` (rewrite -> count), ``errors`` (rewrite ->
+    message), and the graph text ``before`` and ``after`` the pass. Only
+    graphs actually compiled are seen: disable Inductor's caches to see all.
+    """
+    records: list[dict[str, Any]] = []
+    _observers.append(records.append)
+    try:
+        yield records
+    finally:
+        _observers.remove(records.append)

@@ -1,0 +1,252 @@
+"""Timing, table and result-recording helpers shared by the project's benchmarks.
+
+GPU timings come from CUDA-graph replay (``graph_replay_median_us``): the function
+is warmed up (which also triggers ``torch.compile``), ONE call is captured into a
+``torch.cuda.CUDAGraph`` and the graph is replayed back to back, ``inner`` replays
+between one pair of CUDA events, ``reps`` times; the result is the median of the
+per-replay averages. This takes Python, guards and launch overhead out of the
+number, like the project's anchor measurements.
+
+L2 caching: by default one input set is captured, so small inputs may be served
+from L2 (H200: 50 MB). Pass several callables (one per input set, same shapes)
+to rotate: each is captured into its own graph and the graphs are replayed
+round-robin, so the data one replay touches was last touched ``len(fns) - 1``
+replays earlier; choose enough sets that their footprint is well beyond L2.
+The copy-bandwidth floor uses a 2 GiB buffer and therefore is always a DRAM
+number.
+
+Functions that cannot be captured (host syncs) are timed call by call with
+``eager_median_us``; ``perf_counter_median_us`` is the CPU-only stand-in used by
+smoke runs, whose numbers are not meaningful.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import itertools
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+Column = tuple[str, str, str]
+"""A table column: (row key, header, format spec); ``None`` values print as ``-``."""
+
+
+# --------------------------------------------------------------------------- timing
+
+
+def _as_list(fns: Callable | Sequence[Callable]) -> list[Callable]:
+    """One callable or a sequence of them, as a list."""
+    return [fns] if callable(fns) else list(fns)
+
+
+def capture_graph(fn: Callable, *, warmup: int = 3):
+    """Warm ``fn`` up on a side stream, then capture ONE call into a CUDA graph.
+
+    Returns ``(graph, output)``; keep the output alive as long as the graph.
+    """
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    torch.cuda.synchronize()
+    return graph, out
+
+
+def replay_median_us(graphs: Sequence, *, reps: int = 100, inner: int = 20) -> float:
+    """Median microseconds per replay of ``graphs`` replayed round-robin.
+
+    Each sample is one event pair around ``inner`` back-to-back replays.
+    """
+    order = itertools.cycle(graphs)
+    for graph in graphs:  # first replays upload the graphs
+        graph.replay()
+    torch.cuda.synchronize()
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    samples = []
+    for _ in range(reps):
+        start.record()
+        for _ in range(inner):
+            next(order).replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / inner)
+    return statistics.median(samples)
+
+
+def graph_replay_median_us(fns: Callable | Sequence[Callable], *, warmup: int = 3,
+                           reps: int = 100, inner: int = 20) -> float:
+    """Median microseconds of one call of ``fn``, by CUDA-graph replay.
+
+    ``fns`` is one zero-argument callable or several (one per input set, to rotate
+    among input sets; see the module docstring). Each is warmed up ``warmup``
+    times and captured once; see ``replay_median_us`` for ``reps``/``inner``.
+    """
+    captured = [capture_graph(fn, warmup=warmup) for fn in _as_list(fns)]
+    return replay_median_us([graph for graph, _ in captured], reps=reps, inner=inner)
+
+
+def eager_median_us(fn: Callable, reps: int = 5, *, warmup: int = 1) -> float:
+    """Median microseconds of plain calls of ``fn``, each between two CUDA events.
+
+    For functions that cannot be captured (host syncs); host time is included.
+    """
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(reps):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3)
+    return statistics.median(samples)
+
+
+def perf_counter_median_us(fn: Callable, reps: int = 5, *, warmup: int = 1) -> float:
+    """Median wall-clock microseconds of ``fn`` by ``time.perf_counter`` (CPU smoke only)."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(samples)
+
+
+def measure_copy_bandwidth(device, nbytes: int = 2 << 30, *, reps: int = 10,
+                           inner: int = 5) -> float:
+    """Device-to-device copy bandwidth in bytes/s, counting read + write.
+
+    Copies an ``nbytes`` buffer (default 2 GiB, far beyond L2) and times it by
+    CUDA-graph replay.
+    """
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    src.fill_(1)
+    us = graph_replay_median_us(lambda: dst.copy_(src), warmup=2, reps=reps, inner=inner)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * nbytes / (us * 1e-6)
+
+
+# --------------------------------------------------------------------------- tables
+
+
+def _cell(value, spec: str) -> str:
+    """Format one table cell; ``None`` becomes ``-``."""
+    return "-" if value is None else format(value, spec)
+
+
+def table_cells(rows: Iterable[dict], columns: Sequence[Column]) -> list[list[str]]:
+    """Rows formatted as strings, one list per row, in column order."""
+    return [[_cell(row.get(key), spec) for key, _, spec in columns] for row in rows]
+
+
+def print_table(rows: Sequence[dict], columns: Sequence[Column], title: str = "") -> None:
+    """Print ``rows`` as a table: with ``rich`` if importable, else aligned text."""
+    headers = [header for _, header, _ in columns]
+    cells = table_cells(rows, columns)
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+        if title:
+            print(title)
+        for line in [headers, ["-" * w for w in widths], *cells]:
+            print("  ".join(c.rjust(w) for c, w in zip(line, widths)))
+        return
+    table = Table(title=title or None)
+    for header in headers:
+        table.add_column(header, justify="right")
+    for row in cells:
+        table.add_row(*row)
+    Console().print(table)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[Column]) -> str:
+    """``rows`` as a GitHub markdown table."""
+    lines = ["| " + " | ".join(header for _, header, _ in columns) + " |",
+             "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(r) + " |" for r in table_cells(rows, columns)]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------- recording
+
+
+def environment_info() -> dict:
+    """Date (UTC), GPU name, torch and triton versions of this run."""
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else None
+    return {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "gpu": gpu,
+        "torch": torch.__version__,
+        "triton": triton_version,
+    }
+
+
+def write_json(path: str | os.PathLike, payload: dict) -> Path:
+    """Write ``payload`` as indented JSON to ``path``, creating parent folders."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    return path
+
+
+def append_markdown(path: str | os.PathLike, title: str, env: dict, table: str,
+                    notes: str = "") -> Path:
+    """Append a dated section (GPU, torch, triton, ``notes``, ``table``) to ``path``.
+
+    Creates the file, headed by ``# title``, if it does not exist.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    header = "" if path.exists() else f"# {title}\n"
+    section = (f"\n## {env['date']}\n\n"
+               f"GPU: {env['gpu']}; torch {env['torch']}; triton {env['triton']}\n\n"
+               + (notes + "\n\n" if notes else "") + table)
+    with path.open("a") as f:
+        f.write(header + section)
+    return path
+
+
+def record_results(name: str, payload: dict, table: str, *, results_dir: str | os.PathLike,
+                   title: str, notes: str = "") -> list[Path]:
+    """Record one run: ``results_dir/name.json`` (latest run only) and a dated section
+    appended to ``results_dir/name.md``. Returns the paths written.
+
+    ``payload`` must hold the ``environment_info()`` dict under ``"env"``.
+    """
+    results_dir = Path(results_dir)
+    return [write_json(results_dir / f"{name}.json", payload),
+            append_markdown(results_dir / f"{name}.md", title, payload["env"], table, notes)]
+
+
+def write_out_json(filename: str, payload: dict) -> Path | None:
+    """Write ``payload`` to ``$OUT/filename`` if the ``OUT`` env var is set."""
+    out = os.environ.get("OUT")
+    return write_json(Path(out) / filename, payload) if out else None

@@ -1,0 +1,161 @@
+"""The backend, its options, the pass manager and explain(), end to end."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._inductor.custom_graph_pass import CustomGraphPass
+
+import kda_inductor
+from kda_inductor.options import KdaOptions
+from kda_inductor.pass_manager import KdaPostGradPass, combine_with
+from kda_inductor.patterns.indexer_k_gather import IndexerKGather
+from kda_inductor.reference import gather_indexer_k, gather_indexer_k_loop, random_indexer_cache
+from tests.helpers import assert_bytes_equal, compile_and_run, fresh_compile
+
+
+@pytest.fixture
+def inputs():
+    g = torch.Generator().manual_seed(1234)
+    return random_indexer_cache([3, 0, 40, 17], 16, 128, table_stride_pad=1, generator=g)
+
+
+def _gather_fn(n):
+    return lambda c, t, s: gather_indexer_k(c, t, s, n)
+
+
+def test_registered_through_entry_point():
+    assert "kda_inductor" in torch._dynamo.list_backends(exclude_tags=())
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert lookup_backend("kda_inductor") is kda_inductor.backend
+
+
+def test_explain_reports_every_rewrite_and_both_graphs(inputs):
+    cache, table, cu, n = inputs
+    report = kda_inductor.explain(_gather_fn(n), cache, table, cu)
+    assert report.matches == {name: (1 if name == "indexer_k_gather" else 0) for name in kda_inductor.REWRITE_NAMES}
+    assert set(report.matches) == set(kda_inductor.REWRITE_NAMES)
+    assert "aten.searchsorted" in report.before and "kda.indexer_k_gather" not in report.before
+    assert "kda.indexer_k_gather" in report.after and "aten.searchsorted" not in report.after
+    assert report.graph_breaks == [] and report.eager_frames == []
+    text = str(report)
+    for name in kda_inductor.REWRITE_NAMES:
+        assert name in text
+    assert "frames that fell back to eager: 0" in text
+
+
+def test_explain_loop_form_points_to_vectorized_form(inputs):
+    cache, table, cu, n = inputs
+    dv = torch.empty(n, 128, dtype=torch.uint8)
+    ds = torch.empty(n, 4, dtype=torch.uint8)
+    report = kda_inductor.explain(gather_indexer_k_loop, cache, dv, ds, table, cu)
+    assert report.matches["indexer_k_gather"] == 0
+    assert [f.name for f in report.eager_frames] == ["gather_indexer_k_loop"]
+    frame = report.eager_frames[0]
+    assert "data-dependent branching" in frame.reason.lower()
+    assert "kda_inductor.reference.gather_indexer_k" in frame.hint
+    assert any("data-dependent" in b.reason.lower() for b in report.graph_breaks)
+    assert "gather_indexer_k_loop" in str(report) and "hint:" in str(report)
+
+
+def test_disable_option(inputs):
+    cache, table, cu, n = inputs
+    out, matches = compile_and_run(
+        _gather_fn(n), cache, table, cu, options={"kda": {"disable": ["indexer_k_gather"]}}
+    )
+    assert matches == {"indexer_k_gather": 0}
+    assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
+
+
+@pytest.mark.parametrize(
+    "kda, message",
+    [
+        ({"disable": ["no_such_rewrite"]}, r"valid names are \['indexer_k_gather'"),
+        ({"disabled": []}, r"valid options are \['disable', 'strict'\]"),
+        ({"disable": "indexer_k_gather"}, r"must be a list of rewrite names"),
+    ],
+)
+def test_bad_kda_options_are_clear_errors(kda, message, inputs):
+    with pytest.raises(Exception, match=message):
+        KdaOptions.parse(kda)
+    cache, table, cu, n = inputs
+    with fresh_compile(), pytest.raises(Exception, match=message):
+        torch.compile(_gather_fn(n), backend="kda_inductor", options={"kda": kda})(cache, table, cu)
+
+
+def test_other_options_go_to_inductor(inputs):
+    cache, table, cu, n = inputs
+    with fresh_compile(), pytest.raises(Exception, match="not_an_inductor_option"):
+        torch.compile(_gather_fn(n), backend="kda_inductor", options={"not_an_inductor_option": 1})(
+            cache, table, cu
+        )
+    # a real Inductor option is accepted and our rewrite still runs
+    out, matches = compile_and_run(
+        _gather_fn(n), cache, table, cu, options={"kda": {"strict": True}, "size_asserts": False}
+    )
+    assert matches["indexer_k_gather"] == 1
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
+def test_modes_accepted(mode, inputs):
+    cache, table, cu, n = inputs
+    with fresh_compile(), kda_inductor.pass_manager.observe() as records:
+        out = torch.compile(_gather_fn(n), backend="kda_inductor", mode=mode)(cache, table, cu)
+    assert sum(r["matches"]["indexer_k_gather"] for r in records) == 1
+    assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
+
+
+def test_failing_rewrite_falls_back_with_warning(inputs, monkeypatch):
+    def boom(self, graph, match):
+        graph.call_function(torch.ops.aten.relu.default, (next(iter(graph.nodes)),))
+        raise RuntimeError("synthetic failure")
+
+    monkeypatch.setattr(IndexerKGather, "replace", boom)
+    cache, table, cu, n = inputs
+    with pytest.warns(RuntimeWarning, match="rewrite 'indexer_k_gather' failed and was skipped"):
+        out, matches = compile_and_run(_gather_fn(n), cache, table, cu, options={"kda": {}})
+    assert matches == {"indexer_k_gather": 0}
+    assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
+    report = kda_inductor.explain(_gather_fn(n), cache, table, cu)
+    assert "synthetic failure" in str(report)
+
+
+def test_strict_option_raises(inputs, monkeypatch):
+    monkeypatch.setattr(IndexerKGather, "find", lambda self, g: 1 / 0)
+    cache, table, cu, n = inputs
+    with pytest.raises(Exception, match="ZeroDivisionError"):
+        compile_and_run(_gather_fn(n), cache, table, cu)
+
+
+def test_uuid_tracks_options_and_is_stable():
+    a, b = KdaPostGradPass(), KdaPostGradPass()
+    c = KdaPostGradPass(KdaOptions.parse({"disable": ["indexer_k_gather"]}))
+    assert isinstance(a, CustomGraphPass)
+    assert a.uuid() == b.uuid() != c.uuid()
+    assert len(a.uuid()) == 64
+
+
+class _Recorder(CustomGraphPass):
+    def __init__(self):
+        self.seen = []
+
+    def __call__(self, graph):
+        self.seen.append(str(graph))
+
+    def uuid(self):
+        return "recorder-v1"
+
+
+def test_user_post_grad_pass_still_runs(inputs):
+    user_pass = _Recorder()
+    chained = combine_with(KdaPostGradPass(), user_pass)
+    assert chained.uuid() != KdaPostGradPass().uuid()
+    assert combine_with(KdaPostGradPass(), [user_pass])[1] is user_pass
+    cache, table, cu, n = inputs
+    out, matches = compile_and_run(
+        _gather_fn(n), cache, table, cu,
+        options={"kda": {"strict": True}, "post_grad_custom_post_pass": user_pass},
+    )
+    assert matches["indexer_k_gather"] == 1
+    assert len(user_pass.seen) == 1 and "kda.indexer_k_gather" in user_pass.seen[0]

@@ -1,0 +1,208 @@
+"""indexer_k_gather: the pattern finds the vectorized gather in compiled code.
+
+Every positive test compiles real code with the backend, asserts the exact
+match count and compares bytes with eager on fresh random caches; negative
+tests assert 0 matches and still-correct results (stock Inductor runs them).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kda_inductor.reference import (
+    QUANT_GROUP,
+    gather_indexer_k,
+    gather_indexer_k_loop,
+    random_indexer_cache,
+    scale_bytes,
+)
+from tests.helpers import assert_bytes_equal, compile_and_run, device_params
+
+SEQS = [5, 0, 70, 1, 130, 0]
+
+
+def _inputs(device, block_size=16, head_dim=128, seed=0, seqs=SEQS, index_dtype=torch.int32):
+    g = torch.Generator().manual_seed(seed)
+    return random_indexer_cache(
+        seqs, block_size, head_dim, table_stride_pad=3, index_dtype=index_dtype,
+        device=device, generator=g,
+    )
+
+
+def _loop_ref(cache, table, cu, n, head_dim):
+    dv = torch.empty(n, head_dim, dtype=torch.uint8, device=cache.device)
+    ds = torch.empty(n, scale_bytes(head_dim), dtype=torch.uint8, device=cache.device)
+    gather_indexer_k_loop(cache, dv, ds, table, cu)
+    return dv, ds
+
+
+# --------------------------------------------------------------------------- spellings
+
+
+def _bucketize_reshape_int64(cache, table, cu, n):
+    """bucketize, reshape, int64 indices, cu[1:] without the -1, & and >> arithmetic."""
+    nb, bs, row = cache.shape
+    hd = row * QUANT_GROUP // (QUANT_GROUP + 4)
+    tok = torch.arange(n, device=cache.device)
+    req = torch.bucketize(tok, cu[1:].long(), right=True)
+    pos = tok - cu.long()[req]
+    shift = bs.bit_length() - 1
+    blk = table.long()[req, pos >> shift]
+    off = pos & (bs - 1)
+    flat = cache.reshape(nb, -1)
+    values = flat[blk[:, None], off[:, None] * hd + torch.arange(hd, device=cache.device)[None, :]]
+    sc = bs * hd + off[:, None] * (row - hd) + torch.arange(row - hd, device=cache.device)
+    scales = flat[blk[:, None], sc]
+    return values, scales  # scales stay uint8 [N, 4G]
+
+
+def _flat_1d(cache, table, cu, n):
+    """One flat byte index into kv_cache.view(-1); modulo spelled with floor division."""
+    nb, bs, row = cache.shape
+    hd = row * QUANT_GROUP // (QUANT_GROUP + 4)
+    sb = row - hd
+    tok = torch.arange(n, device=cache.device)
+    req = torch.searchsorted(cu, tok, right=True) - 1
+    pos = tok - cu[req]
+    base = table[req, pos // bs].long() * (bs * row)
+    off = pos - (pos // bs) * bs
+    flat = cache.view(-1)
+    values = flat[(base + off * hd)[:, None] + torch.arange(hd, device=cache.device)]
+    scales = flat[(base + bs * hd + off * sb)[:, None] + torch.arange(sb, device=cache.device)]
+    return values.view(torch.float8_e4m3fn), scales.view(torch.float32)
+
+
+@device_params
+@pytest.mark.parametrize("block_size,head_dim", [(16, 128), (64, 128), (16, 512)])
+def test_vectorized_form_matches_and_is_bit_exact(device, block_size, head_dim):
+    cache, table, cu, n = _inputs(device, block_size, head_dim, seed=block_size + head_dim)
+    out, matches = compile_and_run(lambda c, t, s: gather_indexer_k(c, t, s, n), cache, table, cu)
+    assert matches["indexer_k_gather"] == 1
+    assert out[0].dtype == torch.float8_e4m3fn and out[1].dtype == torch.float32
+    assert out[1].shape == (n, head_dim // QUANT_GROUP)
+    assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
+    assert_bytes_equal([as_u8(o) for o in out], _loop_ref(cache, table, cu, n, head_dim))
+
+
+def as_u8(x):
+    return x.view(torch.uint8).reshape(x.shape[0], -1)
+
+
+@device_params
+@pytest.mark.parametrize("spelling", [_bucketize_reshape_int64, _flat_1d], ids=lambda f: f.__name__)
+def test_other_spellings_match(device, spelling):
+    cache, table, cu, n = _inputs(device, 16, 128, seed=7, index_dtype=torch.int64)
+    out, matches = compile_and_run(lambda c, t, s: spelling(c, t, s, n), cache, table, cu)
+    assert matches["indexer_k_gather"] == 1
+    assert_bytes_equal(out, spelling(cache, table, cu, n))
+    assert_bytes_equal([as_u8(o) for o in out], _loop_ref(cache, table, cu, n, 128))
+
+
+@device_params
+def test_copy_into_preallocated_dst(device):
+    cache, table, cu, n = _inputs(device, 64, 128, seed=3, seqs=[0, 300, 0, 65, 2, 0])
+
+    def fn(c, t, s, dst_value, dst_scale):
+        v, sc = gather_indexer_k(c, t, s, n)
+        dst_value.copy_(v)
+        dst_scale.view(torch.float32).copy_(sc)
+
+    poison = 0xAB
+    dst_v = torch.full((n, 128), poison, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
+    dst_s = torch.full((n, 4), poison, dtype=torch.uint8, device=device)
+    _, matches = compile_and_run(fn, cache, table, cu, dst_v, dst_s)
+    assert matches["indexer_k_gather"] == 1
+    assert_bytes_equal([as_u8(dst_v), dst_s], _loop_ref(cache, table, cu, n, 128))
+
+
+@device_params
+def test_fewer_tokens_than_cached(device):
+    """num_tokens < cu_seq_lens[-1]: the first num_tokens rows, as in eager."""
+    cache, table, cu, n = _inputs(device, 16, 128, seed=11)
+    m = n - 37
+    out, matches = compile_and_run(lambda c, t, s: gather_indexer_k(c, t, s, m), cache, table, cu)
+    assert matches["indexer_k_gather"] == 1
+    assert_bytes_equal(out, gather_indexer_k(cache, table, cu, m))
+
+
+# --------------------------------------------------------------------------- must not match
+
+
+def _interleaved_layout(cache, table, cu, n):
+    """The per-token interleaved port seen in the wild: a different layout."""
+    nb, bs, row = cache.shape
+    hd = row * QUANT_GROUP // (QUANT_GROUP + 4)
+    tok = torch.arange(n, device=cache.device)
+    req = torch.searchsorted(cu, tok, right=True) - 1
+    pos = tok - cu[req]
+    blk = table[req, pos // bs]
+    off = pos % bs
+    flat = cache.view(nb, -1)
+    values = flat[blk[:, None], (off * row)[:, None] + torch.arange(hd, device=cache.device)]
+    scales = flat[blk[:, None], (off * row + hd)[:, None] + torch.arange(row - hd, device=cache.device)]
+    return values, scales
+
+
+def _wrong_block_size(cache, table, cu, n):
+    """Block arithmetic with 32 while the cache has 16 tokens per block."""
+    nb, bs, row = cache.shape
+    hd, bs_user = 128, 2 * bs
+    tok = torch.arange(n, device=cache.device)
+    req = torch.searchsorted(cu, tok, right=True) - 1
+    pos = tok - cu[req]
+    blk = table[req, pos // bs_user]
+    off = pos % bs_user
+    flat = cache.view(nb // 2, -1)
+    values = flat[blk[:, None] // 2, (off * hd)[:, None] + torch.arange(hd, device=cache.device)]
+    scales = flat[blk[:, None] // 2, (bs_user * hd + off * 4)[:, None] + torch.arange(4, device=cache.device)]
+    return values, scales
+
+
+def _block_ids_read_again(cache, table, cu, n):
+    """The block ids are also returned: an intermediate read after the rewrite."""
+    nb, bs, row = cache.shape
+    tok = torch.arange(n, device=cache.device)
+    req = torch.searchsorted(cu, tok, right=True) - 1
+    pos = tok - cu[req]
+    blk = table[req, pos // bs]
+    off = pos % bs
+    flat = cache.view(nb, -1)
+    values = flat[blk[:, None], (off * 128)[:, None] + torch.arange(128, device=cache.device)]
+    scales = flat[blk[:, None], (bs * 128 + off * 4)[:, None] + torch.arange(4, device=cache.device)]
+    return values, scales, blk
+
+
+def _left_side_search(cache, table, cu, n):
+    """searchsorted(right=False) puts boundary tokens in the previous request."""
+    nb, bs, row = cache.shape
+    tok = torch.arange(n, device=cache.device)
+    req = (torch.searchsorted(cu, tok, right=False) - 1).clamp(min=0)
+    pos = (tok - cu[req]).clamp(min=0)
+    blk = table[req, (pos // bs).clamp(max=table.shape[1] - 1)]
+    off = pos % bs
+    flat = cache.view(nb, -1)
+    values = flat[blk[:, None], (off * 128)[:, None] + torch.arange(128, device=cache.device)]
+    scales = flat[blk[:, None], (bs * 128 + off * 4)[:, None] + torch.arange(4, device=cache.device)]
+    return values, scales
+
+
+def _values_only(cache, table, cu, n):
+    return gather_indexer_k(cache, table, cu, n)[0]
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [_interleaved_layout, _wrong_block_size, _block_ids_read_again, _left_side_search, _values_only],
+    ids=lambda f: f.__name__,
+)
+def test_does_not_match(fn):
+    cache, table, cu, n = _inputs("cpu", 16, 128, seed=5, seqs=[5, 40, 0, 33])
+    if fn is _wrong_block_size:  # an even number of blocks, so the 32-token view exists
+        cache = cache[: cache.shape[0] // 2 * 2]
+    out, matches = compile_and_run(lambda c, t, s: fn(c, t, s, n), cache, table, cu)
+    assert matches == {"indexer_k_gather": 0}
+    expected = fn(cache, table, cu, n)
+    out = out if isinstance(out, tuple) else (out,)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    assert_bytes_equal(out, expected)

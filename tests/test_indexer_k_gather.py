@@ -17,7 +17,10 @@ from kda_inductor.reference import (
     random_indexer_cache,
     scale_bytes,
 )
-from tests.helpers import assert_bytes_equal, compile_and_run, device_params
+from torch._inductor.utils import run_and_get_code
+
+from kda_inductor import pass_manager
+from tests.helpers import assert_bytes_equal, compile_and_run, device_params, fresh_compile
 
 SEQS = [5, 0, 70, 1, 130, 0]
 
@@ -111,9 +114,36 @@ def test_copy_into_preallocated_dst(device):
     poison = 0xAB
     dst_v = torch.full((n, 128), poison, dtype=torch.uint8, device=device).view(torch.float8_e4m3fn)
     dst_s = torch.full((n, 4), poison, dtype=torch.uint8, device=device)
-    _, matches = compile_and_run(fn, cache, table, cu, dst_v, dst_s)
-    assert matches["indexer_k_gather"] == 1
+    with fresh_compile(), pass_manager.observe() as records:
+        _, code = run_and_get_code(
+            torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True}}),
+            cache, table, cu, dst_v, dst_s,
+        )
+    assert [r["matches"]["indexer_k_gather"] for r in records] == [1]
     assert_bytes_equal([as_u8(dst_v), dst_s], _loop_ref(cache, table, cu, n, 128))
+    # written in place by the out variant: no temporary, no copy into dst
+    code = "\n".join(code)
+    assert "kda.indexer_k_gather_out.default(" in code
+    assert "copy_" not in code and "kda.indexer_k_gather.default(" not in code
+
+
+@device_params
+def test_dst_copy_and_returned_uses_functional_op(device):
+    """The gathered values are also returned: the in-place variant cannot serve both."""
+    cache, table, cu, n = _inputs(device, 16, 128, seed=13)
+
+    def fn(c, t, s, dst_value, dst_scale):
+        v, sc = gather_indexer_k(c, t, s, n)
+        dst_value.copy_(v)
+        dst_scale.view(torch.float32).copy_(sc)
+        return v
+
+    dst_v = torch.empty(n, 128, dtype=torch.float8_e4m3fn, device=device)
+    dst_s = torch.empty(n, 4, dtype=torch.uint8, device=device)
+    out, matches = compile_and_run(fn, cache, table, cu, dst_v, dst_s)
+    assert matches["indexer_k_gather"] == 1
+    ref = _loop_ref(cache, table, cu, n, 128)
+    assert_bytes_equal([as_u8(out), as_u8(dst_v), dst_s], [ref[0], ref[0], ref[1]])
 
 
 @device_params

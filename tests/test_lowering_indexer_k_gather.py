@@ -27,7 +27,7 @@ DEVICE = "cuda" if HAS_CUDA else "cpu"
 LAUNCHER_OK = HAS_TRITON and (HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1")
 needs_launcher = pytest.mark.skipif(not LAUNCHER_OK, reason="triton (or its interpreter) unavailable")
 # Small tiles keep the numpy interpreter fast; on GPU use the production tile.
-BLOCK_T = mod.DEFAULT_BLOCK_T if HAS_CUDA else 16
+BLOCK_T = None if HAS_CUDA else 16  # None: the launcher's own choice
 
 OPS = torch.ops.kda
 
@@ -140,13 +140,14 @@ def test_out_strided_destinations_and_cache():
 # the Triton launcher directly
 # ---------------------------------------------------------------------------------------
 @needs_launcher
+@pytest.mark.parametrize("grid_by, fanout", [("token", 2), ("token", 16), ("block", 16)])
 @pytest.mark.parametrize("i", range(len(CASES)), ids=IDS)
-def test_launcher_matches_reference(i):
+def test_launcher_matches_reference(i, grid_by, fanout):
     kv, bt, cu, n, hd, g = make_case(i)
     rv, rs = reference(kv, bt, cu, n, hd)
     dv = poison((n, hd), torch.uint8, g, kv.device)
     ds = poison((n, scale_bytes(hd)), torch.uint8, g, kv.device)
-    w = mod.gather_triton(kv, bt, cu, dv, ds, block_t=BLOCK_T)
+    w = mod.gather_triton(kv, bt, cu, dv, ds, block_t=BLOCK_T, fanout=fanout, grid_by=grid_by)
     assert w == 4
     assert same_bytes(dv, rv) and same_bytes(ds, rs)
 
@@ -185,7 +186,8 @@ def test_launcher_word_fallback(kv_shift, dv_shift, block_pad, want):
 
 
 @needs_launcher
-def test_launcher_masks_unresolvable_tokens():
+@pytest.mark.parametrize("grid_by", ["token", "block"])
+def test_launcher_masks_unresolvable_tokens(grid_by):
     """Bad block ids, a too-narrow row and tokens past cu[-1] read nothing and get zeros."""
     kv, bt, cu, _, hd, g = make_case(4)
     cu_cpu = cu.cpu().long()
@@ -199,7 +201,7 @@ def test_launcher_masks_unresolvable_tokens():
     extra = 6
     dv = poison((n + extra, hd), torch.uint8, g, kv.device)
     ds = poison((n + extra, scale_bytes(hd)), torch.uint8, g, kv.device)
-    mod.gather_triton(kv, bt_bad, cu, dv, ds, block_t=BLOCK_T)
+    mod.gather_triton(kv, bt_bad, cu, dv, ds, block_t=BLOCK_T, grid_by=grid_by)
     ev = torch.cat([rv, torch.zeros(extra, hd, dtype=torch.uint8)])
     es = torch.cat([rs, torch.zeros(extra, rs.shape[1], dtype=torch.uint8)])
     bs = kv.shape[1]

@@ -50,8 +50,8 @@ QUANT_GROUP = 128
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _WORD_DTYPES = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
 
-DEFAULT_BLOCK_T = 64
-"""Tokens per Triton program on GPU (tunable)."""
+DEFAULT_FANOUT = 16
+"""Branching factor of the kernel's search of each token's request in ``cu_seq_lens``."""
 
 
 # --------------------------------------------------------------------------------------
@@ -263,87 +263,168 @@ def _as_words(x: Tensor, w: int) -> Tensor:
 # --------------------------------------------------------------------------------------
 if triton is not None:
 
-    @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "num_blocks", "bt_width", "search_steps"])
-    def _indexer_k_gather_kernel(
-        kv_ptr,  # words, block b at b * kv_block_stride
-        bt_ptr,
-        cu_ptr,
-        dv_ptr,  # words, row t at t * dv_stride
-        ds_ptr,  # words, row t at t * ds_stride
-        num_tokens,
-        num_reqs,
-        num_blocks,
-        bt_width,
-        search_steps,  # bit_length(num_reqs): binary search over cu_seq_lens[1:]
-        kv_block_stride,
-        bt_stride_req,
-        bt_stride_col,
-        dv_stride,
-        ds_stride,
-        BLOCK_SIZE: tl.constexpr,
-        VALUE_WORDS: tl.constexpr,
-        VALUE_WORDS_P2: tl.constexpr,
-        SCALE_WORDS: tl.constexpr,
-        SCALE_WORDS_P2: tl.constexpr,
-        BLOCK_T: tl.constexpr,
+    @triton.jit
+    def _copy_tile(
+        kv_ptr, dv_ptr, ds_ptr, row, store, load, src_v, src_s, dv_stride, ds_stride,
+        VALUE_WORDS: tl.constexpr, VALUE_WORDS_P2: tl.constexpr,
+        SCALE_WORDS: tl.constexpr, SCALE_WORDS_P2: tl.constexpr,
     ):
-        pid = tl.program_id(0)
-        tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-        in_range = tok < num_tokens
+        """Copy each token's value words from ``src_v`` and scale words from ``src_s`` to
+        output ``row``; rows with ``store`` but not ``load`` get zeros."""
+        w = tl.arange(0, VALUE_WORDS_P2)
+        ld = load[:, None]
+        st = store[:, None]
+        if VALUE_WORDS != VALUE_WORDS_P2:  # only then: a mask along words blocks 16-B vectors
+            ld = ld & (w[None, :] < VALUE_WORDS)
+            st = st & (w[None, :] < VALUE_WORDS)
+        v = tl.load(kv_ptr + src_v[:, None] + w[None, :], mask=ld, other=0)
+        s = tl.arange(0, SCALE_WORDS_P2)
+        ld_s = load[:, None]
+        st_s = store[:, None]
+        if SCALE_WORDS != SCALE_WORDS_P2:
+            ld_s = ld_s & (s[None, :] < SCALE_WORDS)
+            st_s = st_s & (s[None, :] < SCALE_WORDS)
+        sc = tl.load(kv_ptr + src_s[:, None] + s[None, :], mask=ld_s, other=0)
+        tl.store(dv_ptr + (row * dv_stride)[:, None] + w[None, :], v, mask=st)
+        tl.store(ds_ptr + (row * ds_stride)[:, None] + s[None, :], sc, mask=st_s)
 
-        # request = number of cu_seq_lens[1:] entries <= tok (vectorized binary search)
-        lo = tl.zeros([BLOCK_T], dtype=tl.int32)
-        hi = lo + num_reqs
-        for _ in range(search_steps):
-            active = lo < hi
-            mid = (lo + hi) // 2
-            c = tl.load(cu_ptr + 1 + mid, mask=active, other=0).to(tl.int64)
-            right = active & (c <= tok)
-            lo = tl.where(right, mid + 1, lo)
-            hi = tl.where(active & (c > tok), mid, hi)
-        req = lo
+    @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "num_blocks"])
+    def _gather_by_block_kernel(
+        kv_ptr, bt_ptr, cu_ptr, dv_ptr, ds_ptr,
+        num_tokens, num_reqs, num_blocks,
+        kv_block_stride, bt_stride_req, bt_stride_col, dv_stride, ds_stride,
+        BLOCK_SIZE: tl.constexpr, VALUE_WORDS: tl.constexpr, VALUE_WORDS_P2: tl.constexpr,
+        SCALE_WORDS: tl.constexpr, SCALE_WORDS_P2: tl.constexpr,
+        BLOCK_T: tl.constexpr, SUBTILES: tl.constexpr,
+    ):
+        """Program (x, b) copies tokens [sub * BLOCK_T, +BLOCK_T) of table column x // SUBTILES
+        of request b. Its three metadata loads are independent, so the data load waits for
+        one round trip. Row b == num_reqs zero-fills rows no request covers."""
+        pid = tl.program_id(0)
+        b = tl.program_id(1)
         cu0 = tl.load(cu_ptr).to(tl.int64)
+        if b < num_reqs:
+            col = pid // SUBTILES
+            start = tl.load(cu_ptr + b).to(tl.int64)
+            end = tl.load(cu_ptr + b + 1).to(tl.int64)
+            blk = tl.load(bt_ptr + b.to(tl.int64) * bt_stride_req + col * bt_stride_col).to(tl.int64)
+            off = (pid % SUBTILES) * BLOCK_T + tl.arange(0, BLOCK_T)
+            row = start + col * BLOCK_SIZE + off
+            store = (row < end) & (row < num_tokens) & (row >= cu0)
+            blk = blk + off * 0  # as a vector: the interpreter mis-types scalar & vector masks
+            load = store & (blk >= 0) & (blk < num_blocks)
+            base = blk * kv_block_stride  # int64: caches can exceed 2**31 bytes
+            _copy_tile(
+                kv_ptr, dv_ptr, ds_ptr, row, store, load, base + off * VALUE_WORDS,
+                base + BLOCK_SIZE * VALUE_WORDS + off * SCALE_WORDS, dv_stride, ds_stride,
+                VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
+            )
+        else:  # rows before cu_seq_lens[0] or past cu_seq_lens[-1]: invalid input, zeros
+            last = tl.maximum(tl.load(cu_ptr + num_reqs).to(tl.int64), 0)
+            step = tl.num_programs(0) * BLOCK_T
+            # both ranges are empty for valid input: these loops then cost nothing
+            for r0 in range(pid * BLOCK_T, tl.minimum(cu0, num_tokens), step):
+                _zero_rows(dv_ptr, ds_ptr, r0 + tl.arange(0, BLOCK_T), cu0, num_tokens,
+                           dv_stride, ds_stride, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2)
+            for r0 in range(last + pid * BLOCK_T, num_tokens, step):
+                _zero_rows(dv_ptr, ds_ptr, r0 + tl.arange(0, BLOCK_T), num_tokens, num_tokens,
+                           dv_stride, ds_stride, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2)
+
+    @triton.jit
+    def _zero_rows(
+        dv_ptr, ds_ptr, row, end, num_tokens, dv_stride, ds_stride,
+        VALUE_WORDS: tl.constexpr, VALUE_WORDS_P2: tl.constexpr,
+        SCALE_WORDS: tl.constexpr, SCALE_WORDS_P2: tl.constexpr,
+    ):
+        store = (row < end) & (row < num_tokens)
+        zero = row * 0
+        _copy_tile(
+            dv_ptr, dv_ptr, ds_ptr, row, store, zero != 0, zero, zero, dv_stride, ds_stride,
+            VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
+        )
+
+    @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "num_blocks", "bt_width", "search_levels", "search_span"])
+    def _gather_by_token_kernel(
+        kv_ptr, bt_ptr, cu_ptr, dv_ptr, ds_ptr,
+        num_tokens, num_reqs, num_blocks, bt_width,
+        search_levels,  # levels of the FANOUT-ary search over cu_seq_lens[1:]
+        search_span,  # FANOUT ** search_levels
+        kv_block_stride, bt_stride_req, bt_stride_col, dv_stride, ds_stride,
+        BLOCK_SIZE: tl.constexpr, VALUE_WORDS: tl.constexpr, VALUE_WORDS_P2: tl.constexpr,
+        SCALE_WORDS: tl.constexpr, SCALE_WORDS_P2: tl.constexpr,
+        BLOCK_T: tl.constexpr, FANOUT: tl.constexpr,
+    ):
+        """Program p copies output rows [p * BLOCK_T, +BLOCK_T), finding each row's request."""
+        tok = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        in_range = tok < num_tokens
+        # req = how many request ends (cu_seq_lens[1:]) are <= tok, by a FANOUT-ary search:
+        # each level compares the last entry of FANOUT sub-ranges at once, so only
+        # ceil(log_FANOUT(num_reqs)) dependent loads (2 for 256 requests). The largest end
+        # seen that is <= tok is cu_seq_lens[req], the request's start: no extra load.
+        cu0 = tl.load(cu_ptr).to(tl.int64)
+        lo = tl.zeros([BLOCK_T], dtype=tl.int64)
+        start = tl.zeros([BLOCK_T], dtype=tl.int64) + cu0
+        k = tl.arange(0, FANOUT).to(tl.int64)
+        span = search_span  # FANOUT ** levels >= num_reqs
+        for _ in range(search_levels):
+            span = span // FANOUT
+            idx = lo[:, None] + (k[None, :] + 1) * span - 1
+            ends = tl.load(cu_ptr + 1 + idx, mask=idx < num_reqs, other=0).to(tl.int64)
+            below = (ends <= tok[:, None]) & (idx < num_reqs)
+            lo += tl.sum(below.to(tl.int64), axis=1) * span
+            start = tl.maximum(start, tl.max(tl.where(below, ends, cu0), axis=1))
+        req = lo
         valid = in_range & (req < num_reqs) & (tok >= cu0)
-        start = tl.load(cu_ptr + req, mask=valid, other=0).to(tl.int64)
         pos = tl.where(valid, tok - start, 0)
         col = pos // BLOCK_SIZE
         off = pos % BLOCK_SIZE
         valid = valid & (col < bt_width)
-        blk = tl.load(
-            bt_ptr + req.to(tl.int64) * bt_stride_req + col * bt_stride_col, mask=valid, other=0
-        ).to(tl.int64)
+        blk = tl.load(bt_ptr + req * bt_stride_req + col * bt_stride_col, mask=valid, other=0)
+        blk = blk.to(tl.int64)
         valid = valid & (blk >= 0) & (blk < num_blocks)
         base = blk * kv_block_stride  # int64: caches can exceed 2**31 bytes
-
-        # values: [BLOCK_T, VALUE_WORDS] tile, contiguous words per token
-        w = tl.arange(0, VALUE_WORDS_P2)
-        ld_mask = valid[:, None]
-        st_mask = in_range[:, None]
-        if VALUE_WORDS != VALUE_WORDS_P2:
-            ld_mask = ld_mask & (w[None, :] < VALUE_WORDS)
-            st_mask = st_mask & (w[None, :] < VALUE_WORDS)
-        src = base + off * VALUE_WORDS
-        v = tl.load(kv_ptr + src[:, None] + w[None, :], mask=ld_mask, other=0)
-        tl.store(dv_ptr + (tok * dv_stride)[:, None] + w[None, :], v, mask=st_mask)
-
-        # scales: [BLOCK_T, SCALE_WORDS] tile after the block's value bytes
-        s = tl.arange(0, SCALE_WORDS_P2)
-        ld_mask = valid[:, None]
-        st_mask = in_range[:, None]
-        if SCALE_WORDS != SCALE_WORDS_P2:
-            ld_mask = ld_mask & (s[None, :] < SCALE_WORDS)
-            st_mask = st_mask & (s[None, :] < SCALE_WORDS)
-        src = base + BLOCK_SIZE * VALUE_WORDS + off * SCALE_WORDS
-        sc = tl.load(kv_ptr + src[:, None] + s[None, :], mask=ld_mask, other=0)
-        tl.store(ds_ptr + (tok * ds_stride)[:, None] + s[None, :], sc, mask=st_mask)
+        _copy_tile(
+            kv_ptr, dv_ptr, ds_ptr, tok, in_range, valid, base + off * VALUE_WORDS,
+            base + BLOCK_SIZE * VALUE_WORDS + off * SCALE_WORDS, dv_stride, ds_stride,
+            VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
+        )
 
 
 def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def _launch(kv_cache, block_table, cu_seq_lens, dv, ds, meta: _Meta, block_t, num_warps) -> int:
-    """Launch on pre-validated args; ``dv``/``ds`` are uint8 row views. Returns the word size."""
+def default_block_t(num_tokens: int) -> int:
+    """Tokens per program: 16 for small gathers (more programs in flight: they are
+    latency-bound), 32 for large ones. From the H200 sweep in benchmarks/results/."""
+    return 16 if num_tokens < 16384 else 32
+
+
+def default_num_warps(block_t: int, value_words: int) -> int:
+    """About 512 words (2 KB) per warp: 1 warp for 16 x 128 B, 2 for 32 x 128 B."""
+    return max(1, min(8, block_t * _next_pow2(value_words) // 512))
+
+
+def _search_levels(num_reqs: int, fanout: int) -> int:
+    levels, span = 0, 1
+    while span < num_reqs:
+        levels, span = levels + 1, span * fanout
+    return levels
+
+
+MAX_EMPTY_PROGRAMS = 2.0
+"""The by-block grid has ``num_reqs * table_width * subtiles`` programs, many empty when
+requests differ in length; it is used while that is at most this many times the by-token
+grid (one program per tile of output rows), else the by-token kernel."""
+
+
+def _launch(kv_cache, block_table, cu_seq_lens, dv, ds, meta: _Meta, block_t, num_warps,
+            fanout: int = DEFAULT_FANOUT, grid_by: str = "auto") -> int:
+    """Launch on pre-validated args; ``dv``/``ds`` are uint8 row views. Returns the word size.
+
+    ``grid_by``: "block" (a program per block of a request: no search, one metadata round
+    trip), "token" (a program per tile of rows, each searching its requests), or "auto".
+    """
     if triton is None:  # pragma: no cover
         raise RuntimeError("indexer_k_gather: the Triton kernel needs triton, which is not installed")
     num_tokens = dv.shape[0]
@@ -353,34 +434,35 @@ def _launch(kv_cache, block_table, cu_seq_lens, dv, ds, meta: _Meta, block_t, nu
         return w
     kv_w, dv_w, ds_w = _as_words(kv, w), _as_words(dv, w), _as_words(ds, w)
     vw, sw = meta.head_dim // w, meta.scale_bytes // w
+    if block_t is None:
+        block_t = default_block_t(num_tokens)
+    num_reqs, width = block_table.shape
+    block_t = min(block_t, _next_pow2(meta.block_size)) if grid_by != "token" else block_t
+    subtiles = triton.cdiv(meta.block_size, block_t)
+    by_block_programs = num_reqs * width * subtiles
+    by_token_programs = triton.cdiv(num_tokens, block_t)
+    if grid_by == "auto":
+        fits = width > 0 and by_block_programs <= MAX_EMPTY_PROGRAMS * by_token_programs
+        grid_by = "block" if fits else "token"
     if num_warps is None:
-        num_warps = 4 if block_t * _next_pow2(vw) <= 2048 else 8
-    num_reqs = block_table.shape[0]
-    grid = (triton.cdiv(num_tokens, block_t),)
-    _indexer_k_gather_kernel[grid](
-        kv_w,
-        block_table,
-        cu_seq_lens,
-        dv_w,
-        ds_w,
-        num_tokens,
-        num_reqs,
-        meta.num_blocks,
-        block_table.shape[1],
-        num_reqs.bit_length(),
-        kv_w.stride(0),
-        block_table.stride(0),
-        block_table.stride(1),
-        dv_w.stride(0),
-        ds_w.stride(0),
-        BLOCK_SIZE=meta.block_size,
-        VALUE_WORDS=vw,
-        VALUE_WORDS_P2=_next_pow2(vw),
-        SCALE_WORDS=sw,
-        SCALE_WORDS_P2=_next_pow2(sw),
-        BLOCK_T=block_t,
-        num_warps=num_warps,
+        num_warps = default_num_warps(block_t, vw * w // 4)
+    common = dict(
+        BLOCK_SIZE=meta.block_size, VALUE_WORDS=vw, VALUE_WORDS_P2=_next_pow2(vw),
+        SCALE_WORDS=sw, SCALE_WORDS_P2=_next_pow2(sw), BLOCK_T=block_t, num_warps=num_warps,
     )
+    strides = (kv_w.stride(0), block_table.stride(0), block_table.stride(1), dv_w.stride(0), ds_w.stride(0))
+    if grid_by == "block":
+        grid = (max(width * subtiles, 1), num_reqs + 1)
+        _gather_by_block_kernel[grid](
+            kv_w, block_table, cu_seq_lens, dv_w, ds_w, num_tokens, num_reqs, meta.num_blocks,
+            *strides, SUBTILES=subtiles, **common,
+        )
+    else:
+        levels = _search_levels(num_reqs, fanout)
+        _gather_by_token_kernel[(by_token_programs,)](
+            kv_w, block_table, cu_seq_lens, dv_w, ds_w, num_tokens, num_reqs, meta.num_blocks,
+            width, levels, fanout**levels, *strides, FANOUT=fanout, **common,
+        )
     return w
 
 
@@ -391,8 +473,10 @@ def gather_triton(
     dst_value_u8: Tensor,
     dst_scale_u8: Tensor,
     *,
-    block_t: int = DEFAULT_BLOCK_T,
+    block_t: int | None = None,
     num_warps: int | None = None,
+    fanout: int = DEFAULT_FANOUT,
+    grid_by: str = "auto",
 ) -> int:
     """Gather into ``dst_value_u8`` ``[N, head_dim]`` and ``dst_scale_u8`` ``[N, 4 * G]`` with Triton.
 
@@ -400,13 +484,18 @@ def gather_triton(
     rows are accepted. Metadata is validated, data is not: unresolvable tokens get zeros.
     Copies in the widest word (4/2/1 bytes) that every address, stride and size allows and
     returns that word size. No host sync, no allocation: safe under CUDA-graph capture.
+    ``block_t``, ``num_warps``, ``fanout`` and ``grid_by`` are tuning knobs (see ``_launch``).
     """
     meta = _check_out(kv_cache, dst_value_u8, dst_scale_u8, block_table, cu_seq_lens)
-    if not (_is_int(block_t) and block_t > 0 and block_t & (block_t - 1) == 0):
+    if block_t is not None and not (_is_int(block_t) and block_t > 0 and block_t & (block_t - 1) == 0):
         raise _err("block_t", f"expected a positive power of two, got {block_t}")
+    if not (_is_int(fanout) and fanout >= 2 and fanout & (fanout - 1) == 0):
+        raise _err("fanout", f"expected a power of two >= 2, got {fanout}")
+    if grid_by not in ("auto", "block", "token"):
+        raise _err("grid_by", f"expected 'auto', 'block' or 'token', got {grid_by!r}")
     return _launch(
         kv_cache, block_table, cu_seq_lens, _byte_rows(dst_value_u8), _byte_rows(dst_scale_u8),
-        meta, block_t, num_warps,
+        meta, block_t, num_warps, fanout, grid_by,
     )
 
 
@@ -437,7 +526,7 @@ def _indexer_k_gather_cuda(kv_cache, block_table, cu_seq_lens, num_tokens, head_
     meta = _check_functional(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim)
     values = kv_cache.new_empty((num_tokens, head_dim))
     scales = kv_cache.new_empty((num_tokens, meta.scale_bytes))
-    _launch(kv_cache, block_table, cu_seq_lens, values, scales, meta, DEFAULT_BLOCK_T, None)
+    _launch(kv_cache, block_table, cu_seq_lens, values, scales, meta, None, None)
     return values, scales
 
 
@@ -470,7 +559,7 @@ def _indexer_k_gather_out_cuda(kv_cache, dst_value, dst_scale, block_table, cu_s
     meta = _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens)
     _launch(
         kv_cache, block_table, cu_seq_lens, _byte_rows(dst_value), _byte_rows(dst_scale),
-        meta, DEFAULT_BLOCK_T, None,
+        meta, None, None,
     )
 
 

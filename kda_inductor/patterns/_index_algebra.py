@@ -267,7 +267,7 @@ class IndexAlgebra:
             return None
         dims: list[sympy.Symbol | None] = [None] * len(out_shape)
         for (size, d), pos in zip(kept_in, kept_out):
-            if not _known(size == out_shape[pos]):
+            if not known(size == out_shape[pos]):
                 return None
             dims[pos] = d
         return Sym(x.expr, tuple(dims))
@@ -288,7 +288,7 @@ class IndexAlgebra:
                 return Table(x.node, x.offset + start)
             return None
         size = val(n.args[0]).shape[dim]
-        if isinstance(x, Sym) and start == 0 and (end is None or _known(end >= size)):
+        if isinstance(x, Sym) and start == 0 and (end is None or known(end >= size)):
             return x
         return None
 
@@ -336,7 +336,7 @@ class IndexAlgebra:
         return Sym(x.expr, tuple(dims)), ye
 
 
-def _known(pred: Any) -> bool:
+def known(pred: Any) -> bool:
     """``pred`` (a bool or SymBool) is true for every value of its symbols."""
     if isinstance(pred, bool):
         return pred

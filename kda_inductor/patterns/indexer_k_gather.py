@@ -26,7 +26,11 @@ lengths; ``D`` a multiple of 128; every intermediate node used only by the
 gathers (a region whose intermediates are read elsewhere is left alone).
 
 Replacement: ``torch.ops.kda.indexer_k_gather(kv_cache, block_table,
-cu_seq_lens, num_tokens, D)`` returning both byte tensors.
+cu_seq_lens, num_tokens, D)`` returning both byte tensors. When each gather's
+only use is a copy (possibly through a dtype view) into a graph input (the
+preallocated ``dst_value``/``dst_scale`` of serving code), the in-place
+``kda.indexer_k_gather_out`` writes there directly instead, as
+``auto_functionalized``, which Inductor re-inplaces: no extra copy.
 """
 
 from __future__ import annotations
@@ -40,11 +44,7 @@ import torch
 import torch.fx as fx
 
 from kda_inductor.lowerings import indexer_k_gather as _lowering  # registers the op
-from kda_inductor.patterns._index_algebra import (
-    IndexAlgebra,
-    Sym,
-    same,
-)
+from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, known, same
 from kda_inductor.patterns.base import (
     Match,
     Rewrite,
@@ -183,9 +183,12 @@ class IndexerKGather(Rewrite):
             }
             if not region_is_closed(region, [values.node, scales.node]):
                 continue
+            dst = _preallocated_dst(values.node, scales.node, values.cache, bt, cu)
+            extra = {n for (_, copy) in (dst or ()) for n in _chain(copy)}
             return Match(
-                nodes=sorted(region | {values.flat, scales.flat}, key=_order(values.node.graph)),
+                nodes=sorted(region | {values.flat, scales.flat} | extra, key=_order(values.node.graph)),
                 data={
+                    "dst": dst,
                     "values": values.node,
                     "scales": scales.node,
                     "cache": values.cache,
@@ -201,6 +204,9 @@ class IndexerKGather(Rewrite):
     def replace(self, graph: fx.Graph, match: Match) -> None:
         d = match.data
         first = min((d["values"], d["scales"]), key=_order(graph))
+        if d["dst"] is not None:
+            self._replace_in_place(graph, match, first)
+            return
         with graph.inserting_before(first):
             fused = graph.call_function(
                 torch.ops.kda.indexer_k_gather.default,
@@ -216,6 +222,71 @@ class IndexerKGather(Rewrite):
         d["values"].replace_all_uses_with(outs[0])
         d["scales"].replace_all_uses_with(outs[1])
         erase_dead(graph, match.nodes)
+
+
+    @staticmethod
+    def _replace_in_place(graph: fx.Graph, match: Match, first: fx.Node) -> None:
+        from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
+        d = match.data
+        (dst_v, copy_v), (dst_s, copy_s) = d["dst"]
+        with graph.inserting_before(first):
+            fused = graph.call_function(
+                auto_functionalized,
+                (torch.ops.kda.indexer_k_gather_out.default,),
+                {
+                    "kv_cache": d["cache"],
+                    "dst_value": dst_v,
+                    "dst_scale": dst_s,
+                    "block_table": d["block_table"],
+                    "cu_seq_lens": d["cu_seq_lens"],
+                },
+            )
+            set_fake_vals(graph, fused)
+            outs = []
+            for i in (1, 2):  # (op result, new dst_value, new dst_scale)
+                g = graph.call_function(operator.getitem, (fused, i))
+                g.meta["val"] = fused.meta["val"][i]
+                outs.append(g)
+        fused.meta["stack_trace"] = d["values"].meta.get("stack_trace")
+        copy_v.replace_input_with(copy_v.args[1], outs[0])
+        copy_s.replace_input_with(copy_s.args[1], outs[1])
+        erase_dead(graph, match.nodes)
+
+
+def _chain(copy: fx.Node) -> list[fx.Node]:
+    """The dtype view (if any) between a gather and its ``copy_``."""
+    src = copy.args[1]
+    return [src] if is_op(src, aten.view) else []
+
+
+def _copied_into_input(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
+    """``(graph input, copy_ node)`` when ``node``'s one use is ``input.copy_(node)``,
+    directly or through one ``.view(dtype)``."""
+    if len(node.users) != 1:
+        return None
+    user = next(iter(node.users))
+    if user.target is aten.view.dtype and len(user.users) == 1:
+        node, user = user, next(iter(user.users))
+    if user.target is aten.copy_.default and user.args[1] is node and user.args[0].op == "placeholder":
+        return user.args[0], user
+    return None
+
+
+def _preallocated_dst(values, scales, cache, bt, cu):
+    """``((dst_value, copy), (dst_scale, copy))`` if both gathers are only copied into
+    graph inputs that ``kda.indexer_k_gather_out`` accepts as destinations, else None."""
+    dst = (_copied_into_input(values), _copied_into_input(scales))
+    if None in dst or dst[0][0] is dst[1][0]:
+        return None
+    dv, ds = val(dst[0][0]), val(dst[1][0])
+    if not known(dv.shape[0] == val(values).shape[0]):
+        return None
+    try:
+        _lowering._check_out(val(cache), dv, ds, val(bt), val(cu))
+    except (ValueError, TypeError):
+        return None
+    return dst
 
 
 def _order(graph: fx.Graph):

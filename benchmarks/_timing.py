@@ -45,8 +45,9 @@ def _as_list(fns: Callable | Sequence[Callable]) -> list[Callable]:
     return [fns] if callable(fns) else list(fns)
 
 
-def capture_graph(fn: Callable, *, warmup: int = 3):
-    """Warm ``fn`` up on a side stream, then capture ONE call into a CUDA graph.
+def capture_graph(fn: Callable, *, warmup: int = 3, calls: int = 1):
+    """Warm ``fn`` up on a side stream, then capture ``calls`` back-to-back calls
+    into one CUDA graph.
 
     Returns ``(graph, output)``; keep the output alive as long as the graph.
     """
@@ -59,7 +60,8 @@ def capture_graph(fn: Callable, *, warmup: int = 3):
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fn()
+        for _ in range(calls):
+            out = fn()
     torch.cuda.synchronize()
     return graph, out
 
@@ -94,15 +96,19 @@ def replay_median_us(graphs: Sequence, *, reps: int = 100, inner: int = 20) -> f
 
 
 def graph_replay_median_us(fns: Callable | Sequence[Callable], *, warmup: int = 3,
-                           reps: int = 100, inner: int = 20) -> float:
+                           reps: int = 100, inner: int = 20, calls: int = 1) -> float:
     """Median microseconds of one call of ``fn``, by CUDA-graph replay.
 
     ``fns`` is one zero-argument callable or several (one per input set, to rotate
     among input sets; see the module docstring). Each is warmed up ``warmup``
-    times and captured once; see ``replay_median_us`` for ``reps``/``inner``.
+    times and captured once, ``calls`` calls per graph; see ``replay_median_us``
+    for ``reps``/``inner``. With ``calls > 1`` the host's cost of launching a
+    graph (2-5 us, and jittery) is amortized: a microsecond kernel replayed
+    one per graph measures the host, not the GPU.
     """
-    captured = [capture_graph(fn, warmup=warmup) for fn in _as_list(fns)]
-    return replay_median_us([graph for graph, _ in captured], reps=reps, inner=inner)
+    captured = [capture_graph(fn, warmup=warmup, calls=calls) for fn in _as_list(fns)]
+    graphs = [graph for graph, _ in captured]
+    return replay_median_us(graphs, reps=reps, inner=inner) / calls
 
 
 def eager_median_us(fn: Callable, reps: int = 5, *, warmup: int = 1) -> float:

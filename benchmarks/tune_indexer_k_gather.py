@@ -44,16 +44,16 @@ def main(argv=None):
                 return gather_triton(cache, table, cu, dv, ds, block_t=bt, num_warps=w,
                                      fanout=fanout, grid_by=grid_by)
 
-            us = graph_replay_median_us(fn, reps=50)
+            us = graph_replay_median_us(fn, reps=50, calls=10)
             rows.append({"case": name, "N": n, "fanout": fanout, "grid_by": grid_by, "block_t": bt,
                          "warps": w, "us": us})
         # the bytes of this gather moved by a plain SM copy kernel: the achievable floor
         src = torch.empty(n * (128 + scale_bytes(128)) // 4, dtype=torch.int32, device="cuda")
         dst = torch.empty_like(src)
         rows.append({"case": name, "N": n, "fanout": "plain copy", "us": graph_replay_median_us(
-            lambda: torch.bitwise_or(src, 0, out=dst), reps=50)})
+            lambda: torch.bitwise_or(src, 0, out=dst), reps=50, calls=10)})
         rows.append({"case": name, "N": n, "fanout": "default", "us": graph_replay_median_us(
-            lambda: gather_triton(cache, table, cu, dv, ds), reps=50)})
+            lambda: gather_triton(cache, table, cu, dv, ds), reps=50, calls=10)})
     print_table(rows, [("case", "case", ""), ("N", "N", ","), ("fanout", "fanout", ""), ("grid_by", "grid", ""), ("block_t", "BLOCK_T", ""),
                        ("warps", "warps", ""), ("us", "us", ".2f")], title="indexer_k_gather kernel sweep")
 

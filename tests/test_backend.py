@@ -159,3 +159,28 @@ def test_user_post_grad_pass_still_runs(inputs):
     )
     assert matches["indexer_k_gather"] == 1
     assert len(user_pass.seen) == 1 and "kda.indexer_k_gather" in user_pass.seen[0]
+
+
+def test_fx_graph_cache_serves_same_options_and_never_stale(inputs):
+    """Our uuid keeps Inductor's caches on (no bypass) and keyed by our options."""
+    from torch._dynamo.utils import counters
+    from torch._inductor import utils as inductor_utils
+
+    fresh_cache = getattr(inductor_utils, "fresh_cache", None) or inductor_utils.fresh_inductor_cache
+    cache, table, cu, n = inputs
+    fn = _gather_fn(n)
+
+    def compile_once(kda):
+        torch._dynamo.reset()
+        with kda_inductor.pass_manager.observe() as records:
+            out = torch.compile(fn, backend="kda_inductor", options={"kda": kda})(cache, table, cu)
+        assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
+        return [r["matches"]["indexer_k_gather"] for r in records]
+
+    counters.clear()
+    with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=True, force_disable_caches=False):
+        assert compile_once({}) == [1]  # compiled: our pass ran
+        assert compile_once({}) == []  # served from the cache: our pass did not run
+        assert compile_once({"disable": ["indexer_k_gather"]}) == [0]  # other options: recompiled
+    assert counters["inductor"]["fxgraph_cache_bypass"] == 0
+    torch._dynamo.reset()

@@ -147,6 +147,17 @@ def test_dst_copy_and_returned_uses_functional_op(device):
 
 
 @device_params
+def test_block_table_with_spare_rows(device):
+    """A persistent batch's table has more rows than this step has requests."""
+    cache, table, cu, n = _inputs(device, 16, 128, seed=17)
+    spare = torch.randint(0, 10**6, (5, table.shape[1]), dtype=table.dtype, device=device)
+    padded = torch.cat([table, spare])
+    out, matches = compile_and_run(lambda c, t, s: gather_indexer_k(c, t, s, n), cache, padded, cu)
+    assert matches["indexer_k_gather"] == 1
+    assert_bytes_equal([as_u8(o) for o in out], _loop_ref(cache, table, cu, n, 128))
+
+
+@device_params
 def test_fewer_tokens_than_cached(device):
     """num_tokens < cu_seq_lens[-1]: the first num_tokens rows, as in eager."""
     cache, table, cu, n = _inputs(device, 16, 128, seed=11)
@@ -159,15 +170,19 @@ def test_fewer_tokens_than_cached(device):
 # --------------------------------------------------------------------------- must not match
 
 
+def _token_blocks(table, cu, n, block_size):
+    """Each token's block id and offset, spelled as in the reference."""
+    tok = torch.arange(n, device=cu.device)
+    req = torch.searchsorted(cu, tok, right=True) - 1
+    pos = tok - cu[req]
+    return table[req, pos // block_size], pos % block_size
+
+
 def _interleaved_layout(cache, table, cu, n):
     """The per-token interleaved port seen in the wild: a different layout."""
     nb, bs, row = cache.shape
     hd = row * QUANT_GROUP // (QUANT_GROUP + 4)
-    tok = torch.arange(n, device=cache.device)
-    req = torch.searchsorted(cu, tok, right=True) - 1
-    pos = tok - cu[req]
-    blk = table[req, pos // bs]
-    off = pos % bs
+    blk, off = _token_blocks(table, cu, n, bs)
     flat = cache.view(nb, -1)
     values = flat[blk[:, None], (off * row)[:, None] + torch.arange(hd, device=cache.device)]
     scales = flat[blk[:, None], (off * row + hd)[:, None] + torch.arange(row - hd, device=cache.device)]
@@ -178,11 +193,7 @@ def _wrong_block_size(cache, table, cu, n):
     """Block arithmetic with 32 while the cache has 16 tokens per block."""
     nb, bs, row = cache.shape
     hd, bs_user = 128, 2 * bs
-    tok = torch.arange(n, device=cache.device)
-    req = torch.searchsorted(cu, tok, right=True) - 1
-    pos = tok - cu[req]
-    blk = table[req, pos // bs_user]
-    off = pos % bs_user
+    blk, off = _token_blocks(table, cu, n, bs_user)
     flat = cache.view(nb // 2, -1)
     values = flat[blk[:, None] // 2, (off * hd)[:, None] + torch.arange(hd, device=cache.device)]
     scales = flat[blk[:, None] // 2, (bs_user * hd + off * 4)[:, None] + torch.arange(4, device=cache.device)]
@@ -192,11 +203,7 @@ def _wrong_block_size(cache, table, cu, n):
 def _block_ids_read_again(cache, table, cu, n):
     """The block ids are also returned: an intermediate read after the rewrite."""
     nb, bs, row = cache.shape
-    tok = torch.arange(n, device=cache.device)
-    req = torch.searchsorted(cu, tok, right=True) - 1
-    pos = tok - cu[req]
-    blk = table[req, pos // bs]
-    off = pos % bs
+    blk, off = _token_blocks(table, cu, n, bs)
     flat = cache.view(nb, -1)
     values = flat[blk[:, None], (off * 128)[:, None] + torch.arange(128, device=cache.device)]
     scales = flat[blk[:, None], (bs * 128 + off * 4)[:, None] + torch.arange(4, device=cache.device)]

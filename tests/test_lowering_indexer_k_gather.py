@@ -185,6 +185,24 @@ def test_launcher_word_fallback(kv_shift, dv_shift, block_pad, want):
     assert same_bytes(v2, rv) and same_bytes(s2, rs)
 
 
+@pytest.mark.parametrize("launcher", ["op", "token", "block"])
+def test_block_table_with_spare_rows(launcher):
+    """A persistent batch table: more rows than requests; the spare rows are never read."""
+    kv, bt, cu, n, hd, g = make_case(4)
+    spare = torch.full((3, bt.shape[1]), 10**6, dtype=bt.dtype, device=bt.device)
+    bt_padded = torch.cat([bt, spare])
+    rv, rs = reference(kv, bt, cu, n, hd)
+    if launcher == "op":
+        dv, ds = torch.ops.kda.indexer_k_gather(kv, bt_padded, cu, n, hd)
+    else:
+        if mod.triton is None:
+            pytest.skip("triton is not installed")
+        dv = poison((n, hd), torch.uint8, g, kv.device)
+        ds = poison((n, scale_bytes(hd)), torch.uint8, g, kv.device)
+        mod.gather_triton(kv, bt_padded, cu, dv, ds, block_t=BLOCK_T, grid_by=launcher)
+    assert same_bytes(dv, rv) and same_bytes(ds, rs)
+
+
 @needs_launcher
 @pytest.mark.parametrize("grid_by", ["token", "block"])
 def test_launcher_masks_unresolvable_tokens(grid_by):
@@ -227,7 +245,7 @@ def test_fake_impls(hd):
         ds = torch.empty(11, hd // 128, dtype=torch.float32)
         assert OPS.indexer_k_gather_out(fkv, dv, ds, fbt, fcu) is None
         with pytest.raises(ValueError, match="cu_seq_lens"):
-            OPS.indexer_k_gather(fkv, fbt, fcu[:-1], 11, hd)
+            OPS.indexer_k_gather(fkv, fbt, fcu.repeat(2), 11, hd)  # more requests than rows
 
 
 def test_opcheck():
@@ -277,8 +295,8 @@ def _bad_inputs(kind, device):
         bt = bt[:, 0]
     elif kind == "cu_dtype":
         cu = cu.float()
-    elif kind == "cu_len":
-        cu = cu[:-1]
+    elif kind == "cu_len":  # more requests than table rows
+        cu = torch.cat([cu, cu[-1:]] * (bt.shape[0] + 1))
     elif kind == "bt_range":
         bt = bt.clone()
         bt[6, 2] = kv.shape[0] + 7

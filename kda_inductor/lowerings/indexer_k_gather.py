@@ -122,11 +122,12 @@ def _check_meta(kv_cache, block_table, cu_seq_lens, head_dim, head_dim_arg: str)
             "cu_seq_lens",
             f"expected a 1-D int32/int64 tensor, got {cu_seq_lens.dim()}-D {cu_seq_lens.dtype}",
         )
-    num_reqs = block_table.shape[0]
-    if cu_seq_lens.shape[0] != num_reqs + 1:
+    if not 1 <= cu_seq_lens.shape[0] <= block_table.shape[0] + 1:
         raise _err(
             "cu_seq_lens",
-            f"expected length block_table.shape[0] + 1 = {num_reqs + 1}, got {cu_seq_lens.shape[0]}",
+            f"expected length num_requests + 1 with 1 <= length <= block_table.shape[0] + 1 "
+            f"= {block_table.shape[0] + 1} (the table may have spare rows), "
+            f"got {cu_seq_lens.shape[0]}",
         )
     for x, arg in ((block_table, "block_table"), (cu_seq_lens, "cu_seq_lens")):
         if x.device != kv_cache.device:
@@ -288,6 +289,20 @@ if triton is not None:
         tl.store(dv_ptr + (row * dv_stride)[:, None] + w[None, :], v, mask=st)
         tl.store(ds_ptr + (row * ds_stride)[:, None] + s[None, :], sc, mask=st_s)
 
+    @triton.jit
+    def _copy_from_block(
+        kv_ptr, dv_ptr, ds_ptr, row, store, load, blk, off, kv_block_stride, dv_stride, ds_stride,
+        BLOCK_SIZE: tl.constexpr, VALUE_WORDS: tl.constexpr, VALUE_WORDS_P2: tl.constexpr,
+        SCALE_WORDS: tl.constexpr, SCALE_WORDS_P2: tl.constexpr,
+    ):
+        """Copy token ``off`` of cache block ``blk`` (blocked layout) to output ``row``."""
+        base = blk * kv_block_stride  # int64: caches can exceed 2**31 bytes
+        _copy_tile(
+            kv_ptr, dv_ptr, ds_ptr, row, store, load, base + off * VALUE_WORDS,
+            base + BLOCK_SIZE * VALUE_WORDS + off * SCALE_WORDS, dv_stride, ds_stride,
+            VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
+        )
+
     @triton.jit(do_not_specialize=["num_tokens", "num_reqs", "num_blocks"])
     def _gather_by_block_kernel(
         kv_ptr, bt_ptr, cu_ptr, dv_ptr, ds_ptr,
@@ -313,11 +328,9 @@ if triton is not None:
             store = (row < end) & (row < num_tokens) & (row >= cu0)
             blk = blk + off * 0  # as a vector: the interpreter mis-types scalar & vector masks
             load = store & (blk >= 0) & (blk < num_blocks)
-            base = blk * kv_block_stride  # int64: caches can exceed 2**31 bytes
-            _copy_tile(
-                kv_ptr, dv_ptr, ds_ptr, row, store, load, base + off * VALUE_WORDS,
-                base + BLOCK_SIZE * VALUE_WORDS + off * SCALE_WORDS, dv_stride, ds_stride,
-                VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
+            _copy_from_block(
+                kv_ptr, dv_ptr, ds_ptr, row, store, load, blk, off, kv_block_stride, dv_stride,
+                ds_stride, BLOCK_SIZE, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
             )
         else:  # rows before cu_seq_lens[0] or past cu_seq_lens[-1]: invalid input, zeros
             last = tl.maximum(tl.load(cu_ptr + num_reqs).to(tl.int64), 0)
@@ -382,11 +395,9 @@ if triton is not None:
         blk = tl.load(bt_ptr + req * bt_stride_req + col * bt_stride_col, mask=valid, other=0)
         blk = blk.to(tl.int64)
         valid = valid & (blk >= 0) & (blk < num_blocks)
-        base = blk * kv_block_stride  # int64: caches can exceed 2**31 bytes
-        _copy_tile(
-            kv_ptr, dv_ptr, ds_ptr, tok, in_range, valid, base + off * VALUE_WORDS,
-            base + BLOCK_SIZE * VALUE_WORDS + off * SCALE_WORDS, dv_stride, ds_stride,
-            VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
+        _copy_from_block(
+            kv_ptr, dv_ptr, ds_ptr, tok, in_range, valid, blk, off, kv_block_stride, dv_stride,
+            ds_stride, BLOCK_SIZE, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
         )
 
 
@@ -436,7 +447,7 @@ def _launch(kv_cache, block_table, cu_seq_lens, dv, ds, meta: _Meta, block_t, nu
     vw, sw = meta.head_dim // w, meta.scale_bytes // w
     if block_t is None:
         block_t = default_block_t(num_tokens)
-    num_reqs, width = block_table.shape
+    num_reqs, width = cu_seq_lens.shape[0] - 1, block_table.shape[1]  # spare table rows unused
     block_t = min(block_t, _next_pow2(meta.block_size)) if grid_by != "token" else block_t
     subtiles = triton.cdiv(meta.block_size, block_t)
     by_block_programs = num_reqs * width * subtiles

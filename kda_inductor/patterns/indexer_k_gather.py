@@ -168,6 +168,12 @@ class IndexerKGather(Rewrite):
 
         if not fits(values, off * hd + _J):
             return None
+        num_tokens = algebra.axis_len[values.t_axis]
+        n_val = val(num_tokens) if isinstance(num_tokens, fx.Node) else num_tokens
+        try:  # what the fused op would reject is no match (not a failed rewrite)
+            _lowering._check_functional(val(values.cache), val(bt), val(cu), n_val, hd)
+        except (ValueError, TypeError):
+            return None
         for scales in gathers:
             if (
                 scales.node in used
@@ -194,7 +200,7 @@ class IndexerKGather(Rewrite):
                     "cache": values.cache,
                     "block_table": bt,
                     "cu_seq_lens": cu,
-                    "num_tokens": algebra.axis_len[values.t_axis],
+                    "num_tokens": num_tokens,
                     "head_dim": hd,
                 },
             )

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import re
 import warnings
-from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -14,7 +15,6 @@ import torch
 from kda_inductor import pass_manager
 from kda_inductor.patterns import REWRITE_NAMES, REWRITES
 
-_FRAME_SKIPPED = re.compile(r"frame skipped: (?P<name>\S+) \((?P<file>.+?) line (?P<line>\d+)\)")
 _DATA_DEPENDENT = re.compile(r"data[- ]dependent", re.IGNORECASE)
 
 
@@ -31,8 +31,9 @@ class GraphReport:
 @dataclasses.dataclass
 class GraphBreak:
     reason: str
-    """The first line of Dynamo's reason."""
+    """Dynamo's reason, in a line, and where it happened."""
     detail: str
+    """Dynamo's whole message."""
     count: int
 
 
@@ -83,22 +84,64 @@ class Report:
         return "\n".join(lines)
 
 
-def _snapshot() -> dict[str, Counter]:
-    from torch._dynamo.utils import counters
+class _DynamoLogCapture(logging.Handler):
+    """Collects Dynamo's graph-break and skipped-frame messages while compiling.
 
-    return {k: Counter(v) for k, v in counters.items()}
+    Reads the ``graph_breaks`` log artifact and the INFO messages of the frame
+    converter, whose text has been stable from torch 2.9 on (counters are not:
+    2.9 counts no graph break for a frame it skips).
+    """
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.messages: list[tuple[str, str]] = []  # (kind, text)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        kind = "break" if record.name.endswith("__graph_breaks") else "info"
+        self.messages.append((kind, record.getMessage()))
+
+    @contextlib.contextmanager
+    def attached(self) -> Iterator[_DynamoLogCapture]:
+        import torch._dynamo.convert_frame  # noqa: F401  (creates the loggers)
+
+        names = [
+            n
+            for n in list(logging.root.manager.loggerDict)
+            if n.startswith("torch._dynamo.")
+            and (n.endswith(".__graph_breaks") or n in _INFO_LOGGERS)
+        ]
+        saved = []
+        for name in names:
+            lg = logging.getLogger(name)
+            saved.append((lg, lg.level, lg.propagate, lg.disabled))
+            lg.setLevel(logging.DEBUG if name.endswith("__graph_breaks") else logging.INFO)
+            lg.propagate, lg.disabled = False, False
+            lg.addHandler(self)
+        try:
+            yield self
+        finally:
+            for lg, level, propagate, disabled in saved:
+                lg.removeHandler(self)
+                lg.setLevel(level)
+                lg.propagate, lg.disabled = propagate, disabled
 
 
-def _delta(before: dict[str, Counter], key: str) -> Counter:
-    from torch._dynamo.utils import counters
+_INFO_LOGGERS = ("torch._dynamo.symbolic_convert", "torch._dynamo.convert_frame")
+_BREAK = re.compile(r"Graph break in user code at (?P<where>\S+)\s*\nGraph Break Reason: (?P<reason>.*)", re.S)
+_PREAMBLE = re.compile(r"^(Failed to handle graph break gracefully|Graph break encountered)")
+_SKIPS = (
+    re.compile(r"Skipping frame because (?P<why>[^\n]+)\n<FrameSummary file (?P<file>.+?), line (?P<line>\d+) in (?P<name>\S+)>"),
+    re.compile(r"WON'T CONVERT (?P<name>\S+) (?P<file>\S+) line (?P<line>\d+)"),
+)
 
-    now = Counter(counters.get(key, {}))
-    now.subtract(before.get(key, Counter()))
-    return Counter({k: v for k, v in now.items() if v > 0})
 
-
-def _first_line(reason: str) -> str:
-    return reason.strip().splitlines()[0] if reason.strip() else reason
+def _summary(reason: str) -> str:
+    """The first informative line of a graph-break reason."""
+    for line in reason.splitlines():
+        line = line.strip()
+        if line and not _PREAMBLE.match(line):
+            return line
+    return reason.strip()
 
 
 def _hint(reason: str) -> str | None:
@@ -111,21 +154,28 @@ def _hint(reason: str) -> str | None:
     )
 
 
-def _eager_frames(breaks: Counter, frames: Counter) -> list[EagerFrame]:
-    reasons = list(breaks)
-    found: dict[tuple[str, str], EagerFrame] = {}
-    for reason in reasons:
-        for m in _FRAME_SKIPPED.finditer(reason):
-            key = (m["name"], f"{m['file']}:{m['line']}")
-            if key not in found:
-                cause = _first_line(reason)
-                found[key] = EagerFrame(m["name"], key[1], cause, _hint(reason))
-    out = list(found.values())
-    missing = frames["total"] - frames["ok"] - len(out)
-    for _ in range(max(0, missing)):
-        cause = _first_line(reasons[0]) if reasons else "unknown"
-        out.append(EagerFrame("<unknown frame>", "?", cause, _hint(" ".join(reasons))))
-    return out
+def _parse(messages: list[tuple[str, str]]) -> tuple[list[GraphBreak], list[EagerFrame]]:
+    breaks: dict[str, GraphBreak] = {}
+    frames: dict[tuple[str, str], EagerFrame] = {}
+    last_reason = ""
+    for kind, text in messages:
+        if kind == "break" and (m := _BREAK.search(text)):
+            last_reason = m["reason"]
+            key = f"{_summary(last_reason)} at {m['where']}"
+            if key in breaks:
+                breaks[key].count += 1
+            else:
+                breaks[key] = GraphBreak(key, text, 1)
+            continue
+        for pattern in _SKIPS:
+            if m := pattern.search(text):
+                key = (m["name"], m["file"])
+                if key not in frames:
+                    cause = _summary(last_reason) if last_reason else m.groupdict().get("why", "")
+                    hint = _hint(last_reason or text)
+                    frames[key] = EagerFrame(m["name"], f"{m['file']}:{m['line']}", cause, hint)
+                break
+    return list(breaks.values()), list(frames.values())
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
@@ -138,23 +188,20 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
     import torch._dynamo
 
     torch._dynamo.reset()
-    before = _snapshot()
     with (
+        _DynamoLogCapture().attached() as capture,
         pass_manager.observe() as records,
         torch._inductor.config.patch(force_disable_caches=True),
         warnings.catch_warnings(),
     ):
         warnings.filterwarnings("ignore", message=".*force disabled by.*force_disable_caches")
         torch.compile(fn, backend="kda_inductor")(*args, **kwargs)
-    breaks = _delta(before, "graph_break")
-    unimplemented = _delta(before, "unimplemented")
-    # A break that made Dynamo skip the whole frame is only counted as unimplemented.
-    breaks |= unimplemented
+    breaks, frames = _parse(capture.messages)
     graphs = [GraphReport(r["matches"], r["before"], r["after"], r["errors"]) for r in records]
     matches = {name: sum(g.matches.get(name, 0) for g in graphs) for name in REWRITE_NAMES}
     return Report(
         matches=matches,
         graphs=graphs,
-        graph_breaks=[GraphBreak(_first_line(r), r, c) for r, c in breaks.items()],
-        eager_frames=_eager_frames(breaks, _delta(before, "frames")),
+        graph_breaks=breaks,
+        eager_frames=frames,
     )

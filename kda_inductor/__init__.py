@@ -4,9 +4,13 @@ sparse-attention serving code into Triton kernels.
     torch.compile(model, backend="kda_inductor")            # no import needed
     torch.compile(model, backend="kda_inductor", options={"kda": {"disable": [...]}})
     print(kda_inductor.explain(fn, *args))
+
+Public surface: ``backend`` (the module; ``backend.kda_inductor`` is the compiler
+function that the ``torch_dynamo_backends`` entry point names), ``explain`` and
+its ``Report``, ``KdaOptions``, ``REWRITE_NAMES`` and ``__version__``.
 """
 
-from kda_inductor.backend import kda_inductor as backend
+from kda_inductor import backend
 from kda_inductor.explain import Report, explain
 from kda_inductor.options import KdaOptions
 from kda_inductor.patterns import REWRITE_NAMES

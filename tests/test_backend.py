@@ -28,7 +28,7 @@ def test_registered_through_entry_point():
     assert "kda_inductor" in torch._dynamo.list_backends(exclude_tags=())
     from torch._dynamo.backends.registry import lookup_backend
 
-    assert lookup_backend("kda_inductor") is kda_inductor.backend
+    assert lookup_backend("kda_inductor") is kda_inductor.backend.kda_inductor
 
 
 def test_explain_reports_every_rewrite_and_both_graphs(inputs):

@@ -7,6 +7,8 @@ tests assert 0 matches and still-correct results (stock Inductor runs them).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -243,3 +245,24 @@ def test_does_not_match(fn):
     out = out if isinstance(out, tuple) else (out,)
     expected = expected if isinstance(expected, tuple) else (expected,)
     assert_bytes_equal(out, expected)
+
+
+def test_matches_when_token_count_and_batch_become_dynamic():
+    """Serving recompiles once with symbolic num_tokens and batch size; still matched."""
+    g = torch.Generator().manual_seed(21)
+    cache, *_ = random_indexer_cache([600], 16, 128, generator=g)
+
+    def fn(c, t, s, like):  # num_tokens from a tensor's size: symbolic after a recompile
+        return gather_indexer_k(c, t, s, like.shape[0])
+
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True}})
+        for seqs in ([5, 0, 70, 130], [9, 33, 1], [100, 2, 0, 0, 64]):
+            _, table, cu, n = random_indexer_cache(seqs, 16, 128, generator=g)
+            table = table % cache.shape[0]
+            out = compiled(cache, table, cu, torch.empty(n, 0))
+            assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
+    assert len(records) >= 2 and all(r["matches"]["indexer_k_gather"] == 1 for r in records)
+    # one of the graphs passes a symbolic num_tokens (a graph node, not a literal) to the op
+    symbolic = re.compile(r"kda\.indexer_k_gather\.default\]\(args = \((%\w+, ){4}128\)")
+    assert any(symbolic.search(r["after"]) for r in records), [r["after"] for r in records]

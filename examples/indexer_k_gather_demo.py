@@ -32,6 +32,14 @@ class IndexerKGather(torch.nn.Module):
         return gather_indexer_k(self.kv_cache, block_table, cu_seq_lens, self.num_tokens)
 
 
+def build(small: bool = True):
+    """What ``kda-inductor graph-diff examples/indexer_k_gather_demo.py`` compiles."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    seq_lens = [70, 0, 130, 5] if small else [1000 if b % 3 else 333 for b in range(256)]
+    cache, table, cu, n = random_indexer_cache(seq_lens, block_size=64, head_dim=128, device=device)
+    return IndexerKGather(cache, n), (table, cu)
+
+
 def graph_us(fn, reps=200) -> float:
     """Median microseconds of one CUDA-graph replay of ``fn``."""
     for _ in range(3):
@@ -57,14 +65,10 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="tiny sizes even on a GPU")
     args = parser.parse_args()
     on_gpu = torch.cuda.is_available()
-    device = "cuda" if on_gpu else "cpu"
-    if on_gpu and not args.small:  # the seed workload: 256 requests, every third one shorter
-        seq_lens = [1000 if b % 3 else 333 for b in range(256)]
-    else:
-        seq_lens = [70, 0, 130, 5]
-    cache, table, cu, n = random_indexer_cache(seq_lens, block_size=64, head_dim=128, device=device)
-    model = IndexerKGather(cache, n)
-    print(f"indexer K gather: {len(seq_lens)} requests, {n:,} tokens, block 64, head_dim 128, {device}\n")
+    # on a GPU the seed workload: 256 requests, every third one shorter
+    model, (table, cu) = build(small=args.small or not on_gpu)
+    cache, n, device = model.kv_cache, model.num_tokens, model.kv_cache.device
+    print(f"indexer K gather: {cu.numel() - 1} requests, {n:,} tokens, block 64, head_dim 128, {device}\n")
 
     report = kda_inductor.explain(model, table, cu)
     print(report)

@@ -13,6 +13,8 @@ from typing import Any
 import torch
 
 from kda_inductor import pass_manager
+from kda_inductor.diff import rewrite_table, unified
+from kda_inductor.patterns.base import Miss
 from kda_inductor.patterns import REWRITE_NAMES, REWRITES
 
 _DATA_DEPENDENT = re.compile(r"data[- ]dependent", re.IGNORECASE)
@@ -20,12 +22,38 @@ _DATA_DEPENDENT = re.compile(r"data[- ]dependent", re.IGNORECASE)
 
 @dataclasses.dataclass
 class GraphReport:
-    """One graph Inductor compiled: our pass's view of it."""
+    """One graph Inductor compiled: our pass's view of it (see ``pass_manager.observe``)."""
 
-    matches: dict[str, int]
-    before: str
-    after: str
-    errors: dict[str, str]
+    record: dict[str, Any] = dataclasses.field(repr=False)
+
+    @property
+    def matches(self) -> dict[str, int]:
+        return self.record["matches"]
+
+    @property
+    def errors(self) -> dict[str, str]:
+        return self.record["errors"]
+
+    @property
+    def before(self) -> str:
+        return self.record["before"]
+
+    @property
+    def after(self) -> str:
+        return self.record["after"]
+
+    @property
+    def misses(self) -> dict[str, list[Miss]]:
+        """Rewrite -> its closest rejected candidates, for rewrites that matched nothing."""
+        return self.record["misses"]
+
+    def diff(self, *, color: bool = False, title: str = "graph") -> str:
+        """Unified diff of the post-grad graph before/after our pass, readable node names."""
+        return unified(self.record["before_nodes"], self.record["after_nodes"], title=title, color=color)
+
+    def table(self) -> list[str]:
+        """Rewrite table: matches, nodes removed and added (with their ops)."""
+        return rewrite_table(self.record)
 
 
 @dataclasses.dataclass
@@ -56,6 +84,25 @@ class Report:
     graphs: list[GraphReport]
     graph_breaks: list[GraphBreak]
     eager_frames: list[EagerFrame]
+    cudagraph_skips: list[str] = dataclasses.field(default_factory=list)
+    """Why Inductor did not use CUDA graphs (only with ``mode="reduce-overhead"`` etc.)."""
+
+    @property
+    def diff(self) -> str:
+        """Per compiled graph: the rewrite table and the unified before/after diff."""
+        parts = []
+        for i, g in enumerate(self.graphs):
+            parts += [f"=== graph {i} ===", *g.table(), "", g.diff(title=f"graph {i}") or "(no change)", ""]
+        return "\n".join(parts)
+
+    def normalized(self) -> str:
+        """Op names and rewrite tables only (no node names): stable across torch versions."""
+        lines = []
+        for i, g in enumerate(self.graphs):
+            lines += [f"graph {i}", *g.table()]
+        lines.append(f"graph breaks: {len(self.graph_breaks)}; eager frames: "
+                     f"{[f.name for f in self.eager_frames]}; cudagraph skips: {len(self.cudagraph_skips)}")
+        return "\n".join(lines)
 
     @property
     def before(self) -> str:
@@ -81,6 +128,9 @@ class Report:
             lines.append(f"  {f.name} ({f.location}): {f.reason}")
             if f.hint:
                 lines.append(f"    hint: {f.hint}")
+        if self.cudagraph_skips:
+            lines += ["", f"cudagraph skips: {len(self.cudagraph_skips)}"]
+            lines += [f"  {why}" for why in self.cudagraph_skips]
         return "\n".join(lines)
 
 
@@ -97,24 +147,28 @@ class _DynamoLogCapture(logging.Handler):
         self.messages: list[tuple[str, str]] = []  # (kind, text)
 
     def emit(self, record: logging.LogRecord) -> None:
-        kind = "break" if record.name.endswith("__graph_breaks") else "info"
+        if record.name.startswith(_CUDAGRAPH_LOGGERS):
+            kind = "cudagraphs"
+        else:
+            kind = "break" if record.name.endswith("__graph_breaks") else "info"
         self.messages.append((kind, record.getMessage()))
 
     @contextlib.contextmanager
     def attached(self) -> Iterator[_DynamoLogCapture]:
         import torch._dynamo.convert_frame  # noqa: F401  (creates the loggers)
+        import torch._inductor.cudagraph_utils  # noqa: F401
 
         names = [
             n
             for n in list(logging.root.manager.loggerDict)
-            if n.startswith("torch._dynamo.")
-            and (n.endswith(".__graph_breaks") or n in _INFO_LOGGERS)
+            if (n.startswith("torch._dynamo.") and (n.endswith(".__graph_breaks") or n in _INFO_LOGGERS))
+            or n.startswith(_CUDAGRAPH_LOGGERS)
         ]
         saved = []
         for name in names:
             lg = logging.getLogger(name)
             saved.append((lg, lg.level, lg.propagate, lg.disabled))
-            lg.setLevel(logging.DEBUG if name.endswith("__graph_breaks") else logging.INFO)
+            lg.setLevel(logging.INFO if name in _INFO_LOGGERS else logging.DEBUG)
             lg.propagate, lg.disabled = False, False
             lg.addHandler(self)
         try:
@@ -127,6 +181,9 @@ class _DynamoLogCapture(logging.Handler):
 
 
 _INFO_LOGGERS = ("torch._dynamo.symbolic_convert", "torch._dynamo.convert_frame")
+# cudagraph skip reasons: the "cudagraphs" artifact (2.13+) or "perf_hints" (2.9)
+_CUDAGRAPH_LOGGERS = ("torch._inductor.cudagraph_utils.__", "torch._inductor.cudagraph_trees.__")
+_SKIP_CUDAGRAPHS = re.compile(r"skipping cudagraphs due to (?P<why>.+)", re.S)
 _BREAK = re.compile(r"Graph break in user code at (?P<where>\S+)\s*\nGraph Break Reason: (?P<reason>.*)", re.S)
 _PREAMBLE = re.compile(r"^(Failed to handle graph break gracefully|Graph break encountered)")
 _SKIPS = (
@@ -154,11 +211,16 @@ def _hint(reason: str) -> str | None:
     )
 
 
-def _parse(messages: list[tuple[str, str]]) -> tuple[list[GraphBreak], list[EagerFrame]]:
+def _parse(messages: list[tuple[str, str]]) -> tuple[list[GraphBreak], list[EagerFrame], list[str]]:
     breaks: dict[str, GraphBreak] = {}
     frames: dict[tuple[str, str], EagerFrame] = {}
+    skips: list[str] = []
     last_reason = ""
     for kind, text in messages:
+        if kind == "cudagraphs":
+            if (m := _SKIP_CUDAGRAPHS.search(text)) and m["why"].strip() not in skips:
+                skips.append(m["why"].strip())
+            continue
         if kind == "break" and (m := _BREAK.search(text)):
             last_reason = m["reason"]
             key = f"{_summary(last_reason)} at {m['where']}"
@@ -175,7 +237,48 @@ def _parse(messages: list[tuple[str, str]]) -> tuple[list[GraphBreak], list[Eage
                     hint = _hint(last_reason or text)
                     frames[key] = EagerFrame(m["name"], f"{m['file']}:{m['line']}", cause, hint)
                 break
-    return list(breaks.values()), list(frames.values())
+    return list(breaks.values()), list(frames.values()), skips
+
+
+@dataclasses.dataclass(frozen=True)
+class Explainer:
+    """``explain`` with compile settings: ``Explainer(mode="reduce-overhead")(fn, *args)``.
+
+    ``mode`` and ``options`` are those of ``torch.compile`` (``options["kda"]`` holds
+    ours). Without them, ``kda_inductor.explain(fn, *args, **kwargs)`` is the same call.
+    """
+
+    mode: str | None = None
+    options: dict[str, Any] | None = None
+
+    def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
+        """Compile ``fn`` with ``backend="kda_inductor"`` on these inputs and report.
+
+        Resets Dynamo first (like ``torch._dynamo.explain``) and compiles with
+        Inductor's caches off so that every graph really goes through our pass.
+        ``fn`` is called once; its result is discarded.
+        """
+        import torch._dynamo
+        from torch._dynamo.utils import counters
+
+        torch._dynamo.reset()
+        skips_before = counters["inductor"]["cudagraph_skips"]
+        with (
+            _DynamoLogCapture().attached() as capture,
+            pass_manager.observe() as records,
+            torch._inductor.config.patch(force_disable_caches=True),
+            warnings.catch_warnings(),
+        ):
+            warnings.filterwarnings("ignore", message=".*force disabled by.*force_disable_caches")
+            compiled = torch.compile(fn, backend="kda_inductor", mode=self.mode, options=self.options)
+            compiled(*args, **kwargs)
+        breaks, frames, skips = _parse(capture.messages)
+        silent = counters["inductor"]["cudagraph_skips"] - skips_before - len(skips)
+        if silent > 0:  # Inductor counts these without a message
+            skips.append(f"{silent} graph(s) with no CUDA ops (CUDA graphs only apply to CUDA work)")
+        graphs = [GraphReport(r) for r in records]
+        matches = {name: sum(g.matches.get(name, 0) for g in graphs) for name in REWRITE_NAMES}
+        return Report(matches, graphs, breaks, frames, skips)
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
@@ -183,25 +286,7 @@ def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
 
     Resets Dynamo first (like ``torch._dynamo.explain``) and compiles with
     Inductor's caches off so that every graph really goes through our pass.
-    ``fn`` is called once; its result is discarded.
+    ``fn`` is called once; its result is discarded. For ``mode=``/``options=``,
+    use :class:`Explainer`.
     """
-    import torch._dynamo
-
-    torch._dynamo.reset()
-    with (
-        _DynamoLogCapture().attached() as capture,
-        pass_manager.observe() as records,
-        torch._inductor.config.patch(force_disable_caches=True),
-        warnings.catch_warnings(),
-    ):
-        warnings.filterwarnings("ignore", message=".*force disabled by.*force_disable_caches")
-        torch.compile(fn, backend="kda_inductor")(*args, **kwargs)
-    breaks, frames = _parse(capture.messages)
-    graphs = [GraphReport(r["matches"], r["before"], r["after"], r["errors"]) for r in records]
-    matches = {name: sum(g.matches.get(name, 0) for g in graphs) for name in REWRITE_NAMES}
-    return Report(
-        matches=matches,
-        graphs=graphs,
-        graph_breaks=breaks,
-        eager_frames=frames,
-    )
+    return Explainer()(fn, *args, **kwargs)

@@ -22,6 +22,7 @@ import torch.fx as fx
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from kda_inductor.diff import snapshot
 from kda_inductor.options import KdaOptions
 from kda_inductor.patterns import REWRITES
 from kda_inductor.patterns.base import transaction
@@ -57,12 +58,15 @@ class KdaPostGradPass(CustomGraphPass):
         return h.hexdigest()
 
     def __call__(self, graph: fx.Graph) -> None:
-        record: dict[str, Any] | None = None
-        if _observers:
-            record = {"before": str(graph), "matches": {}, "errors": {}}
+        observed = bool(_observers) or _tracing_enabled()
+        record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {}}
+        if observed:
+            record["before"] = str(graph)
+            record["before_nodes"] = snapshot(graph)
         matches: Counter[str] = Counter({name: 0 for name in REWRITES})
         for name in self.options.enabled():
             rewrite = REWRITES[name]()
+            names_before = {n.name for n in graph.nodes} if observed else set()
             try:
                 found = rewrite.find(graph)
                 for match in found:
@@ -78,18 +82,58 @@ class KdaPostGradPass(CustomGraphPass):
                 )
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
                 log.warning(msg, exc_info=True)
-                if record is not None:
-                    record["errors"][name] = f"{type(exc).__name__}: {exc}"
+                record["errors"][name] = f"{type(exc).__name__}: {exc}"
+            if observed:
+                names_after = {n.name for n in graph.nodes}
+                record["changes"][name] = {
+                    "removed": sorted(names_before - names_after),
+                    "added": sorted(names_after - names_before),
+                }
+                record["misses"][name] = rewrite.closest_misses() if not matches[name] else []
         for name, n in matches.items():
             if n:
                 counters[COUNTER_KEY][name] += n
                 log.info("kda_inductor: %s replaced %d time(s)", name, n)
         graph.lint()
-        if record is not None:
+        if observed:
             record["matches"] = dict(matches)
             record["after"] = str(graph)
+            record["after_nodes"] = snapshot(graph)
+            _trace(record)
             for observe in list(_observers):
                 observe(record)
+
+
+def _tracing_enabled() -> bool:
+    """``TORCH_TRACE`` is on: tlparse will show our before/after graphs."""
+    try:
+        from torch._logging._internal import trace_log
+
+        return bool(trace_log.handlers)
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _trace(record: dict[str, Any]) -> None:
+    """Emit our graphs and rewrite table as ``TORCH_TRACE`` artifacts (no-op otherwise)."""
+    if not _tracing_enabled():
+        return
+    from torch._logging import trace_structured
+
+    from kda_inductor.diff import rewrite_table, unified
+
+    payloads = {
+        "kda_inductor_post_grad_before": record["before"],
+        "kda_inductor_post_grad_after": record["after"],
+        "kda_inductor_rewrites": "\n".join(rewrite_table(record)),
+        "kda_inductor_graph_diff": unified(record["before_nodes"], record["after_nodes"]),
+    }
+    for name, text in payloads.items():
+        trace_structured(
+            "artifact",
+            metadata_fn=lambda name=name: {"name": name, "encoding": "string"},
+            payload_fn=lambda text=text: text,
+        )
 
 
 class _Chain(CustomGraphPass):
@@ -129,8 +173,11 @@ def observe() -> Iterator[list[dict[str, Any]]]:
     """Collect one record per graph our pass runs on while the block executes.
 
     Each record has ``matches`` (rewrite -> count), ``errors`` (rewrite ->
-    message), and the graph text ``before`` and ``after`` the pass. Only
-    graphs actually compiled are seen: disable Inductor's caches to see all.
+    message), the graph text ``before`` and ``after`` the pass and their
+    ``before_nodes``/``after_nodes`` snapshots (:mod:`kda_inductor.diff`),
+    ``changes`` (rewrite -> fx names removed / added) and ``misses`` (rewrite
+    -> closest rejected candidates, when it matched nothing). Only graphs
+    actually compiled are seen: disable Inductor's caches to see all.
     """
     records: list[dict[str, Any]] = []
     _observers.append(records.append)

@@ -12,3 +12,5 @@ except Exception:  # pragma: no cover
     _HAS_CUDA = False
 if not _HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+pytest_plugins = ["pytester"]  # tests/test_pytest_plugin.py runs pytest on example test files

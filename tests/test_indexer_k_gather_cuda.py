@@ -6,15 +6,15 @@ import pytest
 import torch
 
 from kda_inductor.reference import gather_indexer_k, random_indexer_cache
-from tests.helpers import (
-    assert_bytes_equal,
-    assert_capturable_without_syncs,
-    cudagraph_skips,
+from kda_inductor.testing import (
+    assert_cudagraph_safe,
+    assert_no_cudagraph_skips,
+    compile_for_test,
     fresh_compile,
-    requires_cuda,
 )
+from tests.helpers import assert_bytes_equal
 
-pytestmark = [requires_cuda, pytest.mark.cuda]
+pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
 
 
 class IndexerKCache(torch.nn.Module):
@@ -46,25 +46,23 @@ def _inputs(seed, seqs=(300, 0, 77, 1024, 5)):
 )
 def test_reduce_overhead_no_cudagraph_skips(mode, return_outputs):
     """Returned outputs use kda.indexer_k_gather; buffers only, the in-place _out variant."""
-    from torch._dynamo.utils import counters
-
     cache, table, cu, n = _inputs(1)
     model = IndexerKCache(cache, n, return_outputs=return_outputs)
     patches = {"triton.cudagraph_or_error": True} if hasattr(torch._inductor.config.triton, "cudagraph_or_error") else {}
-    counters.clear()
-    from kda_inductor import pass_manager
 
-    with fresh_compile(), torch._inductor.config.patch(patches), pass_manager.observe() as records:
-        compiled = torch.compile(model, backend="kda_inductor", mode=mode)
-        for step in range(4):  # new block tables / lengths each step, same shapes
+    def run_steps():
+        for step in range(4):  # new block tables each step, same shapes
             table2 = table[torch.randperm(table.shape[0], device="cuda")] if step else table
             out = compiled(table2, cu)
             expected = gather_indexer_k(cache, table2, cu, n)
             if return_outputs:
                 assert_bytes_equal(out, expected)
             assert_bytes_equal([model.dst_value, model.dst_scale.view(torch.float32)], expected)
-    assert sum(r["matches"]["indexer_k_gather"] for r in records) == 1
-    assert cudagraph_skips() == 0, dict(counters["inductor"])
+
+    with fresh_compile(), torch._inductor.config.patch(patches):
+        compiled = compile_for_test(model, mode=mode)
+        assert_no_cudagraph_skips(run_steps)
+    assert compiled.matches["indexer_k_gather"] == 1
 
 
 def test_graph_capture_and_no_host_syncs():
@@ -72,7 +70,8 @@ def test_graph_capture_and_no_host_syncs():
     with fresh_compile():
         compiled = torch.compile(lambda c, t, s: gather_indexer_k(c, t, s, n), backend="kda_inductor")
         compiled(cache, table, cu)  # compile outside the sync check
-        graph, captured = assert_capturable_without_syncs(compiled, cache, table, cu)
+        graph = assert_cudagraph_safe(compiled, cache, table, cu)
+        captured = graph.captured
         # new data in the same buffers: the replay gathers it
         g = torch.Generator().manual_seed(3)
         cache2, *_ = random_indexer_cache([300, 0, 77, 1024, 5], 64, 128, generator=g)

@@ -23,6 +23,19 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 
 
+@dataclasses.dataclass(frozen=True)
+class Miss:
+    """A candidate a rewrite looked at and rejected, for ``--explain-misses``.
+
+    ``stage`` says how far it got (higher is closer to a match); ``check`` names
+    the check that rejected it.
+    """
+
+    node: str
+    stage: int
+    check: str
+
+
 @dataclasses.dataclass
 class Match:
     """One place to rewrite: the nodes it replaces and whatever the rewrite needs."""
@@ -39,6 +52,20 @@ class Rewrite:
     summary: ClassVar[str]
     eager_form_hint: ClassVar[str | None] = None
     """Where to find a traceable spelling, for ``explain()`` when a frame fell back to eager."""
+
+    def __init__(self) -> None:
+        self.misses: list[Miss] = []
+
+    def miss(self, node: fx.Node, stage: int, check: str) -> None:
+        """Record that ``node`` was a candidate rejected by ``check`` (returns None)."""
+        self.misses.append(Miss(node.name, stage, check))
+
+    def closest_misses(self) -> list[Miss]:
+        """The rejected candidates that got furthest."""
+        if not self.misses:
+            return []
+        best = max(m.stage for m in self.misses)
+        return [m for m in self.misses if m.stage == best]
 
     def find(self, graph: fx.Graph) -> list[Match]:
         raise NotImplementedError
@@ -66,17 +93,21 @@ def is_op(node: Any, *targets: Any) -> bool:
     return False
 
 
-def region_is_closed(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> bool:
-    """Every node of the region but its outputs is used only inside the region.
+def escaping(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.Node]:
+    """The region's nodes, other than its outputs, that are read outside it.
 
     A region whose intermediate values are read elsewhere cannot be replaced
-    without recomputing them, so rewrites refuse it.
+    without recomputing them, so rewrites refuse it (empty list: closed).
     """
     inside = set(nodes)
+    if not inside:
+        return []
     outs = set(outputs)
-    return all(
-        user in inside for n in inside if n not in outs for user in n.users
-    )
+    graph = next(iter(inside)).graph
+    return [
+        n for n in graph.nodes  # graph order: deterministic messages
+        if n in inside and n not in outs and any(u not in inside for u in n.users)
+    ]
 
 
 def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:

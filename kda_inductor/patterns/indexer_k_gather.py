@@ -51,7 +51,7 @@ from kda_inductor.patterns.base import (
     aten,
     erase_dead,
     is_op,
-    region_is_closed,
+    escaping,
     set_fake_vals,
     val,
 )
@@ -118,8 +118,11 @@ class IndexerKGather(Rewrite):
             if values.node in used:
                 continue
             layout = _layout(values.cache)
-            if layout is None or values.width != layout[1]:
+            if layout is None:
+                self.miss(values.node, 2, "cache row width is not head_dim + 4 * head_dim // 128")
                 continue
+            if values.width != layout[1]:
+                continue  # a scales candidate: looked at when pairing
             m = self._pair(values, gathers, layout, algebra, used)
             if m is not None:
                 used.update((m.data["values"], m.data["scales"]))
@@ -127,8 +130,7 @@ class IndexerKGather(Rewrite):
         return matches
 
     # ------------------------------------------------------------------ find
-    @staticmethod
-    def _gather(n: fx.Node, algebra: IndexAlgebra) -> _Gather | None:
+    def _gather(self, n: fx.Node, algebra: IndexAlgebra) -> _Gather | None:
         if not (is_op(n, aten.index) and n.target is aten.index.Tensor):
             return None
         flat, indices = n.args
@@ -140,10 +142,13 @@ class IndexerKGather(Rewrite):
             return None
         syms = [algebra.interpret(i) for i in indices]
         if not all(isinstance(s, Sym) for s in syms):
-            return None
+            return self.miss(
+                n, 1, "index tensors are not integer arithmetic of arange, searchsorted/"
+                "bucketize and table lookups"
+            )
         bound = algebra.bind(syms, [_T, _J])
         if bound is None:
-            return None
+            return self.miss(n, 1, "index tensors do not broadcast to [tokens, bytes] from two aranges")
         exprs, axes = bound
         rows, cols = (exprs if len(exprs) == 2 else (None, exprs[0]))
         return _Gather(n, cache, flat, rows, cols, out.shape[1], axes[0])
@@ -153,7 +158,10 @@ class IndexerKGather(Rewrite):
         e = values.rows if values.rows is not None else values.cols
         cus, bts = algebra.tables_read(e, "ss", 1), algebra.tables_read(e, "tab", 2)
         if len(cus) != 1 or len(bts) != 1:
-            return None
+            return self.miss(
+                values.node, 3, "rows do not read one block_table through "
+                "searchsorted(cu_seq_lens, t, right=True) - 1"
+            )
         cu, bt = cus.pop(), bts.pop()
         req = algebra.count_le_fn(cu)(_T) - 1
         pos = _T - algebra.table_fn(cu)(req)
@@ -167,13 +175,16 @@ class IndexerKGather(Rewrite):
             return same(g.rows, row) and same(g.cols, col)
 
         if not fits(values, off * hd + _J):
-            return None
+            return self.miss(
+                values.node, 3, f"indices differ from block_table[req, pos // {bs}] and "
+                f"(pos % {bs}) * {hd} + j (another layout or block size)"
+            )
         num_tokens = algebra.axis_len[values.t_axis]
         n_val = val(num_tokens) if isinstance(num_tokens, fx.Node) else num_tokens
         try:  # what the fused op would reject is no match (not a failed rewrite)
             _lowering._check_functional(val(values.cache), val(bt), val(cu), n_val, hd)
-        except (ValueError, TypeError):
-            return None
+        except (ValueError, TypeError) as exc:
+            return self.miss(values.node, 4, f"kda.indexer_k_gather rejects these inputs: {exc}")
         for scales in gathers:
             if (
                 scales.node in used
@@ -187,7 +198,10 @@ class IndexerKGather(Rewrite):
                 values.node,
                 scales.node,
             }
-            if not region_is_closed(region, [values.node, scales.node]):
+            outside = escaping(region, [values.node, scales.node])
+            if outside:
+                self.miss(values.node, 6, f"intermediate {outside[0].name} is also read by "
+                          f"{', '.join(u.name for u in outside[0].users if u not in region)}")
                 continue
             dst = _preallocated_dst(values.node, scales.node, values.cache, bt, cu)
             extra = {n for (_, copy) in (dst or ()) for n in _chain(copy)}
@@ -204,7 +218,10 @@ class IndexerKGather(Rewrite):
                     "head_dim": hd,
                 },
             )
-        return None
+        return self.miss(
+            values.node, 5, f"no scales gather of the same cache and tokens with columns "
+            f"{bs * hd} + (pos % {bs}) * {sb} + j"
+        )
 
     # --------------------------------------------------------------- replace
     def replace(self, graph: fx.Graph, match: Match) -> None:

@@ -1,0 +1,195 @@
+"""Readable before/after views of the graphs our pass rewrote.
+
+The pass records a :class:`NodeRow` snapshot of each post-grad graph before and
+after it runs (and the nodes each rewrite removed and added). This module turns
+those into
+
+* readable listings with stable node names: names come from the op and its
+  order of appearance in the *before* graph (``index_0``, ``in2``), so a node
+  the pass left alone has the same name on both sides, and nodes it added get
+  fresh names of their own op (``indexer_k_gather_0``);
+* a unified diff (coloured for terminals), a side-by-side HTML page;
+* a normalized summary (rewrite table with op names, no node names) that stays
+  the same across torch versions, for snapshot tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+
+@dataclasses.dataclass(frozen=True)
+class NodeRow:
+    """One FX node, detached from the graph (safe to keep after compiling)."""
+
+    name: str
+    op: str  # placeholder / call_function / output / get_attr / ...
+    target: str  # "aten.index.Tensor", "operator.getitem", ...
+    args: str  # rendered with %fx_name references
+    meta: str  # "u8[9, 8448]" or ""
+    inputs: tuple[str, ...]  # fx names this node reads
+
+
+def _overload_name(op: torch._ops.OpOverload) -> str:
+    return f"{op.namespace}.{op._schema.name.split('::')[-1]}.{op._overloadname}"
+
+
+def _target_name(node: fx.Node) -> str:
+    t = node.target
+    if isinstance(t, torch._ops.OpOverload):
+        return _overload_name(t)
+    if isinstance(t, torch._ops.HigherOrderOperator):
+        return f"higher_order.{t.__name__}"
+    if callable(t):
+        return f"{getattr(t, '__module__', '') or ''}.{getattr(t, '__name__', str(t))}".lstrip(".")
+    return str(t)
+
+
+def _meta(node: fx.Node) -> str:
+    v = node.meta.get("val")
+    if isinstance(v, torch.Tensor):
+        short = str(v.dtype).replace("torch.", "")
+        return f"{short}[{', '.join(str(s) for s in v.shape)}]"
+    return ""
+
+
+def _render_arg(a: Any) -> str:
+    if isinstance(a, fx.Node):
+        return f"%{a.name}"
+    if isinstance(a, (list, tuple)):
+        inner = ", ".join(_render_arg(x) for x in a)
+        return f"[{inner}]" if isinstance(a, list) else f"({inner}{',' if len(a) == 1 else ''})"
+    if isinstance(a, dict):
+        return "{" + ", ".join(f"{k}: {_render_arg(v)}" for k, v in a.items()) + "}"
+    if isinstance(a, torch._ops.OpOverload):
+        return _overload_name(a)
+    return repr(a)
+
+
+def snapshot(graph: fx.Graph) -> list[NodeRow]:
+    rows = []
+    for n in graph.nodes:
+        args = ", ".join(
+            [_render_arg(a) for a in n.args] + [f"{k}={_render_arg(v)}" for k, v in n.kwargs.items()]
+        )
+        rows.append(
+            NodeRow(n.name, n.op, _target_name(n) if n.op == "call_function" else str(n.target),
+                    args, _meta(n), tuple(m.name for m in n.all_input_nodes))
+        )
+    return rows
+
+
+def op_name(row: NodeRow) -> str:
+    """Short op name: ``aten.index.Tensor`` -> ``aten.index``; inputs -> ``input``."""
+    if row.op == "placeholder":
+        return "input"
+    if row.op == "output":
+        return "output"
+    parts = row.target.split(".")
+    if parts[0] in ("aten", "prims", "kda", "higher_order") and len(parts) >= 2:
+        return ".".join(parts[:2])
+    return parts[-1]
+
+
+def _kind(row: NodeRow) -> str:
+    return "in" if row.op == "placeholder" else op_name(row).split(".")[-1]
+
+
+def readable_names(before: Sequence[NodeRow], after: Sequence[NodeRow]) -> dict[str, str]:
+    """fx name -> stable readable name, numbered per op in order of first appearance."""
+    names: dict[str, str] = {}
+    counts: Counter[str] = Counter()
+    for row in [*before, *after]:
+        if row.name in names or row.op == "output":
+            continue
+        kind = _kind(row)
+        names[row.name] = f"{kind}{counts[kind]}" if kind == "in" else f"{kind}_{counts[kind]}"
+        counts[kind] += 1
+    return names
+
+
+_REF = re.compile(r"%(\w+)")
+
+
+def listing(rows: Sequence[NodeRow], names: dict[str, str]) -> list[str]:
+    """One line per node, e.g. ``index_0 = aten.index.Tensor(in0, [sub_0])  # i64[205]``."""
+    out = []
+    for r in rows:
+        args = _REF.sub(lambda m: names.get(m.group(1), m.group(1)), r.args)
+        note = f"  # {r.meta}" if r.meta else ""
+        if r.op == "placeholder":
+            out.append(f"{names[r.name]} = input{note}")
+        elif r.op == "output":
+            out.append(f"return {args}")
+        else:
+            out.append(f"{names[r.name]} = {r.target}({args}){note}")
+    return out
+
+
+def unified(before: Sequence[NodeRow], after: Sequence[NodeRow], *, title: str = "graph",
+            color: bool = False) -> str:
+    names = readable_names(before, after)
+    lines = difflib.unified_diff(
+        listing(before, names), listing(after, names),
+        f"{title} before kda_inductor", f"{title} after kda_inductor", lineterm="", n=2,
+    )
+    if not color:
+        return "\n".join(lines)
+    paint = {"+": "\x1b[32m", "-": "\x1b[31m", "@": "\x1b[36m"}
+    return "\n".join(
+        f"{paint[ln[0]]}{ln}\x1b[0m" if ln[:1] in paint and not ln.startswith(("+++", "---")) else ln
+        for ln in lines
+    )
+
+
+def html(pages: Iterable[tuple[str, Sequence[NodeRow], Sequence[NodeRow]]]) -> str:
+    """A side-by-side page, one table per ``(title, before, after)`` graph."""
+    maker = difflib.HtmlDiff(wrapcolumn=100)
+    tables = []
+    for title, before, after in pages:
+        names = readable_names(before, after)
+        tables.append(f"<h2>{title}</h2>")
+        tables.append(
+            maker.make_table(listing(before, names), listing(after, names),
+                             "before kda_inductor", "after kda_inductor")
+        )
+    head = maker.make_file([], [])  # the stylesheet and legend difflib ships
+    return head.replace("<body>", "<body>\n<h1>kda_inductor graph diff</h1>\n" + "\n".join(tables), 1)
+
+
+def op_counts(rows: Iterable[NodeRow], wanted: Iterable[str] | None = None) -> dict[str, int]:
+    """Multiset of op names, optionally only for the fx names in ``wanted``."""
+    keep = None if wanted is None else set(wanted)
+    c = Counter(op_name(r) for r in rows if keep is None or r.name in keep)
+    return dict(sorted(c.items()))
+
+
+def _fmt_ops(ops: dict[str, int]) -> str:
+    return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in ops.items()) or "-"
+
+
+def rewrite_table(record: dict[str, Any], *, rows_only: bool = False) -> list[str]:
+    """Lines: rewrite, matches, nodes removed, nodes added (counts; ops unless ``rows_only``)."""
+    before = {r.name: r for r in record["before_nodes"]}
+    after = {r.name: r for r in record["after_nodes"]}
+    width = max(len(n) for n in record["matches"])
+    lines = [f"{'rewrite':<{width}}  matches  removed  added"]
+    for name, count in record["matches"].items():
+        ch = record["changes"].get(name, {"removed": [], "added": []})
+        lines.append(f"{name:<{width}}  {count:>7}  {len(ch['removed']):>7}  {len(ch['added']):>5}")
+        if not rows_only and (ch["removed"] or ch["added"]):
+            removed = op_counts([before[n] for n in ch["removed"] if n in before])
+            added = op_counts([after[n] for n in ch["added"] if n in after])
+            lines.append(f"{'':<{width}}    - {_fmt_ops(removed)}")
+            lines.append(f"{'':<{width}}    + {_fmt_ops(added)}")
+        for err in [record["errors"][name]] if name in record["errors"] else []:
+            lines.append(f"{'':<{width}}    failed and skipped: {err}")
+    return lines

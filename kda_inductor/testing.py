@@ -1,0 +1,205 @@
+"""Test helpers for models compiled with ``backend="kda_inductor"``.
+
+Also exposed as pytest fixtures and markers by ``kda_inductor.pytest_plugin``
+(registered through the ``pytest11`` entry point: installing the package is
+enough). Typical use::
+
+    def test_my_layer(kda_compile):
+        layer = MyLayer().eval()
+        x = torch.randn(256, 8192)
+        compiled = kda_compile(layer)                      # caches off, strict rewrites
+        assert_close_to_eager(compiled(x), layer(x))
+        assert_rewrites(compiled, expect={"gdn_spec_split": 1})   # fails with the graph diff
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from kda_inductor import pass_manager
+from kda_inductor.diff import rewrite_table, unified
+from kda_inductor.patterns import REWRITE_NAMES
+
+__all__ = [
+    "CompiledForTest",
+    "assert_close_to_eager",
+    "assert_cudagraph_safe",
+    "assert_no_cudagraph_skips",
+    "assert_rewrites",
+    "compile_for_test",
+    "fresh_compile",
+]
+
+
+@contextlib.contextmanager
+def fresh_compile(caches: bool = False) -> Iterator[None]:
+    """Dynamo reset before and after; Inductor's caches off unless ``caches``."""
+    torch._dynamo.reset()
+    try:
+        with torch._inductor.config.patch(force_disable_caches=not caches):
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
+class CompiledForTest:
+    """A compiled callable that keeps what our pass did to every graph it compiled."""
+
+    def __init__(self, fn: Callable[..., Any], *, mode: str | None, options: dict[str, Any] | None,
+                 caches: bool, dynamic: bool | None):
+        self.fn = fn
+        self.caches = caches
+        self.compiled = torch.compile(fn, backend="kda_inductor", mode=mode, options=options, dynamic=dynamic)
+        self.records: list[dict[str, Any]] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        with pass_manager.observe() as records, torch._inductor.config.patch(
+            force_disable_caches=not self.caches
+        ):
+            try:
+                return self.compiled(*args, **kwargs)
+            finally:
+                self.records.extend(records)
+
+    @property
+    def matches(self) -> dict[str, int]:
+        """Every rewrite -> replacements summed over the graphs compiled so far."""
+        return {n: sum(r["matches"].get(n, 0) for r in self.records) for n in REWRITE_NAMES}
+
+    def diff(self) -> str:
+        """Rewrite table and before/after diff of every graph compiled so far."""
+        parts = []
+        for i, r in enumerate(self.records):
+            parts += [f"=== graph {i} ===", *rewrite_table(r), "",
+                      unified(r["before_nodes"], r["after_nodes"], title=f"graph {i}") or "(no change)"]
+        return "\n".join(parts) or "(no graph was compiled: cached, or not called yet)"
+
+
+def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,
+                     options: dict[str, Any] | None = None, caches: bool = False,
+                     strict: bool = True, dynamic: bool | None = None) -> CompiledForTest:
+    """``torch.compile(fn, backend="kda_inductor")`` for tests.
+
+    Caches are off by default (a cache hit would skip our pass and leave nothing
+    to check); ``strict`` makes a failing rewrite raise instead of warning.
+    """
+    if mode is not None and options is not None:
+        raise ValueError("pass mode or options, not both (as torch.compile)")
+    if mode is None:
+        options = dict(options or {})
+        kda = dict(options.get("kda", {}))
+        kda.setdefault("strict", strict)
+        options["kda"] = kda
+    return CompiledForTest(fn, mode=mode, options=options, caches=caches, dynamic=dynamic)
+
+
+def assert_rewrites(compiled: CompiledForTest, expect: dict[str, int]) -> None:
+    """Exact match counts for the named rewrites; the failure shows the graph diff."""
+    unknown = sorted(set(expect) - set(REWRITE_NAMES))
+    if unknown:
+        raise ValueError(f"unknown rewrite(s) {unknown}; valid names are {list(REWRITE_NAMES)}")
+    got = {name: compiled.matches[name] for name in expect}
+    if got != dict(expect):
+        raise AssertionError(
+            f"kda_inductor rewrites: expected {dict(expect)}, got {got}\n\n{compiled.diff()}"
+        )
+
+
+# float tolerances per dtype: (rtol, atol). Integer, bool and fp8 results are compared bytewise.
+_TOLERANCE = {
+    torch.float64: (1e-7, 1e-7),
+    torch.float32: (1.3e-6, 1e-5),
+    torch.float16: (1e-3, 1e-5),
+    torch.bfloat16: (1.6e-2, 1e-5),  # two bf16 ulps
+}
+
+
+def assert_close_to_eager(actual: Any, expected: Any, *, exact: bool = False) -> None:
+    """Compare (nested) outputs with the tolerance their dtype deserves.
+
+    Integers, bools and fp8 must be bit-identical (gathers and copies are); floats get
+    ``_TOLERANCE`` unless ``exact``. Shapes, dtypes and devices must agree.
+    """
+    if isinstance(actual, (list, tuple)):
+        assert isinstance(expected, (list, tuple)) and len(actual) == len(expected), (
+            f"structure differs: {type(actual).__name__}[{len(actual)}] vs "
+            f"{type(expected).__name__}[{len(expected) if hasattr(expected, '__len__') else '?'}]"
+        )
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            try:
+                assert_close_to_eager(a, e, exact=exact)
+            except AssertionError as err:
+                raise AssertionError(f"output {i}: {err}") from None
+        return
+    if not isinstance(actual, torch.Tensor):
+        assert actual == expected, f"{actual!r} != {expected!r}"
+        return
+    assert isinstance(expected, torch.Tensor), f"expected a tensor, got {type(expected).__name__}"
+    assert actual.shape == expected.shape and actual.dtype == expected.dtype, (
+        f"{actual.dtype}{list(actual.shape)} vs {expected.dtype}{list(expected.shape)}"
+    )
+    if exact or actual.dtype not in _TOLERANCE:
+        a, e = actual.detach().cpu().contiguous(), expected.detach().cpu().contiguous()
+        if a.dtype.is_floating_point or a.dtype == torch.bool or a.element_size() > 1:
+            a, e = a.view(-1).view(torch.uint8), e.view(-1).view(torch.uint8)
+        else:
+            a, e = a.view(torch.uint8), e.view(torch.uint8)
+        if not torch.equal(a, e):
+            bad = int((a != e).sum())
+            raise AssertionError(f"{actual.dtype} results differ in {bad} of {a.numel()} bytes")
+        return
+    rtol, atol = _TOLERANCE[actual.dtype]
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=atol)
+
+
+def assert_cudagraph_safe(fn: Callable[..., Any], *args: Any) -> torch.cuda.CUDAGraph:
+    """``fn`` (compiled, already warmed up) runs without host syncs and can be captured
+    in ``torch.cuda.graph``; the replay writes the same bytes as a plain call."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        expected = fn(*args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    expected = _clone(expected)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        fn(*args)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fn(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert_close_to_eager(captured, expected, exact=True)
+    graph.captured = captured  # keep the outputs alive with the graph
+    return graph
+
+
+def assert_no_cudagraph_skips(fn: Callable[[], Any]) -> list[str]:
+    """Run ``fn`` (which compiles with ``mode="reduce-overhead"``) and assert Inductor
+    skipped CUDA graphs nowhere; the failure lists Inductor's reasons."""
+    from torch._dynamo.utils import counters
+
+    from kda_inductor.explain import _DynamoLogCapture, _parse
+
+    before = counters["inductor"]["cudagraph_skips"]
+    with _DynamoLogCapture().attached() as capture:
+        fn()
+    skipped = counters["inductor"]["cudagraph_skips"] - before
+    reasons = _parse(capture.messages)[2]
+    assert skipped == 0, f"{skipped} cudagraph skip(s): {reasons}"
+    return reasons
+
+
+def _clone(x: Any) -> Any:
+    if isinstance(x, torch.Tensor):
+        return x.clone()
+    if isinstance(x, Sequence) and not isinstance(x, str):
+        return type(x)(_clone(v) for v in x)
+    return x

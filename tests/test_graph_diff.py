@@ -1,0 +1,115 @@
+"""The graph diff (`explain(...).diff`, `kda-inductor graph-diff`) and TORCH_TRACE artifacts."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import expecttest
+import pytest
+
+import kda_inductor
+from kda_inductor import cli
+from tests import graph_targets
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGETS = str(Path(__file__).with_name("graph_targets.py"))
+
+
+class Snapshots(expecttest.TestCase):
+    """Normalized reports (op names and rewrite tables, no node names): same on torch 2.9-2.14."""
+
+    def test_indexer_example(self):
+        fn, args = graph_targets.build()
+        report = kda_inductor.explain(fn, *args)
+        self.assertExpectedInline(report.normalized(), """\
+graph 0
+rewrite           matches  removed  added
+indexer_k_gather        1       22      3
+                    - aten.add x3, aten.div, aten.index x4, aten.mul x2, aten.remainder, aten.reshape, aten.searchsorted, aten.sub x2, aten.unsqueeze x4, prims.iota x3
+                    + getitem x2, kda.indexer_k_gather
+graph breaks: 0; eager frames: []; cudagraph skips: 0""")
+
+    def test_interleaved_layout_misses(self):
+        fn, args, _ = graph_targets.interleaved()
+        report = kda_inductor.explain(fn, *args)
+        checks = sorted({m.check for g in report.graphs for m in g.misses["indexer_k_gather"]})
+        self.assertExpectedInline("\n".join([report.normalized(), *checks]), """\
+graph 0
+rewrite           matches  removed  added
+indexer_k_gather        0        0      0
+graph breaks: 0; eager frames: []; cudagraph skips: 0
+indices differ from block_table[req, pos // 16] and (pos % 16) * 128 + j (another layout or block size)""")
+
+
+def test_report_diff_names_are_readable_and_shared():
+    fn, args = graph_targets.build()
+    diff = kda_inductor.explain(fn, *args).diff
+    assert "=== graph 0 ===" in diff and "indexer_k_gather        1" in diff
+    # nodes the pass kept have the same readable name on both sides; new ones get their own
+    assert "\n in2 = input" in diff and "\n+indexer_k_gather_0 = kda.indexer_k_gather.default(in0, " in diff
+    assert "\n-searchsorted_0 = aten.searchsorted.Tensor(in1, iota_0, right=True)" in diff
+
+
+def _run_cli(capsys, *argv):
+    assert cli.main(["graph-diff", *argv]) == 0
+    return capsys.readouterr().out
+
+
+def test_cli_plain_when_piped_and_colored_on_request(capsys, tmp_path):
+    out = _run_cli(capsys, TARGETS)
+    assert "\x1b[" not in out  # captured output is not a terminal
+    assert "indexer_k_gather        1" in out and "+indexer_k_gather_0 = kda.indexer_k_gather" in out
+    assert "graph breaks: 0" in out and "frames that fell back to eager: 0" in out
+    colored = _run_cli(capsys, TARGETS, "--color", "always")
+    assert "\x1b[32m+indexer_k_gather_0" in colored and "\x1b[31m-searchsorted_0" in colored
+
+
+def test_cli_html_and_rewrite_filter(capsys, tmp_path):
+    page = tmp_path / "diff.html"
+    out = _run_cli(capsys, f"{TARGETS}:build", "--rewrite", "indexer_k_gather", "--html", str(page))
+    assert f"wrote {page}" in out
+    text = page.read_text()
+    assert "<table" in text and "graph 0" in text and "kda.indexer_k_gather.default" in text
+    with pytest.raises(SystemExit):
+        cli.main(["graph-diff", TARGETS, "--rewrite", "no_such_rewrite"])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_cli_explain_misses(capsys):
+    out = _run_cli(capsys, f"{TARGETS}:interleaved", "--explain-misses")
+    assert "indexer_k_gather: no match; closest candidates:" in out
+    assert "index_" in out and "another layout or block size" in out
+
+
+def test_cli_module_function_target(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    out = _run_cli(capsys, "tests.graph_targets:build")
+    assert "indexer_k_gather        1" in out
+
+
+def test_cli_bad_target_is_a_clear_error(tmp_path):
+    (tmp_path / "t.py").write_text("def build():\n    return 3\n")
+    with pytest.raises(SystemExit, match=r"must return \(fn, args\)"):
+        cli.main(["graph-diff", str(tmp_path / "t.py")])
+    with pytest.raises(SystemExit, match="has no function nope"):
+        cli.main(["graph-diff", f"{tmp_path / 't.py'}:nope"])
+
+
+def test_torch_trace_artifacts(tmp_path):
+    """Under TORCH_TRACE our before/after graphs land next to Inductor's, for tlparse."""
+    code = (
+        "import sys; sys.path.insert(0, %r)\n"
+        "import torch; from tests import graph_targets\n"
+        "fn, args = graph_targets.build()\n"
+        "torch._inductor.config.force_disable_caches = True\n"
+        "torch.compile(fn, backend='kda_inductor')(*args)\n" % str(ROOT)
+    )
+    env = {**os.environ, "TORCH_TRACE": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT, timeout=300)
+    logs = "".join(p.read_text() for p in tmp_path.iterdir())
+    for name in ("kda_inductor_post_grad_before", "kda_inductor_post_grad_after",
+                 "kda_inductor_rewrites", "kda_inductor_graph_diff"):
+        assert f'"name": "{name}"' in logs, name

@@ -134,8 +134,9 @@ class Report:
         return "\n".join(lines)
 
 
-class _DynamoLogCapture(logging.Handler):
-    """Collects Dynamo's graph-break and skipped-frame messages while compiling.
+class CompileLogCapture(logging.Handler):
+    """Collects Dynamo's graph-break and skipped-frame messages, and Inductor's
+    cudagraph skip reasons, while compiling (``with CompileLogCapture().attached()``).
 
     Reads the ``graph_breaks`` log artifact and the INFO messages of the frame
     converter, whose text has been stable from torch 2.9 on (counters are not:
@@ -153,8 +154,16 @@ class _DynamoLogCapture(logging.Handler):
             kind = "break" if record.name.endswith("__graph_breaks") else "info"
         self.messages.append((kind, record.getMessage()))
 
+    def parsed(self) -> tuple[list[GraphBreak], list[EagerFrame], list[str]]:
+        """Graph breaks, frames that fell back to eager, cudagraph skip reasons."""
+        return _parse(self.messages)
+
+    def logged_cudagraph_skips(self) -> int:
+        """How many skips Inductor logged a reason for (it counts some silently)."""
+        return sum(1 for kind, text in self.messages if kind == "cudagraphs" and _SKIP_CUDAGRAPHS.search(text))
+
     @contextlib.contextmanager
-    def attached(self) -> Iterator[_DynamoLogCapture]:
+    def attached(self) -> Iterator[CompileLogCapture]:
         import torch._dynamo.convert_frame  # noqa: F401  (creates the loggers)
         import torch._inductor.cudagraph_utils  # noqa: F401
 
@@ -264,7 +273,7 @@ class Explainer:
         torch._dynamo.reset()
         skips_before = counters["inductor"]["cudagraph_skips"]
         with (
-            _DynamoLogCapture().attached() as capture,
+            CompileLogCapture().attached() as capture,
             pass_manager.observe() as records,
             torch._inductor.config.patch(force_disable_caches=True),
             warnings.catch_warnings(),
@@ -272,8 +281,8 @@ class Explainer:
             warnings.filterwarnings("ignore", message=".*force disabled by.*force_disable_caches")
             compiled = torch.compile(fn, backend="kda_inductor", mode=self.mode, options=self.options)
             compiled(*args, **kwargs)
-        breaks, frames, skips = _parse(capture.messages)
-        silent = counters["inductor"]["cudagraph_skips"] - skips_before - len(skips)
+        breaks, frames, skips = capture.parsed()
+        silent = counters["inductor"]["cudagraph_skips"] - skips_before - capture.logged_cudagraph_skips()
         if silent > 0:  # Inductor counts these without a message
             skips.append(f"{silent} graph(s) with no CUDA ops (CUDA graphs only apply to CUDA work)")
         graphs = [GraphReport(r) for r in records]
@@ -282,11 +291,8 @@ class Explainer:
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
-    """Compile ``fn`` with ``backend="kda_inductor"`` on these inputs and report.
+    """``Explainer()(fn, *args, **kwargs)``: compile ``fn`` with the backend and report.
 
-    Resets Dynamo first (like ``torch._dynamo.explain``) and compiles with
-    Inductor's caches off so that every graph really goes through our pass.
-    ``fn`` is called once; its result is discarded. For ``mode=``/``options=``,
-    use :class:`Explainer`.
+    For ``mode=``/``options=``, use :class:`Explainer`.
     """
     return Explainer()(fn, *args, **kwargs)

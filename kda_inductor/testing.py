@@ -143,11 +143,8 @@ def assert_close_to_eager(actual: Any, expected: Any, *, exact: bool = False) ->
         f"{actual.dtype}{list(actual.shape)} vs {expected.dtype}{list(expected.shape)}"
     )
     if exact or actual.dtype not in _TOLERANCE:
-        a, e = actual.detach().cpu().contiguous(), expected.detach().cpu().contiguous()
-        if a.dtype.is_floating_point or a.dtype == torch.bool or a.element_size() > 1:
-            a, e = a.view(-1).view(torch.uint8), e.view(-1).view(torch.uint8)
-        else:
-            a, e = a.view(torch.uint8), e.view(torch.uint8)
+        a = actual.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
+        e = expected.detach().cpu().contiguous().reshape(-1).view(torch.uint8)
         if not torch.equal(a, e):
             bad = int((a != e).sum())
             raise AssertionError(f"{actual.dtype} results differ in {bad} of {a.numel()} bytes")
@@ -186,13 +183,13 @@ def assert_no_cudagraph_skips(fn: Callable[[], Any]) -> list[str]:
     skipped CUDA graphs nowhere; the failure lists Inductor's reasons."""
     from torch._dynamo.utils import counters
 
-    from kda_inductor.explain import _DynamoLogCapture, _parse
+    from kda_inductor.explain import CompileLogCapture
 
     before = counters["inductor"]["cudagraph_skips"]
-    with _DynamoLogCapture().attached() as capture:
+    with CompileLogCapture().attached() as capture:
         fn()
     skipped = counters["inductor"]["cudagraph_skips"] - before
-    reasons = _parse(capture.messages)[2]
+    reasons = capture.parsed()[2]
     assert skipped == 0, f"{skipped} cudagraph skip(s): {reasons}"
     return reasons
 

@@ -16,11 +16,13 @@ class KdaOptions:
     """Options of our post-grad pass.
 
     disable: names of rewrites not to run (see ``kda_inductor.REWRITE_NAMES``).
+    enable: names of opt-in rewrites to run (those not yet on by default).
     strict: raise when a rewrite fails instead of warning and skipping it
         (for tests and debugging; users want the default, a warning).
     """
 
     disable: frozenset[str] = frozenset()
+    enable: frozenset[str] = frozenset()
     strict: bool = False
 
     @classmethod
@@ -40,28 +42,40 @@ class KdaOptions:
             raise ValueError(
                 f'unknown kda_inductor option(s) {unknown}; valid options are {known}'
             )
-        disable = raw.get("disable", ())
-        if isinstance(disable, str) or not isinstance(disable, Iterable):
-            raise TypeError(
-                f'options["kda"]["disable"] must be a list of rewrite names, got {disable!r}'
-            )
-        disable = frozenset(disable)
-        bad = sorted(disable - set(REWRITE_NAMES))
-        if bad:
-            raise ValueError(
-                f"unknown rewrite name(s) {bad} in options['kda']['disable']; "
-                f"valid names are {list(REWRITE_NAMES)}"
-            )
+        disable, enable = (_names(raw, key) for key in ("disable", "enable"))
+        both = sorted(disable & enable)
+        if both:
+            raise ValueError(f"rewrite(s) {both} are both enabled and disabled in options['kda']")
         strict = raw.get("strict", False)
         if not isinstance(strict, bool):
             raise TypeError(f'options["kda"]["strict"] must be a bool, got {strict!r}')
-        return cls(disable=disable, strict=strict)
+        return cls(disable=disable, enable=enable, strict=strict)
 
     def enabled(self) -> list[str]:
         """Names of the rewrites that run, in registry order."""
-        from kda_inductor.patterns import REWRITE_NAMES
+        from kda_inductor.patterns import REWRITES
 
-        return [n for n in REWRITE_NAMES if n not in self.disable]
+        return [
+            n for n, cls in REWRITES.items()
+            if (cls.default_enabled or n in self.enable) and n not in self.disable
+        ]
 
     def cache_key(self) -> str:
-        return f"disable={sorted(self.disable)};strict={self.strict}"
+        return f"disable={sorted(self.disable)};enable={sorted(self.enable)};strict={self.strict}"
+
+
+def _names(raw: Mapping[str, Any], key: str) -> frozenset[str]:
+    """``raw[key]`` as a set of registered rewrite names, or a clear error."""
+    from kda_inductor.patterns import REWRITE_NAMES
+
+    names = raw.get(key, ())
+    if isinstance(names, str) or not isinstance(names, Iterable):
+        raise TypeError(f'options["kda"]["{key}"] must be a list of rewrite names, got {names!r}')
+    names = frozenset(names)
+    bad = sorted(names - set(REWRITE_NAMES))
+    if bad:
+        raise ValueError(
+            f"unknown rewrite name(s) {bad} in options['kda']['{key}']; "
+            f"valid names are {list(REWRITE_NAMES)}"
+        )
+    return names

@@ -64,7 +64,7 @@ def test_disable_option(inputs):
     out, matches = compile_and_run(
         _gather_fn(n), cache, table, cu, options={"kda": {"disable": ["indexer_k_gather"]}}
     )
-    assert matches == {"indexer_k_gather": 0}
+    assert matches["indexer_k_gather"] == 0
     assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
 
 
@@ -72,8 +72,10 @@ def test_disable_option(inputs):
     "kda, message",
     [
         ({"disable": ["no_such_rewrite"]}, r"valid names are \['indexer_k_gather'"),
-        ({"disabled": []}, r"valid options are \['disable', 'strict'\]"),
+        ({"disabled": []}, r"valid options are \['disable', 'enable', 'strict'\]"),
         ({"disable": "indexer_k_gather"}, r"must be a list of rewrite names"),
+        ({"enable": ["nope"]}, r"unknown rewrite name\(s\) \['nope'\] in options\['kda'\]\['enable'\]"),
+        ({"enable": ["gdn_spec_split"], "disable": ["gdn_spec_split"]}, r"both enabled and disabled"),
     ],
 )
 def test_bad_kda_options_are_clear_errors(kda, message, inputs):
@@ -115,7 +117,7 @@ def test_failing_rewrite_falls_back_with_warning(inputs, monkeypatch):
     cache, table, cu, n = inputs
     with pytest.warns(RuntimeWarning, match="rewrite 'indexer_k_gather' failed and was skipped"):
         out, matches = compile_and_run(_gather_fn(n), cache, table, cu, strict=False)
-    assert matches == {"indexer_k_gather": 0}
+    assert matches["indexer_k_gather"] == 0
     assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
     report = kda_inductor.explain(_gather_fn(n), cache, table, cu)
     assert "synthetic failure" in str(report)
@@ -131,9 +133,16 @@ def test_strict_option_raises(inputs, monkeypatch):
 def test_uuid_tracks_options_and_is_stable():
     a, b = KdaPostGradPass(), KdaPostGradPass()
     c = KdaPostGradPass(KdaOptions.parse({"disable": ["indexer_k_gather"]}))
+    d = KdaPostGradPass(KdaOptions.parse({"enable": ["gdn_spec_split"]}))
     assert isinstance(a, CustomGraphPass)
-    assert a.uuid() == b.uuid() != c.uuid()
+    assert a.uuid() == b.uuid() != c.uuid() != d.uuid() != a.uuid()
     assert len(a.uuid()) == 64
+
+
+def test_opt_in_rewrites_run_only_when_enabled():
+    assert "gdn_spec_split" not in KdaOptions().enabled()
+    assert "gdn_spec_split" in KdaOptions.parse({"enable": ["gdn_spec_split"]}).enabled()
+    assert "indexer_k_gather" in KdaOptions().enabled()
 
 
 class _Recorder(CustomGraphPass):

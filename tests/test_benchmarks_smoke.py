@@ -23,3 +23,12 @@ def test_indexer_k_gather_smoke(capsys):
     assert [row["case"] for row in rows] == ["tiny"]
     assert rows[0]["stock_us"] is not None and rows[0]["kda_us"] is not None
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+def test_gdn_spec_split_smoke(capsys):
+    """The gdn_spec_split benchmark's checks run on CPU (timings are not meaningful)."""
+    bench = _load("bench_gdn_spec_split")
+    rows = bench.main(["--smoke"])
+    assert [r["T"] for r in rows] == [24]
+    assert all(r["kda_us"] > 0 and r["layer_kda_us"] > 0 for r in rows)
+    assert "NOT meaningful" in capsys.readouterr().out

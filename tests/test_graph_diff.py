@@ -30,6 +30,7 @@ rewrite           matches  removed  added
 indexer_k_gather        1       22      3
                     - aten.add x3, aten.div, aten.index x4, aten.mul x2, aten.remainder, aten.reshape, aten.searchsorted, aten.sub x2, aten.unsqueeze x4, prims.iota x3
                     + getitem x2, kda.indexer_k_gather
+gdn_spec_split          0        0      0
 graph breaks: 0; eager frames: []; cudagraph skips: 0""")
 
     def test_interleaved_layout_misses(self):
@@ -40,6 +41,7 @@ graph breaks: 0; eager frames: []; cudagraph skips: 0""")
 graph 0
 rewrite           matches  removed  added
 indexer_k_gather        0        0      0
+gdn_spec_split          0        0      0
 graph breaks: 0; eager frames: []; cudagraph skips: 0
 indices differ from block_table[req, pos // 16] and (pos % 16) * 128 + j (another layout or block size)""")
 

@@ -50,6 +50,8 @@ class Rewrite:
 
     name: ClassVar[str]
     summary: ClassVar[str]
+    default_enabled: ClassVar[bool] = True
+    """Opt-in rewrites (False) run only when named in ``options["kda"]["enable"]``."""
     eager_form_hint: ClassVar[str | None] = None
     """Where to find a traceable spelling, for ``explain()`` when a frame fell back to eager."""
 

@@ -1,0 +1,185 @@
+"""``kda::gdn_spec_split``: several row gathers sharing one or two index tensors, one launch.
+
+``outputs[i] = sources[i].index_select(dims[i], indices[index_of[i]])`` where every
+dimension before ``dims[i]`` has size 1, so the gather picks whole rows of the 2-D view
+``[T, row_width]``: the token split of a GDN/KDA layer (``mixed_qkv [T, conv_dim]`` along 0,
+``g``/``beta [1, T, H]`` along 1). Sources may differ in dtype and row width; a program
+copies one output row of every source that uses the row's index tensor, so a single
+launch serves all of them.
+
+The CPU kernel is ``index_select`` (bit-exact) after validating every index (a clear
+``IndexError``). The CUDA kernel is compiled with Triton's debug mode so that its
+``device_assert`` traps on an out-of-range index, as stock ``index_select`` does, instead
+of reading the wrong row (its cost is to be measured on the GPU).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+    tl = None
+
+MAX_SOURCES = 8
+"""Sources one launch takes; the pattern splits larger groups."""
+
+
+def _err(arg: str, msg: str, exc: type[Exception] = ValueError) -> Exception:
+    return exc(f"{arg}: {msg}")
+
+
+def _rows(src: Tensor, dim: int) -> tuple[int, int]:
+    """``(T, row_width)`` of ``src`` gathered along ``dim`` (leading dims must be 1)."""
+    width = 1
+    for s in src.shape[dim + 1:]:
+        width *= s
+    return src.shape[dim], width
+
+
+def _check(sources, indices, dims, index_of) -> None:
+    if not (len(sources) == len(dims) == len(index_of)) or not sources:
+        raise _err("sources", f"expected as many sources, dims and index_of entries (>= 1), got "
+                   f"{len(sources)}, {len(dims)}, {len(index_of)}")
+    if len(sources) > MAX_SOURCES:
+        raise _err("sources", f"at most {MAX_SOURCES} per launch, got {len(sources)}")
+    if not 1 <= len(indices) <= 2:
+        raise _err("indices", f"expected 1 or 2 index tensors, got {len(indices)}")
+    device = sources[0].device
+    for j, idx in enumerate(indices):
+        if idx.dim() != 1 or idx.dtype not in (torch.int32, torch.int64):
+            raise _err(f"indices[{j}]", f"expected a 1-D int32/int64 tensor, got {idx.dim()}-D {idx.dtype}")
+        if idx.device != device:
+            raise _err(f"indices[{j}]", f"expected device {device}, got {idx.device}")
+    for i, (src, d, k) in enumerate(zip(sources, dims, index_of)):
+        if not 0 <= d < src.dim() or any(s != 1 for s in src.shape[:d]):
+            raise _err(f"sources[{i}]", f"dims[{i}] = {d} must index a dim after only size-1 dims "
+                       f"(a row gather), got shape {tuple(src.shape)}")
+        if not 0 <= k < len(indices):
+            raise _err("index_of", f"index_of[{i}] = {k} is not an index of indices")
+        if src.device != device:
+            raise _err(f"sources[{i}]", f"expected device {device}, got {src.device}")
+
+
+def _out_shape(src: Tensor, dim: int, n: int) -> list[int]:
+    shape = list(src.shape)
+    shape[dim] = n
+    return shape
+
+
+@torch.library.custom_op("kda::gdn_spec_split", mutates_args=(), device_types="cpu")
+def gdn_spec_split(sources: list[Tensor], indices: list[Tensor], dims: list[int],
+                   index_of: list[int]) -> list[Tensor]:
+    """``[src.index_select(dim, indices[k]) for src, dim, k in zip(sources, dims, index_of)]``."""
+    _check(sources, indices, dims, index_of)
+    for j, idx in enumerate(indices):
+        if idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            users = [i for i, k in enumerate(index_of) if k == j]
+            for i in users:
+                T = sources[i].shape[dims[i]]
+                if lo < 0 or hi >= T:
+                    raise _err(f"indices[{j}]", f"index {lo if lo < 0 else hi} out of range "
+                               f"[0, {T}) for sources[{i}]", IndexError)
+    return [s.index_select(d, indices[k]) for s, d, k in zip(sources, dims, index_of)]
+
+
+@gdn_spec_split.register_fake
+def _gdn_spec_split_fake(sources, indices, dims, index_of):
+    _check(sources, indices, dims, index_of)
+    return [s.new_empty(_out_shape(s, d, indices[k].shape[0])) for s, d, k in zip(sources, dims, index_of)]
+
+
+@gdn_spec_split.register_kernel("cuda")
+def _gdn_spec_split_cuda(sources, indices, dims, index_of):
+    _check(sources, indices, dims, index_of)
+    outs = [s.new_empty(_out_shape(s, d, indices[k].shape[0])) for s, d, k in zip(sources, dims, index_of)]
+    split_triton(sources, indices, dims, index_of, outs)
+    return outs
+
+
+# --------------------------------------------------------------------------------------
+# Triton
+# --------------------------------------------------------------------------------------
+if triton is not None:
+
+    @triton.jit
+    def _copy_row(src_ptr, dst_ptr, row, n_rows, idx_ptr, T, width, src_stride, which, sel,
+                  BLOCK_W: tl.constexpr):
+        """Copy row ``idx[row]`` of one source if it uses index tensor ``sel``."""
+        if which == sel:
+            if row < n_rows:
+                r = tl.load(idx_ptr + row).to(tl.int64)
+                tl.device_assert((r >= 0) & (r < T), "gdn_spec_split: index out of range")
+                for c0 in range(0, width, BLOCK_W):
+                    c = c0 + tl.arange(0, BLOCK_W)
+                    m = c < width
+                    v = tl.load(src_ptr + r * src_stride + c, mask=m)
+                    tl.store(dst_ptr + row.to(tl.int64) * width + c, v, mask=m)
+
+    @triton.jit(do_not_specialize=["n0", "n1"], debug=True)
+    def _gdn_spec_split_kernel(
+        idx0_ptr, idx1_ptr, n0, n1,
+        s0, d0, t0, w0, st0, k0, s1, d1, t1, w1, st1, k1, s2, d2, t2, w2, st2, k2,
+        s3, d3, t3, w3, st3, k3, s4, d4, t4, w4, st4, k4, s5, d5, t5, w5, st5, k5,
+        s6, d6, t6, w6, st6, k6, s7, d7, t7, w7, st7, k7,
+        NUM: tl.constexpr, BLOCK_W: tl.constexpr,
+    ):
+        """Program p handles output row p of index tensor 0 (p < n0) or p - n0 of tensor 1."""
+        p = tl.program_id(0)
+        sel = (p >= n0).to(tl.int32)
+        row = tl.where(p >= n0, p - n0, p)
+        idx_ptr = idx0_ptr if sel == 0 else idx1_ptr
+        n_rows = n0 if sel == 0 else n1
+        if NUM > 0:
+            _copy_row(s0, d0, row, n_rows, idx_ptr, t0, w0, st0, k0, sel, BLOCK_W)
+        if NUM > 1:
+            _copy_row(s1, d1, row, n_rows, idx_ptr, t1, w1, st1, k1, sel, BLOCK_W)
+        if NUM > 2:
+            _copy_row(s2, d2, row, n_rows, idx_ptr, t2, w2, st2, k2, sel, BLOCK_W)
+        if NUM > 3:
+            _copy_row(s3, d3, row, n_rows, idx_ptr, t3, w3, st3, k3, sel, BLOCK_W)
+        if NUM > 4:
+            _copy_row(s4, d4, row, n_rows, idx_ptr, t4, w4, st4, k4, sel, BLOCK_W)
+        if NUM > 5:
+            _copy_row(s5, d5, row, n_rows, idx_ptr, t5, w5, st5, k5, sel, BLOCK_W)
+        if NUM > 6:
+            _copy_row(s6, d6, row, n_rows, idx_ptr, t6, w6, st6, k6, sel, BLOCK_W)
+        if NUM > 7:
+            _copy_row(s7, d7, row, n_rows, idx_ptr, t7, w7, st7, k7, sel, BLOCK_W)
+
+
+def _as_rows(src: Tensor, dim: int) -> tuple[Tensor, int, int, int]:
+    """``src`` as ``(tensor, T, width, row_stride)``: rows must be contiguous inside."""
+    T, width = _rows(src, dim)
+    inner = src.reshape(*src.shape[: dim + 1], width) if src.dim() > dim + 1 else src.unsqueeze(-1)
+    if width > 1 and inner.stride(-1) != 1:
+        src = src.contiguous()
+        inner = src.reshape(*src.shape[: dim + 1], width)
+    return src, T, width, inner.stride(dim)
+
+
+def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024, num_warps: int = 4):
+    """Launch one kernel filling ``outs`` (fresh contiguous tensors). No sync, no allocation
+    beyond ``.contiguous()`` of a source whose rows are not contiguous."""
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("gdn_spec_split: the Triton kernel needs triton, which is not installed")
+    n = [i.shape[0] for i in indices] + [0]
+    if n[0] + n[1] == 0:
+        return outs
+    args = []
+    for src, dim, k, out in zip(sources, dims, index_of, outs):
+        src, T, width, stride = _as_rows(src, dim)
+        args += [src, out, T, width, stride, k]
+    dummy = [sources[0], outs[0], 1, 0, 0, -1]
+    args += dummy * (MAX_SOURCES - len(sources))
+    idx1 = indices[1] if len(indices) > 1 else indices[0]
+    _gdn_spec_split_kernel[(n[0] + n[1],)](
+        indices[0], idx1, n[0], n[1], *args,
+        NUM=len(sources), BLOCK_W=block_w, num_warps=num_warps,
+    )
+    return outs

@@ -1,0 +1,173 @@
+"""``gdn_spec_split``: the token gathers of a GDN/KDA layer -> one ``kda.gdn_spec_split`` launch.
+
+What it finds (post-grad graph): row gathers ``aten.index.Tensor(src, [None]*d + [idx])``
+where every dim of ``src`` before ``d`` has size 1 (``index_select(0, idx)`` on
+``[T, W]``, ``index_select(1, idx)`` on ``[1, T, H]``, ``x[idx]``, ``x[:, idx]`` on
+``[1, T, ...]``). It groups them by index tensor (the same graph node), puts each group
+in one launch with the group whose index reads the most of the same sources (the spec /
+non-spec pair: ``spec_idx`` and ``non_spec_idx`` gather the same tensors; index tensors
+that gather nothing in common stay apart), and places
+the fused node right after the last of its inputs is computed; users of the gathers that
+stood earlier (``mixed_qkv``'s gathers come before the gating that makes ``g``/``beta``)
+move after it (a stable topological sort). Where that is impossible, because a gather's
+output feeds another gather's source or index, the launch is cut into the largest legal
+groups, in input order; a group of one gather is left to Inductor.
+
+Must not match: gathers along a dim that has a non-1 dim before it (column gathers);
+index tensors or sources that the graph mutates (moving the read would see the new
+values); more than ``MAX_SOURCES`` sources are split into several launches.
+
+Speed rule (issue 4): "never make a graph slower". Not yet measured on a GPU, so this
+rewrite is opt-in (``options={"kda": {"enable": ["gdn_spec_split"]}}``) until the
+benchmark decides when fusing beats Inductor fusing a gather into a cheap consumer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+
+import torch
+import torch.fx as fx
+
+from kda_inductor.lowerings import gdn_spec_split as _lowering  # registers the op
+from kda_inductor.patterns.base import Match, Rewrite, aten, erase_dead, set_fake_vals, val
+
+
+@dataclasses.dataclass(frozen=True)
+class _RowGather:
+    node: fx.Node
+    src: fx.Node
+    dim: int
+    idx: fx.Node
+
+
+def _mutated(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes whose storage the graph writes: ``copy_`` targets and mutable op arguments."""
+    out: set[fx.Node] = set()
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        schema = getattr(n.target, "_schema", None)
+        if schema is None:
+            continue
+        for arg, value in zip(schema.arguments, n.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, fx.Node):
+                out.add(value)
+        for arg in schema.arguments:
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(n.kwargs.get(arg.name), fx.Node):
+                out.add(n.kwargs[arg.name])
+    return out
+
+
+class GdnSpecSplit(Rewrite):
+    name = "gdn_spec_split"
+    summary = "GDN/KDA spec / non-spec token gathers -> one kda::gdn_spec_split launch"
+    default_enabled = False
+
+    def find(self, graph: fx.Graph) -> list[Match]:
+        pos = {n: i for i, n in enumerate(graph.nodes)}
+        mutated = _mutated(graph)
+        groups: dict[fx.Node, list[_RowGather]] = {}
+        for n in graph.nodes:
+            g = self._row_gather(n, mutated)
+            if g is not None:
+                groups.setdefault(g.idx, []).append(g)
+        matches, done = [], set()
+        for idx, members in groups.items():
+            if idx in done:
+                continue
+            done.add(idx)
+            sources = {g.src for g in members}
+            overlap = {j: len(sources & {g.src for g in other})
+                       for j, other in groups.items() if j not in done}
+            partner = max(overlap, key=overlap.__getitem__, default=None)
+            if partner is not None and overlap[partner] > 0:
+                done.add(partner)
+                members = members + groups[partner]
+            for launch in _legal_launches(members, pos):
+                if len(launch) >= 2:
+                    matches.append(Match(nodes=[g.node for g in launch], data={"gathers": launch}))
+                else:
+                    self.miss(launch[0].node, 2, "no other gather of this index can share its launch "
+                              "(an output is used before another gather's input exists)")
+        return matches
+
+    def _row_gather(self, n: fx.Node, mutated: set[fx.Node]) -> _RowGather | None:
+        if n.op != "call_function" or n.target is not aten.index.Tensor:
+            return None
+        src, indices = n.args
+        tensors = [(d, i) for d, i in enumerate(indices) if i is not None]
+        sv = val(src)
+        if len(tensors) != 1 or sv is None:
+            return None
+        dim, idx = tensors[0]
+        iv = val(idx)
+        if iv is None or iv.dim() != 1 or iv.dtype not in (torch.int32, torch.int64):
+            return None
+        if any(s != 1 for s in sv.shape[:dim]):
+            return self.miss(n, 1, f"gathers along dim {dim} of {tuple(sv.shape)}: not a token (row) gather")
+        if idx in mutated or src in mutated:
+            return self.miss(n, 1, "its index or source is mutated in the graph")
+        return _RowGather(n, src, dim, idx)
+
+    def replace(self, graph: fx.Graph, match: Match) -> None:
+        gathers: list[_RowGather] = match.data["gathers"]
+        pos = {n: i for i, n in enumerate(graph.nodes)}
+        indices = list(dict.fromkeys(g.idx for g in gathers))
+        last_input = max((n for g in gathers for n in (g.src, g.idx)), key=pos.__getitem__)
+        with graph.inserting_before(last_input.next):
+            fused = graph.call_function(
+                torch.ops.kda.gdn_spec_split.default,
+                ([g.src for g in gathers], indices, [g.dim for g in gathers],
+                 [indices.index(g.idx) for g in gathers]),
+            )
+            set_fake_vals(graph, fused)
+            outs = []
+            for i in range(len(gathers)):
+                item = graph.call_function(operator.getitem, (fused, i))
+                item.meta["val"] = fused.meta["val"][i]
+                outs.append(item)
+        for g, item in zip(gathers, outs):
+            g.node.replace_all_uses_with(item)
+        erase_dead(graph, match.nodes)
+        # users of the old gathers that stood before the fused node move after it
+        from torch._inductor.pattern_matcher import stable_topological_sort
+
+        stable_topological_sort(graph)
+
+
+def _legal_launches(members: list[_RowGather], pos: dict[fx.Node, int]) -> list[list[_RowGather]]:
+    """Cut ``members`` into launches with no gather feeding another's source or index
+    (the fused node must come after all its inputs): in input order, each launch as large
+    as it can be, at most ``MAX_SOURCES`` sources."""
+    reach: dict[fx.Node, set[fx.Node]] = {}
+
+    def downstream(node: fx.Node) -> set[fx.Node]:
+        if node not in reach:
+            seen, stack = set(), [node]
+            while stack:
+                for u in stack.pop().users:
+                    if u not in seen:
+                        seen.add(u)
+                        stack.append(u)
+            reach[node] = seen
+        return reach[node]
+
+    todo = sorted(members, key=lambda g: max(pos[g.src], pos[g.idx]))
+    launches = []
+    while todo:
+        launch, later = [todo[0]], []
+        fed = set(downstream(todo[0].node))
+        for g in todo[1:]:
+            inputs = {x for m in launch for x in (m.src, m.idx)}
+            ok = (len(launch) < _lowering.MAX_SOURCES and g.src not in fed and g.idx not in fed
+                  and not (downstream(g.node) & inputs))
+            if ok:
+                launch.append(g)
+                fed |= downstream(g.node)
+            else:
+                later.append(g)
+        launches.append(launch)
+        todo = later
+    return launches

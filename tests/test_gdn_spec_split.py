@@ -1,0 +1,182 @@
+"""gdn_spec_split (opt-in until measured on a GPU): pattern, op and Triton kernel."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from kda_inductor.lowerings import gdn_spec_split as mod
+from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile
+from tests.helpers import device_params
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import gdn_layers as G  # noqa: E402
+
+ON = {"kda": {"enable": ["gdn_spec_split"], "strict": True}}
+OFF = {"kda": {"strict": True}}
+
+
+def _split(T, n_spec, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    perm = torch.randperm(T, generator=g)
+    return perm[:n_spec].to(torch.int32).to(device), perm[n_spec:].to(torch.int32).to(device)
+
+
+def _run(fn, *args, options):
+    with fresh_compile():
+        c = compile_for_test(fn, options=options)
+        out = c(*args)
+    return out, c
+
+
+def _fused_sources(compiled) -> list[int]:
+    """Sources per kda.gdn_spec_split launch, from the post-grad graphs."""
+    counts = []
+    for r in compiled.records:
+        for row in r["after_nodes"]:
+            if row.target == "kda.gdn_spec_split.default":
+                counts.append(row.args.split("]")[0].count("%"))
+    return counts
+
+
+# --------------------------------------------------------------------------- examples
+@pytest.mark.parametrize("build", [G.build_gdn, G.build_kda], ids=["gdn", "kda"])
+def test_example_layers_one_launch_of_six(build):
+    layer, args = build()
+    with torch.no_grad():
+        out_on, on = _run(layer, *args, options=ON)
+        out_off, _ = _run(layer, *args, options=OFF)
+    assert on.matches["gdn_spec_split"] == 1 and _fused_sources(on) == [6]
+    assert_close_to_eager(out_on, out_off, exact=True)  # the rewrite changes no bit
+
+
+def test_off_by_default():
+    layer, args = G.build_gdn()
+    with torch.no_grad():
+        _, c = _run(layer, *args, options=None)
+    assert c.matches["gdn_spec_split"] == 0
+
+
+# --------------------------------------------------------------------------- group sizes
+@device_params
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_groups_of_n_mixed_dtypes_and_widths(device, n):
+    T = 37
+    spec, non_spec = _split(T, 20, device, seed=n)
+    srcs = [torch.randn(T, 64, device=device).to(torch.bfloat16),
+            torch.randn(1, T, 4, device=device),
+            torch.randn(1, T, 4, device=device).half()]
+
+    def fn(a, b, c, s, ns):
+        pool = [a.index_select(0, s), b.index_select(1, s), c[:, s], a[ns], b.index_select(1, ns)]
+        return pool[:n]
+
+    out, c = _run(fn, *srcs, spec, non_spec, options=ON)
+    assert c.matches["gdn_spec_split"] == 1 and _fused_sources(c) == [n]
+    assert_close_to_eager(out, fn(*srcs, spec, non_spec), exact=True)
+
+
+@device_params
+def test_int64_and_int32_indices(device):
+    T = 16
+    spec, non_spec = _split(T, 9, device)
+    x, y = torch.randn(T, 8, device=device), torch.randn(1, T, 2, device=device)
+    fn = lambda x, y, s, ns: (x[s], y[:, s], x[ns], y[:, ns])  # noqa: E731
+    out, c = _run(fn, x, y, spec.long(), non_spec, options=ON)
+    assert _fused_sources(c) == [4]
+    assert_close_to_eager(out, fn(x, y, spec.long(), non_spec), exact=True)
+
+
+def test_placement_splits_when_an_output_is_used_before_an_input_exists():
+    """qkv's gathers feed work that g/beta's inputs depend on: two legal launches."""
+    T = 24
+    spec, non_spec = _split(T, 10, "cpu")
+    qkv, w = torch.randn(T, 16), torch.randn(16, 3)
+
+    def fn(qkv, w, s, ns):
+        a, b = qkv.index_select(0, s), qkv.index_select(0, ns)
+        g = torch.cat([a, b]) @ w  # g depends on the first two gathers' outputs
+        g = g.T.unsqueeze(0)  # [1, 3, T]: not token-major, so transpose back
+        g = g.transpose(1, 2).contiguous()  # [1, T, 3]
+        return a, b, g.index_select(1, s), g.index_select(1, ns)
+
+    out, c = _run(fn, qkv, w, spec, non_spec, options=ON)
+    assert c.matches["gdn_spec_split"] == 2 and sorted(_fused_sources(c)) == [2, 2]
+    assert_close_to_eager(out, fn(qkv, w, spec, non_spec), exact=True)
+
+
+# --------------------------------------------------------------------------- must not match
+def test_column_gather_is_not_a_token_gather():
+    x = torch.randn(8, 12)
+    idx = torch.tensor([3, 1, 0], dtype=torch.int32)
+    fn = lambda x, i: (x[:, i], x.index_select(1, i))  # noqa: E731
+    out, c = _run(fn, x, idx, options=ON)
+    assert c.matches["gdn_spec_split"] == 0
+    assert_close_to_eager(out, fn(x, idx), exact=True)
+
+
+def test_index_mutated_later_is_not_fused():
+    x, y = torch.randn(10, 4), torch.randn(10, 4)
+    idx = torch.tensor([1, 5, 2], dtype=torch.int64)
+
+    def fn(x, y, i):
+        a, b = x[i], y[i]
+        i.add_(1)
+        return a, b
+
+    out, c = _run(fn, x, y, idx.clone(), options=ON)
+    assert c.matches["gdn_spec_split"] == 0
+    assert_close_to_eager(out, fn(x, y, idx.clone()), exact=True)
+
+
+def test_unrelated_indices_fuse_only_by_shared_index():
+    T = 12
+    a_idx, b_idx = _split(T, 5, "cpu")
+    other = torch.tensor([0, 11, 4], dtype=torch.int32)
+    x, y, z = torch.randn(T, 4), torch.randn(T, 6), torch.randn(T, 2)
+    fn = lambda x, y, z, i, j: (x[i], y[i], z[j])  # noqa: E731  (j gathers another source)
+    out, c = _run(fn, x, y, z, a_idx, other, options=ON)
+    assert c.matches["gdn_spec_split"] == 1 and _fused_sources(c) == [2]
+    assert_close_to_eager(out, fn(x, y, z, a_idx, other), exact=True)
+
+
+# --------------------------------------------------------------------------- the op
+def test_op_rejects_out_of_range_indices_on_cpu():
+    x = torch.randn(6, 3)
+    with pytest.raises(IndexError, match=r"indices\[1\]: index 6 out of range \[0, 6\)"):
+        torch.ops.kda.gdn_spec_split([x, x], [torch.tensor([0]), torch.tensor([6])], [0, 0], [0, 1])
+    with pytest.raises(ValueError, match=r"sources\[0\]: dims\[0\] = 1 must index a dim after only size-1"):
+        torch.ops.kda.gdn_spec_split([x], [torch.tensor([0])], [1], [0])
+
+
+def test_opcheck():
+    T = 9
+    s, ns = _split(T, 4, "cpu")
+    x, g = torch.randn(T, 5), torch.randn(1, T, 3)
+    torch.library.opcheck(torch.ops.kda.gdn_spec_split.default, ([x, g, x], [s, ns], [0, 1, 0], [0, 0, 1]))
+
+
+HAS_KERNEL_RUNNER = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@pytest.mark.skipif(not HAS_KERNEL_RUNNER or mod.triton is None, reason="no triton runner")
+def test_triton_kernel_matches_index_select():
+    from tests.test_lowering_indexer_k_gather import LAUNCHER_OK
+
+    if not LAUNCHER_OK:
+        pytest.skip("this Triton interpreter cannot run our kernels")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    T = 23
+    s, ns = _split(T, 15, device, seed=4)
+    srcs = [torch.randn(T, 40, device=device).to(torch.bfloat16), torch.randn(T, 40, device=device).to(torch.bfloat16),
+            torch.randn(1, T, 3, device=device), torch.randn(1, T, 3, device=device),
+            torch.randn(1, T, 3, device=device).half(), torch.randn(1, T, 3, device=device).half()]
+    dims, which = [0, 0, 1, 1, 1, 1], [0, 1, 0, 1, 0, 1]
+    expected = [src.index_select(d, [s, ns][k]) for src, d, k in zip(srcs, dims, which)]
+    outs = [torch.full_like(e, 3.0) for e in expected]  # poisoned
+    mod.split_triton(srcs, [s, ns], dims, which, outs, block_w=16)
+    assert_close_to_eager(outs, expected, exact=True)

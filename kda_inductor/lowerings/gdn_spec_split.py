@@ -108,18 +108,16 @@ def _gdn_spec_split_cuda(sources, indices, dims, index_of):
 if triton is not None:
 
     @triton.jit
-    def _copy_row(src_ptr, dst_ptr, row, n_rows, idx_ptr, T, width, src_stride, which, sel,
+    def _copy_row(src_ptr, dst_ptr, row, r, ok, T, width, src_stride, which, sel,
                   BLOCK_W: tl.constexpr):
-        """Copy row ``idx[row]`` of one source if it uses index tensor ``sel``."""
-        if which == sel:
-            if row < n_rows:
-                r = tl.load(idx_ptr + row).to(tl.int64)
-                tl.device_assert((r >= 0) & (r < T), "gdn_spec_split: index out of range")
-                for c0 in range(0, width, BLOCK_W):
-                    c = c0 + tl.arange(0, BLOCK_W)
-                    m = c < width
-                    v = tl.load(src_ptr + r * src_stride + c, mask=m)
-                    tl.store(dst_ptr + row.to(tl.int64) * width + c, v, mask=m)
+        """Copy source row ``r`` to output row ``row`` if this source uses index ``sel``."""
+        if (which == sel) & ok:
+            tl.device_assert((r >= 0) & (r < T), "gdn_spec_split: index out of range")
+            for c0 in range(0, width, BLOCK_W):
+                c = c0 + tl.arange(0, BLOCK_W)
+                m = c < width
+                v = tl.load(src_ptr + r * src_stride + c, mask=m)
+                tl.store(dst_ptr + row.to(tl.int64) * width + c, v, mask=m)
 
     @triton.jit(do_not_specialize=["n0", "n1"], debug=True)
     def _gdn_spec_split_kernel(
@@ -131,26 +129,29 @@ if triton is not None:
     ):
         """Program p handles output row p of index tensor 0 (p < n0) or p - n0 of tensor 1."""
         p = tl.program_id(0)
-        sel = (p >= n0).to(tl.int32)
-        row = tl.where(p >= n0, p - n0, p)
-        idx_ptr = idx0_ptr if sel == 0 else idx1_ptr
-        n_rows = n0 if sel == 0 else n1
+        first = p < n0
+        sel = tl.where(first, 0, 1)
+        row = tl.where(first, p, p - n0)
+        ok = row < tl.where(first, n0, n1)
+        r0 = tl.load(idx0_ptr + row, mask=first & ok, other=0).to(tl.int64)
+        r1 = tl.load(idx1_ptr + row, mask=(p >= n0) & ok, other=0).to(tl.int64)
+        r = tl.where(first, r0, r1)
         if NUM > 0:
-            _copy_row(s0, d0, row, n_rows, idx_ptr, t0, w0, st0, k0, sel, BLOCK_W)
+            _copy_row(s0, d0, row, r, ok, t0, w0, st0, k0, sel, BLOCK_W)
         if NUM > 1:
-            _copy_row(s1, d1, row, n_rows, idx_ptr, t1, w1, st1, k1, sel, BLOCK_W)
+            _copy_row(s1, d1, row, r, ok, t1, w1, st1, k1, sel, BLOCK_W)
         if NUM > 2:
-            _copy_row(s2, d2, row, n_rows, idx_ptr, t2, w2, st2, k2, sel, BLOCK_W)
+            _copy_row(s2, d2, row, r, ok, t2, w2, st2, k2, sel, BLOCK_W)
         if NUM > 3:
-            _copy_row(s3, d3, row, n_rows, idx_ptr, t3, w3, st3, k3, sel, BLOCK_W)
+            _copy_row(s3, d3, row, r, ok, t3, w3, st3, k3, sel, BLOCK_W)
         if NUM > 4:
-            _copy_row(s4, d4, row, n_rows, idx_ptr, t4, w4, st4, k4, sel, BLOCK_W)
+            _copy_row(s4, d4, row, r, ok, t4, w4, st4, k4, sel, BLOCK_W)
         if NUM > 5:
-            _copy_row(s5, d5, row, n_rows, idx_ptr, t5, w5, st5, k5, sel, BLOCK_W)
+            _copy_row(s5, d5, row, r, ok, t5, w5, st5, k5, sel, BLOCK_W)
         if NUM > 6:
-            _copy_row(s6, d6, row, n_rows, idx_ptr, t6, w6, st6, k6, sel, BLOCK_W)
+            _copy_row(s6, d6, row, r, ok, t6, w6, st6, k6, sel, BLOCK_W)
         if NUM > 7:
-            _copy_row(s7, d7, row, n_rows, idx_ptr, t7, w7, st7, k7, sel, BLOCK_W)
+            _copy_row(s7, d7, row, r, ok, t7, w7, st7, k7, sel, BLOCK_W)
 
 
 def _as_rows(src: Tensor, dim: int) -> tuple[Tensor, int, int, int]:

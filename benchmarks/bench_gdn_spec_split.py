@@ -68,11 +68,11 @@ def bytes_moved(args) -> int:
     return 2 * rows * per_row + 2 * (s.numel() + ns.numel()) * s.element_size()
 
 
-def check(label, got, want) -> None:
+def check(label, got, want, *, exact: bool = True) -> None:
     from kda_inductor.testing import assert_close_to_eager
 
     try:
-        assert_close_to_eager(got, want, exact=True)
+        assert_close_to_eager(got, want, exact=exact)
     except AssertionError as e:
         raise SystemExit(f"{label}: compiled output differs from eager: {e}") from None
 
@@ -105,7 +105,8 @@ def run(T: int, *, smoke: bool, reps: int, bandwidth: float | None, layer_too: b
         with torch.no_grad():
             l_stock = torch.compile(layer, backend="inductor")
             l_kda = torch.compile(layer, backend="kda_inductor", options=ENABLE)
-            check(f"T={T} layer", l_kda(*largs), l_stock(*largs))
+            # consumers fused differently may round differently: dtype tolerance, not bits
+            check(f"T={T} layer", l_kda(*largs), l_stock(*largs), exact=False)
             row["layer_stock_us"] = timer(lambda: l_stock(*largs))
             row["layer_kda_us"] = timer(lambda: l_kda(*largs))
     return row

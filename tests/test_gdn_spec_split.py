@@ -51,7 +51,10 @@ def test_example_layers_one_launch_of_six(build):
         out_on, on = _run(layer, *args, options=ON)
         out_off, _ = _run(layer, *args, options=OFF)
     assert on.matches["gdn_spec_split"] == 1 and _fused_sources(on) == [6]
-    assert_close_to_eager(out_on, out_off, exact=True)  # the rewrite changes no bit
+    # The gathers are bit-exact (tests below); downstream, Inductor now fuses the
+    # consumers without the gather and may round differently (seen on torch 2.9: 1 ulp
+    # in float32 states), so the layer is compared with each dtype's tolerance.
+    assert_close_to_eager(out_on, out_off)
 
 
 def test_off_by_default():

@@ -87,6 +87,7 @@ def test_groups_of_n_mixed_dtypes_and_widths(device, n):
 def test_int64_and_int32_indices(device):
     T = 16
     spec, non_spec = _split(T, 9, device)
+    spec[0] -= T  # a negative index: x[idx] counts it from the end
     x, y = torch.randn(T, 8, device=device), torch.randn(1, T, 2, device=device)
     fn = lambda x, y, s, ns: (x[s], y[:, s], x[ns], y[:, ns])  # noqa: E731
     out, c = _run(fn, x, y, spec.long(), non_spec, options=ON)
@@ -150,7 +151,9 @@ def test_unrelated_indices_fuse_only_by_shared_index():
 # --------------------------------------------------------------------------- the op
 def test_op_rejects_out_of_range_indices_on_cpu():
     x = torch.randn(6, 3)
-    with pytest.raises(IndexError, match=r"indices\[1\]: index 6 out of range \[0, 6\)"):
+    neg = torch.ops.kda.gdn_spec_split([x, x], [torch.tensor([-1, 0]), torch.tensor([-6])], [0, 0], [0, 1])
+    assert_close_to_eager(neg, [x[[-1, 0]], x[[-6]]], exact=True)  # as x[idx] counts from the end
+    with pytest.raises(IndexError, match=r"indices\[1\]: index 6 out of range \[-6, 6\)"):
         torch.ops.kda.gdn_spec_split([x, x], [torch.tensor([0]), torch.tensor([6])], [0, 0], [0, 1])
     with pytest.raises(ValueError, match=r"sources\[0\]: dims\[0\] = 1 must index a dim after only size-1"):
         torch.ops.kda.gdn_spec_split([x], [torch.tensor([0])], [1], [0])
@@ -175,11 +178,13 @@ def test_triton_kernel_matches_index_select():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     T = 23
     s, ns = _split(T, 15, device, seed=4)
+    s[3] -= T  # negative: counts from the end
     srcs = [torch.randn(T, 40, device=device).to(torch.bfloat16), torch.randn(T, 40, device=device).to(torch.bfloat16),
             torch.randn(1, T, 3, device=device), torch.randn(1, T, 3, device=device),
             torch.randn(1, T, 3, device=device).half(), torch.randn(1, T, 3, device=device).half()]
     dims, which = [0, 0, 1, 1, 1, 1], [0, 1, 0, 1, 0, 1]
-    expected = [src.index_select(d, [s, ns][k]) for src, d, k in zip(srcs, dims, which)]
+    wrapped = [s % T, ns]
+    expected = [src.index_select(d, wrapped[k]) for src, d, k in zip(srcs, dims, which)]
     outs = [torch.full_like(e, 3.0) for e in expected]  # poisoned
     mod.split_triton(srcs, [s, ns], dims, which, outs, block_w=16)
     assert_close_to_eager(outs, expected, exact=True)

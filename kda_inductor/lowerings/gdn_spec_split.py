@@ -1,6 +1,7 @@
 """``kda::gdn_spec_split``: several row gathers sharing one or two index tensors, one launch.
 
-``outputs[i] = sources[i].index_select(dims[i], indices[index_of[i]])`` where every
+``outputs[i] = sources[i].index_select(dims[i], indices[index_of[i]])`` (negative indices
+counting from the end, as ``x[idx]`` does) where every
 dimension before ``dims[i]`` has size 1, so the gather picks whole rows of the 2-D view
 ``[T, row_width]``: the token split of a GDN/KDA layer (``mixed_qkv [T, conv_dim]`` along 0,
 ``g``/``beta [1, T, H]`` along 1). Sources may differ in dtype and row width; a program
@@ -82,10 +83,15 @@ def gdn_spec_split(sources: list[Tensor], indices: list[Tensor], dims: list[int]
             users = [i for i, k in enumerate(index_of) if k == j]
             for i in users:
                 T = sources[i].shape[dims[i]]
-                if lo < 0 or hi >= T:
-                    raise _err(f"indices[{j}]", f"index {lo if lo < 0 else hi} out of range "
-                               f"[0, {T}) for sources[{i}]", IndexError)
-    return [s.index_select(d, indices[k]) for s, d, k in zip(sources, dims, index_of)]
+                if lo < -T or hi >= T:
+                    raise _err(f"indices[{j}]", f"index {lo if lo < -T else hi} out of range "
+                               f"[-{T}, {T}) for sources[{i}]", IndexError)
+    # negative indices count from the end, as x[idx] (the pattern's aten.index) does
+    return [s.index_select(d, _wrap(indices[k], s.shape[d])) for s, d, k in zip(sources, dims, index_of)]
+
+
+def _wrap(idx: Tensor, T: int) -> Tensor:
+    return torch.where(idx < 0, idx + T, idx)
 
 
 @gdn_spec_split.register_fake
@@ -112,6 +118,7 @@ if triton is not None:
                   BLOCK_W: tl.constexpr):
         """Copy source row ``r`` to output row ``row`` if this source uses index ``sel``."""
         if (which == sel) & ok:
+            r = tl.where(r < 0, r + T, r)  # negative indices count from the end, as x[idx]
             tl.device_assert((r >= 0) & (r < T), "gdn_spec_split: index out of range")
             for c0 in range(0, width, BLOCK_W):
                 c = c0 + tl.arange(0, BLOCK_W)

@@ -143,6 +143,8 @@ if triton is not None:
         r0 = tl.load(idx0_ptr + row, mask=first & ok, other=0).to(tl.int64)
         r1 = tl.load(idx1_ptr + row, mask=(p >= n0) & ok, other=0).to(tl.int64)
         r = tl.where(first, r0, r1)
+        # One block per source slot: Triton kernels take no arrays of pointers (tuple
+        # arguments are too new for the triton versions torch 2.9-2.14 ship with).
         if NUM > 0:
             _copy_row(s0, d0, row, r, ok, t0, w0, st0, k0, sel, BLOCK_W)
         if NUM > 1:

@@ -193,3 +193,12 @@ def rewrite_table(record: dict[str, Any], *, rows_only: bool = False) -> list[st
         for err in [record["errors"][name]] if name in record["errors"] else []:
             lines.append(f"{'':<{width}}    failed and skipped: {err}")
     return lines
+
+
+def records_diff(records: Sequence[dict[str, Any]]) -> str:
+    """Per graph our pass ran on: the rewrite table and the unified before/after diff."""
+    parts: list[str] = []
+    for i, r in enumerate(records):
+        diff = unified(r["before_nodes"], r["after_nodes"], title=f"graph {i}")
+        parts += [f"=== graph {i} ===", *rewrite_table(r), "", diff or "(no change)", ""]
+    return "\n".join(parts)

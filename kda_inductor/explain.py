@@ -10,12 +10,10 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
 from kda_inductor import pass_manager
-from kda_inductor.diff import rewrite_table, unified
+from kda_inductor.diff import records_diff, rewrite_table, unified
 from kda_inductor.patterns.base import Miss
-from kda_inductor.patterns import REWRITE_NAMES, REWRITES
+from kda_inductor.patterns import REWRITES
 
 _DATA_DEPENDENT = re.compile(r"data[- ]dependent", re.IGNORECASE)
 
@@ -90,10 +88,7 @@ class Report:
     @property
     def diff(self) -> str:
         """Per compiled graph: the rewrite table and the unified before/after diff."""
-        parts = []
-        for i, g in enumerate(self.graphs):
-            parts += [f"=== graph {i} ===", *g.table(), "", g.diff(title=f"graph {i}") or "(no change)", ""]
-        return "\n".join(parts)
+        return records_diff([g.record for g in self.graphs])
 
     def normalized(self) -> str:
         """Op names and rewrite tables only (no node names): stable across torch versions."""
@@ -286,7 +281,7 @@ class Explainer:
         if silent > 0:  # Inductor counts these without a message
             skips.append(f"{silent} graph(s) with no CUDA ops (CUDA graphs only apply to CUDA work)")
         graphs = [GraphReport(r) for r in records]
-        matches = {name: sum(g.matches.get(name, 0) for g in graphs) for name in REWRITE_NAMES}
+        matches = pass_manager.total_matches(records)
         return Report(matches, graphs, breaks, frames, skips)
 
 

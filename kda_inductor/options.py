@@ -28,8 +28,6 @@ class KdaOptions:
     @classmethod
     def parse(cls, raw: Mapping[str, Any] | KdaOptions | None) -> KdaOptions:
         """Validate user options; unknown keys or rewrite names are a clear error."""
-        from kda_inductor.patterns import REWRITE_NAMES
-
         if raw is None:
             return cls()
         if isinstance(raw, KdaOptions):

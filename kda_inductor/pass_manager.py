@@ -185,3 +185,8 @@ def observe() -> Iterator[list[dict[str, Any]]]:
         yield records
     finally:
         _observers.remove(records.append)
+
+
+def total_matches(records: list[dict[str, Any]]) -> dict[str, int]:
+    """Every registered rewrite -> replacements summed over ``observe`` records."""
+    return {name: sum(r["matches"].get(name, 0) for r in records) for name in REWRITES}

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from kda_inductor import pass_manager
-from kda_inductor.diff import rewrite_table, unified
+from kda_inductor.diff import records_diff
 from kda_inductor.patterns import REWRITE_NAMES
 
 __all__ = [
@@ -68,15 +68,11 @@ class CompiledForTest:
     @property
     def matches(self) -> dict[str, int]:
         """Every rewrite -> replacements summed over the graphs compiled so far."""
-        return {n: sum(r["matches"].get(n, 0) for r in self.records) for n in REWRITE_NAMES}
+        return pass_manager.total_matches(self.records)
 
     def diff(self) -> str:
         """Rewrite table and before/after diff of every graph compiled so far."""
-        parts = []
-        for i, r in enumerate(self.records):
-            parts += [f"=== graph {i} ===", *rewrite_table(r), "",
-                      unified(r["before_nodes"], r["after_nodes"], title=f"graph {i}") or "(no change)"]
-        return "\n".join(parts) or "(no graph was compiled: cached, or not called yet)"
+        return records_diff(self.records) or "(no graph was compiled: cached, or not called yet)"
 
 
 def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,

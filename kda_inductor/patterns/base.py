@@ -112,9 +112,27 @@ def escaping(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.No
     ]
 
 
+def positions(graph: fx.Graph) -> dict[fx.Node, int]:
+    """Each node's index in ``graph`` (for ordering and placement decisions)."""
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def reachable(nodes: Iterable[fx.Node], *, upstream: bool) -> set[fx.Node]:
+    """Every node the given ones read (``upstream``) or feed, transitively, excluding them."""
+    seen: set[fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        for m in (n.all_input_nodes if upstream else n.users):
+            if m not in seen:
+                seen.add(m)
+                stack.append(m)
+    return seen
+
+
 def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
     """Erase the given nodes that have no users left, users before producers."""
-    order = {n: i for i, n in enumerate(graph.nodes)}
+    order = positions(graph)
     for n in sorted(set(nodes), key=order.__getitem__, reverse=True):
         if not n.users and n.op == "call_function":
             graph.erase_node(n)

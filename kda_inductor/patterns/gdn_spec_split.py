@@ -25,13 +25,23 @@ benchmark decides when fusing beats Inductor fusing a gather into a cheap consum
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 
 import torch
 import torch.fx as fx
 
 from kda_inductor.lowerings import gdn_spec_split as _lowering  # registers the op
-from kda_inductor.patterns.base import Match, Rewrite, aten, erase_dead, set_fake_vals, val
+from kda_inductor.patterns.base import (
+    Match,
+    Rewrite,
+    aten,
+    erase_dead,
+    positions,
+    reachable,
+    set_fake_vals,
+    val,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,7 +76,7 @@ class GdnSpecSplit(Rewrite):
     default_enabled = False
 
     def find(self, graph: fx.Graph) -> list[Match]:
-        pos = {n: i for i, n in enumerate(graph.nodes)}
+        pos = positions(graph)
         mutated = _mutated(graph)
         groups: dict[fx.Node, list[_RowGather]] = {}
         for n in graph.nodes:
@@ -113,7 +123,7 @@ class GdnSpecSplit(Rewrite):
 
     def replace(self, graph: fx.Graph, match: Match) -> None:
         gathers: list[_RowGather] = match.data["gathers"]
-        pos = {n: i for i, n in enumerate(graph.nodes)}
+        pos = positions(graph)
         indices = list(dict.fromkeys(g.idx for g in gathers))
         last_input = max((n for g in gathers for n in (g.src, g.idx)), key=pos.__getitem__)
         with graph.inserting_before(last_input.next):
@@ -141,18 +151,7 @@ def _legal_launches(members: list[_RowGather], pos: dict[fx.Node, int]) -> list[
     """Cut ``members`` into launches with no gather feeding another's source or index
     (the fused node must come after all its inputs): in input order, each launch as large
     as it can be, at most ``MAX_SOURCES`` sources."""
-    reach: dict[fx.Node, set[fx.Node]] = {}
-
-    def downstream(node: fx.Node) -> set[fx.Node]:
-        if node not in reach:
-            seen, stack = set(), [node]
-            while stack:
-                for u in stack.pop().users:
-                    if u not in seen:
-                        seen.add(u)
-                        stack.append(u)
-            reach[node] = seen
-        return reach[node]
+    downstream = functools.cache(lambda node: reachable([node], upstream=False))
 
     todo = sorted(members, key=lambda g: max(pos[g.src], pos[g.idx]))
     launches = []

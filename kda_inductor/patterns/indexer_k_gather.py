@@ -50,8 +50,10 @@ from kda_inductor.patterns.base import (
     Rewrite,
     aten,
     erase_dead,
-    is_op,
     escaping,
+    is_op,
+    positions,
+    reachable,
     set_fake_vals,
     val,
 )
@@ -194,7 +196,7 @@ class IndexerKGather(Rewrite):
                 or not fits(scales, bs * hd + off * sb + _J)
             ):
                 continue
-            region = (algebra.visited & _ancestors(values.node, scales.node)) | {
+            region = (algebra.visited & reachable([values.node, scales.node], upstream=True)) | {
                 values.node,
                 scales.node,
             }
@@ -206,7 +208,8 @@ class IndexerKGather(Rewrite):
             dst = _preallocated_dst(values.node, scales.node, values.cache, bt, cu)
             extra = {n for (_, copy) in (dst or ()) for n in _chain(copy)}
             return Match(
-                nodes=sorted(region | {values.flat, scales.flat} | extra, key=_order(values.node.graph)),
+                nodes=sorted(region | {values.flat, scales.flat} | extra,
+                             key=positions(values.node.graph).__getitem__),
                 data={
                     "dst": dst,
                     "values": values.node,
@@ -226,7 +229,7 @@ class IndexerKGather(Rewrite):
     # --------------------------------------------------------------- replace
     def replace(self, graph: fx.Graph, match: Match) -> None:
         d = match.data
-        first = min((d["values"], d["scales"]), key=_order(graph))
+        first = min((d["values"], d["scales"]), key=positions(graph).__getitem__)
         if d["dst"] is not None:
             self._replace_in_place(graph, match, first)
             return
@@ -310,21 +313,3 @@ def _preallocated_dst(values, scales, cache, bt, cu):
     except (ValueError, TypeError):
         return None
     return dst
-
-
-def _order(graph: fx.Graph):
-    """Sort key: a node's position in ``graph``."""
-    pos = {n: i for i, n in enumerate(graph.nodes)}
-    return pos.__getitem__
-
-
-def _ancestors(*nodes: fx.Node) -> set[fx.Node]:
-    seen: set[fx.Node] = set()
-    stack = list(nodes)
-    while stack:
-        n = stack.pop()
-        for m in n.all_input_nodes:
-            if m not in seen:
-                seen.add(m)
-                stack.append(m)
-    return seen

@@ -58,7 +58,8 @@ class KdaPostGradPass(CustomGraphPass):
         return h.hexdigest()
 
     def __call__(self, graph: fx.Graph) -> None:
-        observed = bool(_observers) or _tracing_enabled()
+        tracing = _tracing_enabled()
+        observed = bool(_observers) or tracing
         record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {}}
         if observed:
             record["before"] = str(graph)
@@ -99,7 +100,8 @@ class KdaPostGradPass(CustomGraphPass):
             record["matches"] = dict(matches)
             record["after"] = str(graph)
             record["after_nodes"] = snapshot(graph)
-            _trace(record)
+            if tracing:
+                _trace(record)
             for observe in list(_observers):
                 observe(record)
 
@@ -115,9 +117,7 @@ def _tracing_enabled() -> bool:
 
 
 def _trace(record: dict[str, Any]) -> None:
-    """Emit our graphs and rewrite table as ``TORCH_TRACE`` artifacts (no-op otherwise)."""
-    if not _tracing_enabled():
-        return
+    """Emit our graphs and rewrite table as ``TORCH_TRACE`` artifacts."""
     from torch._logging import trace_structured
 
     from kda_inductor.diff import rewrite_table, unified

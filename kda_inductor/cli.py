@@ -27,7 +27,7 @@ from kda_inductor.patterns import REWRITE_NAMES
 
 def load_target(spec: str) -> tuple[Any, tuple, dict]:
     """Import TARGET and call its builder; returns ``(fn, args, kwargs)``."""
-    path, _, func = spec.partition(":") if not _is_windows_drive(spec) else (spec, "", "")
+    path, _, func = spec.partition(":")
     if path.endswith(".py") or os.sep in path or Path(path).is_file():
         file = Path(path)
         if not file.is_file():
@@ -50,10 +50,6 @@ def load_target(spec: str) -> tuple[Any, tuple, dict]:
         raise SystemExit(f"graph-diff: {func}() must return (fn, args) or (fn, args, kwargs)")
     fn, args, kwargs = (*built, {}) if len(built) == 2 else built
     return fn, tuple(args), dict(kwargs)
-
-
-def _is_windows_drive(spec: str) -> bool:
-    return len(spec) > 1 and spec[1] == ":" and spec[0].isalpha() and os.name == "nt"
 
 
 def _use_color(choice: str) -> bool:
@@ -109,8 +105,7 @@ def graph_diff(argv: list[str]) -> int:
             out.append("")
     if not report.graphs:
         out.append("no graph was compiled (everything ran in eager)")
-    summary = str(report).split("\n\n", 2)
-    out.append(summary[2] if len(summary) > 2 else str(report))
+    out.append(report.obstacles())
     print("\n".join(out))
     if args.html:
         pages = [(f"graph {i}", g.record["before_nodes"], g.record["after_nodes"])

@@ -116,7 +116,12 @@ class Report:
         for i, g in enumerate(self.graphs):
             for name, err in g.errors.items():
                 lines.append(f"  graph {i}: {name} failed and was skipped: {err}")
-        lines += ["", f"graph breaks: {sum(b.count for b in self.graph_breaks)}"]
+        return "\n".join(lines) + "\n\n" + self.obstacles()
+
+    def obstacles(self) -> str:
+        """What kept the code from being fast: graph breaks, frames that fell back to
+        eager, cudagraph skips, each with its reason."""
+        lines = [f"graph breaks: {sum(b.count for b in self.graph_breaks)}"]
         lines += [f"  [{b.count}x] {b.reason}" for b in self.graph_breaks]
         lines += ["", f"frames that fell back to eager: {len(self.eager_frames)}"]
         for f in self.eager_frames:

@@ -181,7 +181,8 @@ def test_triton_kernel_matches_index_select():
     s[3] -= T  # negative: counts from the end
     srcs = [torch.randn(T, 40, device=device).to(torch.bfloat16), torch.randn(T, 40, device=device).to(torch.bfloat16),
             torch.randn(1, T, 3, device=device), torch.randn(1, T, 3, device=device),
-            torch.randn(1, T, 3, device=device).half(), torch.randn(1, T, 3, device=device).half()]
+            torch.randn(1, T, 3, device=device).half(),
+            torch.randn(1, T, 3, 2, device=device).half().transpose(2, 3)]  # rows not contiguous
     dims, which = [0, 0, 1, 1, 1, 1], [0, 1, 0, 1, 0, 1]
     wrapped = [s % T, ns]
     expected = [src.index_select(d, wrapped[k]) for src, d, k in zip(srcs, dims, which)]

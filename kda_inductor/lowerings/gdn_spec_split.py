@@ -164,13 +164,16 @@ if triton is not None:
 
 
 def _as_rows(src: Tensor, dim: int) -> tuple[Tensor, int, int, int]:
-    """``src`` as ``(tensor, T, width, row_stride)``: rows must be contiguous inside."""
+    """``src`` as ``(tensor, T, width, row_stride)`` with each row's elements contiguous
+    (a copy only when they are not, e.g. ``[1, T, H]`` transposed from ``[1, H, T]``)."""
     T, width = _rows(src, dim)
-    inner = src.reshape(*src.shape[: dim + 1], width) if src.dim() > dim + 1 else src.unsqueeze(-1)
-    if width > 1 and inner.stride(-1) != 1:
-        src = src.contiguous()
-        inner = src.reshape(*src.shape[: dim + 1], width)
-    return src, T, width, inner.stride(dim)
+    expected = 1
+    for size, stride in reversed(list(zip(src.shape[dim + 1:], src.stride()[dim + 1:]))):
+        if size != 1 and stride != expected:
+            src = src.contiguous()
+            break
+        expected *= size
+    return src, T, width, src.stride(dim)
 
 
 def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024, num_warps: int = 4):

@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from kda_inductor.lowerings import arg_error as _err
+
 try:
     import triton
     import triton.language as tl
@@ -28,10 +30,6 @@ except ImportError:  # pragma: no cover
 
 MAX_SOURCES = 8
 """Sources one launch takes; the pattern splits larger groups."""
-
-
-def _err(arg: str, msg: str, exc: type[Exception] = ValueError) -> Exception:
-    return exc(f"{arg}: {msg}")
 
 
 def _rows(src: Tensor, dim: int) -> tuple[int, int]:

@@ -35,6 +35,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kda_inductor.lowerings import arg_error as _err
+
 try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
     import triton
     import triton.language as tl
@@ -63,10 +65,6 @@ class _Meta:
     block_size: int
     head_dim: int
     scale_bytes: int
-
-
-def _err(arg: str, msg: str, exc: type[Exception] = ValueError) -> Exception:
-    return exc(f"{arg}: {msg}")
 
 
 def _is_int(x) -> bool:

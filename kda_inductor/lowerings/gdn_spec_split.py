@@ -112,28 +112,30 @@ def _gdn_spec_split_cuda(sources, indices, dims, index_of):
 if triton is not None:
 
     @triton.jit
-    def _copy_row(src_ptr, dst_ptr, row, r, ok, T, width, src_stride, which, sel,
+    def _copy_row(src_ptr, dst_ptr, row, r, ok, T, width, src_stride, which, sel, col,
                   BLOCK_W: tl.constexpr):
-        """Copy source row ``r`` to output row ``row`` if this source uses index ``sel``."""
+        """Copy this program's column chunks of source row ``r`` to output row ``row`` if
+        this source uses index ``sel``."""
         if (which == sel) & ok:
             r = tl.where(r < 0, r + T, r)  # negative indices count from the end, as x[idx]
             tl.device_assert((r >= 0) & (r < T), "gdn_spec_split: index out of range")
-            for c0 in range(0, width, BLOCK_W):
+            for c0 in range(col * BLOCK_W, width, tl.num_programs(1) * BLOCK_W):
                 c = c0 + tl.arange(0, BLOCK_W)
                 m = c < width
                 v = tl.load(src_ptr + r * src_stride + c, mask=m)
                 tl.store(dst_ptr + row.to(tl.int64) * width + c, v, mask=m)
 
-    @triton.jit(do_not_specialize=["n0", "n1"], debug=True)
-    def _gdn_spec_split_kernel(
+    def _gdn_spec_split_body(
         idx0_ptr, idx1_ptr, n0, n1,
         s0, d0, t0, w0, st0, k0, s1, d1, t1, w1, st1, k1, s2, d2, t2, w2, st2, k2,
         s3, d3, t3, w3, st3, k3, s4, d4, t4, w4, st4, k4, s5, d5, t5, w5, st5, k5,
         s6, d6, t6, w6, st6, k6, s7, d7, t7, w7, st7, k7,
         NUM: tl.constexpr, BLOCK_W: tl.constexpr,
     ):
-        """Program p handles output row p of index tensor 0 (p < n0) or p - n0 of tensor 1."""
+        """Program (p, c) handles column chunks c, c + C, ... (C = programs along axis 1)
+        of output row p of index tensor 0 (p < n0) or p - n0 of tensor 1."""
         p = tl.program_id(0)
+        col = tl.program_id(1)
         first = p < n0
         sel = tl.where(first, 0, 1)
         row = tl.where(first, p, p - n0)
@@ -144,21 +146,27 @@ if triton is not None:
         # One block per source slot: Triton kernels take no arrays of pointers (tuple
         # arguments are too new for the triton versions torch 2.9-2.14 ship with).
         if NUM > 0:
-            _copy_row(s0, d0, row, r, ok, t0, w0, st0, k0, sel, BLOCK_W)
+            _copy_row(s0, d0, row, r, ok, t0, w0, st0, k0, sel, col, BLOCK_W)
         if NUM > 1:
-            _copy_row(s1, d1, row, r, ok, t1, w1, st1, k1, sel, BLOCK_W)
+            _copy_row(s1, d1, row, r, ok, t1, w1, st1, k1, sel, col, BLOCK_W)
         if NUM > 2:
-            _copy_row(s2, d2, row, r, ok, t2, w2, st2, k2, sel, BLOCK_W)
+            _copy_row(s2, d2, row, r, ok, t2, w2, st2, k2, sel, col, BLOCK_W)
         if NUM > 3:
-            _copy_row(s3, d3, row, r, ok, t3, w3, st3, k3, sel, BLOCK_W)
+            _copy_row(s3, d3, row, r, ok, t3, w3, st3, k3, sel, col, BLOCK_W)
         if NUM > 4:
-            _copy_row(s4, d4, row, r, ok, t4, w4, st4, k4, sel, BLOCK_W)
+            _copy_row(s4, d4, row, r, ok, t4, w4, st4, k4, sel, col, BLOCK_W)
         if NUM > 5:
-            _copy_row(s5, d5, row, r, ok, t5, w5, st5, k5, sel, BLOCK_W)
+            _copy_row(s5, d5, row, r, ok, t5, w5, st5, k5, sel, col, BLOCK_W)
         if NUM > 6:
-            _copy_row(s6, d6, row, r, ok, t6, w6, st6, k6, sel, BLOCK_W)
+            _copy_row(s6, d6, row, r, ok, t6, w6, st6, k6, sel, col, BLOCK_W)
         if NUM > 7:
-            _copy_row(s7, d7, row, r, ok, t7, w7, st7, k7, sel, BLOCK_W)
+            _copy_row(s7, d7, row, r, ok, t7, w7, st7, k7, sel, col, BLOCK_W)
+
+    # The shipped kernel runs with Triton's debug mode so that ``device_assert`` traps an
+    # out-of-range index (stock index_select's behaviour); the other one is for measuring
+    # what that costs (benchmarks/tune_gdn_spec_split.py).
+    _gdn_spec_split_kernel = triton.jit(_gdn_spec_split_body, do_not_specialize=["n0", "n1"], debug=True)
+    _gdn_spec_split_kernel_nodebug = triton.jit(_gdn_spec_split_body, do_not_specialize=["n0", "n1"])
 
 
 def _as_rows(src: Tensor, dim: int) -> tuple[Tensor, int, int, int]:
@@ -174,7 +182,19 @@ def _as_rows(src: Tensor, dim: int) -> tuple[Tensor, int, int, int]:
     return src, T, width, src.stride(dim)
 
 
-def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024, num_warps: int = 4):
+TARGET_PROGRAMS = 1024
+"""Column programs per row are added until the grid has about this many programs."""
+
+
+def column_programs(rows: int, max_width: int, block_w: int, target: int = TARGET_PROGRAMS) -> int:
+    """Programs sharing one output row: few rows (T=256) are split by columns so that
+    enough programs are in flight; many rows (T=16384) get one program each."""
+    chunks = -(-max_width // block_w)
+    return max(1, min(chunks, target // max(rows, 1)))
+
+
+def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024, num_warps: int = 4,
+                 col_programs: int | None = None, debug: bool = True):
     """Launch one kernel filling ``outs`` (fresh contiguous tensors). No sync, no allocation
     beyond ``.contiguous()`` of a source whose rows are not contiguous."""
     if triton is None:  # pragma: no cover
@@ -183,13 +203,17 @@ def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024,
     if n[0] + n[1] == 0:
         return outs
     args = []
+    max_width = 1
     for src, dim, k, out in zip(sources, dims, index_of, outs):
         src, T, width, stride = _as_rows(src, dim)
+        max_width = max(max_width, width)
         args += [src, out, T, width, stride, k]
     dummy = [sources[0], outs[0], 1, 0, 0, -1]
     args += dummy * (MAX_SOURCES - len(sources))
     idx1 = indices[1] if len(indices) > 1 else indices[0]
-    _gdn_spec_split_kernel[(n[0] + n[1],)](
+    cols = col_programs or column_programs(n[0] + n[1], max_width, block_w)
+    kernel = _gdn_spec_split_kernel if debug else _gdn_spec_split_kernel_nodebug
+    kernel[(n[0] + n[1], cols)](
         indices[0], idx1, n[0], n[1], *args,
         NUM=len(sources), BLOCK_W=block_w, num_warps=num_warps,
     )

@@ -69,10 +69,17 @@ def bytes_moved(args) -> int:
 
 
 def check(label, got, want, *, exact: bool = True) -> None:
+    """Bits for the gathers; for a whole layer, whose consumers Inductor fuses differently
+    with and without the rewrite, each output within 2**-7 of its largest magnitude (one
+    bf16 step there: out_proj sums thousands of products, so values near 0 are noise)."""
     from kda_inductor.testing import assert_close_to_eager
 
     try:
-        assert_close_to_eager(got, want, exact=exact)
+        if exact:
+            assert_close_to_eager(got, want, exact=True)
+        else:
+            for i, (a, b) in enumerate(zip(got, want)):
+                assert_close_to_eager(a, b, rtol=2**-7, atol=2**-7 * float(b.abs().max()))
     except AssertionError as e:
         raise SystemExit(f"{label}: compiled output differs from eager: {e}") from None
 

@@ -22,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
 
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
-OPTS = {"kda": {"strict": True}}
+OPTS = {"kda": {"enable": ["gdn_spec_split"], "strict": True}}
+# mode="reduce-overhead" is this Inductor option; compile_for_test takes mode or options
+REDUCE_OVERHEAD = {"triton.cudagraphs": True, **OPTS}
 
 
 def _layer(cls, cfg, seed=0):
@@ -44,7 +46,7 @@ def test_reduce_overhead_no_cudagraph_skips(cls, cfg):
             assert_close_to_eager(out, layer(*args))
 
     with torch.no_grad(), fresh_compile(), torch._inductor.config.patch(patches):
-        compiled = compile_for_test(layer, mode="reduce-overhead", options=OPTS)
+        compiled = compile_for_test(layer, options=REDUCE_OVERHEAD)
         assert_no_cudagraph_skips(run_steps)
     assert compiled.matches["gdn_spec_split"] == 1
 

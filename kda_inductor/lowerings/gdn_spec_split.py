@@ -182,18 +182,31 @@ def _as_rows(src: Tensor, dim: int) -> tuple[Tensor, int, int, int]:
     return src, T, width, src.stride(dim)
 
 
-TARGET_PROGRAMS = 1024
+TARGET_PROGRAMS = 2048
 """Column programs per row are added until the grid has about this many programs."""
 
 
 def column_programs(rows: int, max_width: int, block_w: int, target: int = TARGET_PROGRAMS) -> int:
-    """Programs sharing one output row: few rows (T=256) are split by columns so that
-    enough programs are in flight; many rows (T=16384) get one program each."""
+    """Programs sharing one output row. Measured on an H200 (benchmarks/tune_gdn_spec_split.py,
+    Qwen3-Next sizes): few rows want the row split (T=256: 8 programs per row were best, 3.3 us),
+    many rows still gain a little from 2 (T=16384: 138.1 against 139.8 us)."""
     chunks = -(-max_width // block_w)
-    return max(1, min(chunks, target // max(rows, 1)))
+    return max(1, min(chunks, max(2, target // max(rows, 1))))
 
 
-def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024, num_warps: int = 4,
+def _launch_options() -> dict:
+    """Triton's debug mode (for ``device_assert``) also adds overflow checks to 32-bit
+    integer arithmetic, which cost up to 20% here; keep the asserts, drop those checks
+    where this Triton lets us."""
+    try:
+        from triton.backends.nvidia.compiler import CUDAOptions
+    except ImportError:  # pragma: no cover
+        return {}
+    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
+    return {"sanitize_overflow": False} if "sanitize_overflow" in fields else {}
+
+
+def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024, num_warps: int = 2,
                  col_programs: int | None = None, debug: bool = True):
     """Launch one kernel filling ``outs`` (fresh contiguous tensors). No sync, no allocation
     beyond ``.contiguous()`` of a source whose rows are not contiguous."""
@@ -213,8 +226,9 @@ def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024,
     idx1 = indices[1] if len(indices) > 1 else indices[0]
     cols = col_programs or column_programs(n[0] + n[1], max_width, block_w)
     kernel = _gdn_spec_split_kernel if debug else _gdn_spec_split_kernel_nodebug
+    extra = _launch_options() if outs[0].is_cuda else {}
     kernel[(n[0] + n[1], cols)](
         indices[0], idx1, n[0], n[1], *args,
-        NUM=len(sources), BLOCK_W=block_w, num_warps=num_warps,
+        NUM=len(sources), BLOCK_W=block_w, num_warps=num_warps, **extra,
     )
     return outs

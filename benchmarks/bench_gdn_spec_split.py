@@ -138,8 +138,10 @@ def main(argv=None) -> list[dict]:
 
     bandwidth = None if args.smoke else measure_copy_bandwidth("cuda")
     t0 = time.perf_counter()
-    rows = [run(T, smoke=args.smoke, reps=reps, bandwidth=bandwidth, layer_too=not args.skip_layer)
-            for T in Ts]
+    rows = []
+    for T in Ts:
+        rows.append(run(T, smoke=args.smoke, reps=reps, bandwidth=bandwidth, layer_too=not args.skip_layer))
+        print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
     notes = ("NOT meaningful (CPU smoke run)" if args.smoke else
              f"CUDA-graph replay medians, 10 calls per graph, per call; copy bandwidth "
              f"{bandwidth / 1e12:.2f} TB/s; three quarters of the tokens speculative")

@@ -42,8 +42,11 @@ def test_reduce_overhead_no_cudagraph_skips(cls, cfg):
         for step in range(3):  # new batches of the same shape each step
             hidden, batch, states = G.make_inputs(layer, 3, 4, seed=step, device="cuda")
             args = (hidden, batch.spec_idx, batch.non_spec_idx, *states)
-            out = compiled(*args)
-            assert_close_to_eager(out, layer(*args))
+            out, want = compiled(*args), layer(*args)
+            # Inductor rounds the consumers differently from eager (bf16 out_proj sums
+            # thousands of products): one bf16 step of each output's range
+            for o, w in zip(out, want):
+                assert_close_to_eager(o, w, rtol=2**-7, atol=2**-7 * float(w.abs().max()))
 
     with torch.no_grad(), fresh_compile(), torch._inductor.config.patch(patches):
         compiled = compile_for_test(layer, options=REDUCE_OVERHEAD)

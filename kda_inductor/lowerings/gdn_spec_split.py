@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
+from kda_inductor.lowerings import triton_launch_options
 
 try:
     import triton
@@ -195,18 +196,6 @@ def column_programs(rows: int, max_width: int, block_w: int, target: int = TARGE
     return max(1, min(chunks, max(2, target // max(rows, 1))))
 
 
-def _launch_options() -> dict:
-    """Triton's debug mode (for ``device_assert``) also adds overflow checks to 32-bit
-    integer arithmetic, which cost up to 20% here; keep the asserts, drop those checks
-    where this Triton lets us."""
-    try:
-        from triton.backends.nvidia.compiler import CUDAOptions
-    except ImportError:  # pragma: no cover
-        return {}
-    fields = getattr(CUDAOptions, "__dataclass_fields__", {})
-    return {"sanitize_overflow": False} if "sanitize_overflow" in fields else {}
-
-
 def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024, num_warps: int = 2,
                  col_programs: int | None = None, debug: bool = True):
     """Launch one kernel filling ``outs`` (fresh contiguous tensors). No sync, no allocation
@@ -227,7 +216,7 @@ def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024,
     idx1 = indices[1] if len(indices) > 1 else indices[0]
     cols = col_programs or column_programs(n[0] + n[1], max_width, block_w)
     kernel = _gdn_spec_split_kernel if debug else _gdn_spec_split_kernel_nodebug
-    extra = _launch_options() if outs[0].is_cuda else {}
+    extra = triton_launch_options() if outs[0].is_cuda else {}
     kernel[(n[0] + n[1], cols)](
         indices[0], idx1, n[0], n[1], *args,
         NUM=len(sources), BLOCK_W=block_w, num_warps=num_warps, **extra,

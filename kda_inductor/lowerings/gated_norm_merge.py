@@ -1,0 +1,204 @@
+"""``kda::gated_norm_merge``: the spec / non-spec merge (``index_copy_``) and the gated
+RMSNorm of a GDN/KDA layer in one pass, with no merged buffer.
+
+``sources[k]`` is ``[n_k, R * D]`` (token rows, ``R`` norm rows of ``D`` each per token),
+``indices[k]`` ``[n_k]`` the token each row goes to (negative counts from the end, as
+``out[:, idx] = ...`` does). With ``merged[indices[k][i]] = sources[k][i]`` viewed as
+``[T * R, D]``, the op returns ``y [T * R, D]`` (``out_dtype``)::
+
+    x = merged.float(); r = rsqrt(mean(x * x, -1) + eps)        (or 1 / sqrt(...))
+    form "fla": y = ((x * r) * weight.float()) * act(z.float())
+    form "hf":  n = (x * r).to(in_dtype); h = weight * n        (in promote(weight, in_dtype))
+                y = h.float() * act(z.float())
+
+``act`` is ``silu`` or ``sigmoid``; ``eps`` is an argument, never baked in. Rows of
+``merged`` that no index covers are undefined, as in ``torch.empty``; the pattern only
+matches merges into ``torch.empty``. The CPU kernel computes exactly what eager does for
+those spellings (bit-exact); the Triton kernel scatters: program ``p`` reads row ``p`` of
+one source, its token's gate rows of ``z``, and writes that token's rows of ``y``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from kda_inductor.lowerings import arg_error as _err
+from kda_inductor.lowerings import triton_launch_options
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+    tl = None
+
+ACTIVATIONS = ("silu", "sigmoid")
+FORMS = ("fla", "hf")
+
+
+def _check(sources, indices, z, weight, eps, activation, form, num_tokens):
+    if len(sources) != len(indices) or not 1 <= len(sources) <= 2:
+        raise _err("sources", f"expected 1 or 2 sources with as many indices, got {len(sources)} and {len(indices)}")
+    if activation not in ACTIVATIONS:
+        raise _err("activation", f"expected one of {ACTIVATIONS}, got {activation!r}")
+    if form not in FORMS:
+        raise _err("form", f"expected one of {FORMS}, got {form!r}")
+    if weight.dim() != 1:
+        raise _err("weight", f"expected a 1-D [D] tensor, got shape {tuple(weight.shape)}")
+    D = weight.shape[0]
+    if z.dim() != 2 or z.shape[1] != D:
+        raise _err("z", f"expected [T * R, {D}], got shape {tuple(z.shape)}")
+    if z.shape[0] % max(num_tokens, 1):
+        raise _err("z", f"{z.shape[0]} rows is not a multiple of num_tokens = {num_tokens}")
+    R = z.shape[0] // max(num_tokens, 1)
+    dtype = sources[0].dtype
+    for k, (src, idx) in enumerate(zip(sources, indices)):
+        if src.dim() != 2 or src.shape[1] != R * D:
+            raise _err(f"sources[{k}]", f"expected [n, {R * D}] (R={R} rows of D={D} per token), got {tuple(src.shape)}")
+        if src.dtype != dtype:
+            raise _err(f"sources[{k}]", f"expected {dtype} like sources[0], got {src.dtype}")
+        if idx.dim() != 1 or idx.shape[0] != src.shape[0] or idx.dtype not in (torch.int32, torch.int64):
+            raise _err(f"indices[{k}]", f"expected a 1-D int32/int64 tensor of {src.shape[0]} entries, "
+                       f"got {idx.dim()}-D {idx.dtype} of shape {tuple(idx.shape)}")
+        for name, t in ((f"sources[{k}]", src), (f"indices[{k}]", idx)):
+            if t.device != z.device:
+                raise _err(name, f"expected device {z.device}, got {t.device}")
+    if weight.device != z.device:
+        raise _err("weight", f"expected device {z.device}, got {weight.device}")
+    if eps < 0:
+        raise _err("eps", f"must be >= 0, got {eps}")
+    return R, D
+
+
+def _hf_dtype(weight: Tensor, in_dtype: torch.dtype) -> torch.dtype:
+    return torch.promote_types(weight.dtype, in_dtype)
+
+
+@torch.library.custom_op("kda::gated_norm_merge", mutates_args=(), device_types="cpu")
+def gated_norm_merge(sources: list[Tensor], indices: list[Tensor], z: Tensor, weight: Tensor,
+                     eps: float, activation: str, form: str, rsqrt: bool, num_tokens: int,
+                     out_dtype: torch.dtype) -> Tensor:
+    """See the module docstring."""
+    R, D = _check(sources, indices, z, weight, eps, activation, form, num_tokens)
+    merged = sources[0].new_empty(num_tokens, R * D)
+    for k, (src, idx) in enumerate(zip(sources, indices)):
+        if idx.numel():
+            lo, hi = int(idx.min()), int(idx.max())
+            if lo < -num_tokens or hi >= num_tokens:
+                raise _err(f"indices[{k}]", f"index {lo if lo < -num_tokens else hi} out of range "
+                           f"[-{num_tokens}, {num_tokens})", IndexError)
+        merged.index_copy_(0, torch.where(idx < 0, idx + num_tokens, idx).long(), src)
+    x = merged.view(-1, D).float()
+    var = x.pow(2).mean(-1, keepdim=True) + eps
+    r = torch.rsqrt(var) if rsqrt else 1 / torch.sqrt(var)
+    zf = z.float()
+    act = F.silu(zf) if activation == "silu" else torch.sigmoid(zf)
+    if form == "fla":
+        y = x * r * weight.float() * act
+    else:
+        n = (x * r).to(merged.dtype)
+        y = (weight * n).float() * act
+    return y.to(out_dtype)
+
+
+@gated_norm_merge.register_fake
+def _gated_norm_merge_fake(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype):
+    _check(sources, indices, z, weight, eps, activation, form, num_tokens)
+    return z.new_empty(z.shape, dtype=out_dtype)
+
+
+@gated_norm_merge.register_kernel("cuda")
+def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype):
+    _check(sources, indices, z, weight, eps, activation, form, num_tokens)
+    y = z.new_empty(z.shape, dtype=out_dtype)
+    norm_merge_triton(sources, indices, z, weight, y, eps=eps, activation=activation, form=form,
+                      rsqrt=rsqrt, num_tokens=num_tokens)
+    return y
+
+
+# --------------------------------------------------------------------------------------
+# Triton
+# --------------------------------------------------------------------------------------
+_TL_DTYPES = {}
+if triton is not None:
+    _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+
+    def _gated_norm_merge_body(
+        src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
+        z_ptr, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps,
+        ACT: tl.constexpr, FORM: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
+        HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        """Program p: row p of source 0 (p < n0) or p - n0 of source 1 -> its token's R rows."""
+        p = tl.program_id(0)
+        first = p < n0
+        i = tl.where(first, p, p - n0).to(tl.int64)
+        t0 = tl.load(idx0 + i, mask=first, other=0).to(tl.int64)
+        t1 = tl.load(idx1 + i, mask=(p >= n0) & (p < n0 + n1), other=0).to(tl.int64)
+        t = tl.where(first, t0, t1)
+        t = tl.where(t < 0, t + T, t)  # negative indices count from the end, as out[:, idx]
+        tl.device_assert((t >= 0) & (t < T), "gated_norm_merge: index out of range")
+        rr = tl.arange(0, BLOCK_R)[:, None]
+        dd = tl.arange(0, BLOCK_D)[None, :]
+        m = (rr < R) & (dd < D)
+        col = rr * D + dd
+        row = tl.where(first, src0 + i * src_stride0, src1 + i * src_stride1)
+        x = tl.load(row + col, mask=m, other=0.0).to(tl.float32)
+        var = tl.sum(x * x, axis=1)[:, None] / D + eps
+        if RSQRT:
+            r = tl.math.rsqrt(var)
+        else:
+            r = 1.0 / tl.sqrt_rn(var)
+        w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
+        zrow = t * R + rr
+        g = tl.load(z_ptr + zrow * z_stride_row + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
+        if ACT == "silu":
+            act = g / (1.0 + tl.exp(-g))
+        else:
+            act = tl.sigmoid(g)
+        if FORM == "fla":
+            y = x * r * w.to(tl.float32) * act
+        else:
+            n = (x * r).to(IN_DTYPE)
+            h = (w.to(tl.float32) * n.to(tl.float32)).to(HF_DTYPE)
+            y = h.to(tl.float32) * act
+        tl.store(y_ptr + zrow * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
+
+    _gated_norm_merge_kernel = triton.jit(_gated_norm_merge_body, do_not_specialize=["n0", "n1", "T"],
+                                          debug=True)
+
+
+def _rows(src: Tensor) -> tuple[Tensor, int]:
+    if src.stride(-1) != 1 and src.shape[-1] != 1:
+        src = src.contiguous()
+    return src, src.stride(0)
+
+
+def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation: str, form: str,
+                      rsqrt: bool, num_tokens: int, num_warps: int | None = None):
+    """One launch writing ``y`` (fresh, contiguous ``[T * R, D]``). No sync, no allocation."""
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("gated_norm_merge: the Triton kernel needs triton, which is not installed")
+    D = weight.shape[0]
+    R = z.shape[0] // max(num_tokens, 1)
+    srcs = [_rows(s) for s in sources]
+    n = [s.shape[0] for s in sources] + [0]
+    if n[0] + n[1] == 0:
+        return y
+    s1, st1 = srcs[1] if len(srcs) > 1 else srcs[0]
+    idx1 = indices[1] if len(indices) > 1 else indices[0]
+    block_r, block_d = triton.next_power_of_2(R), triton.next_power_of_2(D)
+    if num_warps is None:
+        num_warps = max(1, min(8, block_r * block_d // 512))
+    in_dtype = sources[0].dtype
+    extra = triton_launch_options() if y.is_cuda else {}
+    _gated_norm_merge_kernel[(n[0] + n[1],)](
+        srcs[0][0], s1, indices[0], idx1, n[0], n[1], srcs[0][1], st1,
+        z, z.stride(0), z.stride(1), weight, y, num_tokens, R, D, eps,
+        ACT=activation, FORM=form, RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
+        HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_R=block_r, BLOCK_D=block_d,
+        num_warps=num_warps, **extra,
+    )
+    return y

@@ -9,6 +9,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 import kda_inductor
 from kda_inductor.options import KdaOptions
 from kda_inductor.pass_manager import KdaPostGradPass, combine_with
+from kda_inductor.patterns.gdn_spec_split import GdnSpecSplit
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
 from kda_inductor.reference import gather_indexer_k, gather_indexer_k_loop, random_indexer_cache
 from tests.helpers import assert_bytes_equal, compile_and_run, fresh_compile
@@ -133,16 +134,19 @@ def test_strict_option_raises(inputs, monkeypatch):
 def test_uuid_tracks_options_and_is_stable():
     a, b = KdaPostGradPass(), KdaPostGradPass()
     c = KdaPostGradPass(KdaOptions.parse({"disable": ["indexer_k_gather"]}))
-    d = KdaPostGradPass(KdaOptions.parse({"enable": ["gdn_spec_split"]}))
+    d = KdaPostGradPass(KdaOptions.parse({"disable": ["gdn_spec_split"]}))
     assert isinstance(a, CustomGraphPass)
     assert a.uuid() == b.uuid() != c.uuid() != d.uuid() != a.uuid()
     assert len(a.uuid()) == 64
 
 
-def test_opt_in_rewrites_run_only_when_enabled():
+def test_opt_in_rewrites_run_only_when_enabled(monkeypatch):
+    monkeypatch.setattr(GdnSpecSplit, "default_enabled", False)  # no rewrite is opt-in today
     assert "gdn_spec_split" not in KdaOptions().enabled()
     assert "gdn_spec_split" in KdaOptions.parse({"enable": ["gdn_spec_split"]}).enabled()
     assert "indexer_k_gather" in KdaOptions().enabled()
+    monkeypatch.undo()
+    assert {"gdn_spec_split", "indexer_k_gather"} <= set(KdaOptions().enabled())
 
 
 class _Recorder(CustomGraphPass):

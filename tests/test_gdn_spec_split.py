@@ -1,4 +1,4 @@
-"""gdn_spec_split (opt-in until measured on a GPU): pattern, op and Triton kernel."""
+"""gdn_spec_split: pattern, op and Triton kernel."""
 
 from __future__ import annotations
 
@@ -16,8 +16,8 @@ from tests.helpers import device_params
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
 
-ON = {"kda": {"enable": ["gdn_spec_split"], "strict": True}}
-OFF = {"kda": {"strict": True}}
+ON = {"kda": {"strict": True}}
+OFF = {"kda": {"disable": ["gdn_spec_split"], "strict": True}}
 
 
 def _split(T, n_spec, device, seed=0):
@@ -57,11 +57,13 @@ def test_example_layers_one_launch_of_six(build):
     assert_close_to_eager(out_on, out_off)
 
 
-def test_off_by_default():
+def test_on_by_default_and_can_be_disabled():
     layer, args = G.build_gdn()
     with torch.no_grad():
-        _, c = _run(layer, *args, options=None)
-    assert c.matches["gdn_spec_split"] == 0
+        _, default = _run(layer, *args, options=None)
+        _, off = _run(layer, *args, options=OFF)
+    assert default.matches["gdn_spec_split"] == 1
+    assert off.matches["gdn_spec_split"] == 0
 
 
 # --------------------------------------------------------------------------- group sizes

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
 
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
-OPTS = {"kda": {"enable": ["gdn_spec_split"], "strict": True}}
+OPTS = {"kda": {"strict": True}}
 # mode="reduce-overhead" is this Inductor option; compile_for_test takes mode or options
 REDUCE_OVERHEAD = {"triton.cudagraphs": True, **OPTS}
 

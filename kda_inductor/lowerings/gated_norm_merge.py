@@ -45,11 +45,11 @@ def _check(sources, indices, z, weight, eps, activation, form, num_tokens):
         raise _err("activation", f"expected one of {ACTIVATIONS}, got {activation!r}")
     if form not in FORMS:
         raise _err("form", f"expected one of {FORMS}, got {form!r}")
-    if weight.dim() != 1:
-        raise _err("weight", f"expected a 1-D [D] tensor, got shape {tuple(weight.shape)}")
-    D = weight.shape[0]
-    if z.dim() != 2 or z.shape[1] != D:
-        raise _err("z", f"expected [T * R, {D}], got shape {tuple(z.shape)}")
+    if z.dim() != 2:
+        raise _err("z", f"expected [T * R, D], got shape {tuple(z.shape)}")
+    D = z.shape[1]
+    if weight.dim() != 1 or weight.shape[0] != D:
+        raise _err("weight", f"expected [D] = [{D}] (z's rows), got shape {tuple(weight.shape)}")
     if z.shape[0] % max(num_tokens, 1):
         raise _err("z", f"{z.shape[0]} rows is not a multiple of num_tokens = {num_tokens}")
     R = z.shape[0] // max(num_tokens, 1)

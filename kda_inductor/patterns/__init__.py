@@ -5,8 +5,9 @@ from __future__ import annotations
 from kda_inductor.patterns.base import Rewrite
 from kda_inductor.patterns.gdn_spec_split import GdnSpecSplit
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
+from kda_inductor.patterns.indexer_k_write import IndexerKWrite
 
-REWRITES: dict[str, type[Rewrite]] = {cls.name: cls for cls in (IndexerKGather, GdnSpecSplit)}
+REWRITES: dict[str, type[Rewrite]] = {cls.name: cls for cls in (IndexerKGather, IndexerKWrite, GdnSpecSplit)}
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 
 __all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite"]

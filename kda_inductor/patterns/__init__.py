@@ -1,4 +1,8 @@
-"""The registry: every rewrite, by its stable name, in the order the pass runs them."""
+"""The registry: every rewrite, by its stable name, in the order the pass runs them.
+
+``indexer_k_write`` runs before ``indexer_k_gather``: a gather that reads the cache after the
+write sees a plain view of the written cache only once the write is replaced.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from kda_inductor.patterns.gdn_spec_split import GdnSpecSplit
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
 from kda_inductor.patterns.indexer_k_write import IndexerKWrite
 
-REWRITES: dict[str, type[Rewrite]] = {cls.name: cls for cls in (IndexerKGather, IndexerKWrite, GdnSpecSplit)}
+REWRITES: dict[str, type[Rewrite]] = {cls.name: cls for cls in (IndexerKWrite, IndexerKGather, GdnSpecSplit)}
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 
 __all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite"]

@@ -192,3 +192,41 @@ def write_indexer_k_loop(k, kv_cache, slot_mapping, ue8m0: bool = False, weight=
         blk, off = divmod(s, bs)
         flat[blk, off * d : (off + 1) * d] = q[t]
         flat[blk, bs * d + off * sb : bs * d + (off + 1) * sb] = scale[t]
+
+
+def fp8_step(v: torch.Tensor) -> torch.Tensor:
+    """Spacing of the fp8 e4m3 grid at magnitude ``v`` (the subnormal spacing below 2**-6)."""
+    e = torch.floor(torch.log2(v.clamp(min=2.0**-6)))
+    return torch.pow(2.0, e - 3)
+
+
+def written_cache_mismatch(got, ref, slot_mapping, head_dim: int) -> str | None:
+    """How cache ``got`` differs from ``ref`` beyond what a different math order allows, or None.
+
+    Bytes outside the slots of ``slot_mapping`` (entries < 0 ignored) must be identical;
+    written values must agree within one fp8 step after dequantizing (plus 2**-7 relative,
+    for scales computed from inputs one bf16 ulp apart).
+    """
+    got, ref, slots = got.cpu(), ref.cpu(), slot_mapping.cpu()
+    nb, bs, row = got.shape
+    s = slots[slots >= 0].long()
+    blk, off = s // bs, s % bs
+    sb = row - head_dim
+    vcols = (off * head_dim)[:, None] + torch.arange(head_dim)
+    scols = (bs * head_dim + off * sb)[:, None] + torch.arange(sb)
+    gf, rf = got.reshape(nb, -1), ref.reshape(nb, -1)
+    mask = torch.zeros_like(gf, dtype=torch.bool)
+    mask[blk[:, None], vcols] = True
+    mask[blk[:, None], scols] = True
+    outside = int((gf[~mask] != rf[~mask]).sum())
+    if outside:
+        return f"{outside} bytes outside the written slots differ"
+    gs, rs = gf[blk[:, None], scols], rf[blk[:, None], scols]
+    a = dequantize_k(gf[blk[:, None], vcols], gs)
+    r = dequantize_k(rf[blk[:, None], vcols], rs)
+    sa = gs.view(torch.float32).repeat_interleave(QUANT_GROUP, 1)
+    sr = rs.view(torch.float32).repeat_interleave(QUANT_GROUP, 1)
+    big = torch.maximum(a.abs() / sa, r.abs() / sr)
+    tol = (fp8_step(big) + big * 2.0**-7) * torch.maximum(sa, sr)
+    bad = int(((a - r).abs() > tol).sum())
+    return f"{bad} written values differ by more than one fp8 step" if bad else None

@@ -12,18 +12,19 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch._inductor.utils import run_and_get_code
 
 from kda_inductor import pass_manager
 from kda_inductor.reference import (
     QUANT_GROUP,
     dequantize_k,
+    fp8_step,
     gather_indexer_k,
     layer_norm_k,
     quantize_k,
     write_indexer_k,
     write_indexer_k_loop,
+    written_cache_mismatch,
 )
 from tests.helpers import compile_and_run, fresh_compile
 
@@ -223,7 +224,7 @@ def test_round_trip_through_the_gather():
     x = layer_norm_k(k, w, b).float()
     got = dequantize_k(values, scales)
     s = scales.view(torch.float32).repeat_interleave(QUANT_GROUP, dim=1)
-    step = _fp8_step((x / s).abs()) * s  # the grid spacing around each value
+    step = fp8_step((x / s).abs()) * s  # the grid spacing around each value
     assert torch.all((got - x).abs() <= 0.5 * step + 1e-12)
 
 
@@ -288,38 +289,7 @@ def test_does_not_match(fn):
 # --------------------------------------------------------------------------- helpers
 
 
-def _fp8_step(v: torch.Tensor) -> torch.Tensor:
-    """Spacing of the fp8 e4m3 grid at magnitude ``v`` (subnormal spacing below 2**-6)."""
-    e = torch.floor(torch.log2(v.clamp(min=2.0**-6)))
-    return torch.pow(2.0, e - 3)
-
-
-def _written(cache, slots, head_dim):
-    """(value rows [N, D], scale rows [N, 4G], byte mask of the written slots) of ``cache``."""
-    nb, bs, row = cache.shape
-    flat = cache.view(nb, -1)
-    s = slots[slots >= 0].long()
-    blk, off = s // bs, s % bs
-    sb = row - head_dim
-    vcols = (off * head_dim)[:, None] + torch.arange(head_dim)
-    scols = (bs * head_dim + off * sb)[:, None] + torch.arange(sb)
-    mask = torch.zeros_like(flat, dtype=torch.bool)
-    mask[blk[:, None], vcols] = True
-    mask[blk[:, None], scols] = True
-    return flat[blk[:, None], vcols], flat[blk[:, None], scols], mask
-
-
 def _assert_cache_close(got, ref, slots, head_dim):
-    """Bytes outside the written slots identical; written values within one fp8 step after
-    dequantizing (scales may differ where the quantized inputs differ by a bf16 ulp)."""
-    gv, gs, mask = _written(got, slots, head_dim)
-    rv, rs, _ = _written(ref, slots, head_dim)
-    nb = got.shape[0]
-    assert torch.equal(got.view(nb, -1)[~mask], ref.view(nb, -1)[~mask]), "bytes outside the slots changed"
-    a, r = dequantize_k(gv, gs), dequantize_k(rv, rs)
-    sa = gs.view(torch.float32).repeat_interleave(QUANT_GROUP, 1)
-    sr = rs.view(torch.float32).repeat_interleave(QUANT_GROUP, 1)
-    big = torch.maximum(a.abs() / sa, r.abs() / sr)
-    tol = (_fp8_step(big) + big * 2.0**-7) * torch.maximum(sa, sr)
-    bad = (a - r).abs() > tol
-    assert not bad.any(), f"{int(bad.sum())} values differ by more than one fp8 step"
+    """Bytes outside the written slots identical; written values within one fp8 step."""
+    why = written_cache_mismatch(got, ref, slots, head_dim)
+    assert why is None, why

@@ -117,11 +117,27 @@ def _masked(k, cache, slots, ue8m0):
     write_indexer_k(k, cache, slots, ue8m0)
 
 
+def _view_masked(k, cache, slots, ue8m0):
+    """view[blk, off] = where(slot >= 0, new, old), slots not clamped (a -1 reads and writes
+    back the last block's last slot in eager)."""
+    nb, bs, row = cache.shape
+    t, d = k.shape
+    q, scale = quantize_k(k, ue8m0)
+    flat = cache.view(nb, -1)
+    vals = flat[:, : bs * d].view(nb, bs, d)
+    scs = flat[:, bs * d :].view(torch.float32).view(nb, bs, d // QUANT_GROUP)
+    valid = (slots >= 0)[:, None]
+    blk, off = slots // bs, slots % bs
+    vals[blk, off] = torch.where(valid, q.view(torch.uint8), vals[blk, off])
+    scs[blk, off] = torch.where(valid, scale, scs[blk, off])
+
+
 FORMS = {  # form -> (head_dim, block_size, padding tokens)
     _put: (512, 64, ()),
     _view_assign: (128, 64, ()),
     _index_copy: (512, 16, ()),
     _masked: (128, 16, (2, 7)),
+    _view_masked: (256, 64, (0, 10)),
 }
 
 

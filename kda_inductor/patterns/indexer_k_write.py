@@ -29,7 +29,8 @@ decision for V3.2: its rotary sits between the norm and the quantization, so the
 not fused there.
 
 Padding slots: if each write is masked as ``torch.where(slot_mapping >= 0, new, old)`` with
-``old`` read from the same addresses (the slot may then be clamped to 0 for the indexing:
+``old`` read from the same addresses (``index_put_`` and ``view[blk, off] =`` forms; a masked
+flat ``index_copy_`` is not recognized) (the slot may then be clamped to 0 for the indexing:
 ``slot_mapping.clamp(min=0)``), padding tokens write their old bytes back; the op skips them,
 which is the same wherever eager is well defined (no real token shares the clamped slot,
 as with vLLM's reserved block 0). Unmasked code is matched under the assumption this
@@ -258,7 +259,7 @@ def _read_quant(q: fx.Node) -> _Quant | str:
         return f"x is not float32 [T, G, {QUANT_GROUP}] (another group size)"
     scale, sviews = _through_views(sb)
     nodes = {q, q.args[0], inner, *sviews}
-    n, lo2 = q.args[0], None
+    n = q.args[0]
     while n is not inner:
         nodes.add(n)
         n = n.args[0]

@@ -180,7 +180,9 @@ if triton is not None:
         d = tl.arange(0, GROUPS_P2 * 128)
         dmask = d < HEAD_DIM
         m2 = valid[:, None] & dmask[None, :]
-        x = tl.load(k_ptr + t[:, None] * k_stride_t + d[None, :] * k_stride_d, mask=m2, other=0.0)
+        # k's load does not wait for the slots (masked by range only): one round trip, not two
+        x = tl.load(k_ptr + t[:, None] * k_stride_t + d[None, :] * k_stride_d,
+                    mask=in_range[:, None] & dmask[None, :], other=0.0)
         x = x.to(tl.float32)
         if NORM:
             mean = tl.sum(x, axis=1) / HEAD_DIM

@@ -6,7 +6,9 @@
 Prints what the backend did (rewrite matches, the post-grad graph before and after
 our pass), checks the compiled gather byte for byte against the eager per-request
 loop, and on a GPU times eager / stock torch.compile / kda_inductor by CUDA-graph
-replay (benchmarks/bench_indexer_k_gather.py is the full benchmark).
+replay (benchmarks/bench_indexer_k_gather.py is the full benchmark). Then compiles the
+DeepSeek-V3.2-style indexer block of ``examples/indexer_block.py`` (K write + gather in one
+model) and reports both rewrites.
 """
 
 from __future__ import annotations
@@ -97,6 +99,15 @@ def main() -> None:
         print("\nCUDA-graph replay medians:")
         for name, us in times.items():
             print(f"  {name:<20} {us:8.1f} us")
+
+    print("\n=== the indexer block: K write (indexer_k_write) + prefill gather (indexer_k_gather) ===")
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import indexer_block
+
+    indexer_block.demo(small=args.small or not on_gpu)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,12 @@ import torch
 
 QUANT_GROUP = 128
 """Values per float32 scale."""
+FP8_MAX = 448.0
+"""Largest finite fp8 e4m3 value: quantized values saturate at +-FP8_MAX."""
+SCALE_MIN = 1e-4
+"""Group absmax floor before dividing by FP8_MAX (so all-zero groups get a finite scale)."""
+NORM_EPS = 1e-6
+"""DeepSeek-V3.2 indexer ``k_norm`` LayerNorm eps."""
 
 
 def scale_bytes(head_dim: int) -> int:
@@ -115,3 +121,112 @@ def random_indexer_cache(seq_lens, block_size=64, head_dim=128, *, extra_blocks=
     cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
     cu[1:] = torch.cumsum(torch.tensor(seq_lens, dtype=torch.int64), 0)
     return cache.to(device), table.to(device), cu.to(device), int(cu[-1])
+
+
+# --------------------------------------------------------------------------- indexer_k_write
+
+
+def layer_norm_k(k, weight, bias, eps: float = NORM_EPS):
+    """DeepSeek-V3.2's indexer ``k_norm``: LayerNorm in float32 (float32 weight and bias),
+    cast back to ``k``'s dtype."""
+    return torch.nn.functional.layer_norm(k.float(), (k.shape[-1],), weight, bias, eps).to(k.dtype)
+
+
+def quantize_k(k, ue8m0: bool = False):
+    """fp8 e4m3 quantization per group of 128 values -> ``(values fp8 [T, D], scales f32 [T, G])``.
+
+    ``scale = max(amax, 1e-4) / 448``, with ``ue8m0`` rounded up to a power of two as
+    ``2 ** ceil(log2(scale))`` (float32 ``log2``: where it rounds to an integer just above a
+    power of two, the scale stays that power of two); ``q = fp8(clamp(x / scale, +-448))``.
+    """
+    t, d = k.shape
+    x = k.float().view(t, d // QUANT_GROUP, QUANT_GROUP)
+    amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_MIN)
+    scale = amax / FP8_MAX
+    if ue8m0:
+        scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
+    q = (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    return q.view(t, d), scale.view(t, d // QUANT_GROUP)
+
+
+def write_indexer_k(k, kv_cache, slot_mapping, ue8m0: bool = False, weight=None, bias=None,
+                    eps: float = NORM_EPS):
+    """Optional LayerNorm, fp8 quantization, and the store into the blocked cache, in place:
+    the form ``indexer_k_write`` matches (``index_put_`` into a flat view).
+
+    Token ``t`` goes to slot ``s = slot_mapping[t]`` (block ``s // block_size``, offset
+    ``s % block_size``); slots < 0 are padding: masked out (their bytes are written back
+    unchanged), so they never touch the cache.
+    """
+    if weight is not None:
+        k = layer_norm_k(k, weight, bias, eps)
+    nb, bs, row = kv_cache.shape
+    t, d = k.shape
+    sb = row - d
+    q, scale = quantize_k(k, ue8m0)
+    valid = (slot_mapping >= 0)[:, None]
+    slot = slot_mapping.clamp(min=0)
+    blk, off = (slot // bs)[:, None], slot % bs
+    flat = kv_cache.view(nb, -1)
+    cols = off[:, None] * d + torch.arange(d, device=k.device)
+    flat[blk, cols] = torch.where(valid, q.view(torch.uint8), flat[blk, cols])
+    scols = bs * d + off[:, None] * sb + torch.arange(sb, device=k.device)
+    flat[blk, scols] = torch.where(valid, scale.view(torch.uint8), flat[blk, scols])
+
+
+def write_indexer_k_loop(k, kv_cache, slot_mapping, ue8m0: bool = False, weight=None, bias=None,
+                         eps: float = NORM_EPS):
+    """Token by token, bytes by hand (host syncs): the specification the others are checked
+    against. Slots < 0 are skipped."""
+    if weight is not None:
+        k = layer_norm_k(k, weight, bias, eps)
+    nb, bs, row = kv_cache.shape
+    d = k.shape[1]
+    sb = row - d
+    q, scale = quantize_k(k, ue8m0)
+    q, scale = q.view(torch.uint8), scale.contiguous().view(torch.uint8)
+    flat = kv_cache.view(nb, bs * row)
+    for t, s in enumerate(slot_mapping.tolist()):
+        if s < 0:
+            continue
+        blk, off = divmod(s, bs)
+        flat[blk, off * d : (off + 1) * d] = q[t]
+        flat[blk, bs * d + off * sb : bs * d + (off + 1) * sb] = scale[t]
+
+
+def fp8_step(v: torch.Tensor) -> torch.Tensor:
+    """Spacing of the fp8 e4m3 grid at magnitude ``v`` (the subnormal spacing below 2**-6)."""
+    e = torch.floor(torch.log2(v.clamp(min=2.0**-6)))
+    return torch.pow(2.0, e - 3)
+
+
+def written_cache_mismatch(got, ref, slot_mapping, head_dim: int) -> str | None:
+    """How cache ``got`` differs from ``ref`` beyond what a different math order allows, or None.
+
+    Bytes outside the slots of ``slot_mapping`` (entries < 0 ignored) must be identical;
+    written values must agree within one fp8 step after dequantizing (plus 2**-7 relative,
+    for scales computed from inputs one bf16 ulp apart).
+    """
+    got, ref, slots = got.cpu(), ref.cpu(), slot_mapping.cpu()
+    nb, bs, row = got.shape
+    s = slots[slots >= 0].long()
+    blk, off = s // bs, s % bs
+    sb = row - head_dim
+    vcols = (off * head_dim)[:, None] + torch.arange(head_dim)
+    scols = (bs * head_dim + off * sb)[:, None] + torch.arange(sb)
+    gf, rf = got.reshape(nb, -1), ref.reshape(nb, -1)
+    mask = torch.zeros_like(gf, dtype=torch.bool)
+    mask[blk[:, None], vcols] = True
+    mask[blk[:, None], scols] = True
+    outside = int((gf[~mask] != rf[~mask]).sum())
+    if outside:
+        return f"{outside} bytes outside the written slots differ"
+    gs, rs = gf[blk[:, None], scols], rf[blk[:, None], scols]
+    a = dequantize_k(gf[blk[:, None], vcols], gs)
+    r = dequantize_k(rf[blk[:, None], vcols], rs)
+    sa = gs.view(torch.float32).repeat_interleave(QUANT_GROUP, 1)
+    sr = rs.view(torch.float32).repeat_interleave(QUANT_GROUP, 1)
+    big = torch.maximum(a.abs() / sa, r.abs() / sr)
+    tol = (fp8_step(big) + big * 2.0**-7) * torch.maximum(sa, sr)
+    bad = int(((a - r).abs() > tol).sum())
+    return f"{bad} written values differ by more than one fp8 step" if bad else None

@@ -72,7 +72,7 @@ def test_disable_option(inputs):
 @pytest.mark.parametrize(
     "kda, message",
     [
-        ({"disable": ["no_such_rewrite"]}, r"valid names are \['indexer_k_gather'"),
+        ({"disable": ["no_such_rewrite"]}, r"valid names are \['indexer_k_write', 'indexer_k_gather'"),
         ({"disabled": []}, r"valid options are \['disable', 'enable', 'strict'\]"),
         ({"disable": "indexer_k_gather"}, r"must be a list of rewrite names"),
         ({"enable": ["nope"]}, r"unknown rewrite name\(s\) \['nope'\] in options\['kda'\]\['enable'\]"),

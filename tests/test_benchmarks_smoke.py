@@ -32,3 +32,12 @@ def test_gdn_spec_split_smoke(capsys):
     assert [r["T"] for r in rows] == [24]
     assert all(r["kda_us"] > 0 and r["layer_kda_us"] > 0 for r in rows)
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+def test_indexer_k_write_smoke(capsys):
+    """Eager, stock compile and kda_inductor write the same cache on CPU (timings meaningless)."""
+    bench = _load("bench_indexer_k_write")
+    rows = bench.main(["--smoke", "--cases", "64", "--reps", "1"])
+    assert [r["T"] for r in rows] == [64]
+    assert all(r["kda_us"] is not None and r["eager_us"] is not None for r in rows)
+    assert "NOT meaningful" in capsys.readouterr().out

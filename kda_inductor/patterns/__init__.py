@@ -1,4 +1,8 @@
-"""The registry: every rewrite, by its stable name, in the order the pass runs them."""
+"""The registry: every rewrite, by its stable name, in the order the pass runs them.
+
+``indexer_k_write`` runs before ``indexer_k_gather``: a gather that reads the cache after the
+write sees a plain view of the written cache only once the write is replaced.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,11 @@ from kda_inductor.patterns.base import Rewrite
 from kda_inductor.patterns.gated_norm_merge import GatedNormMerge
 from kda_inductor.patterns.gdn_spec_split import GdnSpecSplit
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
+from kda_inductor.patterns.indexer_k_write import IndexerKWrite
 
-REWRITES: dict[str, type[Rewrite]] = {cls.name: cls for cls in (IndexerKGather, GdnSpecSplit, GatedNormMerge)}
+REWRITES: dict[str, type[Rewrite]] = {
+    cls.name: cls for cls in (IndexerKWrite, IndexerKGather, GdnSpecSplit, GatedNormMerge)
+}
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 
 __all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite"]

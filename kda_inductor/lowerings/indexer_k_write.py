@@ -1,0 +1,311 @@
+"""``kda::indexer_k_write``: LayerNorm + fp8 quantization + paged-cache write, in place.
+
+For each token ``t`` of ``k [T, D]`` with ``s = slot_mapping[t] >= 0`` (slots < 0 are padding
+and skipped):
+
+* optional LayerNorm (``weight``/``bias`` float32 ``[D]``, computed in float32 and cast back
+  to ``k``'s dtype, as DeepSeek-V3.2's indexer ``k_norm``);
+* per group of 128 values: ``scale = max(amax(|x|), 1e-4) / 448``, with ``ue8m0`` rounded up
+  to a power of two exactly as ``2 ** ceil(log2(scale))`` computes it in float32;
+  ``q = fp8_e4m3(clamp(x / scale, -448, 448))``;
+* the ``D`` value bytes go to block ``s // block_size`` at byte ``(s % block_size) * D`` and
+  the ``G = D // 128`` float32 scales (little-endian) at ``block_size * D + (s % block_size)
+  * 4G``: the blocked layout of ``shared/reference.md`` that ``kda::indexer_k_gather`` reads.
+
+``kv_cache`` is uint8 ``[num_blocks, block_size, D + 4G]``, each block contiguous (the block
+stride is free). Nothing outside the written slots changes. Two tokens with one slot: one of
+them wins (which one is unspecified, as with ``index_put_``).
+
+All arguments are validated (dtypes, shapes, devices) before anything is written, so a
+rejected call leaves the cache untouched. The CPU kernel is plain torch with the reference
+math (bit-identical to :func:`kda_inductor.reference.write_indexer_k`) and also checks slot
+values (``slot < num_blocks * block_size``). The CUDA kernel is the Triton launcher
+:func:`write_triton`: sync-free, CUDA-graph safe; out-of-range slots are skipped.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from kda_inductor.lowerings import arg_error as _err
+from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN, layer_norm_k, quantize_k
+
+try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+    tl = None
+
+__all__ = ["indexer_k_write", "write_triton"]
+
+_K_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_INDEX_DTYPES = (torch.int32, torch.int64)
+
+
+# --------------------------------------------------------------------------------------
+# validation (shared by the op, its fake impl and the launcher)
+# --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Meta:
+    num_tokens: int
+    num_blocks: int
+    block_size: int
+    head_dim: int
+    groups: int
+
+
+def _check_tensor(x, arg: str) -> None:
+    if not isinstance(x, Tensor):
+        raise _err(arg, f"expected a Tensor, got {type(x).__name__}", TypeError)
+
+
+def _check(kv_cache, k, slot_mapping, weight, bias, eps) -> _Meta:
+    """Sync-free checks of everything but slot values; returns the geometry."""
+    for x, arg in ((kv_cache, "kv_cache"), (k, "k"), (slot_mapping, "slot_mapping")):
+        _check_tensor(x, arg)
+    if k.dim() != 2 or k.dtype not in _K_DTYPES:
+        raise _err("k", f"expected a 2-D bfloat16/float16/float32 tensor, got {k.dim()}-D {k.dtype}")
+    num_tokens, head_dim = k.shape
+    if isinstance(head_dim, int) and (head_dim <= 0 or head_dim % QUANT_GROUP):
+        raise _err("k", f"head_dim (k.shape[1]) must be a positive multiple of {QUANT_GROUP}, got {head_dim}")
+    groups = head_dim // QUANT_GROUP
+    if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3:
+        raise _err("kv_cache", f"expected a 3-D uint8 tensor, got {kv_cache.dim()}-D {kv_cache.dtype}")
+    num_blocks, block_size, row = kv_cache.shape
+    if row != head_dim + 4 * groups:
+        raise _err(
+            "kv_cache",
+            f"expected last dim head_dim + 4 * (head_dim // {QUANT_GROUP}) = {head_dim + 4 * groups} "
+            f"for head_dim {head_dim}, got {row}",
+        )
+    if (kv_cache.stride(2) != 1 and row > 1) or (kv_cache.stride(1) != row and block_size > 1):
+        raise _err(
+            "kv_cache",
+            f"each block must be contiguous (strides (*, {row}, 1)), got strides {tuple(kv_cache.stride())}",
+        )
+    if slot_mapping.dim() != 1 or slot_mapping.dtype not in _INDEX_DTYPES:
+        raise _err(
+            "slot_mapping",
+            f"expected a 1-D int32/int64 tensor, got {slot_mapping.dim()}-D {slot_mapping.dtype}",
+        )
+    if slot_mapping.shape[0] != num_tokens:
+        raise _err("slot_mapping", f"expected {num_tokens} entries (k.shape[0]), got {slot_mapping.shape[0]}")
+    if (weight is None) != (bias is None):
+        raise _err("weight" if weight is None else "bias", "weight and bias come together (both or neither)")
+    for x, arg in ((weight, "weight"), (bias, "bias")):
+        if x is None:
+            continue
+        _check_tensor(x, arg)
+        if x.dim() != 1 or x.dtype != torch.float32 or x.shape[0] != head_dim:
+            raise _err(arg, f"expected a float32 tensor [{head_dim}], got {x.dtype}{list(x.shape)}")
+    if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
+        raise _err("eps", f"expected a finite float >= 0, got {eps!r}")
+    for x, arg in ((k, "k"), (slot_mapping, "slot_mapping"), (weight, "weight"), (bias, "bias")):
+        if x is not None and x.device != kv_cache.device:
+            raise _err(arg, f"expected device {kv_cache.device} (kv_cache's), got {x.device}")
+    return _Meta(num_tokens, num_blocks, block_size, head_dim, groups)
+
+
+def _cache_bytes(kv_cache: Tensor) -> Tensor:
+    """``kv_cache`` -> uint8 ``[num_blocks, block_size * row]`` view (blocks are contiguous)."""
+    nb, bs, row = kv_cache.shape
+    return kv_cache.as_strided((nb, bs * row), (kv_cache.stride(0), 1))
+
+
+# --------------------------------------------------------------------------------------
+# Triton kernel and launcher
+# --------------------------------------------------------------------------------------
+if triton is not None:
+    _FP8_MAX = tl.constexpr(FP8_MAX)
+    _SCALE_MIN = tl.constexpr(SCALE_MIN)
+
+    @triton.jit
+    def _ceil_pow2(scale):
+        """``2 ** ceil(log2(scale))`` with float32 ``log2`` correctly rounded, as torch computes
+        it, from the bits alone (positive normal ``scale``): ``ceil`` gives ``k + 1`` for
+        ``scale = 2**k * (1 + m)``, ``m > 0``, unless ``k + log2(1 + m)`` rounds to ``k`` in
+        float32, i.e. ``log2(1 + m)`` (about ``m / ln 2``) is below half the float32 gap
+        above ``k``: ``mantissa < ln2 * 2**n`` with ``n = floor(log2 |k|) - 1`` (one less for
+        negative powers of two, where the gap above ``k`` is the finer one below ``|k|``)."""
+        bits = scale.to(tl.int32, bitcast=True)
+        k = ((bits >> 23) & 0xFF) - 127
+        mant = bits & 0x7FFFFF
+        a = tl.maximum(tl.abs(k), 1)
+        fl = ((a.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+        pow2 = (a & (a - 1)) == 0
+        n = fl - 1 - ((k < 0) & pow2).to(tl.int32)
+        thr = (((n + 127) << 23).to(tl.float32, bitcast=True)) * 0.6931471805599453
+        stays = (mant == 0) | ((mant.to(tl.float32) < thr) & (k != 0))
+        e = tl.where(stays, k, k + 1)
+        return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _e4m3_bits(q):
+        """float32 ``q`` with ``|q| <= 448`` -> fp8 e4m3fn bits (uint8), round to nearest even,
+        by integer arithmetic: exact on every backend (the Triton interpreter's own fp8 cast
+        halves some values next to a power of two) and the same as torch's cast."""
+        bits = q.to(tl.int32, bitcast=True)
+        sign = (bits >> 24) & 0x80
+        a = bits & 0x7FFFFFFF
+        e32 = a >> 23
+        # normal fp8 (|q| >= 2**-6): keep 3 mantissa bits, the carry may bump the exponent
+        normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
+        # subnormal fp8: round(|q| * 2**9) to an integer (8 becomes the smallest normal)
+        mant = (a & 0x7FFFFF) | 0x800000
+        s = tl.minimum(141 - e32, 31)
+        one = tl.full(s.shape, 1, tl.int32)
+        sub = (mant + ((one << (s - 1)) - 1) + ((mant >> s) & 1)) >> s
+        sub = tl.where(e32 == 0, 0, sub)
+        enc = tl.minimum(tl.where(e32 >= 121, normal, sub), 0x7E)
+        return (enc | sign).to(tl.uint8)
+
+    @triton.jit(do_not_specialize=["num_tokens", "num_slots", "eps"])
+    def _write_kernel(
+        kv_ptr, k_ptr, slot_ptr, w_ptr, b_ptr,
+        num_tokens, num_slots, k_stride_t, k_stride_d, kv_block_stride, eps,
+        BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUPS: tl.constexpr,
+        GROUPS_P2: tl.constexpr, BLOCK_T: tl.constexpr, NORM: tl.constexpr, UE8M0: tl.constexpr,
+        K_BF16: tl.constexpr,
+    ):
+        """Program p normalizes, quantizes and stores tokens [p * BLOCK_T, +BLOCK_T)."""
+        t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+        in_range = t < num_tokens
+        slot = tl.load(slot_ptr + t, mask=in_range, other=-1).to(tl.int64)
+        valid = in_range & (slot >= 0) & (slot < num_slots)
+        d = tl.arange(0, GROUPS_P2 * 128)
+        dmask = d < HEAD_DIM
+        m2 = valid[:, None] & dmask[None, :]
+        # k's load does not wait for the slots (masked by range only): one round trip, not two
+        x = tl.load(k_ptr + t[:, None] * k_stride_t + d[None, :] * k_stride_d,
+                    mask=in_range[:, None] & dmask[None, :], other=0.0)
+        x = x.to(tl.float32)
+        if NORM:
+            mean = tl.sum(x, axis=1) / HEAD_DIM
+            xc = tl.where(dmask[None, :], x - mean[:, None], 0.0)
+            var = tl.sum(xc * xc, axis=1) / HEAD_DIM
+            rstd = 1.0 / tl.sqrt_rn(var + eps)
+            w = tl.load(w_ptr + d, mask=dmask, other=0.0)
+            b = tl.load(b_ptr + d, mask=dmask, other=0.0)
+            y = xc * rstd[:, None] * w[None, :] + b[None, :]
+            if K_BF16:  # to bfloat16, nearest even, by hand (the interpreter's cast truncates)
+                yb = y.to(tl.int32, bitcast=True)
+                yb = (yb + 0x7FFF + ((yb >> 16) & 1)) & -65536
+                x = yb.to(tl.float32, bitcast=True)
+            else:  # LayerNorm's output dtype is k's
+                x = y.to(k_ptr.dtype.element_ty).to(tl.float32)
+        xg = tl.reshape(x, [BLOCK_T, GROUPS_P2, 128])
+        amax = tl.maximum(tl.max(tl.abs(xg), axis=2), _SCALE_MIN)
+        scale = tl.math.div_rn(amax, tl.full(amax.shape, _FP8_MAX, tl.float32))
+        if UE8M0:
+            scale = _ceil_pow2(scale)
+        q = tl.math.div_rn(xg, tl.broadcast_to(scale[:, :, None], [BLOCK_T, GROUPS_P2, 128]))
+        q = tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX)
+        q = _e4m3_bits(tl.reshape(q, [BLOCK_T, GROUPS_P2 * 128]))
+        off = slot % BLOCK_SIZE
+        base = (slot // BLOCK_SIZE) * kv_block_stride  # int64: caches can exceed 2**31 bytes
+        tl.store(kv_ptr + (base + off * HEAD_DIM)[:, None] + d[None, :], q, mask=m2)
+        # the float32 scales as 4 little-endian bytes each: no alignment needed
+        sbits = tl.reshape(
+            tl.broadcast_to(scale.to(tl.int32, bitcast=True)[:, :, None], [BLOCK_T, GROUPS_P2, 4]),
+            [BLOCK_T, GROUPS_P2 * 4],
+        )
+        j = tl.arange(0, GROUPS_P2 * 4)
+        sbytes = ((sbits >> (8 * (j % 4))[None, :]) & 0xFF).to(tl.uint8)
+        s_addr = (base + BLOCK_SIZE * HEAD_DIM + off * (4 * GROUPS))[:, None] + j[None, :]
+        tl.store(kv_ptr + s_addr, sbytes, mask=valid[:, None] & (j < 4 * GROUPS)[None, :])
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def default_block_t(head_dim: int) -> int:
+    """Tokens per program: about 1024 values (8 tokens of 128, 2 of 512). Not tuned on a GPU yet."""
+    return max(1, 1024 // _next_pow2(head_dim))
+
+
+def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
+            block_t: int | None = None, num_warps: int | None = None) -> None:
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("indexer_k_write: the Triton kernel needs triton, which is not installed")
+    if meta.num_tokens == 0 or meta.num_blocks == 0:
+        return
+    kv = _cache_bytes(kv_cache)
+    block_t = block_t or default_block_t(meta.head_dim)
+    groups_p2 = _next_pow2(meta.groups)
+    if num_warps is None:
+        num_warps = max(1, min(8, block_t * groups_p2 * 128 // 256))
+    norm = weight is not None
+    _write_kernel[(triton.cdiv(meta.num_tokens, block_t),)](
+        kv, k, slot_mapping, weight if norm else k, bias if norm else k,
+        meta.num_tokens, meta.num_blocks * meta.block_size, k.stride(0), k.stride(1),
+        kv.stride(0), float(eps),
+        BLOCK_SIZE=meta.block_size, HEAD_DIM=meta.head_dim, GROUPS=meta.groups,
+        GROUPS_P2=groups_p2, BLOCK_T=block_t, NORM=norm, UE8M0=bool(ue8m0),
+        K_BF16=k.dtype == torch.bfloat16, num_warps=num_warps,
+    )
+
+
+def write_triton(kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tensor | None = None,
+                 bias: Tensor | None = None, eps: float = 1e-6, ue8m0: bool = False, *,
+                 block_t: int | None = None, num_warps: int | None = None) -> None:
+    """The Triton kernel on validated metadata (slot values are not checked: slots < 0 or
+    past the cache are skipped). No host sync, no allocation: safe under CUDA-graph capture."""
+    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
+    if block_t is not None and not (block_t > 0 and block_t & (block_t - 1) == 0):
+        raise _err("block_t", f"expected a positive power of two, got {block_t}")
+    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, block_t, num_warps)
+
+
+# --------------------------------------------------------------------------------------
+# custom op
+# --------------------------------------------------------------------------------------
+def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta) -> None:
+    slots = slot_mapping.to(torch.int64)
+    total = meta.num_blocks * meta.block_size
+    bad = torch.nonzero(slots >= total)
+    if bad.numel():  # checked before anything is written
+        t = int(bad[0, 0])
+        raise _err(
+            "slot_mapping",
+            f"slot {int(slots[t])} (token {t}) out of range for {meta.num_blocks} blocks of "
+            f"{meta.block_size}",
+            IndexError,
+        )
+    if weight is not None:
+        k = layer_norm_k(k, weight, bias, eps)
+    q, scale = quantize_k(k, ue8m0)
+    keep = torch.nonzero(slots >= 0).flatten()
+    blk, off = slots[keep] // meta.block_size, slots[keep] % meta.block_size
+    flat = _cache_bytes(kv_cache)
+    bs, hd = meta.block_size, meta.head_dim
+    vals = flat[:, : bs * hd].unflatten(1, (bs, hd))
+    scs = flat[:, bs * hd :].unflatten(1, (bs, 4 * meta.groups))
+    vals[blk, off] = q.view(torch.uint8)[keep]
+    scs[blk, off] = scale.contiguous().view(torch.uint8)[keep]
+
+
+@torch.library.custom_op("kda::indexer_k_write", mutates_args=("kv_cache",), device_types="cpu")
+def indexer_k_write(
+    kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tensor | None, bias: Tensor | None,
+    eps: float, ue8m0: bool,
+) -> None:
+    """Normalize (if ``weight``), quantize and store ``k`` at ``slot_mapping`` in ``kv_cache``."""
+    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
+    _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta)
+
+
+@indexer_k_write.register_kernel("cuda")
+def _indexer_k_write_cuda(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0):
+    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
+    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta)
+
+
+@indexer_k_write.register_fake
+def _indexer_k_write_fake(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0):
+    _check(kv_cache, k, slot_mapping, weight, bias, eps)

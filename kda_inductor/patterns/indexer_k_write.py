@@ -1,0 +1,608 @@
+"""``indexer_k_write``: DeepSeek-V3.2's indexer K write (norm + fp8 quant + paged store) -> one op.
+
+What it finds (post-grad graph, which is functional): a graph-input cache ``kv_cache`` uint8
+``[num_blocks, block_size, D + 4G]`` that is written by exactly two functional writes
+(``aten.index_put``, possibly inside ``slice_scatter``, as ``index_put_``, ``index_copy_`` and
+``view[blk, off] = ...`` into views of the cache become) and copied back with ``copy_``:
+
+* one storing the fp8 values ``q = fp8_e4m3(clamp(x / scale, -448, 448))`` of
+  ``x = k.float().view(T, G, 128)`` (any 1-byte view of them) at bytes
+  ``blk * block_bytes + off * D + j``;
+* one storing the float32 scales (as float32 or as their bytes) at
+  ``blk * block_bytes + block_size * D + off * 4G + 4g (+ byte)``;
+
+with ``blk = slot // block_size``, ``off = slot % block_size`` for ``slot = slot_mapping[t]``,
+and ``scale = max(amax(|x|), 1e-4) / 448`` (plain), or that rounded up to a power of two as
+``2 ** ceil(log2(scale))`` / ``exp2(ceil(log2(scale)))`` ("ue8m0"). Byte addresses are
+derived from the views' strides and read symbolically (``_index_algebra``), so the three
+spellings, int32/int64, ``%`` or ``slot - blk * bs`` all match, while another layout (the
+per-token interleaved one), block size, group size or scale formula (another floor, another
+divisor, ``* (1 / 448)``, no saturation) does not.
+
+LayerNorm: when ``k`` is ``F.layer_norm(k0.float(), (D,), weight, bias, eps).to(k0.dtype)``
+(post-grad: ``var_mean``, ``rsqrt``, ``* weight + bias``) and nothing else reads the
+normalized ``k``, the norm is fused too. When something sits between the norm and the
+quantization (DeepSeek-V3.2 applies rotary to the first 64 dims there) or the normalized
+``k`` is read elsewhere, only quant + write are replaced (vLLM's
+``indexer_k_quant_and_cache``) and the norm and rotary stay with Inductor. That is the
+decision for V3.2: its rotary sits between the norm and the quantization, so the norm is
+not fused there.
+
+Padding slots: if each write is masked as ``torch.where(slot_mapping >= 0, new, old)`` with
+``old`` read from the same addresses (``index_put_`` and ``view[blk, off] =`` forms; a masked
+flat ``index_copy_`` is not recognized) (the slot may then be clamped to 0 for the indexing:
+``slot_mapping.clamp(min=0)``), padding tokens write their old bytes back; the op skips them,
+which is the same wherever eager is well defined (no real token shares the clamped slot,
+as with vLLM's reserved block 0). Unmasked code is matched under the assumption this
+project's index algebra makes throughout: slots are in range and non-negative (eager would
+wrap a negative slot around; the op skips it). Clamped but unmasked code is not matched.
+
+Replacement: ``auto_functionalized(kda.indexer_k_write, kv_cache=<input>, ...)``, whose new
+cache feeds the user's ``copy_`` (and every reader of the written cache); Inductor
+re-inplaces it, so the op writes the cache buffer itself: no clone, no copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import sympy
+import torch
+import torch.fx as fx
+
+from kda_inductor.lowerings import indexer_k_write as _lowering  # registers the op
+from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, Table, known, same
+from kda_inductor.patterns.base import (
+    Match,
+    Rewrite,
+    aten,
+    erase_dead,
+    is_op,
+    positions,
+    prims,
+    set_fake_vals,
+    val,
+)
+from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN
+
+_T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
+_VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
+_VALUE_VIEWS = (*_VIEWS, aten.unsqueeze, aten.squeeze)
+_CASTS = (prims.convert_element_type, aten._to_copy)
+
+
+# --------------------------------------------------------------------------- cache versions
+
+
+@dataclasses.dataclass(frozen=True)
+class _Write:
+    node: fx.Node  # aten.index_put
+    layout: torch.Tensor  # meta tensor: the base's view of the cache bytes
+    version: int  # writes before this one
+
+
+@dataclasses.dataclass
+class _State:
+    """A tensor of the cache's write chain: the cache after ``writes``, seen through
+    ``layout`` (a meta tensor viewing a byte buffer laid out as the cache)."""
+
+    writes: tuple[_Write, ...]
+    layout: torch.Tensor
+
+
+def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (a.dtype == b.dtype and tuple(a.shape) == tuple(b.shape)
+            and tuple(a.stride()) == tuple(b.stride()) and a.storage_offset() == b.storage_offset())
+
+
+class _Chain:
+    """Reads the functional write chain of one graph-input cache."""
+
+    def __init__(self, cache: fx.Node):
+        cv = val(cache)
+        self.cache = cache
+        self.root = torch.empty_strided(tuple(cv.shape), tuple(cv.stride()), dtype=torch.uint8, device="meta")
+        self.memo: dict[fx.Node, _State | None] = {}
+
+    def state(self, n: Any) -> _State | None:
+        if not isinstance(n, fx.Node):
+            return None
+        if n not in self.memo:
+            self.memo[n] = None  # cycles cannot happen; this also bounds the recursion
+            try:
+                self.memo[n] = self._state(n)
+            except Exception:  # noqa: BLE001 - a view meta tensors reject: not ours
+                self.memo[n] = None
+        return self.memo[n]
+
+    def _state(self, n: fx.Node) -> _State | None:
+        if n is self.cache:
+            return _State((), self.root)
+        a = n.args
+        if not a or not all(isinstance(x, int) for x in _flat_ints(a[1:])):
+            return None
+        if is_op(n, *_VIEWS) and n.target is not aten.view.dtype:
+            s = self.state(a[0])
+            if s is None:
+                return None
+            r = s.layout.reshape(list(a[1]))
+            return _State(s.writes, r) if r._is_view() else None
+        if n.target is aten.view.dtype:
+            s = self.state(a[0])
+            return None if s is None else _State(s.writes, s.layout.view(a[1]))
+        if is_op(n, aten.slice):
+            s = self.state(a[0])
+            if s is None:
+                return None
+            return _State(s.writes, aten.slice.Tensor(s.layout, *a[1:]))
+        if n.target is aten.index_put.default and not (len(a) > 3 and a[3]):
+            s = self.state(a[0])
+            if s is None:
+                return None
+            return _State(s.writes + (_Write(n, s.layout, len(s.writes)),), s.layout)
+        if n.target is aten.slice_scatter.default:
+            base, src = self.state(a[0]), self.state(a[1])
+            if base is None or src is None or src.writes[: len(base.writes)] != base.writes:
+                return None
+            if not _same_layout(src.layout, aten.slice.Tensor(base.layout, *a[2:])):
+                return None
+            return _State(src.writes, base.layout)
+        return None
+
+
+def _flat_ints(args) -> list:
+    """The non-node, non-dtype leaves of ``args`` (shapes, dims, bounds): must be ints."""
+    out = []
+    for x in args:
+        if isinstance(x, (list, tuple)):
+            out.extend(_flat_ints(x))
+        elif not isinstance(x, (fx.Node, torch.dtype)):
+            out.append(x)
+    return out
+
+
+# --------------------------------------------------------------------------- slot algebra
+
+
+class _SlotAlgebra(IndexAlgebra):
+    """``IndexAlgebra`` where 1-D integer tensors of ``num_tokens`` entries are per-token
+    sequences ``seq_<node>(tok)`` along one token axis, and ``clamp(min=0)`` of a sequence
+    is the sequence (remembered in ``clamped``: only sound where the writes are masked)."""
+
+    def __init__(self, num_tokens: Any):
+        super().__init__()
+        self.num_tokens = num_tokens
+        self.tok = sympy.Symbol("tok", integer=True, nonnegative=True)
+        self.axis_len[self.tok] = num_tokens
+        self.sequences: set[fx.Node] = set()
+        self.clamped = False
+
+    def seq_fn(self, node: fx.Node):
+        return self._fn("seq", node)
+
+    def _interpret(self, n: fx.Node):
+        v = val(n)
+        if is_op(n, aten.clamp_min, aten.clamp) and isinstance(v, torch.Tensor):
+            lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
+            hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
+            x = self.interpret(n.args[0])
+            if lo == 0 and hi is None and isinstance(x, Sym) and x.expr.func.__name__.startswith("seq_"):
+                self.clamped = True
+                return x
+            return None
+        out = super()._interpret(n)
+        if (
+            isinstance(out, Table) and out.offset == 0 and isinstance(v, torch.Tensor)
+            and v.dim() == 1 and known(v.shape[0] == self.num_tokens)
+        ):
+            self.sequences.add(n)
+            return Sym(self.seq_fn(n)(self.tok), (self.tok,))
+        return out
+
+
+# --------------------------------------------------------------------------- quant region
+
+
+def _through_views(n: Any, views=_VALUE_VIEWS) -> tuple[Any, list[fx.Node]]:
+    """Follow value-preserving views up to their source; returns (source, views passed)."""
+    seen = []
+    while is_op(n, *views) or (isinstance(n, fx.Node) and n.target is aten.view.dtype):
+        seen.append(n)
+        n = n.args[0]
+    return n, seen
+
+
+def _scalar_arg(n: fx.Node, i: int, key: str) -> Any:
+    return n.args[i] if len(n.args) > i else n.kwargs.get(key)
+
+
+def _clamp_bounds(n: Any) -> tuple[Any, float | None, float | None]:
+    """``clamp_min``/``clamp_max``/``clamp`` chains -> (input, lo, hi)."""
+    lo = hi = None
+    while True:
+        if is_op(n, aten.clamp_min) and lo is None and not isinstance(n.args[1], fx.Node):
+            lo, n = n.args[1], n.args[0]
+        elif is_op(n, aten.clamp_max) and hi is None and not isinstance(n.args[1], fx.Node):
+            hi, n = n.args[1], n.args[0]
+        elif is_op(n, aten.clamp) and lo is None and hi is None:
+            lo, hi, n = _scalar_arg(n, 1, "min"), _scalar_arg(n, 2, "max"), n.args[0]
+            if isinstance(lo, fx.Node) or isinstance(hi, fx.Node):
+                return n, None, None
+        else:
+            return n, lo, hi
+
+
+@dataclasses.dataclass
+class _Quant:
+    q: fx.Node  # convert_element_type(..., float8_e4m3fn)
+    scale: fx.Node  # float32 [T, G, 1] or [T, G]
+    x: fx.Node  # float32 [T, G, 128]
+    k: fx.Node  # the tensor whose .float() is x (k itself when float32)
+    ue8m0: bool
+    nodes: set[fx.Node]
+
+
+def _read_quant(q: fx.Node) -> _Quant | str:
+    """Check that ``q`` is the fp8 group quantization; a string says why not."""
+    if not (is_op(q, *_CASTS) and val(q).dtype == torch.float8_e4m3fn):
+        return "values are not an fp8 e4m3 cast"
+    inner, lo, hi = _clamp_bounds(q.args[0])
+    if lo != -FP8_MAX or hi != FP8_MAX:
+        return f"values are not clamped to [-{FP8_MAX:g}, {FP8_MAX:g}] before the fp8 cast"
+    if not (inner.target is aten.div.Tensor and isinstance(inner.args[1], fx.Node)):
+        return "values are not x / scale"
+    x, sb = inner.args
+    xv = val(x)
+    if xv is None or xv.dtype != torch.float32 or xv.dim() != 3 or xv.shape[2] != QUANT_GROUP:
+        return f"x is not float32 [T, G, {QUANT_GROUP}] (another group size)"
+    scale, sviews = _through_views(sb)
+    nodes = {q, q.args[0], inner, *sviews}
+    n = q.args[0]
+    while n is not inner:
+        nodes.add(n)
+        n = n.args[0]
+    if tuple(val(sb).shape) != (*xv.shape[:2], 1):
+        return "scale does not broadcast as [T, G, 1]"
+    ue8m0 = False
+    plain = scale
+    if (is_op(scale, aten.pow) and scale.target is aten.pow.Scalar and scale.args[0] == 2) or is_op(scale, aten.exp2):
+        c = scale.args[1] if scale.target is aten.pow.Scalar else scale.args[0]
+        if not (is_op(c, aten.ceil) and is_op(c.args[0], aten.log2)):
+            return "scale is 2 ** (something other than ceil(log2(s)))"
+        nodes |= {scale, c, c.args[0]}
+        plain, ue8m0 = c.args[0].args[0], True
+    if not (plain.target is aten.div.Tensor and plain.args[1] == FP8_MAX):
+        return f"scale is not max(amax, {SCALE_MIN:g}) / {FP8_MAX:g} (another scale formula)"
+    amax, lo2, hi2 = _clamp_bounds(plain.args[0])
+    if lo2 != SCALE_MIN or hi2 is not None:
+        return f"scale is not max(amax, {SCALE_MIN:g}) / {FP8_MAX:g} (another floor)"
+    if not (is_op(amax, aten.amax) and is_op(amax.args[0], aten.abs)):
+        return "scale does not start from amax(abs(x))"
+    dims = amax.args[1] if len(amax.args) > 1 else amax.kwargs.get("dim")
+    keep = amax.args[2] if len(amax.args) > 2 else amax.kwargs.get("keepdim", False)
+    if list(dims) not in ([-1], [2]) or not keep:
+        return "amax is not over the last dim of [T, G, 128] with keepdim"
+    if amax.args[0].args[0] is not x:
+        return "amax and the division read different x"
+    nodes |= {plain, plain.args[0], amax, amax.args[0]}
+    n = plain.args[0]
+    while n is not amax:
+        nodes.add(n)
+        n = n.args[0]
+    src, xviews = _through_views(x, _VIEWS)
+    sv = val(src)
+    if sv is None or sv.dim() != 2 or tuple(sv.shape) != (xv.shape[0], xv.shape[1] * QUANT_GROUP):
+        return "x is not a [T, D] tensor viewed as [T, G, 128]"
+    nodes |= set(xviews)
+    k = src
+    if is_op(src, *_CASTS) and sv.dtype == torch.float32:
+        kv = val(src.args[0])
+        if kv is not None and kv.dtype in (torch.bfloat16, torch.float16):
+            k = src.args[0]
+            nodes.add(src)
+    if val(k).dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return "k is not bfloat16/float16/float32"
+    return _Quant(q, scale, x, k, ue8m0, nodes)
+
+
+def _read_layer_norm(k: fx.Node):
+    """``k = layer_norm(k0.float(), weight, bias, eps).to(k0.dtype)`` -> (k0, w, b, eps, nodes)."""
+    if not is_op(k, prims.convert_element_type):
+        return None
+    out = k.args[0]
+
+    def split(n, op):  # commutative binary op -> (tensor operand set)
+        return list(n.args[:2]) if is_op(n, op) and n.target is not aten.add.Scalar else None
+
+    add_b = split(out, aten.add)
+    if add_b is None:
+        return None
+    for mul_w, bias in (add_b, add_b[::-1]):
+        mw = split(mul_w, aten.mul)
+        if mw is None:
+            continue
+        for normed, weight in (mw, mw[::-1]):
+            m = split(normed, aten.mul)
+            if m is None:
+                continue
+            for centered, rstd in (m, m[::-1]):
+                r = _layer_norm_core(centered, rstd, k)
+                if r is not None and _is_param(weight, r[0]) and _is_param(bias, r[0]):
+                    k0, eps, nodes = r
+                    return k0, weight, bias, eps, nodes | {k, out, mul_w, normed}
+    return None
+
+
+def _is_param(p: Any, k0: fx.Node) -> bool:
+    pv, kv = val(p), val(k0)
+    return (isinstance(pv, torch.Tensor) and pv.dtype == torch.float32 and pv.dim() == 1
+            and pv.shape[0] == kv.shape[1])
+
+
+def _layer_norm_core(centered, rstd, k):
+    if not (is_op(centered, aten.sub) and is_op(rstd, aten.rsqrt) and is_op(rstd.args[0], aten.add)):
+        return None
+    f0, mean = centered.args[:2]
+    var, eps = rstd.args[0].args[:2]
+    if isinstance(eps, fx.Node) or not isinstance(eps, float):
+        return None
+    if not (mean.target is operator.getitem and var.target is operator.getitem):
+        return None
+    vm = mean.args[0]
+    if vm is not var.args[0] or mean.args[1] != 1 or var.args[1] != 0 or vm.target is not aten.var_mean.correction:
+        return None
+    if vm.args[0] is not f0 or list(vm.args[1]) not in ([1], [-1]):
+        return None
+    if vm.kwargs.get("correction", 1) != 0 or not vm.kwargs.get("keepdim", False):
+        return None
+    if not (is_op(f0, *_CASTS) and val(f0).dtype == torch.float32 and val(f0).dim() == 2):
+        return None
+    k0 = f0.args[0]
+    if val(k0).dtype != val(k).dtype:
+        return None  # cast back to another dtype than the input's
+    return k0, eps, {centered, rstd, rstd.args[0], mean, var, vm, f0}
+
+
+# --------------------------------------------------------------------------- the rewrite
+
+
+class IndexerKWrite(Rewrite):
+    name = "indexer_k_write"
+    summary = "DeepSeek-V3.2 indexer K norm + fp8 quant + paged-cache write -> kda::indexer_k_write"
+
+    def find(self, graph: fx.Graph) -> list[Match]:
+        matches = []
+        for n in graph.nodes:
+            if n.target is aten.copy_.default and n.args[0].op == "placeholder":
+                cv = val(n.args[0])
+                if isinstance(cv, torch.Tensor) and cv.dtype == torch.uint8 and cv.dim() == 3:
+                    m = self._match(n)
+                    if m is not None:
+                        matches.append(m)
+        return matches
+
+    def _match(self, copy: fx.Node) -> Match | None:
+        cache = copy.args[0]
+        chain = _Chain(cache)
+        final = chain.state(copy.args[1])
+        if final is None or not _same_layout(final.layout, chain.root):
+            return self.miss(copy, 1, "not a chain of index_put / slice_scatter / views of the copied cache")
+        if len(final.writes) != 2:
+            return self.miss(copy, 1, f"the cache is written {len(final.writes)} times, not twice (values and scales)")
+        nb, bs, row = val(cache).shape
+        if not all(isinstance(x, int) for x in (nb, bs, row)) or row % (QUANT_GROUP + 4):
+            return self.miss(copy, 2, "cache row width is not head_dim + 4 * head_dim // 128")
+        groups = row // (QUANT_GROUP + 4)
+        hd = groups * QUANT_GROUP
+        block_bytes = val(cache).stride(0)
+        region: set[fx.Node] = {copy}
+        reads: set[fx.Node] = set()
+        found = {}
+        algebra = None
+        for w in final.writes:
+            got = self._read_write(w, chain, hd, groups, algebra)
+            if isinstance(got, str):
+                return self.miss(w.node, 3, got)
+            kind, src, masked, algebra, nodes, wreads, addr = got
+            found.setdefault(kind, []).append((w, src, masked, addr))
+            region |= nodes
+            reads |= wreads
+        if sorted(found) != ["scales", "values"] or any(len(v) != 1 for v in found.values()):
+            return self.miss(copy, 3, "not one values write and one scales write")
+        (wv, q, mv, addr_v), = found["values"]
+        (ws, s_src, ms, addr_s), = found["scales"]
+        if len(algebra.sequences) != 1:
+            return self.miss(copy, 4, "the writes do not index by one slot_mapping")
+        slot = next(iter(algebra.sequences))
+        if mv != ms or (algebra.clamped and not mv):
+            return self.miss(copy, 4, "slots clamped to 0 but the writes are not masked by slot_mapping >= 0")
+        seq = algebra.seq_fn(slot)(_T)
+        blk, off = sympy.floor(seq / bs), sympy.Mod(seq, bs)
+        if not same(addr_v, blk * block_bytes + off * hd + _J):
+            return self.miss(wv.node, 5, f"value bytes do not go to block slot // {bs}, byte (slot % {bs}) * {hd} + j "
+                             "(another layout or block size)")
+        if not same(addr_s, blk * block_bytes + bs * hd + off * 4 * groups + _J):
+            return self.miss(ws.node, 5, f"scale bytes do not go to block slot // {bs}, byte {bs * hd} + "
+                             f"(slot % {bs}) * {4 * groups} + j (another layout or block size)")
+        quant = _read_quant(q)
+        if isinstance(quant, str):
+            return self.miss(wv.node, 6, quant)
+        if quant.scale is not s_src:
+            return self.miss(ws.node, 6, "the stored scales are not the ones the values were divided by")
+        xv = val(quant.x)
+        if xv.shape[1] != groups or not known(xv.shape[0] == val(slot).shape[0]):
+            return self.miss(wv.node, 6, "k's shape does not fit the cache and slot_mapping")
+        k, weight, bias, eps = quant.k, None, None, 1e-6
+        region |= quant.nodes | algebra.visited
+        ln = _read_layer_norm(k)
+        if ln is not None:
+            k0, w, b, e, ln_nodes = ln
+            inside = region | ln_nodes
+            if all(u in inside for n in ln_nodes for u in n.users):
+                k, weight, bias, eps = k0, w, b, e
+                region |= ln_nodes
+        try:  # what the fused op would reject is no match (not a failed rewrite)
+            _lowering._check(val(cache), val(k), val(slot), val(weight), val(bias), eps)
+        except (ValueError, TypeError) as exc:
+            return self.miss(copy, 7, f"kda.indexer_k_write rejects these inputs: {exc}")
+        # every version but the last is read only inside the region (masked writes read the old bytes)
+        last = len(final.writes)
+        versions = {n: s for n, s in chain.memo.items() if s is not None}
+        for n, s in versions.items():
+            if 0 < len(s.writes) < last and any(u not in versions and u not in reads for u in n.users):
+                return self.miss(n, 8, "a partly written cache is read elsewhere")
+        readers = []  # last-version nodes read outside the chain: they get the new cache
+        for n, s in versions.items():
+            if len(s.writes) == last and any(u not in versions for u in n.users if u is not copy):
+                lay = s.layout
+                if not (lay.storage_offset() == 0 and lay.is_contiguous() and lay.numel() == chain.root.numel()
+                        and chain.root.is_contiguous()):
+                    return self.miss(n, 8, "the written cache is read through a strided view")
+                readers.append(n)
+        region |= set(versions) | reads
+        region -= {cache, copy}  # the user's copy_ stays: it copies the op's new cache
+        return Match(
+            nodes=sorted(region, key=positions(copy.graph).__getitem__),
+            data={
+                "copy": copy, "cache": cache, "k": k, "slot_mapping": slot, "weight": weight,
+                "bias": bias, "eps": float(eps), "ue8m0": quant.ue8m0, "readers": readers,
+                "first": min((wv.node, ws.node), key=positions(copy.graph).__getitem__),
+            },
+        )
+
+    def _read_write(self, w: _Write, chain: _Chain, hd: int, groups: int, algebra):
+        """One write -> (kind, value source, masked, algebra, nodes, reads, byte address) or why not."""
+        base, indices, values = w.node.args[:3]
+        if any(i is None for i in indices) or len(indices) > w.layout.dim():
+            return "index_put with None (slice) indices"
+        nodes = {w.node}
+        reads: set[fx.Node] = set()
+        masked = None
+        if is_op(values, aten.where) and values.target is aten.where.self:
+            mask, new, old = values.args
+            masked = (mask, old)
+            nodes |= {values}
+            values = new
+        indices = list(indices)
+        if len(indices) == 1 and val(indices[0]).dim() == 1 and is_op(indices[0], *_VIEWS) and is_op(values, *_VIEWS):
+            xi, xv = indices[0].args[0], values.args[0]  # index_copy_ on a flat view: unflatten both
+            if val(xi).dim() == 2 and tuple(val(xi).shape) == tuple(val(xv).shape):
+                nodes |= {indices[0], values}
+                indices, values = [xi], xv
+        vv = val(values)
+        if vv is None or vv.dim() != 2:
+            return "the stored values are not [tokens, bytes]"
+        num_tokens = vv.shape[0]
+        if algebra is None:
+            algebra = _SlotAlgebra(num_tokens)
+        elif not known(algebra.num_tokens == num_tokens):
+            return "the two writes store different numbers of tokens"
+        syms = [algebra.interpret(i) for i in indices]
+        if not all(isinstance(s, Sym) for s in syms):
+            return "index tensors are not integer arithmetic of slot_mapping and arange"
+        lay = w.layout
+        tail = list(lay.shape[len(indices):])
+        p_rank = max(len(s.dims) for s in syms)
+        if p_rank + len(tail) != 2:
+            return "the write is not [tokens, bytes] shaped"
+        bound = algebra.bind(syms, [_T, _J][:p_rank])
+        if bound is None:
+            return "index tensors do not broadcast to [tokens] or [tokens, bytes]"
+        exprs, axes = bound
+        if axes[0] is not algebra.tok:
+            return "the first index dim is not the token axis"
+        if p_rank == 2 and not known(algebra.axis_len.get(axes[1], -1) == vv.shape[1]):
+            return "the byte axis does not span the stored row"
+        elem = sum(e * st for e, st in zip(exprs, lay.stride())) + lay.storage_offset()
+        if tail:
+            if not known(tail[0] == vv.shape[1]):
+                return "the stored row does not fill the indexed row"
+            elem = elem + _J * lay.stride(len(indices))
+        esize = lay.element_size()
+        if vv.element_size() != esize:
+            return "stored dtype size differs from the cache view's"
+        addr = esize * elem  # byte address of element (t, j); bytes within it follow in order
+        if esize > 1:
+            addr = addr.subs(_J, sympy.floor(_J / esize)) + sympy.Mod(_J, esize)
+        if masked is not None:
+            why = self._check_mask(masked, w, chain, indices, algebra, lay)
+            if why:
+                return why
+            reads.add(masked[1])
+            ge, views = _through_views(masked[0], (aten.unsqueeze, aten.expand, *_VIEWS))
+            nodes |= {masked[1], ge, *views}
+        src, views = _through_views(values)
+        nodes |= set(views)
+        row_bytes = vv.shape[1] * esize
+        if is_op(src, *_CASTS) and val(src).dtype == torch.float8_e4m3fn:
+            if row_bytes != hd:
+                return f"value rows are {row_bytes} bytes, not head_dim {hd}"
+            kind = "values"
+        elif val(src) is not None and val(src).dtype == torch.float32 and val(src).dim() in (2, 3):
+            if row_bytes != 4 * groups:
+                return f"scale rows are {row_bytes} bytes, not {4 * groups}"
+            kind = "scales"
+        else:
+            return "stores neither fp8 values nor float32 scales"
+        if tuple(val(src).shape[1:]) not in ((hd // QUANT_GROUP, QUANT_GROUP), (hd,)) and kind == "values":
+            return "fp8 values are not [T, G, 128] or [T, D]"
+        return kind, src, masked is not None, algebra, nodes, reads, addr
+
+    @staticmethod
+    def _check_mask(masked, w, chain, indices, algebra, lay) -> str | None:
+        mask, old = masked
+        m, _ = _through_views(mask, (aten.unsqueeze, aten.expand, *_VIEWS))
+        ok = (is_op(m, aten.ge) and m.args[1] == 0) or (is_op(m, aten.gt) and m.args[1] == -1)
+        if not ok or m.args[0] not in algebra.sequences and algebra.interpret(m.args[0]) is None:
+            return "torch.where mask is not slot_mapping >= 0"
+        ms = algebra.interpret(m.args[0])
+        if not (isinstance(ms, Sym) and ms.expr.func.__name__.startswith("seq_")):
+            return "torch.where mask is not slot_mapping >= 0"
+        if not (is_op(old, aten.index) and old.target is aten.index.Tensor):
+            return "torch.where does not keep the old cache bytes"
+        st = chain.state(old.args[0])
+        if st is None or len(st.writes) != w.version or not _same_layout(st.layout, lay):
+            return "torch.where keeps bytes of another cache version or view"
+        a = [algebra.interpret(i) for i in old.args[1]]
+        b = [algebra.interpret(i) for i in indices]
+        if len(a) != len(b) or not all(isinstance(s, Sym) for s in a):
+            return "torch.where keeps bytes from other addresses"
+        ba, bb = algebra.bind(a, [_T, _J][: max(len(s.dims) for s in a)]), algebra.bind(b, [_T, _J][: max(len(s.dims) for s in b)])
+        if ba is None or bb is None or not all(same(x, y) for x, y in zip(ba[0], bb[0])):
+            return "torch.where keeps bytes from other addresses"
+        return None
+
+    # --------------------------------------------------------------- replace
+    def replace(self, graph: fx.Graph, match: Match) -> None:
+        from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
+        d = match.data
+        with graph.inserting_before(d["first"]):
+            fused = graph.call_function(
+                auto_functionalized,
+                (torch.ops.kda.indexer_k_write.default,),
+                {
+                    "kv_cache": d["cache"], "k": d["k"], "slot_mapping": d["slot_mapping"],
+                    "weight": d["weight"], "bias": d["bias"], "eps": d["eps"], "ue8m0": d["ue8m0"],
+                },
+            )
+            set_fake_vals(graph, fused)
+            new = graph.call_function(operator.getitem, (fused, 1))
+            new.meta["val"] = fused.meta["val"][1]
+            views = {}
+            for r in d["readers"]:
+                shape = list(val(r).shape)
+                if shape == list(val(new).shape):
+                    views[r] = new
+                else:
+                    v = graph.call_function(aten.reshape.default, (new, shape))
+                    set_fake_vals(graph, v)
+                    views[r] = v
+        fused.meta["stack_trace"] = d["first"].meta.get("stack_trace")
+        copy = d["copy"]
+        copy.replace_input_with(copy.args[1], new)
+        for r, v in views.items():
+            r.replace_all_uses_with(v, delete_user_cb=lambda u: u is not copy)
+        erase_dead(graph, match.nodes)

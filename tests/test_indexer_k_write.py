@@ -1,0 +1,311 @@
+"""indexer_k_write: the pattern finds norm + fp8 quant + paged-cache writes in compiled code.
+
+Every positive test compiles real code with the backend on a poisoned (random) cache,
+asserts the exact match count, that the generated code calls the op on the cache itself
+(no clone, no copy) and that the whole cache equals the token-by-token reference byte for
+byte (so bytes outside the written slots never change). Negative tests assert 0 matches
+and still-correct results (stock Inductor runs them; its CPU fp8 casts may differ from
+eager by one fp8 step).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+from kda_inductor import pass_manager
+from kda_inductor.reference import (
+    QUANT_GROUP,
+    dequantize_k,
+    fp8_step,
+    gather_indexer_k,
+    layer_norm_k,
+    quantize_k,
+    write_indexer_k,
+    write_indexer_k_loop,
+    written_cache_mismatch,
+)
+from tests.helpers import compile_and_run, fresh_compile
+
+
+def _inputs(head_dim=128, block_size=16, num_blocks=6, tokens=11, seed=0, padding=(), int32=False):
+    """Random bf16 k, a poisoned cache, slots spread over blocks 1.. (block 0 is the null
+    block that masked code clamps padding to), LayerNorm parameters."""
+    g = torch.Generator().manual_seed(seed)
+    k = (torch.randn(tokens, head_dim, generator=g) * 3).to(torch.bfloat16)
+    k[0, :5] = 0  # a few exact zeros, and one all-zero group below
+    k[1, :QUANT_GROUP] = 0
+    row = head_dim + 4 * (head_dim // QUANT_GROUP)
+    cache = torch.randint(0, 256, (num_blocks, block_size, row), dtype=torch.uint8, generator=g)
+    slots = torch.randperm((num_blocks - 1) * block_size, generator=g)[:tokens] + block_size
+    for t in padding:
+        slots[t] = -1
+    weight = torch.rand(head_dim, generator=g) + 0.5
+    bias = torch.randn(head_dim, generator=g) * 0.1
+    return k, cache, slots.to(torch.int32 if int32 else torch.int64), weight, bias
+
+
+def _reference(k, cache, slots, ue8m0, weight=None, bias=None):
+    out = cache.clone()
+    write_indexer_k_loop(k, out, slots, ue8m0, weight, bias)
+    return out
+
+
+def _compile_write(fn, cache, *args):
+    """Compile ``fn(*args_with_cache)`` (writes ``cache`` in place); returns (matches, code)."""
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True}})
+        _, code = run_and_get_code(compiled, *args)
+    return pass_manager.total_matches(records), "\n".join(code)
+
+
+def _assert_in_place(code: str) -> None:
+    """The op runs on the cache buffer itself: no clone and no copy of the cache."""
+    assert "kda.indexer_k_write.default(" in code
+    assert "copy_" not in code and "clone" not in code
+
+
+# --------------------------------------------------------------------------- spellings
+
+
+def _put(k, cache, slots, ue8m0):
+    """index_put_ into a flat [num_blocks, block_bytes] view; scale bytes via .view(uint8)."""
+    nb, bs, row = cache.shape
+    t, d = k.shape
+    q, scale = quantize_k(k, ue8m0)
+    blk, off = slots // bs, slots % bs
+    flat = cache.view(nb, -1)
+    flat[blk[:, None], off[:, None] * d + torch.arange(d)] = q.view(torch.uint8)
+    flat[blk[:, None], bs * d + off[:, None] * (row - d) + torch.arange(row - d)] = scale.view(torch.uint8)
+
+
+def _view_assign(k, cache, slots, ue8m0):
+    """view[blk, off] = ... into the value region [nb, bs, D] and the float32 scale region."""
+    nb, bs, row = cache.shape
+    t, d = k.shape
+    q, scale = quantize_k(k, ue8m0)
+    flat = cache.view(nb, -1)
+    vals = flat[:, : bs * d].view(nb, bs, d)
+    scs = flat[:, bs * d :].view(torch.float32).view(nb, bs, d // QUANT_GROUP)
+    blk = torch.div(slots, bs, rounding_mode="floor")
+    off = slots - blk * bs
+    vals[blk, off] = q.view(torch.uint8)
+    scs[blk, off] = scale
+
+
+def _index_copy(k, cache, slots, ue8m0):
+    """index_copy_ of flattened bytes into kv_cache.view(-1); exp2 spelling of ue8m0."""
+    nb, bs, row = cache.shape
+    t, d = k.shape
+    x = k.float().view(t, -1, QUANT_GROUP)
+    scale = torch.clamp(x.abs().amax(-1, keepdim=True), min=1e-4) / 448.0
+    if ue8m0:
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
+    q = torch.clamp(x / scale, -448.0, 448.0).to(torch.float8_e4m3fn).view(t, d)
+    base = (slots // bs) * (bs * row)
+    off = slots % bs
+    vidx = (base + off * d)[:, None] + torch.arange(d)
+    sidx = (base + bs * d + off * (row - d))[:, None] + torch.arange(row - d)
+    flat = cache.view(-1)
+    flat.index_copy_(0, vidx.reshape(-1), q.view(torch.uint8).reshape(-1))
+    flat.index_copy_(0, sidx.reshape(-1), scale.view(t, -1).view(torch.uint8).reshape(-1))
+
+
+def _masked(k, cache, slots, ue8m0):
+    """The reference form: padding masked with torch.where, slots clamped to 0 for indexing."""
+    write_indexer_k(k, cache, slots, ue8m0)
+
+
+def _view_masked(k, cache, slots, ue8m0):
+    """view[blk, off] = where(slot >= 0, new, old), slots not clamped (a -1 reads and writes
+    back the last block's last slot in eager)."""
+    nb, bs, row = cache.shape
+    t, d = k.shape
+    q, scale = quantize_k(k, ue8m0)
+    flat = cache.view(nb, -1)
+    vals = flat[:, : bs * d].view(nb, bs, d)
+    scs = flat[:, bs * d :].view(torch.float32).view(nb, bs, d // QUANT_GROUP)
+    valid = (slots >= 0)[:, None]
+    blk, off = slots // bs, slots % bs
+    vals[blk, off] = torch.where(valid, q.view(torch.uint8), vals[blk, off])
+    scs[blk, off] = torch.where(valid, scale, scs[blk, off])
+
+
+FORMS = {  # form -> (head_dim, block_size, padding tokens)
+    _put: (512, 64, ()),
+    _view_assign: (128, 64, ()),
+    _index_copy: (512, 16, ()),
+    _masked: (128, 16, (2, 7)),
+    _view_masked: (256, 64, (0, 10)),
+}
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
+@pytest.mark.parametrize("form", list(FORMS), ids=lambda f: f.__name__.strip("_"))
+def test_write_forms_match_in_place_and_bit_exact(form, ue8m0):
+    head_dim, block_size, padding = FORMS[form]
+    k, cache, slots, _, _ = _inputs(head_dim, block_size, seed=head_dim + block_size, padding=padding,
+                                    int32=form is _view_assign)
+    expected = _reference(k, cache, slots, ue8m0)
+    matches, code = _compile_write(lambda k, c, s: form(k, c, s, ue8m0), cache, k, cache, slots)
+    assert matches["indexer_k_write"] == 1
+    _assert_in_place(code)
+    assert torch.equal(cache, expected), f"{int((cache != expected).sum())} cache bytes differ"
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
+def test_layer_norm_is_fused(ue8m0):
+    k, cache, slots, w, b = _inputs(128, 16, seed=3)
+    expected = _reference(k, cache, slots, ue8m0, w, b)
+
+    def fn(k, w, b, c, s):
+        write_indexer_k(layer_norm_k(k, w, b), c, s, ue8m0)
+
+    with fresh_compile(), pass_manager.observe() as records:
+        _, code = run_and_get_code(torch.compile(fn, backend="kda_inductor"), k, w, b, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    after = records[0]["after"]
+    assert "var_mean" not in after and "weight: %arg1_1, bias: %arg2_1, eps: 1e-06" in after
+    _assert_in_place("\n".join(code))
+    assert torch.equal(cache, expected)
+
+
+def _rotary_first_64(x):
+    pe, nope = x[:, :64], x[:, 64:]
+    x1, x2 = pe.float().chunk(2, -1)
+    return torch.cat([torch.cat([-x2, x1], -1).to(x.dtype), nope], -1)
+
+
+def test_rotary_between_norm_and_quant_keeps_the_norm_with_inductor():
+    """DeepSeek-V3.2's order: LayerNorm -> rotary -> quant + write. Only quant + write fuse."""
+    k, cache, slots, w, b = _inputs(128, 64, seed=4)
+
+    def fn(k, w, b, c, s):
+        write_indexer_k(_rotary_first_64(layer_norm_k(k, w, b)), c, s, True)
+
+    expected = cache.clone()
+    fn(k, w, b, expected, slots)
+    with fresh_compile(), pass_manager.observe() as records:
+        torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True}})(k, w, b, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    after = records[0]["after"]
+    assert "var_mean" in after and "weight: None, bias: None" in after
+    _assert_cache_close(cache, expected, slots, 128)
+
+
+def test_normalized_k_read_elsewhere_is_not_fused():
+    k, cache, slots, w, b = _inputs(128, 16, seed=5)
+
+    def fn(k, w, b, c, s):
+        kn = layer_norm_k(k, w, b)
+        write_indexer_k(kn, c, s, False)
+        return kn * 2
+
+    expected = cache.clone()
+    ref_out = fn(k, w, b, expected, slots)
+    out, matches = compile_and_run(fn, k, w, b, cache, slots)
+    assert matches["indexer_k_write"] == 1
+    torch.testing.assert_close(out, ref_out, rtol=1.6e-2, atol=1e-2)
+    _assert_cache_close(cache, expected, slots, 128)
+
+
+def test_dynamic_token_count():
+    """Serving recompiles once with a symbolic number of tokens; still matched and exact."""
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = torch.compile(lambda k, c, s: _masked(k, c, s, True), backend="kda_inductor",
+                                 options={"kda": {"strict": True}})
+        for tokens in (7, 11, 5):
+            k, cache, slots, _, _ = _inputs(128, 16, tokens=tokens, seed=tokens, padding=(1,))
+            expected = _reference(k, cache, slots, True)
+            compiled(k, cache, slots)
+            assert torch.equal(cache, expected)
+    assert len(records) >= 2 and all(r["matches"]["indexer_k_write"] == 1 for r in records)
+
+
+def test_round_trip_through_the_gather():
+    """LayerNorm + write, then indexer_k_gather and dequantize: within half a quantization step."""
+    seqs, bs = [9, 0, 20], 16
+    k, cache, _, w, b = _inputs(128, bs, num_blocks=5, tokens=sum(seqs), seed=6)
+    table = torch.tensor([[3, 0], [0, 0], [1, 4]], dtype=torch.int32)
+    cu = torch.tensor([0, 9, 9, 29], dtype=torch.int32)
+    slots = torch.tensor([3 * bs + p for p in range(9)] + [int(table[2, p // bs]) * bs + p % bs for p in range(20)])
+
+    def fn(k, w, b, c, s, t, cu):
+        write_indexer_k(layer_norm_k(k, w, b), c, s, True)
+        return gather_indexer_k(c, t, cu, 29)
+
+    (values, scales), matches = compile_and_run(fn, k, w, b, cache, slots, table, cu)
+    assert matches["indexer_k_write"] == 1 and matches["indexer_k_gather"] == 1
+    x = layer_norm_k(k, w, b).float()
+    got = dequantize_k(values, scales)
+    s = scales.view(torch.float32).repeat_interleave(QUANT_GROUP, dim=1)
+    step = fp8_step((x / s).abs()) * s  # the grid spacing around each value
+    assert torch.all((got - x).abs() <= 0.5 * step + 1e-12)
+
+
+# --------------------------------------------------------------------------- must not match
+
+
+def _group_64(k, cache, slots, ue8m0):
+    """Scales per 64 values (stored as two floats in the 4 scale bytes' place): another group size."""
+    nb, bs, row = cache.shape
+    t, d = k.shape
+    x = k.float().view(t, -1, 64)
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-4) / 448.0
+    q = (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(t, d)
+    flat = cache.view(nb, -1)
+    blk, off = slots // bs, slots % bs
+    flat[blk[:, None], off[:, None] * d + torch.arange(d)] = q.view(torch.uint8)
+    sc = scale.view(t, -1)[:, :1].contiguous()  # 4 bytes per token: the first group's scale
+    flat[blk[:, None], bs * d + off[:, None] * 4 + torch.arange(4)] = sc.view(torch.uint8)
+
+
+def _other_scale_formula(k, cache, slots, ue8m0):
+    """amax * (1 / 448): not bit-identical to amax / 448."""
+    nb, bs, row = cache.shape
+    t, d = k.shape
+    x = k.float().view(t, -1, QUANT_GROUP)
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-4) * (1.0 / 448.0)
+    q = (x / scale).clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(t, d)
+    flat = cache.view(nb, -1)
+    blk, off = slots // bs, slots % bs
+    flat[blk[:, None], off[:, None] * d + torch.arange(d)] = q.view(torch.uint8)
+    flat[blk[:, None], bs * d + off[:, None] * 4 + torch.arange(4)] = scale.view(t, 1).view(torch.uint8)
+
+
+def _interleaved(k, cache, slots, ue8m0):
+    """The per-token interleaved layout seen in the wild: values then scale per token row."""
+    q, scale = quantize_k(k, ue8m0)
+    bs, d = cache.shape[1], k.shape[1]
+    cache[slots // bs, slots % bs, :d] = q.view(torch.uint8)
+    cache[slots // bs, slots % bs, d:] = scale.view(torch.uint8)
+
+
+def _clamped_unmasked(k, cache, slots, ue8m0):
+    """Padding clamped to slot 0 but not masked: eager writes it there; the op would not."""
+    _put(k, cache, slots.clamp(min=0), ue8m0)
+
+
+@pytest.mark.parametrize("fn", [_group_64, _other_scale_formula, _interleaved, _clamped_unmasked],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_does_not_match(fn):
+    k, cache, slots, _, _ = _inputs(128, 16, seed=8, padding=(4,) if fn is _clamped_unmasked else ())
+    expected = cache.clone()
+    fn(k, expected, slots, False)
+    _, matches = compile_and_run(lambda k, c, s: fn(k, c, s, False), k, cache, slots)
+    assert matches["indexer_k_write"] == 0
+    if fn in (_interleaved, _group_64):  # not the blocked layout / scale width: compare bytes loosely
+        diff = (cache != expected).float().mean()
+        assert diff < 0.01
+    else:
+        _assert_cache_close(cache, expected, slots.clamp(min=0), 128)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _assert_cache_close(got, ref, slots, head_dim):
+    """Bytes outside the written slots identical; written values within one fp8 step."""
+    why = written_cache_mismatch(got, ref, slots, head_dim)
+    assert why is None, why

@@ -1,8 +1,7 @@
 """Sweep the gdn_spec_split Triton kernel's BLOCK_W, num_warps and column programs per row.
 
 Times ``split_triton`` alone (the six Qwen3-Next gathers) by CUDA-graph replay, plus the
-shipped default with and without Triton's debug mode (the ``device_assert`` on indices),
-and a plain SM copy of the same bytes. Used to pick the defaults in
+shipped default and a plain SM copy of the same bytes. Used to pick the defaults in
 ``kda_inductor/lowerings/gdn_spec_split.py``.
     python benchmarks/tune_gdn_spec_split.py [--T 256,16384]
 """
@@ -50,9 +49,8 @@ def main(argv=None):
             us = graph_replay_median_us(lambda: _call(a, outs, block_w=bw, num_warps=w, col_programs=c),
                                         reps=50, calls=10)
             rows.append({"T": T, "cfg": f"bw={bw} w={w} cols={c}", "us": us})
-        for debug in (True, False):
-            rows.append({"T": T, "cfg": f"default debug={debug}", "us": graph_replay_median_us(
-                lambda: _call(a, outs, debug=debug), reps=50, calls=10)})
+        rows.append({"T": T, "cfg": "default", "us": graph_replay_median_us(
+            lambda: _call(a, outs), reps=50, calls=10)})
         nbytes = bytes_moved(a)
         src = torch.empty(nbytes // 8, dtype=torch.int32, device="cuda")
         dst = torch.empty_like(src)

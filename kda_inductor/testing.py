@@ -84,7 +84,11 @@ def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,
     to check); ``strict`` makes a failing rewrite raise instead of warning.
     """
     if mode is not None and options is not None:
-        raise ValueError("pass mode or options, not both (as torch.compile)")
+        # torch.compile takes one or the other: spell the mode as the options it stands for
+        if not hasattr(torch._inductor, "list_mode_options"):  # pragma: no cover
+            raise ValueError("pass mode or options, not both (as torch.compile)")
+        options = {**torch._inductor.list_mode_options(mode), **options}
+        mode = None
     if mode is None:
         options = dict(options or {})
         kda = dict(options.get("kda", {}))

@@ -28,6 +28,8 @@ from kda_inductor.reference import (
 )
 from tests.helpers import compile_and_run, fresh_compile
 
+ON = {"kda": {"enable": ["indexer_k_write"], "strict": True}}  # opt-in until GPU-run
+
 
 def _inputs(head_dim=128, block_size=16, num_blocks=6, tokens=11, seed=0, padding=(), int32=False):
     """Random bf16 k, a poisoned cache, slots spread over blocks 1.. (block 0 is the null
@@ -55,7 +57,7 @@ def _reference(k, cache, slots, ue8m0, weight=None, bias=None):
 def _compile_write(fn, cache, *args):
     """Compile ``fn(*args_with_cache)`` (writes ``cache`` in place); returns (matches, code)."""
     with fresh_compile(), pass_manager.observe() as records:
-        compiled = torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True}})
+        compiled = torch.compile(fn, backend="kda_inductor", options=ON)
         _, code = run_and_get_code(compiled, *args)
     return pass_manager.total_matches(records), "\n".join(code)
 
@@ -163,7 +165,7 @@ def test_layer_norm_is_fused(ue8m0):
         write_indexer_k(layer_norm_k(k, w, b), c, s, ue8m0)
 
     with fresh_compile(), pass_manager.observe() as records:
-        _, code = run_and_get_code(torch.compile(fn, backend="kda_inductor"), k, w, b, cache, slots)
+        _, code = run_and_get_code(torch.compile(fn, backend="kda_inductor", options=ON), k, w, b, cache, slots)
     assert [r["matches"]["indexer_k_write"] for r in records] == [1]
     after = records[0]["after"]
     assert "var_mean" not in after and "weight: %arg1_1, bias: %arg2_1, eps: 1e-06" in after
@@ -187,7 +189,7 @@ def test_rotary_between_norm_and_quant_keeps_the_norm_with_inductor():
     expected = cache.clone()
     fn(k, w, b, expected, slots)
     with fresh_compile(), pass_manager.observe() as records:
-        torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True}})(k, w, b, cache, slots)
+        torch.compile(fn, backend="kda_inductor", options=ON)(k, w, b, cache, slots)
     assert [r["matches"]["indexer_k_write"] for r in records] == [1]
     after = records[0]["after"]
     assert "var_mean" in after and "weight: None, bias: None" in after
@@ -204,7 +206,7 @@ def test_normalized_k_read_elsewhere_is_not_fused():
 
     expected = cache.clone()
     ref_out = fn(k, w, b, expected, slots)
-    out, matches = compile_and_run(fn, k, w, b, cache, slots)
+    out, matches = compile_and_run(fn, k, w, b, cache, slots, options=ON)
     assert matches["indexer_k_write"] == 1
     torch.testing.assert_close(out, ref_out, rtol=1.6e-2, atol=1e-2)
     _assert_cache_close(cache, expected, slots, 128)
@@ -214,7 +216,7 @@ def test_dynamic_token_count():
     """Serving recompiles once with a symbolic number of tokens; still matched and exact."""
     with fresh_compile(), pass_manager.observe() as records:
         compiled = torch.compile(lambda k, c, s: _masked(k, c, s, True), backend="kda_inductor",
-                                 options={"kda": {"strict": True}})
+                                 options=ON)
         for tokens in (7, 11, 5):
             k, cache, slots, _, _ = _inputs(128, 16, tokens=tokens, seed=tokens, padding=(1,))
             expected = _reference(k, cache, slots, True)
@@ -235,7 +237,7 @@ def test_round_trip_through_the_gather():
         write_indexer_k(layer_norm_k(k, w, b), c, s, True)
         return gather_indexer_k(c, t, cu, 29)
 
-    (values, scales), matches = compile_and_run(fn, k, w, b, cache, slots, table, cu)
+    (values, scales), matches = compile_and_run(fn, k, w, b, cache, slots, table, cu, options=ON)
     assert matches["indexer_k_write"] == 1 and matches["indexer_k_gather"] == 1
     x = layer_norm_k(k, w, b).float()
     got = dequantize_k(values, scales)
@@ -293,7 +295,7 @@ def test_does_not_match(fn):
     k, cache, slots, _, _ = _inputs(128, 16, seed=8, padding=(4,) if fn is _clamped_unmasked else ())
     expected = cache.clone()
     fn(k, expected, slots, False)
-    _, matches = compile_and_run(lambda k, c, s: fn(k, c, s, False), k, cache, slots)
+    _, matches = compile_and_run(lambda k, c, s: fn(k, c, s, False), k, cache, slots, options=ON)
     assert matches["indexer_k_write"] == 0
     if fn in (_interleaved, _group_64):  # not the blocked layout / scale width: compare bytes loosely
         diff = (cache != expected).float().mean()

@@ -20,6 +20,7 @@ from kda_inductor.testing import (
     fresh_compile,
 )
 
+ON = {"kda": {"enable": ["indexer_k_write"], "strict": True}}  # opt-in until GPU-run
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
 
 HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 128, 64, 40
@@ -72,7 +73,7 @@ def test_reduce_overhead_no_cudagraph_skips(mode):
             assert why is None, f"step {step}: {why}"
 
     with fresh_compile(), torch._inductor.config.patch(patches):
-        compiled = compile_for_test(model, mode=mode)
+        compiled = compile_for_test(model, mode=mode, options=ON)
         assert_no_cudagraph_skips(run_steps)
     assert compiled.matches["indexer_k_write"] == 1
 
@@ -83,7 +84,7 @@ def test_generated_code_writes_the_cache_buffer_in_place(norm):
     k, slots = _step_inputs(0)
     before = model.kv_cache.clone()
     with fresh_compile():
-        compiled = compile_for_test(model)
+        compiled = compile_for_test(model, options=ON)
         _, code = run_and_get_code(compiled, k, slots)
     code = "\n".join(code)
     assert compiled.matches["indexer_k_write"] == 1
@@ -101,7 +102,7 @@ def test_graph_capture_and_no_host_syncs():
     model = IndexerKWriter()
     k, slots = _step_inputs(1)
     with fresh_compile():
-        compiled = torch.compile(model, backend="kda_inductor")
+        compiled = torch.compile(model, backend="kda_inductor", options=ON)
         compiled(k, slots)  # compile outside the sync check
         graph = assert_cudagraph_safe(compiled, k, slots)
         # new data in the same buffers: the replay writes it

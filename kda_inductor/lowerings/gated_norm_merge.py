@@ -125,7 +125,8 @@ _TL_DTYPES = {}
 if triton is not None:
     _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
-    def _gated_norm_merge_body(
+    @triton.jit(do_not_specialize=["n0", "n1", "T"], debug=True)
+    def _gated_norm_merge_kernel(
         src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
         z_ptr, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps,
         ACT: tl.constexpr, FORM: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
@@ -166,8 +167,6 @@ if triton is not None:
             y = h.to(tl.float32) * act
         tl.store(y_ptr + zrow * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
 
-    _gated_norm_merge_kernel = triton.jit(_gated_norm_merge_body, do_not_specialize=["n0", "n1", "T"],
-                                          debug=True)
 
 
 def _rows(src: Tensor) -> tuple[Tensor, int]:

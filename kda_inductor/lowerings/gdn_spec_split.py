@@ -126,7 +126,8 @@ if triton is not None:
                 v = tl.load(src_ptr + r * src_stride + c, mask=m)
                 tl.store(dst_ptr + row.to(tl.int64) * width + c, v, mask=m)
 
-    def _gdn_spec_split_body(
+    @triton.jit(do_not_specialize=["n0", "n1"], debug=True)
+    def _gdn_spec_split_kernel(
         idx0_ptr, idx1_ptr, n0, n1,
         s0, d0, t0, w0, st0, k0, s1, d1, t1, w1, st1, k1, s2, d2, t2, w2, st2, k2,
         s3, d3, t3, w3, st3, k3, s4, d4, t4, w4, st4, k4, s5, d5, t5, w5, st5, k5,
@@ -163,12 +164,6 @@ if triton is not None:
         if NUM > 7:
             _copy_row(s7, d7, row, r, ok, t7, w7, st7, k7, sel, col, BLOCK_W)
 
-    # The shipped kernel runs with Triton's debug mode so that ``device_assert`` traps an
-    # out-of-range index (stock index_select's behaviour); the other one is for measuring
-    # what that costs (benchmarks/tune_gdn_spec_split.py).
-    _gdn_spec_split_kernel = triton.jit(_gdn_spec_split_body, do_not_specialize=["n0", "n1"], debug=True)
-    _gdn_spec_split_kernel_nodebug = triton.jit(_gdn_spec_split_body, do_not_specialize=["n0", "n1"])
-
 
 def _as_rows(src: Tensor, dim: int) -> tuple[Tensor, int, int, int]:
     """``src`` as ``(tensor, T, width, row_stride)`` with each row's elements contiguous
@@ -197,7 +192,7 @@ def column_programs(rows: int, max_width: int, block_w: int, target: int = TARGE
 
 
 def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024, num_warps: int = 2,
-                 col_programs: int | None = None, debug: bool = True):
+                 col_programs: int | None = None):
     """Launch one kernel filling ``outs`` (fresh contiguous tensors). No sync, no allocation
     beyond ``.contiguous()`` of a source whose rows are not contiguous."""
     if triton is None:  # pragma: no cover
@@ -215,9 +210,8 @@ def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024,
     args += dummy * (MAX_SOURCES - len(sources))
     idx1 = indices[1] if len(indices) > 1 else indices[0]
     cols = col_programs or column_programs(n[0] + n[1], max_width, block_w)
-    kernel = _gdn_spec_split_kernel if debug else _gdn_spec_split_kernel_nodebug
     extra = triton_launch_options() if outs[0].is_cuda else {}
-    kernel[(n[0] + n[1], cols)](
+    _gdn_spec_split_kernel[(n[0] + n[1], cols)](
         indices[0], idx1, n[0], n[1], *args,
         NUM=len(sources), BLOCK_W=block_w, num_warps=num_warps, **extra,
     )

@@ -41,3 +41,11 @@ def test_indexer_k_write_smoke(capsys):
     assert [r["T"] for r in rows] == [64]
     assert all(r["kda_us"] is not None and r["eager_us"] is not None for r in rows)
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+def test_gated_norm_merge_smoke(capsys):
+    """The gated_norm_merge benchmark's checks run on CPU (bit-exact there)."""
+    bench = _load("bench_gated_norm_merge")
+    rows = bench.main(["--smoke"])
+    assert [row["T"] for row in rows] == [12] and rows[0]["max_ulps"] == 0
+    assert "NOT meaningful" in capsys.readouterr().out

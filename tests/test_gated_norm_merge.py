@@ -38,12 +38,12 @@ def _inputs(T=13, n_spec=8, dtype=torch.bfloat16, wdtype=torch.float32, seed=0):
 
 def _merge(o_s, o_ns, s, ns, how="index_copy_"):
     T = s.shape[0] + ns.shape[0]
-    out = torch.empty(1, T, H, D, dtype=o_s.dtype)
+    out = torch.empty(1, T, H, D, dtype=o_s.dtype, device=o_s.device)
     if how == "index_copy_":
         out.index_copy_(1, s, o_s)
         out.index_copy_(1, ns, o_ns)
     elif how == "index_put_":  # vLLM's [T, H, D] buffer, merged along dim 0
-        out = torch.empty(T, H, D, dtype=o_s.dtype)
+        out = torch.empty(T, H, D, dtype=o_s.dtype, device=o_s.device)
         out.index_put_((s,), o_s[0])
         out.index_put_((ns,), o_ns[0])
     else:  # setitem
@@ -313,3 +313,16 @@ def test_triton_kernel_matches_the_cpu_op(form, act):
             assert_close_to_eager(y, want, exact=True)
         else:  # the GPU reduces in another order than torch's CPU mean
             assert _ulps(y.cpu(), want) <= 1
+
+
+def test_automatic_dynamic_token_count():
+    """The second token count recompiles with a symbolic T (the op gets it as the sum of
+    the index lengths). Under ``dynamic=True`` Dynamo also lifts eps to a graph input:
+    not matched (eps must be a constant of the graph)."""
+    fn = _layer_tail(fla)
+    with fresh_compile():
+        c = compile_for_test(fn, options=ON)
+        for T, n_spec, seed in ((13, 8, 20), (21, 15, 21), (17, 9, 22)):
+            args = _inputs(T=T, n_spec=n_spec, seed=seed)
+            assert_close_to_eager(c(*args), fn(*args), exact=True)
+    assert len(c.records) == 2 and c.matches["gated_norm_merge"] == 2

@@ -273,7 +273,8 @@ class GatedNormMerge(Rewrite):
             if leaking:
                 return self.miss(last, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
             return Match(nodes=sorted(region | {y}, key=order.__getitem__),
-                         data={"writes": writes, "T": T, "y": y, **params})
+                         data={"writes": writes, "T": T, "y": y, "rest_dims": val(last).dim() - writes[0][2] - 1,
+                               **params})
         return self.miss(last, 3, "no x * rsqrt(mean(x^2) + eps) * weight * act(z) (norm before gate, "
                                   "silu or sigmoid gate) reads the merged rows")
 
@@ -367,7 +368,11 @@ class GatedNormMerge(Rewrite):
         with graph.inserting_before(y):
             sources = []
             for idx, values, _ in writes:
-                flat = graph.call_function(aten.reshape.default, (values, [val(idx).shape[0], -1]))
+                vv = val(values)
+                width = 1
+                for size in vv.shape[vv.dim() - d["rest_dims"]:]:
+                    width *= size
+                flat = graph.call_function(aten.reshape.default, (values, [-1, width]))
                 set_fake_vals(graph, flat)
                 sources.append(flat)
             if isinstance(T, int):

@@ -113,8 +113,11 @@ def run(T: int, *, smoke: bool, reps: int, bandwidth: float | None, layer_too: b
             l_kda = torch.compile(layer, backend="kda_inductor")
             # consumers fused differently may round differently: dtype tolerance, not bits
             check(f"T={T} layer", l_kda(*largs), l_stock(*largs), exact=False)
-            row["layer_stock_us"] = timer(lambda: l_stock(*largs))
-            row["layer_kda_us"] = timer(lambda: l_kda(*largs))
+            # a layer call is 0.3-40 ms: one call per graph, few replays (the split's 20 x 10
+            # calls per sample made T=16384 take minutes per number)
+            ltimer = timer if smoke else (lambda f: graph_replay_median_us(f, reps=max(10, reps // 5), inner=2))
+            row["layer_stock_us"] = ltimer(lambda: l_stock(*largs))
+            row["layer_kda_us"] = ltimer(lambda: l_kda(*largs))
     return row
 
 

@@ -303,12 +303,12 @@ def test_triton_kernel_matches_the_cpu_op(form, act):
     s = s.clone()
     s[0] -= 13  # negative: counts from the end
     srcs, z2 = [o_s.reshape(8, -1), o_ns.reshape(5, -1)], z.reshape(-1, D)
-    for rsqrt in (True, False):
+    for rsqrt, block_r in ((True, None), (False, None), (True, 4)):  # None: 1 row per program here
         want = torch.ops.kda.gated_norm_merge.default(
             [t.cpu() for t in srcs], [s.cpu(), ns.cpu()], z2.cpu(), w.cpu(), 1e-6, act, form, rsqrt, 13, dtype)
         y = torch.full_like(z2, 7.0)  # poisoned
         mod.norm_merge_triton(srcs, [s, ns], z2, w, y, eps=1e-6, activation=act, form=form, rsqrt=rsqrt,
-                              num_tokens=13)
+                              num_tokens=13, block_r=block_r)
         if device == "cpu":
             assert_close_to_eager(y, want, exact=True)
         else:  # the GPU reduces in another order than torch's CPU mean

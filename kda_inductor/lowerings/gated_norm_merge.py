@@ -132,8 +132,10 @@ if triton is not None:
         ACT: tl.constexpr, FORM: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
         HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
-        """Program p: row p of source 0 (p < n0) or p - n0 of source 1 -> its token's R rows."""
+        """Program (p, h): row p of source 0 (p < n0) or p - n0 of source 1 -> rows
+        h * BLOCK_R .. of its token's R norm rows."""
         p = tl.program_id(0)
+        h = tl.program_id(1)
         first = p < n0
         i = tl.where(first, p, p - n0).to(tl.int64)
         t0 = tl.load(idx0 + i, mask=first, other=0).to(tl.int64)
@@ -141,7 +143,7 @@ if triton is not None:
         t = tl.where(first, t0, t1)
         t = tl.where(t < 0, t + T, t)  # negative indices count from the end, as out[:, idx]
         tl.device_assert((t >= 0) & (t < T), "gated_norm_merge: index out of range")
-        rr = tl.arange(0, BLOCK_R)[:, None]
+        rr = h * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         dd = tl.arange(0, BLOCK_D)[None, :]
         m = (rr < R) & (dd < D)
         col = rr * D + dd
@@ -169,6 +171,19 @@ if triton is not None:
 
 
 
+TARGET_PROGRAMS = 2048
+
+
+def rows_per_program(tokens: int, R: int, target: int = TARGET_PROGRAMS) -> int:
+    """Norm rows (heads) per program, a power of two: a token's R rows in one program
+    when there are many tokens; split over several programs when few tokens would leave
+    the GPU idle (the same rule as gdn_spec_split's column programs; to be tuned on a GPU)."""
+    block = triton.next_power_of_2(R)
+    while block > 1 and tokens * triton.cdiv(R, block) < target:
+        block //= 2
+    return block
+
+
 def _rows(src: Tensor) -> tuple[Tensor, int]:
     if src.stride(-1) != 1 and src.shape[-1] != 1:
         src = src.contiguous()
@@ -176,7 +191,7 @@ def _rows(src: Tensor) -> tuple[Tensor, int]:
 
 
 def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation: str, form: str,
-                      rsqrt: bool, num_tokens: int, num_warps: int | None = None):
+                      rsqrt: bool, num_tokens: int, num_warps: int | None = None, block_r: int | None = None):
     """One launch writing ``y`` (fresh, contiguous ``[T * R, D]``). No sync, no allocation."""
     if triton is None:  # pragma: no cover
         raise RuntimeError("gated_norm_merge: the Triton kernel needs triton, which is not installed")
@@ -188,12 +203,13 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
         return y
     s1, st1 = srcs[1] if len(srcs) > 1 else srcs[0]
     idx1 = indices[1] if len(indices) > 1 else indices[0]
-    block_r, block_d = triton.next_power_of_2(R), triton.next_power_of_2(D)
+    block_d = triton.next_power_of_2(D)
+    block_r = block_r or rows_per_program(n[0] + n[1], R)
     if num_warps is None:
         num_warps = max(1, min(8, block_r * block_d // 512))
     in_dtype = sources[0].dtype
     extra = triton_launch_options() if y.is_cuda else {}
-    _gated_norm_merge_kernel[(n[0] + n[1],)](
+    _gated_norm_merge_kernel[(n[0] + n[1], triton.cdiv(R, block_r))](
         srcs[0][0], s1, indices[0], idx1, n[0], n[1], srcs[0][1], st1,
         z, z.stride(0), z.stride(1), weight, y, num_tokens, R, D, eps,
         ACT=activation, FORM=form, RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],

@@ -271,3 +271,23 @@ def write_out_json(filename: str, payload: dict) -> Path | None:
     """Write ``payload`` to ``$OUT/filename`` if the ``OUT`` env var is set."""
     out = os.environ.get("OUT")
     return write_json(Path(out) / filename, payload) if out else None
+
+
+def progress(row: dict) -> None:
+    """Print one finished row at once (a run cut short by a time limit keeps them)."""
+    print({k: round(v, 2) if isinstance(v, float) else v for k, v in row.items()}, flush=True)
+
+
+def finish(name: str, rows: Sequence[dict], columns: Sequence[Column], notes: str, *, smoke: bool,
+           record: bool, results_dir: str | os.PathLike, started: float) -> None:
+    """Print the table; unless ``smoke``, write ``$OUT/bench_<name>.json`` and, if ``record``,
+    the results files (``record_results``)."""
+    print_table(rows, columns, title=f"{name}: {notes}")
+    print(f"({time.perf_counter() - started:.0f} s)")
+    if smoke:
+        return
+    payload = {"benchmark": name, "env": environment_info(), "notes": notes, "rows": list(rows)}
+    write_out_json(f"bench_{name}.json", payload)
+    if record:
+        record_results(name, payload, markdown_table(rows, columns), results_dir=results_dir,
+                       title=f"{name} benchmark", notes=notes)

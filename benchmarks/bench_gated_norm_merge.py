@@ -22,14 +22,11 @@ import torch
 _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE), str(_HERE.parent / "examples")]
 from _timing import (  # noqa: E402
-    environment_info,
+    finish,
     graph_replay_median_us,
-    markdown_table,
     measure_copy_bandwidth,
     perf_counter_median_us,
-    print_table,
-    record_results,
-    write_out_json,
+    progress,
 )
 
 NAME = "gated_norm_merge"
@@ -121,18 +118,12 @@ def main(argv=None) -> list[dict]:
     rows = []
     for T in Ts:
         rows.append(run(T, smoke=args.smoke, reps=reps, bandwidth=bandwidth, H=H, D=D))
-        print({k: round(v, 2) if isinstance(v, float) else v for k, v in rows[-1].items()}, flush=True)
+        progress(rows[-1])
     notes = ("NOT meaningful (CPU smoke run)" if args.smoke else
              f"CUDA-graph replay medians, 10 calls per graph, per call; copy bandwidth "
              f"{bandwidth / 1e12:.2f} TB/s; H={H}, D={D}, bf16, three quarters of the tokens speculative")
-    print_table(rows, COLUMNS, title=f"{NAME}: {notes}")
-    print(f"({time.perf_counter() - t0:.0f} s)")
-    if not args.smoke:
-        payload = {"benchmark": NAME, "env": environment_info(), "notes": notes, "rows": rows}
-        write_out_json(f"bench_{NAME}.json", payload)
-        if not args.no_record:
-            record_results(NAME, payload, markdown_table(rows, COLUMNS), results_dir=_HERE / "results",
-                           title=f"{NAME} benchmark", notes=notes)
+    finish(NAME, rows, COLUMNS, notes, smoke=args.smoke, record=not args.no_record,
+           results_dir=_HERE / "results", started=t0)
     return rows
 
 

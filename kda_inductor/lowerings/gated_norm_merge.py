@@ -129,7 +129,7 @@ if triton is not None:
     def _gated_norm_merge_kernel(
         src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
         z_ptr, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps,
-        ACT: tl.constexpr, FORM: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
+        SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
         HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
         """Program (p, h): row p of source 0 (p < n0) or p - n0 of source 1 -> rows
@@ -157,11 +157,11 @@ if triton is not None:
         w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
         zrow = t * R + rr
         g = tl.load(z_ptr + zrow * z_stride_row + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
-        if ACT == "silu":
-            act = g / (1.0 + tl.exp(-g))
-        else:
+        if SIGMOID:
             act = tl.sigmoid(g)
-        if FORM == "fla":
+        else:  # silu, as Inductor decomposes it
+            act = g / (1.0 + tl.exp(-g))
+        if not HF:
             y = x * r * w.to(tl.float32) * act
         else:
             n = (x * r).to(IN_DTYPE)
@@ -212,7 +212,7 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
     _gated_norm_merge_kernel[(n[0] + n[1], triton.cdiv(R, block_r))](
         srcs[0][0], s1, indices[0], idx1, n[0], n[1], srcs[0][1], st1,
         z, z.stride(0), z.stride(1), weight, y, num_tokens, R, D, eps,
-        ACT=activation, FORM=form, RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
+        SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
         HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_R=block_r, BLOCK_D=block_d,
         num_warps=num_warps, **extra,
     )

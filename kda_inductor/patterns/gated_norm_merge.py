@@ -66,6 +66,13 @@ def _same(a, b) -> bool:
     return bool(statically_known_true(a == b))
 
 
+def _same_or_symbolic(a, b) -> bool:
+    """Sizes that index_put_ requires equal: proven equal, or both symbolic (Dynamo
+    specializes sizes 0 and 1, so a symbolic size is never a broadcast 1; some torch
+    versions keep the values' and the index's token counts as separate symbols)."""
+    return _same(a, b) or (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt))
+
+
 # --------------------------------------------------------------------------- expressions
 class _Expr:
     """Normalized expression trees over FX nodes (tuples; leaves are ``("leaf", node)``)."""
@@ -231,7 +238,7 @@ class GatedNormMerge(Rewrite):
             shape = list(vv.shape)
             while len(shape) > len(full) and shape[0] == 1:
                 shape.pop(0)
-            if len(shape) != len(full) or not all(_same(a, b) for a, b in zip(shape, full)) or vv.dtype != mv.dtype:
+            if len(shape) != len(full) or not all(map(_same_or_symbolic, shape, full)) or vv.dtype != mv.dtype:
                 return self.miss(last, 1, "written values are broadcast or of another dtype")
         return writes, T
 

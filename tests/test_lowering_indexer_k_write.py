@@ -7,7 +7,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from kda_inductor.lowerings import indexer_k_write as mod
-from kda_inductor.reference import QUANT_GROUP, cache_row_bytes, write_indexer_k_loop
+from kda_inductor.reference import cache_row_bytes, write_indexer_k_loop
 
 try:
     import triton

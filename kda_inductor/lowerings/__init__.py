@@ -1,4 +1,14 @@
-"""Fused ops, one file per rewrite: custom op, Triton kernel, CPU and fake impls."""
+"""Fused ops, one file per rewrite: custom op, Triton kernel, CPU and fake impls.
+
+Also the checks and views the ops share (the indexer's paged K cache is read by
+``indexer_k_gather`` and written by ``indexer_k_write``)."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kda_inductor.reference import QUANT_GROUP, scale_bytes
 
 
 def arg_error(arg: str, msg: str, exc: type[Exception] = ValueError) -> Exception:
@@ -17,3 +27,37 @@ def triton_launch_options() -> dict:
         return {}
     fields = getattr(CUDAOptions, "__dataclass_fields__", {})
     return {"sanitize_overflow": False} if "sanitize_overflow" in fields else {}
+
+
+def check_tensor(x, arg: str) -> None:
+    """``x`` must be a Tensor (a TypeError naming ``arg`` otherwise)."""
+    if not isinstance(x, Tensor):
+        raise arg_error(arg, f"expected a Tensor, got {type(x).__name__}", TypeError)
+
+
+def check_kv_cache(kv_cache: Tensor, head_dim) -> tuple[int, int]:
+    """The indexer's blocked K cache for ``head_dim``: uint8 ``[num_blocks, block_size,
+    head_dim + 4 * (head_dim // 128)]`` with contiguous blocks. Returns ``(num_blocks,
+    block_size)``."""
+    sb = scale_bytes(head_dim)
+    if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3:
+        raise arg_error("kv_cache", f"expected a 3-D uint8 tensor, got {kv_cache.dim()}-D {kv_cache.dtype}")
+    num_blocks, block_size, row = kv_cache.shape
+    if row != head_dim + sb:
+        raise arg_error(
+            "kv_cache",
+            f"expected last dim head_dim + 4 * (head_dim // {QUANT_GROUP}) = {head_dim + sb} "
+            f"for head_dim {head_dim}, got {row}",
+        )
+    if (kv_cache.stride(2) != 1 and row > 1) or (kv_cache.stride(1) != row and block_size > 1):
+        raise arg_error(
+            "kv_cache",
+            f"each block must be contiguous (strides (*, {row}, 1)), got strides {tuple(kv_cache.stride())}",
+        )
+    return num_blocks, block_size
+
+
+def cache_bytes(kv_cache: Tensor) -> Tensor:
+    """``kv_cache`` -> uint8 ``[num_blocks, block_size * row]`` view (blocks are contiguous)."""
+    nb, bs, row = kv_cache.shape
+    return kv_cache.as_strided((nb, bs * row), (kv_cache.stride(0), 1))

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
+from kda_inductor.lowerings import cache_bytes, check_kv_cache, check_tensor
 
 try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
     import triton
@@ -71,11 +72,6 @@ def _is_int(x) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-def _check_tensor(x, arg: str) -> None:
-    if not isinstance(x, Tensor):
-        raise _err(arg, f"expected a Tensor, got {type(x).__name__}", TypeError)
-
-
 def _check_head_dim(head_dim, arg: str) -> None:
     if _is_int(head_dim) and (head_dim <= 0 or head_dim % QUANT_GROUP != 0):
         raise _err(arg, f"head_dim must be a positive multiple of {QUANT_GROUP}, got {head_dim}")
@@ -92,24 +88,10 @@ def _check_num_tokens(num_tokens) -> None:
 def _check_meta(kv_cache, block_table, cu_seq_lens, head_dim, head_dim_arg: str) -> _Meta:
     """Sync-free checks of everything but the data; returns the cache geometry."""
     for x, arg in ((kv_cache, "kv_cache"), (block_table, "block_table"), (cu_seq_lens, "cu_seq_lens")):
-        _check_tensor(x, arg)
+        check_tensor(x, arg)
     _check_head_dim(head_dim, head_dim_arg)
     sb = 4 * (head_dim // QUANT_GROUP)
-    if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3:
-        raise _err("kv_cache", f"expected a 3-D uint8 tensor, got {kv_cache.dim()}-D {kv_cache.dtype}")
-    num_blocks, block_size, row = kv_cache.shape
-    if row != head_dim + sb:
-        raise _err(
-            "kv_cache",
-            f"expected last dim head_dim + 4 * (head_dim // {QUANT_GROUP}) = {head_dim + sb} "
-            f"for head_dim {head_dim}, got {row}",
-        )
-    if (kv_cache.stride(2) != 1 and row > 1) or (kv_cache.stride(1) != row and block_size > 1):
-        raise _err(
-            "kv_cache",
-            f"each block must be contiguous (strides (*, {row}, 1)), "
-            f"got strides {tuple(kv_cache.stride())}",
-        )
+    num_blocks, block_size = check_kv_cache(kv_cache, head_dim)
     if block_table.dim() != 2 or block_table.dtype not in _INDEX_DTYPES:
         raise _err(
             "block_table",
@@ -135,7 +117,7 @@ def _check_meta(kv_cache, block_table, cu_seq_lens, head_dim, head_dim_arg: str)
 
 def _check_dst(dst, arg: str, num_tokens, row_bytes, device) -> None:
     """``dst`` must be 2-D ``[num_tokens, *]`` with ``row_bytes`` contiguous bytes per row."""
-    _check_tensor(dst, arg)
+    check_tensor(dst, arg)
     if dst.dim() != 2:
         raise _err(arg, f"expected a 2-D tensor, got {dst.dim()}-D")
     if dst.device != device:
@@ -158,7 +140,7 @@ def _check_functional(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim) 
 
 
 def _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens) -> _Meta:
-    _check_tensor(dst_value, "dst_value")
+    check_tensor(dst_value, "dst_value")
     if dst_value.dim() != 2 or dst_value.element_size() != 1:
         raise _err(
             "dst_value",
@@ -225,12 +207,6 @@ def _byte_rows(x: Tensor) -> Tensor:
     if x.shape[1] == 1 and x.stride(1) != 1:
         x = x.as_strided(x.shape, (x.stride(0), 1))
     return x.view(torch.uint8)
-
-
-def _cache_bytes(kv_cache: Tensor) -> Tensor:
-    """``kv_cache`` -> uint8 ``[num_blocks, block_size * row]`` view (blocks are contiguous)."""
-    nb, bs, row = kv_cache.shape
-    return kv_cache.as_strided((nb, bs * row), (kv_cache.stride(0), 1))
 
 
 def word_bytes(*byte_rows: Tensor, sizes: tuple[int, ...] = ()) -> int:
@@ -437,7 +413,7 @@ def _launch(kv_cache, block_table, cu_seq_lens, dv, ds, meta: _Meta, block_t, nu
     if triton is None:  # pragma: no cover
         raise RuntimeError("indexer_k_gather: the Triton kernel needs triton, which is not installed")
     num_tokens = dv.shape[0]
-    kv = _cache_bytes(kv_cache)
+    kv = cache_bytes(kv_cache)
     w = word_bytes(kv, dv, ds, sizes=(meta.head_dim, meta.scale_bytes))
     if num_tokens == 0:
         return w
@@ -514,7 +490,7 @@ def gather_triton(
 def _gather_cpu(kv_cache, block_table, cu_seq_lens, num_tokens: int, meta: _Meta, n_arg: str):
     """Validated pure-torch gather -> fresh contiguous uint8 ``(values, scales)``."""
     blk, off = _check_values_cpu(block_table, cu_seq_lens, num_tokens, meta, n_arg)
-    flat = _cache_bytes(kv_cache)
+    flat = cache_bytes(kv_cache)
     split = meta.block_size * meta.head_dim
     vals = flat[:, :split].unflatten(1, (meta.block_size, meta.head_dim))
     scs = flat[:, split:].unflatten(1, (meta.block_size, meta.scale_bytes))

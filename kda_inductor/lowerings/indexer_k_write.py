@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
+from kda_inductor.lowerings import cache_bytes, check_kv_cache, check_tensor
 from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN, layer_norm_k, quantize_k
 
 try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
@@ -59,35 +60,17 @@ class _Meta:
     groups: int
 
 
-def _check_tensor(x, arg: str) -> None:
-    if not isinstance(x, Tensor):
-        raise _err(arg, f"expected a Tensor, got {type(x).__name__}", TypeError)
-
-
 def _check(kv_cache, k, slot_mapping, weight, bias, eps) -> _Meta:
     """Sync-free checks of everything but slot values; returns the geometry."""
     for x, arg in ((kv_cache, "kv_cache"), (k, "k"), (slot_mapping, "slot_mapping")):
-        _check_tensor(x, arg)
+        check_tensor(x, arg)
     if k.dim() != 2 or k.dtype not in _K_DTYPES:
         raise _err("k", f"expected a 2-D bfloat16/float16/float32 tensor, got {k.dim()}-D {k.dtype}")
     num_tokens, head_dim = k.shape
     if isinstance(head_dim, int) and (head_dim <= 0 or head_dim % QUANT_GROUP):
         raise _err("k", f"head_dim (k.shape[1]) must be a positive multiple of {QUANT_GROUP}, got {head_dim}")
     groups = head_dim // QUANT_GROUP
-    if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3:
-        raise _err("kv_cache", f"expected a 3-D uint8 tensor, got {kv_cache.dim()}-D {kv_cache.dtype}")
-    num_blocks, block_size, row = kv_cache.shape
-    if row != head_dim + 4 * groups:
-        raise _err(
-            "kv_cache",
-            f"expected last dim head_dim + 4 * (head_dim // {QUANT_GROUP}) = {head_dim + 4 * groups} "
-            f"for head_dim {head_dim}, got {row}",
-        )
-    if (kv_cache.stride(2) != 1 and row > 1) or (kv_cache.stride(1) != row and block_size > 1):
-        raise _err(
-            "kv_cache",
-            f"each block must be contiguous (strides (*, {row}, 1)), got strides {tuple(kv_cache.stride())}",
-        )
+    num_blocks, block_size = check_kv_cache(kv_cache, head_dim)
     if slot_mapping.dim() != 1 or slot_mapping.dtype not in _INDEX_DTYPES:
         raise _err(
             "slot_mapping",
@@ -100,7 +83,7 @@ def _check(kv_cache, k, slot_mapping, weight, bias, eps) -> _Meta:
     for x, arg in ((weight, "weight"), (bias, "bias")):
         if x is None:
             continue
-        _check_tensor(x, arg)
+        check_tensor(x, arg)
         if x.dim() != 1 or x.dtype != torch.float32 or x.shape[0] != head_dim:
             raise _err(arg, f"expected a float32 tensor [{head_dim}], got {x.dtype}{list(x.shape)}")
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
@@ -109,12 +92,6 @@ def _check(kv_cache, k, slot_mapping, weight, bias, eps) -> _Meta:
         if x is not None and x.device != kv_cache.device:
             raise _err(arg, f"expected device {kv_cache.device} (kv_cache's), got {x.device}")
     return _Meta(num_tokens, num_blocks, block_size, head_dim, groups)
-
-
-def _cache_bytes(kv_cache: Tensor) -> Tensor:
-    """``kv_cache`` -> uint8 ``[num_blocks, block_size * row]`` view (blocks are contiguous)."""
-    nb, bs, row = kv_cache.shape
-    return kv_cache.as_strided((nb, bs * row), (kv_cache.stride(0), 1))
 
 
 # --------------------------------------------------------------------------------------
@@ -235,7 +212,7 @@ def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
         raise RuntimeError("indexer_k_write: the Triton kernel needs triton, which is not installed")
     if meta.num_tokens == 0 or meta.num_blocks == 0:
         return
-    kv = _cache_bytes(kv_cache)
+    kv = cache_bytes(kv_cache)
     block_t = block_t or default_block_t(meta.head_dim)
     groups_p2 = _next_pow2(meta.groups)
     if num_warps is None:
@@ -282,7 +259,7 @@ def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta)
     q, scale = quantize_k(k, ue8m0)
     keep = torch.nonzero(slots >= 0).flatten()
     blk, off = slots[keep] // meta.block_size, slots[keep] % meta.block_size
-    flat = _cache_bytes(kv_cache)
+    flat = cache_bytes(kv_cache)
     bs, hd = meta.block_size, meta.head_dim
     vals = flat[:, : bs * hd].unflatten(1, (bs, hd))
     scs = flat[:, bs * hd :].unflatten(1, (bs, 4 * meta.groups))

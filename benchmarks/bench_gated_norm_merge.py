@@ -67,14 +67,10 @@ def bytes_moved(args) -> int:
     return 3 * elems * z.element_size() + (s.numel() + ns.numel()) * s.element_size() + w.numel() * w.element_size()
 
 
-def ulps(a: torch.Tensor, b: torch.Tensor) -> int:
-    return int((a.view(torch.int16).int() - b.view(torch.int16).int()).abs().max())
-
-
 def run(T: int, *, smoke: bool, reps: int, bandwidth: float | None, H: int, D: int) -> dict:
     device = "cpu" if smoke else "cuda"
     args = tail_inputs(T, H, D, device)
-    from kda_inductor.testing import compile_for_test
+    from kda_inductor.testing import compile_for_test, max_ulps
 
     stock = torch.compile(tail, backend="inductor")
     checked = compile_for_test(tail, options=ENABLE)
@@ -83,7 +79,7 @@ def run(T: int, *, smoke: bool, reps: int, bandwidth: float | None, H: int, D: i
     if checked.matches[NAME] != 1:
         raise SystemExit(f"T={T}: the rewrite did not match: {checked.matches}")
     kda = checked.compiled
-    row = {"T": T, "max_ulps": ulps(got, want)}
+    row = {"T": T, "max_ulps": max_ulps(got, want)}
     if row["max_ulps"] > (0 if smoke else 2):
         raise SystemExit(f"T={T}: kda differs from eager by {row['max_ulps']} bf16 ulps")
     timer = (lambda f: perf_counter_median_us(f, reps)) if smoke else (

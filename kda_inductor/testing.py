@@ -32,6 +32,7 @@ __all__ = [
     "assert_rewrites",
     "compile_for_test",
     "fresh_compile",
+    "max_ulps",
 ]
 
 
@@ -116,6 +117,17 @@ _TOLERANCE = {
     torch.float16: (1e-3, 1e-5),
     torch.bfloat16: (1.6e-2, 1e-5),  # two bf16 ulps
 }
+
+
+def max_ulps(actual: torch.Tensor, expected: torch.Tensor) -> int:
+    """Largest distance in units in the last place between two 16-bit float tensors of the
+    same dtype (bf16 or fp16, same sign): how many representable values apart they are."""
+    if actual.dtype != expected.dtype or actual.dtype not in (torch.bfloat16, torch.float16):
+        raise TypeError(f"max_ulps: expected two bf16 or two fp16 tensors, got {actual.dtype} and {expected.dtype}")
+    if actual.numel() == 0:
+        return 0
+    diff = actual.view(torch.int16).int() - expected.to(actual.device).view(torch.int16).int()
+    return int(diff.abs().max())
 
 
 def assert_close_to_eager(actual: Any, expected: Any, *, exact: bool = False,

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from kda_inductor.lowerings import gated_norm_merge as mod
-from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile
+from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile, max_ulps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
@@ -98,10 +98,6 @@ def _run(fn, *args, options=ON):
     return out, c
 
 
-def _ulps(a, b):
-    return (a.view(torch.int16).int() - b.view(torch.int16).int()).abs().max().item()
-
-
 # --------------------------------------------------------------------------- examples
 @pytest.mark.parametrize("build", [G.build_gdn, G.build_kda], ids=["gdn", "kda"])
 def test_example_layers_match_once(build):
@@ -153,7 +149,7 @@ def test_reordered_spelling_within_two_bf16_ulps():
     fn = _layer_tail(reordered)
     out, c = _run(fn, *args)
     assert c.matches["gated_norm_merge"] == 1
-    assert _ulps(out, fn(*args)) <= 2
+    assert max_ulps(out, fn(*args)) <= 2
 
 
 def test_eps_is_a_parameter():
@@ -312,7 +308,7 @@ def test_triton_kernel_matches_the_cpu_op(form, act):
         if device == "cpu":
             assert_close_to_eager(y, want, exact=True)
         else:  # the GPU reduces in another order than torch's CPU mean
-            assert _ulps(y.cpu(), want) <= 1
+            assert max_ulps(y.cpu(), want) <= 1
 
 
 def test_automatic_dynamic_token_count():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kda_inductor.testing import assert_close_to_eager
+from kda_inductor.testing import assert_close_to_eager, max_ulps
 
 USER_TEST = '''
 import pytest, torch
@@ -88,3 +88,15 @@ def test_close_to_eager_fp8_and_exact_are_bitwise():
         assert_close_to_eager(y.view(torch.float8_e4m3fn), x)
     with pytest.raises(AssertionError, match="bytes"):
         assert_close_to_eager(torch.ones(4), torch.ones(4) + 1e-7, exact=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_max_ulps_counts_representable_steps(dtype):
+    x = torch.randn(64).to(dtype).abs() + 1
+    inf = torch.tensor(float("inf"), dtype=dtype)
+    one_up = torch.nextafter(x, inf)
+    assert max_ulps(x, x) == 0
+    assert max_ulps(one_up, x) == 1
+    assert max_ulps(torch.nextafter(one_up, inf), x) == 2
+    with pytest.raises(TypeError, match="bf16 or two fp16"):
+        max_ulps(x.float(), x.float())

@@ -195,13 +195,17 @@ def assert_cudagraph_safe(fn: Callable[..., Any], *args: Any) -> torch.cuda.CUDA
 
 def assert_no_cudagraph_skips(fn: Callable[[], Any]) -> list[str]:
     """Run ``fn`` (which compiles with ``mode="reduce-overhead"``) and assert Inductor
-    skipped CUDA graphs nowhere; the failure lists Inductor's reasons."""
+    skipped CUDA graphs nowhere; the failure lists Inductor's reasons. Compiles inside
+    ``fn`` run with Inductor's ``triton.cudagraph_or_error`` where it has it, so a skip
+    also fails at once, where it happens."""
     from torch._dynamo.utils import counters
 
     from kda_inductor.explain import CompileLogCapture
 
+    patches = ({"triton.cudagraph_or_error": True}
+               if hasattr(torch._inductor.config.triton, "cudagraph_or_error") else {})
     before = counters["inductor"]["cudagraph_skips"]
-    with CompileLogCapture().attached() as capture:
+    with CompileLogCapture().attached() as capture, torch._inductor.config.patch(patches):
         fn()
     skipped = counters["inductor"]["cudagraph_skips"] - before
     reasons = capture.parsed()[2]

@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from kda_inductor.testing import (
-    assert_close_to_eager,
     assert_cudagraph_safe,
-    assert_no_cudagraph_skips,
     compile_for_test,
     fresh_compile,
     max_ulps,
@@ -19,6 +17,7 @@ from kda_inductor.testing import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
+from tests.helpers import example_layer_reduce_overhead  # noqa: E402
 
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
 ON = {"kda": {"enable": ["gated_norm_merge"], "strict": True}}
@@ -27,21 +26,7 @@ ON = {"kda": {"enable": ["gated_norm_merge"], "strict": True}}
 @pytest.mark.parametrize("cls, cfg", [(G.Qwen3NextGDN, G.GDNConfig.tiny()), (G.KimiKDA, G.KDAConfig.tiny())],
                          ids=["gdn", "kda"])
 def test_reduce_overhead_no_cudagraph_skips(cls, cfg):
-    torch.manual_seed(0)
-    layer = cls(cfg).cuda().eval()
-    patches = {"triton.cudagraph_or_error": True} if hasattr(torch._inductor.config.triton, "cudagraph_or_error") else {}
-
-    def run_steps():
-        for step in range(3):
-            hidden, batch, states = G.make_inputs(layer, 3, 4, seed=step, device="cuda")
-            args = (hidden, batch.spec_idx, batch.non_spec_idx, *states)
-            out, want = compiled(*args), layer(*args)
-            for o, w in zip(out, want):  # the compiled recurrence rounds differently from eager
-                assert_close_to_eager(o, w, rtol=2**-7, atol=2**-7 * float(w.abs().max()))
-
-    with torch.no_grad(), fresh_compile(), torch._inductor.config.patch(patches):
-        compiled = compile_for_test(layer, mode="reduce-overhead", options=ON)
-        assert_no_cudagraph_skips(run_steps)
+    compiled = example_layer_reduce_overhead(cls, cfg, ON)
     assert compiled.matches["gated_norm_merge"] == 1
 
 

@@ -13,44 +13,22 @@ import torch
 from kda_inductor.testing import (
     assert_close_to_eager,
     assert_cudagraph_safe,
-    assert_no_cudagraph_skips,
     compile_for_test,
     fresh_compile,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
+from tests.helpers import example_layer_reduce_overhead  # noqa: E402
 
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
 OPTS = {"kda": {"strict": True}}
-# mode="reduce-overhead" is this Inductor option; compile_for_test takes mode or options
-REDUCE_OVERHEAD = {"triton.cudagraphs": True, **OPTS}
-
-
-def _layer(cls, cfg, seed=0):
-    torch.manual_seed(seed)
-    return cls(cfg).cuda().eval()
 
 
 @pytest.mark.parametrize("cls, cfg", [(G.Qwen3NextGDN, G.GDNConfig.tiny()), (G.KimiKDA, G.KDAConfig.tiny())],
                          ids=["gdn", "kda"])
 def test_reduce_overhead_no_cudagraph_skips(cls, cfg):
-    layer = _layer(cls, cfg)
-    patches = {"triton.cudagraph_or_error": True} if hasattr(torch._inductor.config.triton, "cudagraph_or_error") else {}
-
-    def run_steps():
-        for step in range(3):  # new batches of the same shape each step
-            hidden, batch, states = G.make_inputs(layer, 3, 4, seed=step, device="cuda")
-            args = (hidden, batch.spec_idx, batch.non_spec_idx, *states)
-            out, want = compiled(*args), layer(*args)
-            # Inductor rounds the consumers differently from eager (bf16 out_proj sums
-            # thousands of products): one bf16 step of each output's range
-            for o, w in zip(out, want):
-                assert_close_to_eager(o, w, rtol=2**-7, atol=2**-7 * float(w.abs().max()))
-
-    with torch.no_grad(), fresh_compile(), torch._inductor.config.patch(patches):
-        compiled = compile_for_test(layer, options=REDUCE_OVERHEAD)
-        assert_no_cudagraph_skips(run_steps)
+    compiled = example_layer_reduce_overhead(cls, cfg, OPTS)
     assert compiled.matches["gdn_spec_split"] == 1
 
 

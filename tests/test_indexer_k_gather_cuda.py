@@ -48,7 +48,6 @@ def test_reduce_overhead_no_cudagraph_skips(mode, return_outputs):
     """Returned outputs use kda.indexer_k_gather; buffers only, the in-place _out variant."""
     cache, table, cu, n = _inputs(1)
     model = IndexerKCache(cache, n, return_outputs=return_outputs)
-    patches = {"triton.cudagraph_or_error": True} if hasattr(torch._inductor.config.triton, "cudagraph_or_error") else {}
 
     def run_steps():
         for step in range(4):  # new block tables each step, same shapes
@@ -59,7 +58,7 @@ def test_reduce_overhead_no_cudagraph_skips(mode, return_outputs):
                 assert_bytes_equal(out, expected)
             assert_bytes_equal([model.dst_value, model.dst_scale.view(torch.float32)], expected)
 
-    with fresh_compile(), torch._inductor.config.patch(patches):
+    with fresh_compile():
         compiled = compile_for_test(model, mode=mode)
         assert_no_cudagraph_skips(run_steps)
     assert compiled.matches["indexer_k_gather"] == 1

@@ -62,7 +62,6 @@ def _expected(model, before, k, slots):
 @pytest.mark.parametrize("mode", ["reduce-overhead", "max-autotune"])
 def test_reduce_overhead_no_cudagraph_skips(mode):
     model = IndexerKWriter()
-    patches = {"triton.cudagraph_or_error": True} if hasattr(torch._inductor.config.triton, "cudagraph_or_error") else {}
 
     def run_steps():
         for step in range(4):  # new tokens and slots each step, same shapes
@@ -72,7 +71,7 @@ def test_reduce_overhead_no_cudagraph_skips(mode):
             why = written_cache_mismatch(model.kv_cache, _expected(model, before, k, slots), slots, HEAD_DIM)
             assert why is None, f"step {step}: {why}"
 
-    with fresh_compile(), torch._inductor.config.patch(patches):
+    with fresh_compile():
         compiled = compile_for_test(model, mode=mode, options=ON)
         assert_no_cudagraph_skips(run_steps)
     assert compiled.matches["indexer_k_write"] == 1

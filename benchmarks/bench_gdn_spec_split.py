@@ -68,14 +68,13 @@ def check(label, got, want, *, exact: bool = True) -> None:
     """Bits for the gathers; for a whole layer, whose consumers Inductor fuses differently
     with and without the rewrite, each output within 2**-7 of its largest magnitude (one
     bf16 step there: out_proj sums thousands of products, so values near 0 are noise)."""
-    from kda_inductor.testing import assert_close_to_eager
+    from kda_inductor.testing import assert_close_in_range, assert_close_to_eager
 
     try:
         if exact:
             assert_close_to_eager(got, want, exact=True)
         else:
-            for i, (a, b) in enumerate(zip(got, want)):
-                assert_close_to_eager(a, b, rtol=2**-7, atol=2**-7 * float(b.abs().max()))
+            assert_close_in_range(got, want)
     except AssertionError as e:
         raise SystemExit(f"{label}: compiled output differs from eager: {e}") from None
 

@@ -16,11 +16,16 @@ import torch
 import torch.nn.functional as F
 
 from kda_inductor.lowerings import gated_norm_merge as mod
-from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile, max_ulps
+from kda_inductor.testing import (
+    assert_close_in_range,
+    assert_close_to_eager,
+    compile_for_test,
+    fresh_compile,
+    max_ulps,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
-from tests.helpers import assert_close_in_range  # noqa: E402
 
 ON = {"kda": {"enable": ["gated_norm_merge"], "strict": True}}
 H, D = 3, 16

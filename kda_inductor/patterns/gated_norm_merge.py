@@ -40,6 +40,7 @@ import torch
 import torch.fx as fx
 
 from kda_inductor.lowerings import gated_norm_merge as _lowering  # noqa: F401  (registers the op)
+from kda_inductor.patterns._index_algebra import known
 from kda_inductor.patterns.base import (
     Match,
     Rewrite,
@@ -57,20 +58,11 @@ _VIEWS = (aten.reshape, aten.view, aten._unsafe_view)
 _F32 = torch.float32
 
 
-def _same(a, b) -> bool:
-    """``a == b`` for ints or SymInts, statically known."""
-    try:
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
-    except ImportError:  # pragma: no cover
-        return bool(a == b)
-    return bool(statically_known_true(a == b))
-
-
 def _same_or_symbolic(a, b) -> bool:
     """Sizes that index_put_ requires equal: proven equal, or both symbolic (Dynamo
     specializes sizes 0 and 1, so a symbolic size is never a broadcast 1; some torch
     versions keep the values' and the index's token counts as separate symbols)."""
-    return _same(a, b) or (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt))
+    return known(a == b) or (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt))
 
 
 # --------------------------------------------------------------------------- expressions
@@ -229,7 +221,7 @@ class GatedNormMerge(Rewrite):
         if len({w[0] for w in writes}) != len(writes):
             return self.miss(last, 1, "the same index tensor written twice: not a partition")
         lengths = [val(w[0]).shape[0] for w in writes]
-        if not _same(sum(lengths), T):
+        if not known(sum(lengths) == T):
             return self.miss(last, 1, f"index lengths {lengths} do not add up to the {T} tokens: not a partition")
         rest = list(mv.shape[d + 1:])
         for idx, values, _ in writes:
@@ -261,7 +253,7 @@ class GatedNormMerge(Rewrite):
         per_token = 1
         for s in val(last).shape[writes[0][2] + 1:]:
             per_token *= s
-        if not _same(per_token % D, 0):
+        if not known(per_token % D == 0):
             return self.miss(last, 2, "norm rows straddle tokens")
         downstream = reachable([x], upstream=False)
         expr = _Expr(x)
@@ -362,7 +354,7 @@ class GatedNormMerge(Rewrite):
             return None
         wv = val(w[1])
         D = val(x).shape[-1]
-        if wv is None or wv.dim() != 1 or not _same(wv.shape[0], D):
+        if wv is None or wv.dim() != 1 or not known(wv.shape[0] == D):
             return None
         return w[1]
 

@@ -165,10 +165,9 @@ if triton is not None:
             y = x * r * w.to(tl.float32) * act
         else:
             n = (x * r).to(IN_DTYPE)
-            h = (w.to(tl.float32) * n.to(tl.float32)).to(HF_DTYPE)
-            y = h.to(tl.float32) * act
+            wn = (w.to(tl.float32) * n.to(tl.float32)).to(HF_DTYPE)
+            y = wn.to(tl.float32) * act
         tl.store(y_ptr + zrow * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
-
 
 
 TARGET_PROGRAMS = 2048

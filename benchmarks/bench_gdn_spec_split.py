@@ -82,6 +82,7 @@ def check(label, got, want, *, exact: bool = True) -> None:
 def run(T: int, *, smoke: bool, reps: int, bandwidth: float | None, layer_too: bool) -> dict:
     import gdn_layers as G
 
+    torch._dynamo.reset()  # each T compiled for its own static shapes
     device = "cpu" if smoke else "cuda"
     cfg = G.GDNConfig.tiny() if smoke else G.GDNConfig()
     args = split_inputs(T, cfg.conv_dim, cfg.num_v_heads, device)

@@ -111,8 +111,7 @@ def compile_write(backend: str, tag: str) -> Callable:
         write_step(k, weight, bias, kv_cache, slot_mapping)
 
     step.__code__ = step.__code__.replace(co_name=f"write_{tag}")
-    options = {"kda": {"enable": ["indexer_k_write"]}} if backend == "kda_inductor" else None  # opt-in for now
-    return torch.compile(step, backend=backend, fullgraph=True, dynamic=False, options=options)
+    return torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
 
 
 def bytes_moved(num_tokens: int) -> int:

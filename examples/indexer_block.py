@@ -45,9 +45,6 @@ class IndexerConfig:
     ue8m0: bool = True  # V3.2's scale format
 
 
-OPTIONS = {"kda": {"enable": ["indexer_k_write"]}}
-"""``indexer_k_write`` is opt-in until its kernel has run on a GPU."""
-
 TINY = IndexerConfig(dim=64, n_heads=4, head_dim=128, rope_dim=64, topk=16, block_size=16, num_blocks=24)
 
 
@@ -185,10 +182,10 @@ def demo(small: bool) -> None:
     ref_idx, ref_logits = block(*inputs)
     ref_cache = block.kv_cache.clone()
     block.kv_cache.copy_(cache0)
-    report = kda_inductor.Explainer(options=OPTIONS)(block, *inputs)
+    report = kda_inductor.explain(block, *inputs)
     print(report)
     block.kv_cache.copy_(cache0)
-    compiled = torch.compile(block, backend="kda_inductor", options=OPTIONS)
+    compiled = torch.compile(block, backend="kda_inductor")
     idx, _ = compiled(*inputs)
     n = inputs[-1]
     why = written_cache_mismatch(block.kv_cache, ref_cache, inputs[2], block.cfg.head_dim)

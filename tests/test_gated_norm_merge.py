@@ -1,4 +1,4 @@
-"""gated_norm_merge (opt-in until measured on a GPU): pattern, op and Triton kernel.
+"""gated_norm_merge: pattern, op and Triton kernel.
 
 Bounds: on CPU the op computes what eager computes for the fla and hf spellings, so those
 tests assert bit equality with eager; spellings whose products are in another order
@@ -26,8 +26,9 @@ from kda_inductor.testing import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
+from tests.helpers import device_params  # noqa: E402
 
-ON = {"kda": {"enable": ["gated_norm_merge"], "strict": True}}
+ON = {"kda": {"strict": True}}
 H, D = 3, 16
 
 
@@ -115,9 +116,13 @@ def test_example_layers_match_once(build):
     assert_close_in_range(out, eager)  # the recurrence before the norm is compiled too
 
 
-def test_off_by_default():
-    _, c = _run(_layer_tail(fla), *_inputs(), options=None)
+def test_on_by_default_and_can_be_disabled():
+    fn, args = _layer_tail(fla), _inputs(seed=9)
+    _, c = _run(fn, *args, options=None)
+    assert c.matches["gated_norm_merge"] == 1
+    out, c = _run(fn, *args, options={"kda": {"disable": ["gated_norm_merge"]}})
     assert c.matches["gated_norm_merge"] == 0
+    assert_close_to_eager(out, fn(*args), exact=True)
 
 
 # --------------------------------------------------------------------------- spellings (bit-exact)
@@ -313,6 +318,35 @@ def test_triton_kernel_matches_the_cpu_op(form, act):
             assert_close_to_eager(y, want, exact=True)
         else:  # the GPU reduces in another order than torch's CPU mean
             assert max_ulps(y.cpu(), want) <= 1
+
+
+@device_params
+def test_automatic_dynamic_token_count_from_the_gate(device):
+    """As the layers write it: ``out``'s T comes from another tensor, so under automatic
+    dynamic T and the index lengths are unrelated symbols. Still one match per graph; a
+    call whose lengths do not add up to T (duplicates: the later write wins) runs eager's
+    merge-then-norm inside the op and equals eager exactly."""
+    def fn(o_s, o_ns, s, ns, z, w):
+        out = torch.empty(1, z.shape[0], H, D, dtype=o_s.dtype, device=o_s.device)
+        out.index_copy_(1, s, o_s)
+        out.index_copy_(1, ns, o_ns)
+        return fla(out.reshape(-1, D), z.reshape(-1, D), w)
+
+    dtype = torch.float16 if device == "cpu" else torch.bfloat16
+    with fresh_compile():
+        c = compile_for_test(fn, options=ON)
+        for T, n_spec, seed in ((13, 8, 30), (21, 15, 31), (17, 12, 32)):
+            o_s, o_ns, s, ns, z, w = _inputs(T=T, n_spec=n_spec, seed=seed, dtype=dtype)
+            if T == 17:  # not a partition: ns overlaps s in 7 tokens and covers the rest
+                ns = torch.cat([s[5:], ns])
+                o_ns = torch.randn(1, ns.shape[0], H, D, dtype=dtype)
+            args = [t.to(device).clone() for t in (o_s, o_ns, s, ns, z, w)]  # no views: same guards
+            got, want = c(*args), fn(*args)
+            if device == "cpu" or T == 17:  # the fallback is eager's own ops
+                assert_close_to_eager(got, want, exact=True)
+            else:
+                assert max_ulps(got, want) <= 2
+    assert len(c.records) == 2 and c.matches["gated_norm_merge"] == 2
 
 
 def test_automatic_dynamic_token_count():

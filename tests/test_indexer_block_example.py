@@ -23,7 +23,7 @@ def test_indexer_block_matches_both_rewrites_and_agrees_with_eager(capsys):
     ref_cache = block.kv_cache.clone()
     block.kv_cache.copy_(cache0)
     with fresh_compile():
-        compiled = compile_for_test(block, options={"kda": {"enable": ["indexer_k_write"]}})
+        compiled = compile_for_test(block)
         idx, _ = compiled(*inputs, n)
     assert compiled.matches["indexer_k_write"] == 1 and compiled.matches["indexer_k_gather"] == 1
     slots = inputs[2]

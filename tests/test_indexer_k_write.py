@@ -31,7 +31,7 @@ from kda_inductor.reference import (
 from kda_inductor.testing import compile_for_test
 from tests.helpers import compile_and_run, fresh_compile
 
-ON = {"kda": {"enable": ["indexer_k_write"], "strict": True}}  # opt-in until GPU-run
+ON = {"kda": {"strict": True}}
 
 
 def _inputs(head_dim=128, block_size=16, num_blocks=6, tokens=11, seed=0, padding=(), int32=False):
@@ -40,7 +40,7 @@ def _inputs(head_dim=128, block_size=16, num_blocks=6, tokens=11, seed=0, paddin
     g = torch.Generator().manual_seed(seed)
     k = (torch.randn(tokens, head_dim, generator=g) * 3).to(torch.bfloat16)
     k[0, :5] = 0  # a few exact zeros, and one all-zero group below
-    k[1, :QUANT_GROUP] = 0
+    k[min(1, tokens - 1), :QUANT_GROUP] = 0
     row = head_dim + 4 * (head_dim // QUANT_GROUP)
     cache = torch.randint(0, 256, (num_blocks, block_size, row), dtype=torch.uint8, generator=g)
     slots = torch.randperm((num_blocks - 1) * block_size, generator=g)[:tokens] + block_size
@@ -158,6 +158,18 @@ def test_write_forms_match_in_place_and_bit_exact(form, ue8m0):
                                     int32=form is _view_assign)
     expected = _reference(k, cache, slots, ue8m0)
     matches, code = _compile_write(lambda k, c, s: form(k, c, s, ue8m0), cache, k, cache, slots)
+    assert matches["indexer_k_write"] == 1
+    _assert_in_place(code)
+    assert torch.equal(cache, expected), f"{int((cache != expected).sum())} cache bytes differ"
+
+
+@pytest.mark.parametrize("form", list(FORMS), ids=lambda f: f.__name__.strip("_"))
+def test_single_token_decode(form):
+    """One token: ``x[i] = v`` stores ``v`` reshaped from ``[1, B]`` to ``[B]``; still a match."""
+    head_dim, block_size, _ = FORMS[form]
+    k, cache, slots, _, _ = _inputs(head_dim, block_size, tokens=1, seed=21)
+    expected = _reference(k, cache, slots, True)
+    matches, code = _compile_write(lambda k, c, s: form(k, c, s, True), cache, k, cache, slots)
     assert matches["indexer_k_write"] == 1
     _assert_in_place(code)
     assert torch.equal(cache, expected), f"{int((cache != expected).sum())} cache bytes differ"

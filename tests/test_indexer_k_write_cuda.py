@@ -20,7 +20,7 @@ from kda_inductor.testing import (
     fresh_compile,
 )
 
-ON = {"kda": {"enable": ["indexer_k_write"], "strict": True}}  # opt-in until GPU-run
+ON = {"kda": {"strict": True}}
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
 
 HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 128, 64, 40

@@ -9,7 +9,9 @@ on a fresh buffer are functional ``aten.index_put``):
   writes), into ``torch.empty`` only, the two index tensors distinct graph values whose
   lengths add up to the token count (a partition, as the layer's metadata guarantees:
   the sizes are checked, the values cannot be), and ``M`` read only through views to
-  ``X [N, D]``;
+  ``X [N, D]``. Under automatic dynamic shapes the lengths and ``T`` are unrelated symbols:
+  then only lengths that provably do not add up are rejected, and the op compares the sizes
+  at launch (host ints, no sync), taking eager's merge-then-norm path when they differ;
 * the norm, read as an expression tree whose spellings are normalized (``pow(x, 2)`` /
   ``square`` / ``x * x``, ``mean`` / ``sum / D``, ``rsqrt`` / ``1 / sqrt`` / ``sqrt ** -1``,
   ``silu`` / ``x * sigmoid(x)`` / ``x / (1 + exp(-x))``, products in any order)::
@@ -23,7 +25,7 @@ on a fresh buffer are functional ``aten.index_put``):
 Must not match: ``norm_before_gate=False`` (the gate inside the mean), a norm without a gate,
 another activation, a merged buffer (or any intermediate of the norm) read elsewhere, a
 merge into zeros or other data (uncovered rows would have to keep it), one index tensor used
-twice, index lengths that do not add up to the tokens. The merge-free case (a plain gated
+twice, index lengths that provably do not add up to the tokens. The merge-free case (a plain gated
 RMSNorm) is left to Inductor: its own fusion of it is one kernel already.
 
 Numerics: the op computes products in the order written above (and ``rsqrt`` or
@@ -33,7 +35,6 @@ eager only by the reduction order on GPU; other product orders are within two bf
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
@@ -182,7 +183,6 @@ def _strip_cast(e, dtype=_F32):
 class GatedNormMerge(Rewrite):
     name = "gated_norm_merge"
     summary = "index_copy_ merge + gated RMSNorm of a GDN/KDA layer -> one kda::gated_norm_merge launch"
-    default_enabled = False  # until measured on a GPU (see the issue-5 note)
 
     def find(self, graph: fx.Graph) -> list[Match]:
         matches = []
@@ -221,8 +221,12 @@ class GatedNormMerge(Rewrite):
         if len({w[0] for w in writes}) != len(writes):
             return self.miss(last, 1, "the same index tensor written twice: not a partition")
         lengths = [val(w[0]).shape[0] for w in writes]
-        if not known(sum(lengths) == T):
+        if known(sum(lengths) != T):
             return self.miss(last, 1, f"index lengths {lengths} do not add up to the {T} tokens: not a partition")
+        if not isinstance(T, int):  # symbolic: the empty's size (serving recompiles with T dynamic)
+            T = base.args[0][d] if isinstance(base.args[0], (list, tuple)) else None
+            if not isinstance(T, fx.Node):
+                return self.miss(last, 1, "the token count is symbolic but not a size of the torch.empty")
         rest = list(mv.shape[d + 1:])
         for idx, values, _ in writes:
             vv = val(values)  # [1, ..., n, *rest], leading 1s optional (out[:, idx] = v)
@@ -374,15 +378,7 @@ class GatedNormMerge(Rewrite):
                 flat = graph.call_function(aten.reshape.default, (values, [-1, width]))
                 set_fake_vals(graph, flat)
                 sources.append(flat)
-            if isinstance(T, int):
-                num_tokens = T
-            else:  # symbolic: the index lengths add up to it
-                sizes = [graph.call_function(aten.sym_size.int, (w[0], 0)) for w in writes]
-                for s in sizes:
-                    set_fake_vals(graph, s)
-                num_tokens = sizes[0] if len(sizes) == 1 else graph.call_function(operator.add, tuple(sizes))
-                if len(sizes) > 1:
-                    num_tokens.meta["val"] = sum(val(s) for s in sizes)
+            num_tokens = T  # an int, or the SymInt node that sized the torch.empty
             fused = graph.call_function(
                 torch.ops.kda.gated_norm_merge.default,
                 (sources, [w[0] for w in writes], d["z"], d["weight"], d["eps"], d["act"], d["form"],

@@ -214,6 +214,21 @@ def _through_views(n: Any, views=_VALUE_VIEWS) -> tuple[Any, list[fx.Node]]:
     return n, seen
 
 
+def _flat_pair(indices: list, values: Any) -> tuple[fx.Node, fx.Node] | None:
+    """``flat.index_copy_(0, idx.reshape(-1), v.reshape(-1))`` with ``idx`` and ``v`` of one
+    2-D shape -> ``(idx, v)``; else None."""
+    if len(indices) == 1 and val(indices[0]).dim() == 1 and is_op(indices[0], *_VIEWS) and is_op(values, *_VIEWS):
+        xi, xv = indices[0].args[0], values.args[0]
+        if val(xi).dim() == 2 and tuple(val(xi).shape) == tuple(val(xv).shape):
+            return xi, xv
+    return None
+
+
+def _leading_ones(v: Any) -> bool:
+    """``v`` is ``[1, B]``: a one-token row that setitem reshapes to ``[B]`` before storing."""
+    return isinstance(v, torch.Tensor) and v.dim() == 2 and known(v.shape[0] == 1)
+
+
 def _scalar_arg(n: fx.Node, i: int, key: str) -> Any:
     return n.args[i] if len(n.args) > i else n.kwargs.get(key)
 
@@ -371,7 +386,6 @@ def _layer_norm_core(centered, rstd, k):
 class IndexerKWrite(Rewrite):
     name = "indexer_k_write"
     summary = "DeepSeek-V3.2 indexer K norm + fp8 quant + paged-cache write -> kda::indexer_k_write"
-    default_enabled = False  # until its kernel has run on a GPU (see the issue-3 note)
 
     def find(self, graph: fx.Graph) -> list[Match]:
         matches = []
@@ -481,17 +495,20 @@ class IndexerKWrite(Rewrite):
         nodes = {w.node}
         reads: set[fx.Node] = set()
         masked = None
+        indices = list(indices)
+        if (is_op(values, *_VIEWS) and val(values).dim() < 2 and _leading_ones(val(values.args[0]))
+                and _flat_pair(indices, values) is None):
+            nodes |= {values}  # one token: x[i] = v strips v's leading 1s ([1, B] -> [B])
+            values = values.args[0]
         if is_op(values, aten.where) and values.target is aten.where.self:
             mask, new, old = values.args
             masked = (mask, old)
             nodes |= {values}
             values = new
-        indices = list(indices)
-        if len(indices) == 1 and val(indices[0]).dim() == 1 and is_op(indices[0], *_VIEWS) and is_op(values, *_VIEWS):
-            xi, xv = indices[0].args[0], values.args[0]  # index_copy_ on a flat view: unflatten both
-            if val(xi).dim() == 2 and tuple(val(xi).shape) == tuple(val(xv).shape):
-                nodes |= {indices[0], values}
-                indices, values = [xi], xv
+        flat = _flat_pair(indices, values)
+        if flat is not None:  # index_copy_ on a flat view: unflatten both
+            nodes |= {indices[0], values}
+            indices, values = [flat[0]], flat[1]
         vv = val(values)
         if vv is None or vv.dim() != 2:
             return "the stored values are not [tokens, bytes]"

@@ -212,3 +212,23 @@ def test_opcheck():
     k, cache, _, slots, w, b = make_case(128, 16, norm=True)
     torch.library.opcheck(OPS.indexer_k_write.default, (cache, k, slots, w, b, 1e-6, True))
     torch.library.opcheck(OPS.indexer_k_write.default, (cache, k, slots.int(), None, None, 1e-6, False))
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("norm", [False, True], ids=["quant", "norm"])
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
+def test_hardware_casts_equal_integer_roundings(norm, ue8m0):
+    """The GPU path (hardware bf16 / fp8 casts, ue8m0 division as a multiplication) writes the
+    same bytes as the integer roundings the interpreter runs, over values spread across 40
+    binades (fp8 subnormals, ties, the 448 clamp)."""
+    g = torch.Generator().manual_seed(7)
+    k = torch.randn(4096, 128, generator=g) * torch.exp2(torch.randint(-20, 20, (4096, 128), generator=g).float())
+    k = k.to(torch.bfloat16).cuda()
+    row = cache_row_bytes(128)
+    hw = torch.randint(0, 256, (65, 64, row), dtype=torch.uint8, generator=g).cuda()
+    exact = hw.clone()
+    slots = (torch.randperm(64 * 64, generator=g) + 64).cuda()
+    w, b = (torch.rand(128, generator=g).cuda() + 0.5, torch.randn(128, generator=g).cuda()) if norm else (None, None)
+    mod.write_triton(hw, k, slots, w, b, 1e-6, ue8m0, hw_casts=True)
+    mod.write_triton(exact, k, slots, w, b, 1e-6, ue8m0, hw_casts=False)
+    assert torch.equal(hw, exact), f"{int((hw != exact).sum())} bytes differ"

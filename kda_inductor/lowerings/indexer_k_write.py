@@ -147,9 +147,13 @@ if triton is not None:
         num_tokens, num_slots, k_stride_t, k_stride_d, kv_block_stride, eps,
         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUPS: tl.constexpr,
         GROUPS_P2: tl.constexpr, BLOCK_T: tl.constexpr, NORM: tl.constexpr, UE8M0: tl.constexpr,
-        K_BF16: tl.constexpr,
+        K_BF16: tl.constexpr, HW_CASTS: tl.constexpr,
     ):
-        """Program p normalizes, quantizes and stores tokens [p * BLOCK_T, +BLOCK_T)."""
+        """Program p normalizes, quantizes and stores tokens [p * BLOCK_T, +BLOCK_T).
+
+        ``HW_CASTS`` (GPU): bf16 and fp8 by the hardware's round-to-nearest-even casts, as
+        torch's own kernels do. Without it (the interpreter, whose casts truncate), the same
+        roundings by integer arithmetic: slower, and bit-identical."""
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         in_range = t < num_tokens
         slot = tl.load(slot_ptr + t, mask=in_range, other=-1).to(tl.int64)
@@ -169,7 +173,7 @@ if triton is not None:
             w = tl.load(w_ptr + d, mask=dmask, other=0.0)
             b = tl.load(b_ptr + d, mask=dmask, other=0.0)
             y = xc * rstd[:, None] * w[None, :] + b[None, :]
-            if K_BF16:  # to bfloat16, nearest even, by hand (the interpreter's cast truncates)
+            if K_BF16 and not HW_CASTS:  # to bfloat16, nearest even, by hand
                 yb = y.to(tl.int32, bitcast=True)
                 yb = (yb + 0x7FFF + ((yb >> 16) & 1)) & -65536
                 x = yb.to(tl.float32, bitcast=True)
@@ -180,9 +184,16 @@ if triton is not None:
         scale = tl.math.div_rn(amax, tl.full(amax.shape, _FP8_MAX, tl.float32))
         if UE8M0:
             scale = _ceil_pow2(scale)
-        q = tl.math.div_rn(xg, tl.broadcast_to(scale[:, :, None], [BLOCK_T, GROUPS_P2, 128]))
-        q = tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX)
-        q = _e4m3_bits(tl.reshape(q, [BLOCK_T, GROUPS_P2 * 128]))
+            # x / 2**e == x * 2**-e exactly (same real value, same rounding); 2**-e from the bits
+            recip = ((254 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+            q = xg * recip[:, :, None]
+        else:
+            q = tl.math.div_rn(xg, tl.broadcast_to(scale[:, :, None], [BLOCK_T, GROUPS_P2, 128]))
+        q = tl.reshape(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX), [BLOCK_T, GROUPS_P2 * 128])
+        if HW_CASTS:
+            q = q.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        else:
+            q = _e4m3_bits(q)
         off = slot % BLOCK_SIZE
         base = (slot // BLOCK_SIZE) * kv_block_stride  # int64: caches can exceed 2**31 bytes
         tl.store(kv_ptr + (base + off * HEAD_DIM)[:, None] + d[None, :], q, mask=m2)
@@ -202,12 +213,12 @@ def _next_pow2(n: int) -> int:
 
 
 def default_block_t(head_dim: int) -> int:
-    """Tokens per program: about 1024 values (8 tokens of 128, 2 of 512). Not tuned on a GPU yet."""
-    return max(1, 1024 // _next_pow2(head_dim))
+    """Tokens per program: about 512 values (4 tokens of 128, 1 of 512)."""
+    return max(1, 512 // _next_pow2(head_dim))
 
 
 def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
-            block_t: int | None = None, num_warps: int | None = None) -> None:
+            block_t: int | None = None, num_warps: int | None = None, hw_casts: bool | None = None) -> None:
     if triton is None:  # pragma: no cover
         raise RuntimeError("indexer_k_write: the Triton kernel needs triton, which is not installed")
     if meta.num_tokens == 0 or meta.num_blocks == 0:
@@ -217,6 +228,8 @@ def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
     groups_p2 = _next_pow2(meta.groups)
     if num_warps is None:
         num_warps = max(1, min(8, block_t * groups_p2 * 128 // 256))
+    if hw_casts is None:
+        hw_casts = kv_cache.is_cuda
     norm = weight is not None
     _write_kernel[(triton.cdiv(meta.num_tokens, block_t),)](
         kv, k, slot_mapping, weight if norm else k, bias if norm else k,
@@ -224,19 +237,20 @@ def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
         kv.stride(0), float(eps),
         BLOCK_SIZE=meta.block_size, HEAD_DIM=meta.head_dim, GROUPS=meta.groups,
         GROUPS_P2=groups_p2, BLOCK_T=block_t, NORM=norm, UE8M0=bool(ue8m0),
-        K_BF16=k.dtype == torch.bfloat16, num_warps=num_warps,
+        K_BF16=k.dtype == torch.bfloat16, HW_CASTS=bool(hw_casts), num_warps=num_warps,
     )
 
 
 def write_triton(kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tensor | None = None,
                  bias: Tensor | None = None, eps: float = 1e-6, ue8m0: bool = False, *,
-                 block_t: int | None = None, num_warps: int | None = None) -> None:
+                 block_t: int | None = None, num_warps: int | None = None, hw_casts: bool | None = None) -> None:
     """The Triton kernel on validated metadata (slot values are not checked: slots < 0 or
-    past the cache are skipped). No host sync, no allocation: safe under CUDA-graph capture."""
+    past the cache are skipped). No host sync, no allocation: safe under CUDA-graph capture.
+    ``hw_casts``: hardware bf16/fp8 casts (default: on CUDA tensors) or integer roundings."""
     meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
     if block_t is not None and not (block_t > 0 and block_t & (block_t - 1) == 0):
         raise _err("block_t", f"expected a positive power of two, got {block_t}")
-    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, block_t, num_warps)
+    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, block_t, num_warps, hw_casts)
 
 
 # --------------------------------------------------------------------------------------

@@ -126,10 +126,11 @@ def random_indexer_cache(seq_lens, block_size=64, head_dim=128, *, extra_blocks=
 # --------------------------------------------------------------------------- indexer_k_write
 
 
-def layer_norm_k(k, weight, bias, eps: float = NORM_EPS):
+def layer_norm_k(k, weight, bias, eps: float = NORM_EPS, *, round_to_input: bool = True):
     """DeepSeek-V3.2's indexer ``k_norm``: LayerNorm in float32 (float32 weight and bias),
-    cast back to ``k``'s dtype."""
-    return torch.nn.functional.layer_norm(k.float(), (k.shape[-1],), weight, bias, eps).to(k.dtype)
+    cast back to ``k``'s dtype (kept float32 with ``round_to_input=False``)."""
+    y = torch.nn.functional.layer_norm(k.float(), (k.shape[-1],), weight, bias, eps)
+    return y.to(k.dtype) if round_to_input else y
 
 
 def quantize_k(k, ue8m0: bool = False):

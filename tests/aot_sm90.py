@@ -55,7 +55,7 @@ def main() -> None:
                  num_slots="i32", k_stride_t="i32", k_stride_d="i32", kv_block_stride="i32", eps="fp32")
     for (hd, g), norm, ue, hw in itertools.product(((128, 1), (512, 4)), (False, True), (False, True), (False, True)):
         consts = dict(BLOCK_SIZE=64, HEAD_DIM=hd, GROUPS=g, GROUPS_P2=g, BLOCK_T=4, NORM=norm, UE8M0=ue, K_BF16=True,
-                      HW_CASTS=hw)
+                      HW_CASTS=hw, ROUND_NORM=not (norm and hw and ue))
         done += bool(compile_variants(ikw._write_kernel, types, consts, {"num_warps": 4}))
     print(f"compiled {done} kernel variants for sm_90")
 

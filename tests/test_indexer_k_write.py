@@ -188,16 +188,38 @@ def test_layer_norm_is_fused(ue8m0):
     assert [r["matches"]["indexer_k_write"] for r in records] == [1]
     after = records[0]["after"]
     _assert_in_place("\n".join(code))
+    assert "var_mean" not in after and "weight: %arg1_1, bias: %arg2_1, eps: 1e-06" in after
     if "torch.bfloat16)" not in records[0]["before"]:
-        # torch 2.9's Inductor drops the bf16 round trip after the norm before our pass
-        # runs: the norm is then a float32 input of the quantization, not fused, and
-        # the cache is as Inductor computes it (within one fp8 step of eager)
-        assert "var_mean" in after
+        # torch 2.9-2.11's Inductor drops the bf16 round trip after the norm before our
+        # pass runs: the op then quantizes the float32 norm, as Inductor would (within one
+        # fp8 step of eager, which rounds to bf16 first)
+        assert "round_norm: False" in after
         why = written_cache_mismatch(cache, expected, slots, 128)
         assert why is None, why
         return
-    assert "var_mean" not in after and "weight: %arg1_1, bias: %arg2_1, eps: 1e-06" in after
+    assert "round_norm: True" in after
     assert torch.equal(cache, expected)
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
+def test_float32_layer_norm_is_fused(ue8m0):
+    """The norm kept in float32 up to the quantization (no cast back to bf16): fused with
+    ``round_norm=False``, the cache exactly what that code writes, save the LayerNorm's
+    reduction order (within one fp8 step)."""
+    k, cache, slots, w, b = _inputs(128, 16, seed=6, padding=(3,))
+
+    def fn(k, w, b, c, s):
+        kn = torch.nn.functional.layer_norm(k.float(), (k.shape[-1],), w, b, 1e-6)
+        write_indexer_k(kn, c, s, ue8m0)
+
+    expected = cache.clone()
+    fn(k, w, b, expected, slots)
+    with fresh_compile(), pass_manager.observe() as records:
+        torch.compile(fn, backend="kda_inductor", options=ON)(k, w, b, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    after = records[0]["after"]
+    assert "var_mean" not in after and "round_norm: False" in after
+    _assert_cache_close(cache, expected, slots, 128)
 
 
 def _rotary_first_64(x):

@@ -232,3 +232,21 @@ def test_hardware_casts_equal_integer_roundings(norm, ue8m0):
     mod.write_triton(hw, k, slots, w, b, 1e-6, ue8m0, hw_casts=True)
     mod.write_triton(exact, k, slots, w, b, 1e-6, ue8m0, hw_casts=False)
     assert torch.equal(hw, exact), f"{int((hw != exact).sum())} bytes differ"
+
+
+@needs_launcher
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
+def test_triton_float32_norm_round_norm_false(ue8m0):
+    """``round_norm=False``: the float32 LayerNorm output is quantized as is (the reference:
+    the loop on the float32 norm), within one fp8 step (reduction order); the CPU op exact."""
+    from kda_inductor.reference import layer_norm_k
+    from tests.test_indexer_k_write import _assert_cache_close
+
+    k, cache, store, slots, w, b = make_case(128, 16, norm=True, seed=17, device=DEVICE)
+    kn = layer_norm_k(k.cpu(), w.cpu(), b.cpu(), round_to_input=False)
+    expected = _ref(kn, cache, slots, ue8m0, None, None)
+    cpu = cache.cpu().clone()
+    OPS.indexer_k_write(cpu, k.cpu(), slots.cpu(), w.cpu(), b.cpu(), 1e-6, ue8m0, False)
+    assert torch.equal(cpu, expected)
+    mod.write_triton(cache, k, slots, w, b, 1e-6, ue8m0, round_norm=False)
+    _assert_cache_close(cache.cpu(), expected, slots.cpu(), 128)

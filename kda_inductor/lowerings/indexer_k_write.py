@@ -4,7 +4,9 @@ For each token ``t`` of ``k [T, D]`` with ``s = slot_mapping[t] >= 0`` (slots < 
 and skipped):
 
 * optional LayerNorm (``weight``/``bias`` float32 ``[D]``, computed in float32 and cast back
-  to ``k``'s dtype, as DeepSeek-V3.2's indexer ``k_norm``);
+  to ``k``'s dtype, as DeepSeek-V3.2's indexer ``k_norm``; with ``round_norm=False`` kept in
+  float32: the graph Inductor hands us after its joint-graph pass drops a
+  float32 -> bf16 -> float32 round trip, as torch 2.9-2.11 do);
 * per group of 128 values: ``scale = max(amax(|x|), 1e-4) / 448``, with ``ue8m0`` rounded up
   to a power of two exactly as ``2 ** ceil(log2(scale))`` computes it in float32;
   ``q = fp8_e4m3(clamp(x / scale, -448, 448))``;
@@ -147,7 +149,7 @@ if triton is not None:
         num_tokens, num_slots, k_stride_t, k_stride_d, kv_block_stride, eps,
         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUPS: tl.constexpr,
         GROUPS_P2: tl.constexpr, BLOCK_T: tl.constexpr, NORM: tl.constexpr, UE8M0: tl.constexpr,
-        K_BF16: tl.constexpr, HW_CASTS: tl.constexpr,
+        K_BF16: tl.constexpr, HW_CASTS: tl.constexpr, ROUND_NORM: tl.constexpr,
     ):
         """Program p normalizes, quantizes and stores tokens [p * BLOCK_T, +BLOCK_T).
 
@@ -173,7 +175,9 @@ if triton is not None:
             w = tl.load(w_ptr + d, mask=dmask, other=0.0)
             b = tl.load(b_ptr + d, mask=dmask, other=0.0)
             y = xc * rstd[:, None] * w[None, :] + b[None, :]
-            if K_BF16 and not HW_CASTS:  # to bfloat16, nearest even, by hand
+            if not ROUND_NORM:  # the normalized k stays float32
+                x = y
+            elif K_BF16 and not HW_CASTS:  # to bfloat16, nearest even, by hand
                 yb = y.to(tl.int32, bitcast=True)
                 yb = (yb + 0x7FFF + ((yb >> 16) & 1)) & -65536
                 x = yb.to(tl.float32, bitcast=True)
@@ -212,22 +216,34 @@ def _next_pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-def default_block_t(head_dim: int) -> int:
-    """Tokens per program: about 512 values (4 tokens of 128, 1 of 512)."""
-    return max(1, 512 // _next_pow2(head_dim))
+MAX_BLOCK_VALUES = 1024
+TARGET_PROGRAMS = 1024
+
+
+def default_block_t(head_dim: int, num_tokens: int | None = None) -> int:
+    """Tokens per program, a power of two: up to ``MAX_BLOCK_VALUES`` values (8 tokens of
+    128), halved while fewer than ``TARGET_PROGRAMS`` programs would run (one token per
+    program for decode). From the H200 sweep (``benchmarks/tune_indexer_k_write.py``, head_dim
+    128): T=1 and 64 best at 1 token and 1 warp (1.6 / 1.9 us), T=2048 at 8 tokens (2.3 us,
+    2 tokens 2.4), T=16384 at 8-16 tokens (3.8-3.9 us; 1 token 11.8 us)."""
+    block = max(1, MAX_BLOCK_VALUES // _next_pow2(head_dim))
+    while num_tokens is not None and block > 1 and -(-num_tokens // block) < TARGET_PROGRAMS:
+        block //= 2
+    return block
 
 
 def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
-            block_t: int | None = None, num_warps: int | None = None, hw_casts: bool | None = None) -> None:
+            block_t: int | None = None, num_warps: int | None = None, hw_casts: bool | None = None,
+            round_norm: bool = True) -> None:
     if triton is None:  # pragma: no cover
         raise RuntimeError("indexer_k_write: the Triton kernel needs triton, which is not installed")
     if meta.num_tokens == 0 or meta.num_blocks == 0:
         return
     kv = cache_bytes(kv_cache)
-    block_t = block_t or default_block_t(meta.head_dim)
+    block_t = block_t or default_block_t(meta.head_dim, meta.num_tokens)
     groups_p2 = _next_pow2(meta.groups)
-    if num_warps is None:
-        num_warps = max(1, min(8, block_t * groups_p2 * 128 // 256))
+    if num_warps is None:  # one warp per 512 values
+        num_warps = max(1, min(8, block_t * groups_p2 * 128 // 512))
     if hw_casts is None:
         hw_casts = kv_cache.is_cuda
     norm = weight is not None
@@ -237,26 +253,28 @@ def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
         kv.stride(0), float(eps),
         BLOCK_SIZE=meta.block_size, HEAD_DIM=meta.head_dim, GROUPS=meta.groups,
         GROUPS_P2=groups_p2, BLOCK_T=block_t, NORM=norm, UE8M0=bool(ue8m0),
-        K_BF16=k.dtype == torch.bfloat16, HW_CASTS=bool(hw_casts), num_warps=num_warps,
+        K_BF16=k.dtype == torch.bfloat16, HW_CASTS=bool(hw_casts), ROUND_NORM=bool(round_norm),
+        num_warps=num_warps,
     )
 
 
 def write_triton(kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tensor | None = None,
                  bias: Tensor | None = None, eps: float = 1e-6, ue8m0: bool = False, *,
-                 block_t: int | None = None, num_warps: int | None = None, hw_casts: bool | None = None) -> None:
+                 block_t: int | None = None, num_warps: int | None = None, hw_casts: bool | None = None,
+                 round_norm: bool = True) -> None:
     """The Triton kernel on validated metadata (slot values are not checked: slots < 0 or
     past the cache are skipped). No host sync, no allocation: safe under CUDA-graph capture.
     ``hw_casts``: hardware bf16/fp8 casts (default: on CUDA tensors) or integer roundings."""
     meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
     if block_t is not None and not (block_t > 0 and block_t & (block_t - 1) == 0):
         raise _err("block_t", f"expected a positive power of two, got {block_t}")
-    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, block_t, num_warps, hw_casts)
+    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, block_t, num_warps, hw_casts, round_norm)
 
 
 # --------------------------------------------------------------------------------------
 # custom op
 # --------------------------------------------------------------------------------------
-def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta) -> None:
+def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta, round_norm: bool = True) -> None:
     slots = slot_mapping.to(torch.int64)
     total = meta.num_blocks * meta.block_size
     bad = torch.nonzero(slots >= total)
@@ -269,7 +287,7 @@ def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta)
             IndexError,
         )
     if weight is not None:
-        k = layer_norm_k(k, weight, bias, eps)
+        k = layer_norm_k(k, weight, bias, eps, round_to_input=round_norm)
     q, scale = quantize_k(k, ue8m0)
     keep = torch.nonzero(slots >= 0).flatten()
     blk, off = slots[keep] // meta.block_size, slots[keep] % meta.block_size
@@ -284,19 +302,20 @@ def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta)
 @torch.library.custom_op("kda::indexer_k_write", mutates_args=("kv_cache",), device_types="cpu")
 def indexer_k_write(
     kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tensor | None, bias: Tensor | None,
-    eps: float, ue8m0: bool,
+    eps: float, ue8m0: bool, round_norm: bool = True,
 ) -> None:
-    """Normalize (if ``weight``), quantize and store ``k`` at ``slot_mapping`` in ``kv_cache``."""
+    """Normalize (if ``weight``; rounded to ``k``'s dtype if ``round_norm``), quantize and
+    store ``k`` at ``slot_mapping`` in ``kv_cache``."""
     meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
-    _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta)
+    _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm)
 
 
 @indexer_k_write.register_kernel("cuda")
-def _indexer_k_write_cuda(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0):
+def _indexer_k_write_cuda(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True):
     meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
-    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta)
+    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm=round_norm)
 
 
 @indexer_k_write.register_fake
-def _indexer_k_write_fake(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0):
+def _indexer_k_write_fake(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True):
     _check(kv_cache, k, slot_mapping, weight, bias, eps)

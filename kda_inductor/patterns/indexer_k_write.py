@@ -323,10 +323,12 @@ def _read_quant(q: fx.Node) -> _Quant | str:
 
 
 def _read_layer_norm(k: fx.Node):
-    """``k = layer_norm(k0.float(), weight, bias, eps).to(k0.dtype)`` -> (k0, w, b, eps, nodes)."""
-    if not is_op(k, prims.convert_element_type):
-        return None
-    out = k.args[0]
+    """``k = layer_norm(k0.float(), weight, bias, eps).to(k0.dtype)`` -> (k0, w, b, eps,
+    rounded, nodes); ``rounded`` False for the same norm without the cast back (float32
+    ``k``): what Inductor's joint-graph pass leaves of the cast back and the quantization's
+    ``.float()`` on torch 2.9-2.11 (it drops float32 -> bf16 -> float32 round trips)."""
+    rounded = is_op(k, prims.convert_element_type)
+    out = k.args[0] if rounded else k
 
     def split(n, op):  # commutative binary op -> (tensor operand set)
         return list(n.args[:2]) if is_op(n, op) and n.target is not aten.add.Scalar else None
@@ -343,10 +345,10 @@ def _read_layer_norm(k: fx.Node):
             if m is None:
                 continue
             for centered, rstd in (m, m[::-1]):
-                r = _layer_norm_core(centered, rstd, k)
+                r = _layer_norm_core(centered, rstd, k if rounded else None)
                 if r is not None and _is_param(weight, r[0]) and _is_param(bias, r[0]):
                     k0, eps, nodes = r
-                    return k0, weight, bias, eps, nodes | {k, out, mul_w, normed}
+                    return k0, weight, bias, eps, rounded, nodes | {k, out, mul_w, normed}
     return None
 
 
@@ -375,7 +377,7 @@ def _layer_norm_core(centered, rstd, k):
     if not (is_op(f0, *_CASTS) and val(f0).dtype == torch.float32 and val(f0).dim() == 2):
         return None
     k0 = f0.args[0]
-    if val(k0).dtype != val(k).dtype:
+    if k is not None and val(k0).dtype != val(k).dtype:
         return None  # cast back to another dtype than the input's
     return k0, eps, {centered, rstd, rstd.args[0], mean, var, vm, f0}
 
@@ -449,14 +451,14 @@ class IndexerKWrite(Rewrite):
         xv = val(quant.x)
         if xv.shape[1] != groups or not known(xv.shape[0] == val(slot).shape[0]):
             return self.miss(wv.node, 6, "k's shape does not fit the cache and slot_mapping")
-        k, weight, bias, eps = quant.k, None, None, 1e-6
+        k, weight, bias, eps, round_norm = quant.k, None, None, 1e-6, True
         region |= quant.nodes | algebra.visited
         ln = _read_layer_norm(k)
         if ln is not None:
-            k0, w, b, e, ln_nodes = ln
+            k0, w, b, e, rounded, ln_nodes = ln
             inside = region | ln_nodes
             if all(u in inside for n in ln_nodes for u in n.users):
-                k, weight, bias, eps = k0, w, b, e
+                k, weight, bias, eps, round_norm = k0, w, b, e, rounded
                 region |= ln_nodes
         try:  # what the fused op would reject is no match (not a failed rewrite)
             _lowering._check(val(cache), val(k), val(slot), val(weight), val(bias), eps)
@@ -482,7 +484,8 @@ class IndexerKWrite(Rewrite):
             nodes=sorted(region, key=positions(copy.graph).__getitem__),
             data={
                 "copy": copy, "cache": cache, "k": k, "slot_mapping": slot, "weight": weight,
-                "bias": bias, "eps": float(eps), "ue8m0": quant.ue8m0, "readers": readers,
+                "bias": bias, "eps": float(eps), "ue8m0": quant.ue8m0, "round_norm": round_norm,
+                "readers": readers,
                 "first": min((wv.node, ws.node), key=positions(copy.graph).__getitem__),
             },
         )
@@ -604,6 +607,7 @@ class IndexerKWrite(Rewrite):
                 {
                     "kv_cache": d["cache"], "k": d["k"], "slot_mapping": d["slot_mapping"],
                     "weight": d["weight"], "bias": d["bias"], "eps": d["eps"], "ue8m0": d["ue8m0"],
+                    "round_norm": d["round_norm"],
                 },
             )
             set_fake_vals(graph, fused)

@@ -2,7 +2,10 @@
 
 Times ``norm_merge_triton`` alone (H=32, D=128, bf16, fla form, silu) by CUDA-graph replay,
 plus a plain SM copy of the same bytes; used to pick ``rows_per_program`` / the warps rule.
-    python benchmarks/tune_gated_norm_merge.py [--T 256,16384]
+``--merge-free`` times the plain gated RMSNorm of a contiguous tensor instead: stock
+``torch.compile``'s fusion of it against the kernel run on it (one source, identity
+index), the measurement behind leaving that case to Inductor.
+    python benchmarks/tune_gated_norm_merge.py [--T 256,16384] [--merge-free]
 """
 
 from __future__ import annotations
@@ -26,7 +29,10 @@ def main(argv=None):
     p.add_argument("--T", default=",".join(map(str, T_VALUES)))
     p.add_argument("--block-r", default="1,2,4,8,16,32")
     p.add_argument("--warps", default="2,4,8")
+    p.add_argument("--merge-free", action="store_true")
     args = p.parse_args(argv)
+    if args.merge_free:
+        return merge_free([int(t) for t in args.T.split(",")])
     rows = []
     for T in map(int, args.T.split(",")):
         a = tail_inputs(T, 32, 128, "cuda")
@@ -48,6 +54,35 @@ def main(argv=None):
             lambda: torch.bitwise_or(src, 0, out=dst), reps=50, calls=10)})
     print_table(rows, [("T", "T", ","), ("cfg", "config", ""), ("us", "us", ".2f")],
                 title="gated_norm_merge kernel sweep")
+
+
+def merge_free(Ts):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    import gdn_layers as G
+
+    torch._inductor.config.force_disable_caches = True
+    rows = []
+    for T in Ts:
+        torch._dynamo.reset()
+        g = torch.Generator().manual_seed(T)
+        x, z = (torch.randn(T * 32, 128, generator=g).to(torch.bfloat16).cuda() for _ in range(2))
+        w = (1 + 0.1 * torch.randn(128, generator=g)).cuda()
+        y = torch.empty_like(z)
+        ident = torch.arange(T, device="cuda")
+
+        def kda():
+            return norm_merge_triton([x.view(T, -1)], [ident], z, w, y, eps=1e-6, activation="silu", form="fla",
+                                     rsqrt=True, num_tokens=T)
+
+        stock = torch.compile(lambda x, z, w: G.gated_rmsnorm(x, z, w, 1e-6, "silu"), backend="inductor")
+        want = stock(x, z, w)
+        kda()
+        assert (y.float() - want.float()).abs().max() <= 2 ** -6 * want.float().abs().max(), "kernel differs"
+        rows.append({"T": T, "stock_us": graph_replay_median_us(lambda: stock(x, z, w), reps=50, calls=10),
+                     "kda_us": graph_replay_median_us(kda, reps=50, calls=10)})
+    print_table(rows, [("T", "T", ","), ("stock_us", "stock torch.compile us", ".2f"),
+                       ("kda_us", "kda kernel us", ".2f")], title="merge-free gated RMSNorm")
+    return rows
 
 
 if __name__ == "__main__":

@@ -48,8 +48,10 @@ def main() -> None:
                  y_ptr="*bf16", T="i32", R="i32", D="i32", eps="fp32")
     for hf, sigmoid, rsqrt in itertools.product((False, True), repeat=3):
         consts = dict(SIGMOID=sigmoid, HF=hf, RSQRT=rsqrt, IN_DTYPE=tl.bfloat16, HF_DTYPE=tl.float32,
-                      BLOCK_R=8, BLOCK_D=128)
+                      BLOCK_R=8, BLOCK_D=128, IDENTITY=False)
         done += bool(compile_variants(gnm._gated_norm_merge_kernel, types, consts, debug))
+    consts.update(IDENTITY=True)  # the merge-free norm
+    done += bool(compile_variants(gnm._gated_norm_merge_kernel, types, consts, debug))
     # indexer_k_write: head_dim 128 / 512, with and without the norm, plain / ue8m0 scales
     types = dict(kv_ptr="*u8", k_ptr="*bf16", slot_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32", num_tokens="i32",
                  num_slots="i32", k_stride_t="i32", k_stride_d="i32", kv_block_stride="i32", eps="fp32")

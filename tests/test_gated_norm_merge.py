@@ -281,6 +281,10 @@ def test_op_rejects_bad_arguments_by_name():
         op(srcs, [s, ns], z2, w[:4], 1e-6, "silu", "fla", True, 13, torch.bfloat16)
     with pytest.raises(IndexError, match=r"^indices\[0\]: index 13 out of range"):
         op(srcs, [torch.where(s == s.max(), 13, s), ns], z2, w, 1e-6, "silu", "fla", True, 13, torch.bfloat16)
+    with pytest.raises(ValueError, match="^sources: "):  # no indices: one source only
+        op(srcs, [], z2, w, 1e-6, "silu", "fla", True, 13, torch.bfloat16)
+    with pytest.raises(ValueError, match=r"^sources\[0\]: without indices"):
+        op(srcs[:1], [], z2, w, 1e-6, "silu", "fla", True, 13, torch.bfloat16)
 
 
 def test_opcheck():
@@ -288,6 +292,9 @@ def test_opcheck():
     torch.library.opcheck(torch.ops.kda.gated_norm_merge.default,
                           ([o_s.reshape(8, -1), o_ns.reshape(5, -1)], [s, ns], z.reshape(-1, D), w, 1e-6,
                            "silu", "fla", True, 13, torch.bfloat16))
+    torch.library.opcheck(torch.ops.kda.gated_norm_merge.default,
+                          ([o_ns.reshape(5, -1)], [], z[:5].reshape(-1, D), w, 1e-6, "sigmoid", "hf", False, 5,
+                           torch.bfloat16))
 
 
 HAS_KERNEL_RUNNER = torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
@@ -360,3 +367,58 @@ def test_automatic_dynamic_token_count():
             args = _inputs(T=T, n_spec=n_spec, seed=seed)
             assert_close_to_eager(c(*args), fn(*args), exact=True)
     assert len(c.records) == 2 and c.matches["gated_norm_merge"] == 2
+
+
+# --------------------------------------------------------------------------- merge-free
+def _plain(norm, **kw):
+    def f(x, z, w):
+        return norm(x.reshape(-1, D), z.reshape(-1, D), w, **kw)
+    return f
+
+
+@pytest.mark.parametrize("norm, kw", [(fla, {}), (fla, {"act": "sigmoid"}), (hf, {})], ids=["fla", "sigmoid", "hf"])
+def test_merge_free_norm_is_fused(norm, kw):
+    """No merge: the gated RMSNorm of a contiguous tensor, one source and no indices; bit-exact."""
+    _, x, _, _, z, w = _inputs(T=13, n_spec=0, seed=40)
+    fn = _plain(norm, **kw)
+    out, c = _run(fn, x, z, w)
+    assert c.matches["gated_norm_merge"] == 1
+    assert "indices: []" in c.records[0]["after"] or ", [], " in c.records[0]["after"]
+    assert_close_to_eager(out, fn(x, z, w), exact=True)
+
+
+def test_merge_free_norm_left_to_inductor_when_large_or_symbolic(monkeypatch):
+    """Above MERGE_FREE_MAX_VALUES (Inductor's fusion measured faster) or with a symbolic
+    row count, the merge-free norm stays with Inductor, with the reason recorded."""
+    from kda_inductor.patterns import gated_norm_merge as pattern
+
+    _, x, _, _, z, w = _inputs(T=13, n_spec=0, seed=41)
+    fn = _plain(fla)
+    monkeypatch.setattr(pattern, "MERGE_FREE_MAX_VALUES", x.numel() - 1)
+    out, c = _run(fn, x, z, w)
+    assert c.matches["gated_norm_merge"] == 0
+    assert "left to Inductor" in str(c.records[0]["misses"]["gated_norm_merge"])
+    assert max_ulps(out, fn(x, z, w)) <= 2
+    monkeypatch.undo()
+    torch._dynamo.mark_dynamic(x, 1)  # the token dims of x [1, T, H, D] and z [T, H, D]
+    torch._dynamo.mark_dynamic(z, 0)
+    out, c = _run(fn, x, z, w)
+    assert c.matches["gated_norm_merge"] == 0
+    assert "symbolic row count" in str(c.records[0]["misses"]["gated_norm_merge"])
+
+
+@pytest.mark.skipif(not HAS_KERNEL_RUNNER, reason="needs a GPU or TRITON_INTERPRET=1")
+def test_triton_kernel_merge_free_identity():
+    """One source, no indices: row p is token p (no index load); the same numbers as the CPU op."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    _, x, _, _, z, w = (t.to(device) for t in _inputs(T=13, n_spec=0, seed=42, dtype=dtype, wdtype=dtype))
+    src, z2 = x.reshape(13, -1), z.reshape(-1, D)
+    want = torch.ops.kda.gated_norm_merge.default([src.cpu()], [], z2.cpu(), w.cpu(), 1e-6, "silu", "fla", True, 13,
+                                                  dtype)
+    y = torch.full_like(z2, 7.0)  # poisoned
+    mod.norm_merge_triton([src], [], z2, w, y, eps=1e-6, activation="silu", form="fla", rsqrt=True, num_tokens=13)
+    if device == "cpu":
+        assert_close_to_eager(y, want, exact=True)
+    else:
+        assert max_ulps(y.cpu(), want) <= 1

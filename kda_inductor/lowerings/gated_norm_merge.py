@@ -11,6 +11,7 @@ RMSNorm of a GDN/KDA layer in one pass, with no merged buffer.
     form "hf":  n = (x * r).to(in_dtype); h = weight * n        (in promote(weight, in_dtype))
                 y = h.float() * act(z.float())
 
+With one source and no indices, ``merged`` is ``sources[0]``: the merge-free gated RMSNorm.
 ``act`` is ``silu`` or ``sigmoid``; ``eps`` is an argument, never baked in. Rows of
 ``merged`` that no index covers are undefined, as in ``torch.empty``; the pattern only
 matches merges into ``torch.empty``. The CPU kernel computes exactly what eager does for
@@ -39,8 +40,9 @@ FORMS = ("fla", "hf")
 
 
 def _check(sources, indices, z, weight, eps, activation, form, num_tokens):
-    if len(sources) != len(indices) or not 1 <= len(sources) <= 2:
-        raise _err("sources", f"expected 1 or 2 sources with as many indices, got {len(sources)} and {len(indices)}")
+    if not 1 <= len(sources) <= 2 or len(indices) not in (len(sources), 0) or (not indices and len(sources) != 1):
+        raise _err("sources", f"expected 1 or 2 sources with as many indices (or 1 source and no indices: "
+                   f"the merge-free norm), got {len(sources)} and {len(indices)}")
     if activation not in ACTIVATIONS:
         raise _err("activation", f"expected one of {ACTIVATIONS}, got {activation!r}")
     if form not in FORMS:
@@ -54,17 +56,22 @@ def _check(sources, indices, z, weight, eps, activation, form, num_tokens):
         raise _err("z", f"{z.shape[0]} rows is not a multiple of num_tokens = {num_tokens}")
     R = z.shape[0] // max(num_tokens, 1)
     dtype = sources[0].dtype
-    for k, (src, idx) in enumerate(zip(sources, indices)):
+    if not indices and sources[0].shape[0] != num_tokens:
+        raise _err("sources[0]", f"without indices the source is the tokens in order: expected {num_tokens} rows, "
+                   f"got {sources[0].shape[0]}")
+    for k, src in enumerate(sources):
         if src.dim() != 2 or src.shape[1] != R * D:
             raise _err(f"sources[{k}]", f"expected [n, {R * D}] (R={R} rows of D={D} per token), got {tuple(src.shape)}")
         if src.dtype != dtype:
             raise _err(f"sources[{k}]", f"expected {dtype} like sources[0], got {src.dtype}")
+        if src.device != z.device:
+            raise _err(f"sources[{k}]", f"expected device {z.device}, got {src.device}")
+    for k, (src, idx) in enumerate(zip(sources, indices)):
         if idx.dim() != 1 or idx.shape[0] != src.shape[0] or idx.dtype not in (torch.int32, torch.int64):
             raise _err(f"indices[{k}]", f"expected a 1-D int32/int64 tensor of {src.shape[0]} entries, "
                        f"got {idx.dim()}-D {idx.dtype} of shape {tuple(idx.shape)}")
-        for name, t in ((f"sources[{k}]", src), (f"indices[{k}]", idx)):
-            if t.device != z.device:
-                raise _err(name, f"expected device {z.device}, got {t.device}")
+        if idx.device != z.device:
+            raise _err(f"indices[{k}]", f"expected device {z.device}, got {idx.device}")
     if weight.device != z.device:
         raise _err("weight", f"expected device {z.device}, got {weight.device}")
     if eps < 0:
@@ -92,7 +99,7 @@ def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, 
     lengths do not add up to the tokens (uncovered rows, or duplicates where the later
     write must win). ``check_range`` reads the indices on the host (CPU only: a sync)."""
     R, D = z.shape[0] // max(num_tokens, 1), z.shape[1]
-    merged = sources[0].new_empty(num_tokens, R * D)
+    merged = sources[0] if not indices else sources[0].new_empty(num_tokens, R * D)
     for k, (src, idx) in enumerate(zip(sources, indices)):
         if check_range and idx.numel():
             lo, hi = int(idx.min()), int(idx.max())
@@ -100,7 +107,7 @@ def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, 
                 raise _err(f"indices[{k}]", f"index {lo if lo < -num_tokens else hi} out of range "
                            f"[-{num_tokens}, {num_tokens})", IndexError)
         merged.index_copy_(0, torch.where(idx < 0, idx + num_tokens, idx).long(), src)
-    x = merged.view(-1, D).float()
+    x = merged.reshape(-1, D).float()
     var = x.pow(2).mean(-1, keepdim=True) + eps
     r = torch.rsqrt(var) if rsqrt else 1 / torch.sqrt(var)
     zf = z.float()
@@ -143,19 +150,22 @@ if triton is not None:
         src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
         z_ptr, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps,
         SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
-        HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+        HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IDENTITY: tl.constexpr,
     ):
         """Program (p, h): row p of source 0 (p < n0) or p - n0 of source 1 -> rows
-        h * BLOCK_R .. of its token's R norm rows."""
+        h * BLOCK_R .. of its token's R norm rows. ``IDENTITY``: no merge, row p is token p."""
         p = tl.program_id(0)
         h = tl.program_id(1)
         first = p < n0
         i = tl.where(first, p, p - n0).to(tl.int64)
-        t0 = tl.load(idx0 + i, mask=first, other=0).to(tl.int64)
-        t1 = tl.load(idx1 + i, mask=(p >= n0) & (p < n0 + n1), other=0).to(tl.int64)
-        t = tl.where(first, t0, t1)
-        t = tl.where(t < 0, t + T, t)  # negative indices count from the end, as out[:, idx]
-        tl.device_assert((t >= 0) & (t < T), "gated_norm_merge: index out of range")
+        if IDENTITY:
+            t = i
+        else:
+            t0 = tl.load(idx0 + i, mask=first, other=0).to(tl.int64)
+            t1 = tl.load(idx1 + i, mask=(p >= n0) & (p < n0 + n1), other=0).to(tl.int64)
+            t = tl.where(first, t0, t1)
+            t = tl.where(t < 0, t + T, t)  # negative indices count from the end, as out[:, idx]
+            tl.device_assert((t >= 0) & (t < T), "gated_norm_merge: index out of range")
         rr = h * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         dd = tl.arange(0, BLOCK_D)[None, :]
         m = (rr < R) & (dd < D)
@@ -217,7 +227,9 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
     if n[0] + n[1] == 0:
         return y
     s1, st1 = srcs[1] if len(srcs) > 1 else srcs[0]
-    idx1 = indices[1] if len(indices) > 1 else indices[0]
+    identity = not indices
+    idx0 = srcs[0][0] if identity else indices[0]  # unused pointer when identity
+    idx1 = idx0 if len(indices) < 2 else indices[1]
     block_d = triton.next_power_of_2(D)
     block_r = block_r or rows_per_program(n[0] + n[1], R, D)
     if num_warps is None:
@@ -225,10 +237,10 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
     in_dtype = sources[0].dtype
     extra = triton_launch_options() if y.is_cuda else {}
     _gated_norm_merge_kernel[(n[0] + n[1], triton.cdiv(R, block_r))](
-        srcs[0][0], s1, indices[0], idx1, n[0], n[1], srcs[0][1], st1,
+        srcs[0][0], s1, idx0, idx1, n[0], n[1], srcs[0][1], st1,
         z, z.stride(0), z.stride(1), weight, y, num_tokens, R, D, eps,
         SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
-        HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_R=block_r, BLOCK_D=block_d,
+        HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_R=block_r, BLOCK_D=block_d, IDENTITY=identity,
         num_warps=num_warps, **extra,
     )
     return y

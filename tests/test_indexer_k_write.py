@@ -201,6 +201,17 @@ def test_layer_norm_is_fused(ue8m0):
     assert torch.equal(cache, expected)
 
 
+def _run_norm_write(fn, k, w, b, cache, slots):
+    """Eager ``fn`` on a copy of the cache, then compiled ``fn`` on the cache itself: one
+    match expected; returns (the graph after our pass, the eager cache)."""
+    expected = cache.clone()
+    fn(k, w, b, expected, slots)
+    with fresh_compile(), pass_manager.observe() as records:
+        torch.compile(fn, backend="kda_inductor", options=ON)(k, w, b, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    return records[0]["after"], expected
+
+
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
 def test_float32_layer_norm_is_fused(ue8m0):
     """The norm kept in float32 up to the quantization (no cast back to bf16): fused with
@@ -212,12 +223,7 @@ def test_float32_layer_norm_is_fused(ue8m0):
         kn = torch.nn.functional.layer_norm(k.float(), (k.shape[-1],), w, b, 1e-6)
         write_indexer_k(kn, c, s, ue8m0)
 
-    expected = cache.clone()
-    fn(k, w, b, expected, slots)
-    with fresh_compile(), pass_manager.observe() as records:
-        torch.compile(fn, backend="kda_inductor", options=ON)(k, w, b, cache, slots)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
-    after = records[0]["after"]
+    after, expected = _run_norm_write(fn, k, w, b, cache, slots)
     assert "var_mean" not in after and "round_norm: False" in after
     _assert_cache_close(cache, expected, slots, 128)
 
@@ -235,12 +241,7 @@ def test_rotary_between_norm_and_quant_keeps_the_norm_with_inductor():
     def fn(k, w, b, c, s):
         write_indexer_k(_rotary_first_64(layer_norm_k(k, w, b)), c, s, True)
 
-    expected = cache.clone()
-    fn(k, w, b, expected, slots)
-    with fresh_compile(), pass_manager.observe() as records:
-        torch.compile(fn, backend="kda_inductor", options=ON)(k, w, b, cache, slots)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
-    after = records[0]["after"]
+    after, expected = _run_norm_write(fn, k, w, b, cache, slots)
     assert "var_mean" in after and "weight: None, bias: None" in after
     _assert_cache_close(cache, expected, slots, 128)
 

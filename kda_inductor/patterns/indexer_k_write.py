@@ -26,7 +26,11 @@ quantization (DeepSeek-V3.2 applies rotary to the first 64 dims there) or the no
 ``k`` is read elsewhere, only quant + write are replaced (vLLM's
 ``indexer_k_quant_and_cache``) and the norm and rotary stay with Inductor. That is the
 decision for V3.2: its rotary sits between the norm and the quantization, so the norm is
-not fused there.
+not fused there. Torch 2.9-2.11's joint-graph pass drops the norm's cast back to bf16 and
+the quantization's ``.float()`` (a float32 -> bf16 -> float32 round trip) before our pass
+runs; the norm without the cast back is fused too, with ``round_norm=False``, which is what
+the graph we are handed computes. One token (``T == 1``): ``x[i] = v`` reshapes ``v`` from
+``[1, B]`` to ``[B]`` before storing; that is matched too.
 
 Padding slots: if each write is masked as ``torch.where(slot_mapping >= 0, new, old)`` with
 ``old`` read from the same addresses (``index_put_`` and ``view[blk, off] =`` forms; a masked

@@ -167,6 +167,14 @@ def measure_copy_bandwidth(device, nbytes: int = 2 << 30, *, reps: int = 10,
     return 2 * nbytes / (min(memcpy_us, kernel_us) * 1e-6)
 
 
+def sm_copy_us(nbytes: int, *, reps: int = 50, calls: int = 10) -> float:
+    """Graph-replay time per call of a plain SM copy kernel moving ``nbytes`` (read plus
+    written, as the floors count them): what a kernel moving those bytes can hope for."""
+    src = torch.empty(max(1, nbytes // 8), dtype=torch.int32, device="cuda")
+    dst = torch.empty_like(src)
+    return graph_replay_median_us(lambda: torch.bitwise_or(src, 0, out=dst), reps=reps, calls=calls)
+
+
 # --------------------------------------------------------------------------- tables
 
 
@@ -271,6 +279,15 @@ def write_out_json(filename: str, payload: dict) -> Path | None:
     """Write ``payload`` to ``$OUT/filename`` if the ``OUT`` env var is set."""
     out = os.environ.get("OUT")
     return write_json(Path(out) / filename, payload) if out else None
+
+
+def add_ratios(row: dict, ratios: Sequence[tuple[str, str, str]]) -> dict:
+    """Set ``row[key] = row[numerator] / row[denominator]`` for each ``(key, numerator,
+    denominator)``; None where either is missing or None. Returns ``row``."""
+    for key, num, den in ratios:
+        a, b = row.get(num), row.get(den)
+        row[key] = None if a is None or b is None else a / b
+    return row
 
 
 def progress(row: dict) -> None:

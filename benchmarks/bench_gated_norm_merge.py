@@ -22,6 +22,7 @@ import torch
 _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE), str(_HERE.parent / "examples")]
 from _timing import (  # noqa: E402
+    add_ratios,
     finish,
     graph_replay_median_us,
     measure_copy_bandwidth,
@@ -88,8 +89,7 @@ def run(T: int, *, smoke: bool, reps: int, bandwidth: float | None, H: int, D: i
                kda_us=timer(lambda: kda(*args)))
     if bandwidth:
         row["floor_us"] = bytes_moved(args) / bandwidth * 1e6
-        row["stock_over_floor"] = row["stock_us"] / row["floor_us"]
-        row["kda_over_floor"] = row["kda_us"] / row["floor_us"]
+        add_ratios(row, (("stock_over_floor", "stock_us", "floor_us"), ("kda_over_floor", "kda_us", "floor_us")))
     return row
 
 

@@ -40,6 +40,7 @@ if str(_HERE.parent) not in sys.path:
     sys.path.append(str(_HERE.parent))  # the source tree, if the package is not installed
 
 from _timing import (  # noqa: E402
+    add_ratios,
     eager_median_us,
     environment_info,
     graph_replay_median_us,
@@ -255,12 +256,6 @@ def bytes_moved(case: PreparedCase) -> int:
     return 2 * payload + metadata
 
 
-def ratio(row: dict, numerator: str, denominator: str) -> float | None:
-    """``row[numerator] / row[denominator]``, or None if either is missing."""
-    a, b = row.get(numerator), row.get(denominator)
-    return None if a is None or b is None else a / b
-
-
 def time_case(case: PreparedCase, timers: Timers, bandwidth: float | None,
               skip_loop: bool) -> dict:
     """Time one prepared case; returns its result row (times in microseconds)."""
@@ -274,8 +269,7 @@ def time_case(case: PreparedCase, timers: Timers, bandwidth: float | None,
             [functools.partial(fn, *inputs) for inputs in case.input_sets])
         row[f"{column}_compile_s"] = case.compile_s[column]
     row["floor_us"] = moved / bandwidth * 1e6 if bandwidth else None
-    row.update({key: ratio(row, num, den) for key, num, den in RATIOS})
-    return row
+    return add_ratios(row, RATIOS)
 
 
 # --------------------------------------------------------------------------- CLI

@@ -43,6 +43,7 @@ if str(_HERE.parent) not in sys.path:
     sys.path.append(str(_HERE.parent))
 
 from _timing import (  # noqa: E402
+    add_ratios,
     environment_info,
     graph_replay_median_us,
     markdown_table,
@@ -155,11 +156,8 @@ def run_case(num_tokens: int, device, timer: Callable[[Callable], float], bandwi
     for column, fn in fns.items():
         row[f"{column}_us"] = timer(lambda fn=fn: fn(*inputs))
     row["floor_us"] = row["bytes"] / bandwidth * 1e6 if bandwidth else None
-    for key, num, den in (("kda_over_floor", "kda_us", "floor_us"), ("eager_over_kda", "eager_us", "kda_us"),
-                          ("stock_over_kda", "stock_us", "kda_us")):
-        a, c = row.get(num), row.get(den)
-        row[key] = None if a is None or c is None else a / c
-    return row
+    return add_ratios(row, (("kda_over_floor", "kda_us", "floor_us"), ("eager_over_kda", "eager_us", "kda_us"),
+                            ("stock_over_kda", "stock_us", "kda_us")))
 
 
 def parse_args(argv):

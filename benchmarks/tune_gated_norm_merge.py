@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import graph_replay_median_us, print_table  # noqa: E402
+from _timing import graph_replay_median_us, print_table, sm_copy_us  # noqa: E402
 from bench_gated_norm_merge import T_VALUES, bytes_moved, tail_inputs  # noqa: E402
 
 from kda_inductor.lowerings.gated_norm_merge import norm_merge_triton  # noqa: E402
@@ -48,10 +48,7 @@ def main(argv=None):
             rows.append({"T": T, "cfg": f"block_r={br} warps={nw}", "us": graph_replay_median_us(
                 lambda: call(block_r=br, num_warps=nw), reps=50, calls=10)})
         rows.append({"T": T, "cfg": "default", "us": graph_replay_median_us(call, reps=50, calls=10)})
-        src = torch.empty(bytes_moved(a) // 8, dtype=torch.int32, device="cuda")
-        dst = torch.empty_like(src)
-        rows.append({"T": T, "cfg": "plain SM copy of the bytes", "us": graph_replay_median_us(
-            lambda: torch.bitwise_or(src, 0, out=dst), reps=50, calls=10)})
+        rows.append({"T": T, "cfg": "plain SM copy of the bytes", "us": sm_copy_us(bytes_moved(a))})
     print_table(rows, [("T", "T", ","), ("cfg", "config", ""), ("us", "us", ".2f")],
                 title="gated_norm_merge kernel sweep")
 

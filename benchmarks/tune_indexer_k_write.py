@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import graph_replay_median_us, print_table  # noqa: E402
+from _timing import graph_replay_median_us, print_table, sm_copy_us  # noqa: E402
 from bench_indexer_k_write import CASES, bytes_moved, make_inputs  # noqa: E402
 
 from kda_inductor.lowerings.indexer_k_write import write_triton  # noqa: E402
@@ -46,10 +46,7 @@ def main(argv=None):
         rows.append({"T": T, "cfg": "default", "us": graph_replay_median_us(call, reps=50, calls=10)})
         rows.append({"T": T, "cfg": "default, integer roundings", "us": graph_replay_median_us(
             lambda: call(hw_casts=False), reps=50, calls=10)})
-        src = torch.empty(max(1, bytes_moved(T) // 8), dtype=torch.int32, device="cuda")
-        dst = torch.empty_like(src)
-        rows.append({"T": T, "cfg": "plain SM copy of the bytes", "us": graph_replay_median_us(
-            lambda: torch.bitwise_or(src, 0, out=dst), reps=50, calls=10)})
+        rows.append({"T": T, "cfg": "plain SM copy of the bytes", "us": sm_copy_us(bytes_moved(T))})
     best = {}
     for r in rows:
         if r["cfg"].startswith("block_t") and (r["T"] not in best or r["us"] < best[r["T"]]["us"]):

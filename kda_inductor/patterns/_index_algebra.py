@@ -29,7 +29,7 @@ import sympy
 import torch
 import torch.fx as fx
 
-from kda_inductor.patterns.base import aten, is_op, prims, val
+from kda_inductor.patterns.base import VIEWS, aten, is_op, prims, val
 
 _counter = itertools.count()
 
@@ -69,7 +69,6 @@ def _is_one(size: Any) -> bool:
 
 _INT_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
 _CASTS = (prims.convert_element_type, aten._to_copy, aten.to)
-_VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
 
 
 class IndexAlgebra:
@@ -181,7 +180,7 @@ class IndexAlgebra:
                 return None
             d = a[1] % (len(x.dims) + 1)
             return Sym(x.expr, x.dims[:d] + (None,) + x.dims[d:])
-        if is_op(n, aten.squeeze, *_VIEWS, aten.expand):
+        if is_op(n, aten.squeeze, *VIEWS, aten.expand):
             return self._reshape(n)
         if is_op(n, aten.add, aten.sub, aten.mul):
             return self._binary(n)

@@ -21,6 +21,8 @@ import torch.fx as fx
 
 aten = torch.ops.aten
 prims = torch.ops.prims
+VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
+"""The reshaping ops of post-grad graphs (for ``is_op``): same elements, another shape."""
 
 
 @dataclasses.dataclass(frozen=True)

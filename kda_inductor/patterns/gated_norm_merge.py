@@ -47,6 +47,7 @@ import torch.fx as fx
 from kda_inductor.lowerings import gated_norm_merge as _lowering  # noqa: F401  (registers the op)
 from kda_inductor.patterns._index_algebra import known
 from kda_inductor.patterns.base import (
+    VIEWS,
     Match,
     Rewrite,
     aten,
@@ -59,7 +60,6 @@ from kda_inductor.patterns.base import (
     val,
 )
 
-_VIEWS = (aten.reshape, aten.view, aten._unsafe_view)
 _F32 = torch.float32
 MERGE_FREE_MAX_VALUES = 4096 * 32 * 128
 """Largest merge-free norm (rows x D) rewritten: the kernel beat Inductor's own fusion up to
@@ -260,7 +260,7 @@ class GatedNormMerge(Rewrite):
             return None
         writes, T = merge
         views, x = [], last
-        while len(x.users) == 1 and is_op(next(iter(x.users)), *_VIEWS):
+        while len(x.users) == 1 and is_op(next(iter(x.users)), *VIEWS):
             x = next(iter(x.users))
             views.append(x)
         xv = val(x)
@@ -315,7 +315,7 @@ class GatedNormMerge(Rewrite):
 
     def _match_plain(self, x: fx.Node) -> Match | None:
         src = x
-        while is_op(src, *_VIEWS):
+        while is_op(src, *VIEWS):
             src = src.args[0]
         if is_op(src, aten.index_put):
             return None  # a merge the merge path rejected (read elsewhere, ...): not ours either

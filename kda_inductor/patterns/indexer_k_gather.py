@@ -46,6 +46,7 @@ import torch.fx as fx
 from kda_inductor.lowerings import indexer_k_gather as _lowering  # registers the op
 from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, known, same
 from kda_inductor.patterns.base import (
+    VIEWS,
     Match,
     Rewrite,
     aten,
@@ -60,7 +61,6 @@ from kda_inductor.patterns.base import (
 from kda_inductor.reference import QUANT_GROUP
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
-_VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
 
 
 @dataclasses.dataclass
@@ -78,7 +78,7 @@ class _Gather:
 
 def _cache_of(flat: Any) -> fx.Node | None:
     """The 3-D uint8 cache that ``flat`` is a flat view of, else ``None``."""
-    if not is_op(flat, *_VIEWS):
+    if not is_op(flat, *VIEWS):
         return None
     cache = flat.args[0]
     cv, fv = val(cache), val(flat)

@@ -59,6 +59,7 @@ import torch.fx as fx
 from kda_inductor.lowerings import indexer_k_write as _lowering  # registers the op
 from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, Table, known, same
 from kda_inductor.patterns.base import (
+    VIEWS,
     Match,
     Rewrite,
     aten,
@@ -72,8 +73,7 @@ from kda_inductor.patterns.base import (
 from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
-_VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
-_VALUE_VIEWS = (*_VIEWS, aten.unsqueeze, aten.squeeze)
+_VALUE_VIEWS = (*VIEWS, aten.unsqueeze, aten.squeeze)
 _CASTS = (prims.convert_element_type, aten._to_copy)
 
 
@@ -127,7 +127,7 @@ class _Chain:
         a = n.args
         if not a or not all(isinstance(x, int) for x in _flat_ints(a[1:])):
             return None
-        if is_op(n, *_VIEWS) and n.target is not aten.view.dtype:
+        if is_op(n, *VIEWS) and n.target is not aten.view.dtype:
             s = self.state(a[0])
             if s is None:
                 return None
@@ -221,7 +221,7 @@ def _through_views(n: Any, views=_VALUE_VIEWS) -> tuple[Any, list[fx.Node]]:
 def _flat_pair(indices: list, values: Any) -> tuple[fx.Node, fx.Node] | None:
     """``flat.index_copy_(0, idx.reshape(-1), v.reshape(-1))`` with ``idx`` and ``v`` of one
     2-D shape -> ``(idx, v)``; else None."""
-    if len(indices) == 1 and val(indices[0]).dim() == 1 and is_op(indices[0], *_VIEWS) and is_op(values, *_VIEWS):
+    if len(indices) == 1 and val(indices[0]).dim() == 1 and is_op(indices[0], *VIEWS) and is_op(values, *VIEWS):
         xi, xv = indices[0].args[0], values.args[0]
         if val(xi).dim() == 2 and tuple(val(xi).shape) == tuple(val(xv).shape):
             return xi, xv
@@ -310,7 +310,7 @@ def _read_quant(q: fx.Node) -> _Quant | str:
     while n is not amax:
         nodes.add(n)
         n = n.args[0]
-    src, xviews = _through_views(x, _VIEWS)
+    src, xviews = _through_views(x, VIEWS)
     sv = val(src)
     if sv is None or sv.dim() != 2 or tuple(sv.shape) != (xv.shape[0], xv.shape[1] * QUANT_GROUP):
         return "x is not a [T, D] tensor viewed as [T, G, 128]"
@@ -503,7 +503,7 @@ class IndexerKWrite(Rewrite):
         reads: set[fx.Node] = set()
         masked = None
         indices = list(indices)
-        if (is_op(values, *_VIEWS) and val(values).dim() < 2 and _leading_ones(val(values.args[0]))
+        if (is_op(values, *VIEWS) and val(values).dim() < 2 and _leading_ones(val(values.args[0]))
                 and _flat_pair(indices, values) is None):
             nodes |= {values}  # one token: x[i] = v strips v's leading 1s ([1, B] -> [B])
             values = values.args[0]
@@ -556,7 +556,7 @@ class IndexerKWrite(Rewrite):
             if why:
                 return why
             reads.add(masked[1])
-            ge, views = _through_views(masked[0], (aten.unsqueeze, aten.expand, *_VIEWS))
+            ge, views = _through_views(masked[0], (aten.unsqueeze, aten.expand, *VIEWS))
             nodes |= {masked[1], ge, *views}
         src, views = _through_views(values)
         nodes |= set(views)
@@ -578,7 +578,7 @@ class IndexerKWrite(Rewrite):
     @staticmethod
     def _check_mask(masked, w, chain, indices, algebra, lay) -> str | None:
         mask, old = masked
-        m, _ = _through_views(mask, (aten.unsqueeze, aten.expand, *_VIEWS))
+        m, _ = _through_views(mask, (aten.unsqueeze, aten.expand, *VIEWS))
         ok = (is_op(m, aten.ge) and m.args[1] == 0) or (is_op(m, aten.gt) and m.args[1] == -1)
         if not ok or m.args[0] not in algebra.sequences and algebra.interpret(m.args[0]) is None:
             return "torch.where mask is not slot_mapping >= 0"

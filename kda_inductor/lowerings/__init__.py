@@ -5,6 +5,8 @@ Also the checks and views the ops share (the indexer's paged K cache is read by
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor
 
@@ -27,6 +29,15 @@ def triton_launch_options() -> dict:
         return {}
     fields = getattr(CUDAOptions, "__dataclass_fields__", {})
     return {"sanitize_overflow": False} if "sanitize_overflow" in fields else {}
+
+
+def block_for_programs(block: int, programs: Callable[[int], int], target: int) -> int:
+    """Halve the power-of-two work ``block`` of one program while fewer than ``target``
+    programs (``programs(block)``) would run: big blocks when there is enough work to fill
+    the GPU, smaller ones when few tokens would leave it idle."""
+    while block > 1 and programs(block) < target:
+        block //= 2
+    return block
 
 
 def check_tensor(x, arg: str) -> None:

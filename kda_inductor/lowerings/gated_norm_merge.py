@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
-from kda_inductor.lowerings import triton_launch_options
+from kda_inductor.lowerings import block_for_programs, triton_launch_options
 
 try:
     import triton
@@ -204,9 +204,7 @@ def rows_per_program(tokens: int, R: int, D: int = 128, target: int = TARGET_PRO
     best at T=256 (2.8 us; 1 row 6.6 us) and at T=16384 (99.7 us vs a 96.8 us plain copy of
     the bytes; all 32 rows in one program 103-137 us)."""
     block = max(1, min(triton.next_power_of_2(R), MAX_BLOCK_ELEMENTS // triton.next_power_of_2(D)))
-    while block > 1 and tokens * triton.cdiv(R, block) < target:
-        block //= 2
-    return block
+    return block_for_programs(block, lambda b: tokens * triton.cdiv(R, b), target)
 
 
 def _rows(src: Tensor) -> tuple[Tensor, int]:

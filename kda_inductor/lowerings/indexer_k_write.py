@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
-from kda_inductor.lowerings import cache_bytes, check_kv_cache, check_tensor
+from kda_inductor.lowerings import block_for_programs, cache_bytes, check_kv_cache, check_tensor
 from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN, layer_norm_k, quantize_k
 
 try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
@@ -227,9 +227,9 @@ def default_block_t(head_dim: int, num_tokens: int | None = None) -> int:
     128): T=1 and 64 best at 1 token and 1 warp (1.6 / 1.9 us), T=2048 at 8 tokens (2.3 us,
     2 tokens 2.4), T=16384 at 8-16 tokens (3.8-3.9 us; 1 token 11.8 us)."""
     block = max(1, MAX_BLOCK_VALUES // _next_pow2(head_dim))
-    while num_tokens is not None and block > 1 and -(-num_tokens // block) < TARGET_PROGRAMS:
-        block //= 2
-    return block
+    if num_tokens is None:
+        return block
+    return block_for_programs(block, lambda b: -(-num_tokens // b), TARGET_PROGRAMS)
 
 
 def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,

@@ -45,8 +45,16 @@ def kda_inductor(
     kda_options = KdaOptions.parse(options.pop("kda", None))
     patches = _inductor_config_patches(mode, options)
     existing = patches.get(HOOK, getattr(inductor_config, HOOK))
-    patches[HOOK] = combine_with(KdaPostGradPass(kda_options), existing)
+    patches[HOOK] = combine_with(KdaPostGradPass(kda_options, grad=_traced_with_grad(example_inputs)), existing)
     return compile_fx(gm, example_inputs, config_patches=patches)
+
+
+def _traced_with_grad(example_inputs: list[Any]) -> bool:
+    """AOTAutograd will trace a joint forward/backward graph: grad mode is on and some input
+    (parameters are inputs of Dynamo's graph) requires grad."""
+    return torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs
+    )
 
 
 def _reset() -> None:

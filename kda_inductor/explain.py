@@ -42,8 +42,13 @@ class GraphReport:
 
     @property
     def misses(self) -> dict[str, list[Miss]]:
-        """Rewrite -> its closest rejected candidates, for rewrites that matched nothing."""
+        """Rewrite -> its closest rejected candidates (each with the user's source line)."""
         return self.record["misses"]
+
+    @property
+    def skipped(self) -> str | None:
+        """Why our pass rewrote nothing in this graph (e.g. traced with grad enabled), or None."""
+        return self.record.get("skipped")
 
     def diff(self, *, color: bool = False, title: str = "graph") -> str:
         """Unified diff of the post-grad graph before/after our pass, readable node names."""
@@ -116,7 +121,24 @@ class Report:
         for i, g in enumerate(self.graphs):
             for name, err in g.errors.items():
                 lines.append(f"  graph {i}: {name} failed and was skipped: {err}")
+        skipped = list(dict.fromkeys(g.skipped for g in self.graphs if g.skipped))
+        lines += [f"  not rewritten: {why}" for why in skipped]
+        misses = self.misses_text()
+        if misses:
+            lines += ["", "not rewritten (closest candidates):", *misses]
         return "\n".join(lines) + "\n\n" + self.obstacles()
+
+    def misses_text(self) -> list[str]:
+        """``"  rewrite: model.py:123: not rewritten: <why>"`` for the closest rejected
+        candidate of each rewrite that matched nothing in a graph (one line per source line)."""
+        lines = []
+        for g in self.graphs:
+            for name, misses in g.misses.items():
+                if g.matches.get(name):
+                    continue
+                for m in {(m.location, m.check): m for m in misses}.values():
+                    lines.append(f"  {name}: {m}")
+        return list(dict.fromkeys(lines))
 
     def obstacles(self) -> str:
         """What kept the code from being fast: graph breaks, frames that fell back to

@@ -19,11 +19,15 @@ class KdaOptions:
     enable: names of opt-in rewrites to run (those not yet on by default).
     strict: raise when a rewrite fails instead of warning and skipping it
         (for tests and debugging; users want the default, a warning).
+    force: rewrite wherever a pattern matches, ignoring each rewrite's speed rule (where its
+        op was measured faster than Inductor's code, by device and size): for tests of
+        matching and numerics, e.g. on CPU, where the rules leave most code to Inductor.
     """
 
     disable: frozenset[str] = frozenset()
     enable: frozenset[str] = frozenset()
     strict: bool = False
+    force: bool = False
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any] | KdaOptions | None) -> KdaOptions:
@@ -44,10 +48,12 @@ class KdaOptions:
         both = sorted(disable & enable)
         if both:
             raise ValueError(f"rewrite(s) {both} are both enabled and disabled in options['kda']")
-        strict = raw.get("strict", False)
-        if not isinstance(strict, bool):
-            raise TypeError(f'options["kda"]["strict"] must be a bool, got {strict!r}')
-        return cls(disable=disable, enable=enable, strict=strict)
+        flags = {}
+        for key in ("strict", "force"):
+            flags[key] = raw.get(key, False)
+            if not isinstance(flags[key], bool):
+                raise TypeError(f'options["kda"]["{key}"] must be a bool, got {flags[key]!r}')
+        return cls(disable=disable, enable=enable, **flags)
 
     def enabled(self) -> list[str]:
         """Names of the rewrites that run, in registry order."""
@@ -59,7 +65,8 @@ class KdaOptions:
         ]
 
     def cache_key(self) -> str:
-        return f"disable={sorted(self.disable)};enable={sorted(self.enable)};strict={self.strict}"
+        return (f"disable={sorted(self.disable)};enable={sorted(self.enable)};strict={self.strict};"
+                f"force={self.force}")
 
 
 def _names(raw: Mapping[str, Any], key: str) -> frozenset[str]:

@@ -46,26 +46,39 @@ def _source_hash() -> str:
     return h.hexdigest()
 
 
-class KdaPostGradPass(CustomGraphPass):
-    """Runs the enabled rewrites; a failing rewrite is skipped with a warning."""
+GRAD_SKIP = (
+    "this graph was traced with grad enabled (inputs or parameters require grad, outside "
+    "torch.no_grad() / torch.inference_mode()): the fused ops have no backward, so no rewrite "
+    "runs; serve under torch.inference_mode()"
+)
 
-    def __init__(self, options: KdaOptions | None = None):
+
+class KdaPostGradPass(CustomGraphPass):
+    """Runs the enabled rewrites; a failing rewrite is skipped with a warning.
+
+    ``grad``: the graph belongs to a training compile (AOTAutograd's forward or backward):
+    nothing is rewritten and the record says why (``record["skipped"]``)."""
+
+    def __init__(self, options: KdaOptions | None = None, *, grad: bool = False):
         self.options = options or KdaOptions()
+        self.grad = grad
 
     def uuid(self) -> str:
         h = hashlib.sha256(_source_hash().encode())
         h.update(self.options.cache_key().encode())
+        h.update(b"grad" if self.grad else b"")
         return h.hexdigest()
 
     def __call__(self, graph: fx.Graph) -> None:
         tracing = _tracing_enabled()
         observed = bool(_observers) or tracing
-        record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {}}
+        record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {},
+                                  "skipped": GRAD_SKIP if self.grad else None}
         if observed:
             record["before"] = str(graph)
             record["before_nodes"] = snapshot(graph)
         matches: Counter[str] = Counter({name: 0 for name in REWRITES})
-        for name in self.options.enabled():
+        for name in ([] if self.grad else self.options.enabled()):
             rewrite = REWRITES[name]()
             names_before = {n.name for n in graph.nodes} if observed else set()
             try:
@@ -90,7 +103,7 @@ class KdaPostGradPass(CustomGraphPass):
                     "removed": sorted(names_before - names_after),
                     "added": sorted(names_after - names_before),
                 }
-                record["misses"][name] = rewrite.closest_misses() if not matches[name] else []
+                record["misses"][name] = rewrite.closest_misses()
         for name, n in matches.items():
             if n:
                 counters[COUNTER_KEY][name] += n
@@ -175,8 +188,9 @@ def observe() -> Iterator[list[dict[str, Any]]]:
     Each record has ``matches`` (rewrite -> count), ``errors`` (rewrite ->
     message), the graph text ``before`` and ``after`` the pass and their
     ``before_nodes``/``after_nodes`` snapshots (:mod:`kda_inductor.diff`),
-    ``changes`` (rewrite -> fx names removed / added) and ``misses`` (rewrite
-    -> closest rejected candidates, when it matched nothing). Only graphs
+    ``changes`` (rewrite -> fx names removed / added), ``misses`` (rewrite
+    -> its closest rejected candidates, :class:`~kda_inductor.patterns.base.Miss`, with the
+    user's source lines) and ``skipped`` (why no rewrite ran on the graph, or None). Only graphs
     actually compiled are seen: disable Inductor's caches to see all.
     """
     records: list[dict[str, Any]] = []

@@ -79,11 +79,14 @@ class CompiledForTest:
 
 def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,
                      options: dict[str, Any] | None = None, caches: bool = False,
-                     strict: bool = True, dynamic: bool | None = None) -> CompiledForTest:
+                     strict: bool = True, force: bool = True, dynamic: bool | None = None) -> CompiledForTest:
     """``torch.compile(fn, backend="kda_inductor")`` for tests.
 
     Caches are off by default (a cache hit would skip our pass and leave nothing
-    to check); ``strict`` makes a failing rewrite raise instead of warning.
+    to check); ``strict`` makes a failing rewrite raise instead of warning; ``force``
+    rewrites wherever a pattern matches, ignoring the speed rules (which leave code
+    to Inductor where our op is not faster, e.g. on CPU): tests check matching and
+    numerics. ``force=False`` compiles what a user gets.
     """
     if mode is not None and options is not None:
         # torch.compile takes one or the other: spell the mode as the options it stands for
@@ -95,6 +98,7 @@ def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,
         options = dict(options or {})
         kda = dict(options.get("kda", {}))
         kda.setdefault("strict", strict)
+        kda.setdefault("force", force)
         options["kda"] = kda
     return CompiledForTest(fn, mode=mode, options=options, caches=caches, dynamic=dynamic)
 

@@ -73,7 +73,7 @@ def test_disable_option(inputs):
     "kda, message",
     [
         ({"disable": ["no_such_rewrite"]}, r"valid names are \['indexer_k_write', 'indexer_k_gather'"),
-        ({"disabled": []}, r"valid options are \['disable', 'enable', 'strict'\]"),
+        ({"disabled": []}, r"valid options are \['disable', 'enable', 'strict', 'force'\]"),
         ({"disable": "indexer_k_gather"}, r"must be a list of rewrite names"),
         ({"enable": ["nope"]}, r"unknown rewrite name\(s\) \['nope'\] in options\['kda'\]\['enable'\]"),
         ({"enable": ["gdn_spec_split"], "disable": ["gdn_spec_split"]}, r"both enabled and disabled"),

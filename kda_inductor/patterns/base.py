@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import operator
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
@@ -27,24 +29,48 @@ VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
 
 @dataclasses.dataclass(frozen=True)
 class Miss:
-    """A candidate a rewrite looked at and rejected, for ``--explain-misses``.
+    """A candidate a rewrite looked at and rejected, for ``explain()`` and ``--explain-misses``.
 
     ``stage`` says how far it got (higher is closer to a match); ``check`` names
-    the check that rejected it.
+    the check that rejected it; ``location`` is the user's source line the candidate
+    node came from (``"model.py:123"``, from the node's stack trace; ``None`` when the
+    graph has no trace for it) and ``code`` that line's text.
     """
 
     node: str
     stage: int
     check: str
+    location: str | None = None
+    code: str | None = None
+
+    def __str__(self) -> str:
+        where = f"{self.location}: " if self.location else ""
+        return f"{where}not rewritten: {self.check}"
+
+
+_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)\n(?P<code>[^\n]*)')
+
+
+def source_location(node: fx.Node) -> tuple[str | None, str | None]:
+    """``("file.py:123", "the line's code")`` of the innermost user frame that made ``node``
+    (from ``node.meta["stack_trace"]``), or ``(None, None)``."""
+    trace = node.meta.get("stack_trace") if isinstance(node, fx.Node) else None
+    if not trace:
+        return None, None
+    frames = list(_FRAME.finditer(trace + "\n"))
+    if not frames:
+        return None, None
+    last = frames[-1]
+    return f"{last['file']}:{last['line']}", (last["code"].strip() or None)
 
 
 @dataclasses.dataclass
 class Match:
-    """One place to rewrite: the nodes it replaces and whatever the rewrite needs."""
+    """One place to rewrite. Each rewrite subclasses it with typed fields for what its
+    ``replace`` needs; ``nodes`` is every node of the matched region (outputs included),
+    erased once dead."""
 
     nodes: list[fx.Node]
-    """Every node of the matched region (outputs included); erased when dead."""
-    data: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Rewrite:
@@ -61,8 +87,9 @@ class Rewrite:
         self.misses: list[Miss] = []
 
     def miss(self, node: fx.Node, stage: int, check: str) -> None:
-        """Record that ``node`` was a candidate rejected by ``check`` (returns None)."""
-        self.misses.append(Miss(node.name, stage, check))
+        """Record that ``node`` was a candidate rejected by ``check``, at the user's source
+        line it came from (returns None, so ``return self.miss(...)`` rejects)."""
+        self.misses.append(Miss(node.name, stage, check, *source_location(node)))
 
     def closest_misses(self) -> list[Miss]:
         """The rejected candidates that got furthest."""
@@ -178,3 +205,70 @@ def transaction(graph: fx.Graph) -> Iterator[None]:
                 )
             graph.erase_node(n)
         raise
+
+
+# --------------------------------------------------------------------------- inserting a fused op
+
+
+@dataclasses.dataclass(frozen=True)
+class Route:
+    """Where one output of a fused op goes: ``old``'s users (those ``only`` accepts, all by
+    default) read output ``index`` of the op (``None``: the op's single result) instead,
+    reshaped to ``shape`` when given."""
+
+    old: fx.Node
+    index: int | None = None
+    only: Any = None  # Callable[[fx.Node], bool] | None
+    shape: Any = None  # list[int | SymInt] | None
+
+
+def insert_fused(graph: fx.Graph, op: Any, args: tuple = (), kwargs: dict | None = None, *,
+                 before: fx.Node, routes: Iterable[Route], region: Iterable[fx.Node],
+                 origin: fx.Node | None = None, mutated: str | None = None) -> fx.Node:
+    """The one way a rewrite inserts its fused op: call ``op(*args, **kwargs)`` right before
+    ``before`` with its fake value set, send each :class:`Route`'s users to the op's output,
+    and erase what of ``region`` is left dead. ``origin`` lends the new nodes its stack trace
+    (Inductor's provenance, our misses). ``mutated``: ``op`` is a mutating custom op, called
+    through ``auto_functionalized`` (which Inductor re-inplaces); the routes' indices then
+    count ``auto_functionalized``'s outputs (0: the op's result, 1...: the new values of the
+    mutated arguments in schema order). Returns the inserted op node.
+
+    Everything is inserted before any user is rerouted, so :func:`transaction` can undo a
+    failure; rerouting comes last."""
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
+    routes = list(routes)
+    trace = origin.meta.get("stack_trace") if origin is not None else None
+    made: dict[tuple, fx.Node] = {}
+    with graph.inserting_before(before):
+        if mutated is not None:
+            fused = graph.call_function(auto_functionalized, (op,), dict(kwargs or {}))
+        else:
+            fused = graph.call_function(op, tuple(args), dict(kwargs or {}))
+        set_fake_vals(graph, fused)
+        targets = []
+        for r in routes:
+            out = fused
+            if r.index is not None:
+                key = ("item", r.index)
+                if key not in made:
+                    made[key] = graph.call_function(operator.getitem, (fused, r.index))
+                    made[key].meta["val"] = fused.meta["val"][r.index]
+                out = made[key]
+            if r.shape is not None and list(val(out).shape) != list(r.shape):
+                key = ("view", r.index, tuple(map(str, r.shape)))
+                if key not in made:
+                    made[key] = graph.call_function(aten.reshape.default, (out, list(r.shape)))
+                    set_fake_vals(graph, made[key])
+                out = made[key]
+            targets.append(out)
+    for n in [fused, *made.values()]:
+        if trace:
+            n.meta["stack_trace"] = trace
+    for r, out in zip(routes, targets):
+        if r.only is None:
+            r.old.replace_all_uses_with(out)
+        else:
+            r.old.replace_all_uses_with(out, delete_user_cb=r.only)
+    erase_dead(graph, region)
+    return fused

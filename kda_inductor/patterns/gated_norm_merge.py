@@ -38,6 +38,7 @@ eager only by the reduction order on GPU; other product orders are within two bf
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -50,9 +51,10 @@ from kda_inductor.patterns.base import (
     VIEWS,
     Match,
     Rewrite,
+    Route,
     aten,
-    erase_dead,
     escaping,
+    insert_fused,
     is_op,
     prims,
     reachable,
@@ -188,6 +190,25 @@ def _strip_cast(e, dtype=_F32):
     return e, False
 
 
+@dataclasses.dataclass
+class NormMatch(Match):
+    """A gated RMSNorm ``y`` (and the merge that wrote its input, unless ``plain``)."""
+
+    y: fx.Node
+    z: fx.Node
+    weight: fx.Node
+    eps: Any
+    act: str
+    form: str
+    rsqrt: bool
+    out_dtype: torch.dtype
+    writes: list = dataclasses.field(default_factory=list)  # (index, values, dim) per write
+    T: Any = None
+    rest_dims: int = 0
+    plain: fx.Node | None = None  # the merge-free norm's input
+    rows_per_token: int = 1
+
+
 class GatedNormMerge(Rewrite):
     name = "gated_norm_merge"
     summary = "index_copy_ merge + gated RMSNorm of a GDN/KDA layer -> one kda::gated_norm_merge launch"
@@ -284,9 +305,8 @@ class GatedNormMerge(Rewrite):
         if leaking:
             return self.miss(last, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
         order = {n: i for i, n in enumerate(last.graph.nodes)}
-        return Match(nodes=sorted(region | {y}, key=order.__getitem__),
-                     data={"writes": writes, "T": T, "y": y, "rest_dims": val(last).dim() - writes[0][2] - 1,
-                           **params})
+        return NormMatch(nodes=sorted(region | {y}, key=order.__getitem__), writes=writes, T=T, y=y,
+                         rest_dims=val(last).dim() - writes[0][2] - 1, **params)
 
     def _norm_after(self, x: fx.Node):
         """The gated norm reading ``x [N, D]``: ``(y, params, its nodes)``, or None."""
@@ -335,8 +355,8 @@ class GatedNormMerge(Rewrite):
             return self.miss(x, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
         R = math.gcd(N, 32)  # rows per program group: any split of the rows in order will do
         order = {n: i for i, n in enumerate(x.graph.nodes)}
-        return Match(nodes=sorted(norm_nodes | {y}, key=order.__getitem__),
-                     data={"plain": x, "rows_per_token": R, "y": y, **params})
+        return NormMatch(nodes=sorted(norm_nodes | {y}, key=order.__getitem__), plain=x, rows_per_token=R, y=y,
+                         **params)
 
     @staticmethod
     def _chain(last: fx.Node) -> list[fx.Node]:
@@ -420,44 +440,27 @@ class GatedNormMerge(Rewrite):
         return w[1]
 
     # ------------------------------------------------------------------ replace
-    def replace(self, graph: fx.Graph, match: Match) -> None:
-        d = match.data
-        y: fx.Node = d["y"]
-        if "plain" in d:
-            return self._replace_plain(graph, match)
-        writes = d["writes"]
-        T = d["T"]
-        with graph.inserting_before(y):
-            sources = []
-            for idx, values, _ in writes:
-                vv = val(values)
-                width = 1
-                for size in vv.shape[vv.dim() - d["rest_dims"]:]:
-                    width *= size
-                flat = graph.call_function(aten.reshape.default, (values, [-1, width]))
-                set_fake_vals(graph, flat)
-                sources.append(flat)
-            num_tokens = T  # an int, or the SymInt node that sized the torch.empty
-            fused = graph.call_function(
-                torch.ops.kda.gated_norm_merge.default,
-                (sources, [w[0] for w in writes], d["z"], d["weight"], d["eps"], d["act"], d["form"],
-                 d["rsqrt"], num_tokens, d["out_dtype"]),
-            )
-            set_fake_vals(graph, fused)
-        y.replace_all_uses_with(fused)
-        erase_dead(graph, match.nodes)
-
-    def _replace_plain(self, graph: fx.Graph, match: Match) -> None:
-        d = match.data
-        y, x, R = d["y"], d["plain"], d["rows_per_token"]
-        N, D = val(x).shape
-        with graph.inserting_before(y):
-            src = graph.call_function(aten.reshape.default, (x, [N // R, R * D]))
-            set_fake_vals(graph, src)
-            fused = graph.call_function(
-                torch.ops.kda.gated_norm_merge.default,
-                ([src], [], d["z"], d["weight"], d["eps"], d["act"], d["form"], d["rsqrt"], N // R, d["out_dtype"]),
-            )
-            set_fake_vals(graph, fused)
-        y.replace_all_uses_with(fused)
-        erase_dead(graph, match.nodes)
+    def replace(self, graph: fx.Graph, match: NormMatch) -> None:
+        m = match
+        sources, indices, num_tokens = [], [], m.T  # an int, or the SymInt node that sized the torch.empty
+        with graph.inserting_before(m.y):
+            if m.plain is not None:
+                N, D = val(m.plain).shape
+                R = m.rows_per_token
+                sources = [graph.call_function(aten.reshape.default, (m.plain, [N // R, R * D]))]
+                num_tokens = N // R
+            else:
+                for idx, values, _ in m.writes:
+                    vv = val(values)
+                    width = 1
+                    for size in vv.shape[vv.dim() - m.rest_dims:]:
+                        width *= size
+                    sources.append(graph.call_function(aten.reshape.default, (values, [-1, width])))
+                    indices.append(idx)
+            for src in sources:
+                set_fake_vals(graph, src)
+        insert_fused(
+            graph, torch.ops.kda.gated_norm_merge.default,
+            (sources, indices, m.z, m.weight, m.eps, m.act, m.form, m.rsqrt, num_tokens, m.out_dtype),
+            before=m.y, routes=[Route(m.y)], region=m.nodes, origin=m.y,
+        )

@@ -31,22 +31,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 
 import torch
 import torch.fx as fx
 
 from kda_inductor.lowerings import gdn_spec_split as _lowering  # registers the op
-from kda_inductor.patterns.base import (
-    Match,
-    Rewrite,
-    aten,
-    erase_dead,
-    positions,
-    reachable,
-    set_fake_vals,
-    val,
-)
+from kda_inductor.patterns.base import Match, Rewrite, Route, aten, insert_fused, positions, reachable, val
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +45,13 @@ class _RowGather:
     src: fx.Node
     dim: int
     idx: fx.Node
+
+
+@dataclasses.dataclass
+class SplitMatch(Match):
+    """One launch: its row gathers, in input order."""
+
+    gathers: list[_RowGather]
 
 
 def _mutated(graph: fx.Graph) -> set[fx.Node]:
@@ -101,7 +98,7 @@ class GdnSpecSplit(Rewrite):
                 members = members + groups[partner]
             for launch in _legal_launches(members, pos):
                 if len(launch) >= 2:
-                    matches.append(Match(nodes=[g.node for g in launch], data={"gathers": launch}))
+                    matches.append(SplitMatch(nodes=[g.node for g in launch], gathers=launch))
                 else:
                     self.miss(launch[0].node, 2, "no other gather of this index can share its launch "
                               "(an output is used before another gather's input exists)")
@@ -125,26 +122,17 @@ class GdnSpecSplit(Rewrite):
             return self.miss(n, 1, "its index or source is mutated in the graph")
         return _RowGather(n, src, dim, idx)
 
-    def replace(self, graph: fx.Graph, match: Match) -> None:
-        gathers: list[_RowGather] = match.data["gathers"]
+    def replace(self, graph: fx.Graph, match: SplitMatch) -> None:
+        gathers = match.gathers
         pos = positions(graph)
         indices = list(dict.fromkeys(g.idx for g in gathers))
         last_input = max((n for g in gathers for n in (g.src, g.idx)), key=pos.__getitem__)
-        with graph.inserting_before(last_input.next):
-            fused = graph.call_function(
-                torch.ops.kda.gdn_spec_split.default,
-                ([g.src for g in gathers], indices, [g.dim for g in gathers],
-                 [indices.index(g.idx) for g in gathers]),
-            )
-            set_fake_vals(graph, fused)
-            outs = []
-            for i in range(len(gathers)):
-                item = graph.call_function(operator.getitem, (fused, i))
-                item.meta["val"] = fused.meta["val"][i]
-                outs.append(item)
-        for g, item in zip(gathers, outs):
-            g.node.replace_all_uses_with(item)
-        erase_dead(graph, match.nodes)
+        insert_fused(
+            graph, torch.ops.kda.gdn_spec_split.default,
+            ([g.src for g in gathers], indices, [g.dim for g in gathers], [indices.index(g.idx) for g in gathers]),
+            before=last_input.next, routes=[Route(g.node, i) for i, g in enumerate(gathers)],
+            region=match.nodes, origin=gathers[0].node,
+        )
         # users of the old gathers that stood before the fused node move after it
         from torch._inductor.pattern_matcher import stable_topological_sort
 

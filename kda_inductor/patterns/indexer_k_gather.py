@@ -36,7 +36,6 @@ preallocated ``dst_value``/``dst_scale`` of serving code), the in-place
 from __future__ import annotations
 
 import dataclasses
-import operator
 from typing import Any
 
 import sympy
@@ -49,13 +48,13 @@ from kda_inductor.patterns.base import (
     VIEWS,
     Match,
     Rewrite,
+    Route,
     aten,
-    erase_dead,
     escaping,
+    insert_fused,
     is_op,
     positions,
     reachable,
-    set_fake_vals,
     val,
 )
 from kda_inductor.reference import QUANT_GROUP
@@ -103,6 +102,18 @@ def _layout(cache: fx.Node) -> tuple[int, int, int] | None:
     return bs, groups * QUANT_GROUP, 4 * groups
 
 
+@dataclasses.dataclass
+class GatherMatch(Match):
+    values: fx.Node
+    scales: fx.Node
+    cache: fx.Node
+    block_table: fx.Node
+    cu_seq_lens: fx.Node
+    num_tokens: Any
+    head_dim: int
+    dst: Any = None  # ((dst_value, copy_), (dst_scale, copy_)) when copied into graph inputs
+
+
 class IndexerKGather(Rewrite):
     name = "indexer_k_gather"
     summary = "DeepSeek-V3.2 indexer K-cache gather (values + scales) -> kda::indexer_k_gather"
@@ -127,7 +138,7 @@ class IndexerKGather(Rewrite):
                 continue  # a scales candidate: looked at when pairing
             m = self._pair(values, gathers, layout, algebra, used)
             if m is not None:
-                used.update((m.data["values"], m.data["scales"]))
+                used.update((m.values, m.scales))
                 matches.append(m)
         return matches
 
@@ -207,19 +218,11 @@ class IndexerKGather(Rewrite):
                 continue
             dst = _preallocated_dst(values.node, scales.node, values.cache, bt, cu)
             extra = {n for (_, copy) in (dst or ()) for n in _chain(copy)}
-            return Match(
+            return GatherMatch(
                 nodes=sorted(region | {values.flat, scales.flat} | extra,
                              key=positions(values.node.graph).__getitem__),
-                data={
-                    "dst": dst,
-                    "values": values.node,
-                    "scales": scales.node,
-                    "cache": values.cache,
-                    "block_table": bt,
-                    "cu_seq_lens": cu,
-                    "num_tokens": num_tokens,
-                    "head_dim": hd,
-                },
+                dst=dst, values=values.node, scales=scales.node, cache=values.cache, block_table=bt,
+                cu_seq_lens=cu, num_tokens=num_tokens, head_dim=hd,
             )
         return self.miss(
             values.node, 5, f"no scales gather of the same cache and tokens with columns "
@@ -227,57 +230,27 @@ class IndexerKGather(Rewrite):
         )
 
     # --------------------------------------------------------------- replace
-    def replace(self, graph: fx.Graph, match: Match) -> None:
-        d = match.data
-        first = min((d["values"], d["scales"]), key=positions(graph).__getitem__)
-        if d["dst"] is not None:
-            self._replace_in_place(graph, match, first)
+    def replace(self, graph: fx.Graph, match: GatherMatch) -> None:
+        m = match
+        first = min((m.values, m.scales), key=positions(graph).__getitem__)
+        if m.dst is None:
+            insert_fused(
+                graph, torch.ops.kda.indexer_k_gather.default,
+                (m.cache, m.block_table, m.cu_seq_lens, m.num_tokens, m.head_dim),
+                before=first, routes=[Route(m.values, 0), Route(m.scales, 1)], region=m.nodes, origin=m.values,
+            )
             return
-        with graph.inserting_before(first):
-            fused = graph.call_function(
-                torch.ops.kda.indexer_k_gather.default,
-                (d["cache"], d["block_table"], d["cu_seq_lens"], d["num_tokens"], d["head_dim"]),
-            )
-            set_fake_vals(graph, fused)
-            outs = []
-            for i in range(2):
-                g = graph.call_function(operator.getitem, (fused, i))
-                g.meta["val"] = fused.meta["val"][i]
-                outs.append(g)
-        fused.meta["stack_trace"] = d["values"].meta.get("stack_trace")
-        d["values"].replace_all_uses_with(outs[0])
-        d["scales"].replace_all_uses_with(outs[1])
-        erase_dead(graph, match.nodes)
-
-
-    @staticmethod
-    def _replace_in_place(graph: fx.Graph, match: Match, first: fx.Node) -> None:
-        from torch._higher_order_ops.auto_functionalize import auto_functionalized
-
-        d = match.data
-        (dst_v, copy_v), (dst_s, copy_s) = d["dst"]
-        with graph.inserting_before(first):
-            fused = graph.call_function(
-                auto_functionalized,
-                (torch.ops.kda.indexer_k_gather_out.default,),
-                {
-                    "kv_cache": d["cache"],
-                    "dst_value": dst_v,
-                    "dst_scale": dst_s,
-                    "block_table": d["block_table"],
-                    "cu_seq_lens": d["cu_seq_lens"],
-                },
-            )
-            set_fake_vals(graph, fused)
-            outs = []
-            for i in (1, 2):  # (op result, new dst_value, new dst_scale)
-                g = graph.call_function(operator.getitem, (fused, i))
-                g.meta["val"] = fused.meta["val"][i]
-                outs.append(g)
-        fused.meta["stack_trace"] = d["values"].meta.get("stack_trace")
-        copy_v.replace_input_with(copy_v.args[1], outs[0])
-        copy_s.replace_input_with(copy_s.args[1], outs[1])
-        erase_dead(graph, match.nodes)
+        (dst_v, copy_v), (dst_s, copy_s) = m.dst
+        # auto_functionalized's outputs: (op result, new dst_value, new dst_scale)
+        insert_fused(
+            graph, torch.ops.kda.indexer_k_gather_out.default,
+            kwargs={"kv_cache": m.cache, "dst_value": dst_v, "dst_scale": dst_s,
+                    "block_table": m.block_table, "cu_seq_lens": m.cu_seq_lens},
+            before=first, mutated="dst_value, dst_scale",
+            routes=[Route(copy_v.args[1], 1, only=lambda u, c=copy_v: u is c),
+                    Route(copy_s.args[1], 2, only=lambda u, c=copy_s: u is c)],
+            region=m.nodes, origin=m.values,
+        )
 
 
 def _chain(copy: fx.Node) -> list[fx.Node]:

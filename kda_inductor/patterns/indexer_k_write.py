@@ -62,12 +62,12 @@ from kda_inductor.patterns.base import (
     VIEWS,
     Match,
     Rewrite,
+    Route,
     aten,
-    erase_dead,
+    insert_fused,
     is_op,
     positions,
     prims,
-    set_fake_vals,
     val,
 )
 from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN
@@ -389,6 +389,21 @@ def _layer_norm_core(centered, rstd, k):
 # --------------------------------------------------------------------------- the rewrite
 
 
+@dataclasses.dataclass
+class WriteMatch(Match):
+    copy: fx.Node  # the user's copy_ of the written cache back into the input
+    cache: fx.Node
+    k: fx.Node
+    slot_mapping: fx.Node
+    weight: fx.Node | None
+    bias: fx.Node | None
+    eps: float
+    ue8m0: bool
+    round_norm: bool
+    readers: list[fx.Node]  # last-version nodes read outside the chain: they get the new cache
+    first: fx.Node  # the first write: the op goes before it
+
+
 class IndexerKWrite(Rewrite):
     name = "indexer_k_write"
     summary = "DeepSeek-V3.2 indexer K norm + fp8 quant + paged-cache write -> kda::indexer_k_write"
@@ -484,14 +499,11 @@ class IndexerKWrite(Rewrite):
                 readers.append(n)
         region |= set(versions) | reads
         region -= {cache, copy}  # the user's copy_ stays: it copies the op's new cache
-        return Match(
+        return WriteMatch(
             nodes=sorted(region, key=positions(copy.graph).__getitem__),
-            data={
-                "copy": copy, "cache": cache, "k": k, "slot_mapping": slot, "weight": weight,
-                "bias": bias, "eps": float(eps), "ue8m0": quant.ue8m0, "round_norm": round_norm,
-                "readers": readers,
-                "first": min((wv.node, ws.node), key=positions(copy.graph).__getitem__),
-            },
+            copy=copy, cache=cache, k=k, slot_mapping=slot, weight=weight, bias=bias, eps=float(eps),
+            ue8m0=quant.ue8m0, round_norm=round_norm, readers=readers,
+            first=min((wv.node, ws.node), key=positions(copy.graph).__getitem__),
         )
 
     def _read_write(self, w: _Write, chain: _Chain, hd: int, groups: int, algebra):
@@ -600,35 +612,14 @@ class IndexerKWrite(Rewrite):
         return None
 
     # --------------------------------------------------------------- replace
-    def replace(self, graph: fx.Graph, match: Match) -> None:
-        from torch._higher_order_ops.auto_functionalize import auto_functionalized
-
-        d = match.data
-        with graph.inserting_before(d["first"]):
-            fused = graph.call_function(
-                auto_functionalized,
-                (torch.ops.kda.indexer_k_write.default,),
-                {
-                    "kv_cache": d["cache"], "k": d["k"], "slot_mapping": d["slot_mapping"],
-                    "weight": d["weight"], "bias": d["bias"], "eps": d["eps"], "ue8m0": d["ue8m0"],
-                    "round_norm": d["round_norm"],
-                },
-            )
-            set_fake_vals(graph, fused)
-            new = graph.call_function(operator.getitem, (fused, 1))
-            new.meta["val"] = fused.meta["val"][1]
-            views = {}
-            for r in d["readers"]:
-                shape = list(val(r).shape)
-                if shape == list(val(new).shape):
-                    views[r] = new
-                else:
-                    v = graph.call_function(aten.reshape.default, (new, shape))
-                    set_fake_vals(graph, v)
-                    views[r] = v
-        fused.meta["stack_trace"] = d["first"].meta.get("stack_trace")
-        copy = d["copy"]
-        copy.replace_input_with(copy.args[1], new)
-        for r, v in views.items():
-            r.replace_all_uses_with(v, delete_user_cb=lambda u: u is not copy)
-        erase_dead(graph, match.nodes)
+    def replace(self, graph: fx.Graph, match: WriteMatch) -> None:
+        m = match
+        new_cache = [Route(m.copy.args[1], 1, only=lambda u: u is m.copy)]
+        # every reader of the written cache reads the op's new cache, viewed as it was
+        new_cache += [Route(r, 1, only=lambda u: u is not m.copy, shape=list(val(r).shape)) for r in m.readers]
+        insert_fused(
+            graph, torch.ops.kda.indexer_k_write.default,
+            kwargs={"kv_cache": m.cache, "k": m.k, "slot_mapping": m.slot_mapping, "weight": m.weight,
+                    "bias": m.bias, "eps": m.eps, "ue8m0": m.ue8m0, "round_norm": m.round_norm},
+            before=m.first, mutated="kv_cache", routes=new_cache, region=m.nodes, origin=m.first,
+        )

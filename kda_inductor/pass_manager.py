@@ -84,6 +84,10 @@ class KdaPostGradPass(CustomGraphPass):
             try:
                 found = rewrite.find(graph)
                 for match in found:
+                    why = None if self.options.force else rewrite.speed_rule(match)
+                    if why:
+                        rewrite.miss(match.anchor, 9, f"left to Inductor: {why}")
+                        continue
                     with transaction(graph):
                         rewrite.replace(graph, match)
                     matches[name] += 1

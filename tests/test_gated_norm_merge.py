@@ -388,23 +388,35 @@ def test_merge_free_norm_is_fused(norm, kw):
 
 
 def test_merge_free_norm_left_to_inductor_when_large_or_symbolic(monkeypatch):
-    """Above MERGE_FREE_MAX_VALUES (Inductor's fusion measured faster) or with a symbolic
-    row count, the merge-free norm stays with Inductor, with the reason recorded."""
+    """The speed rule (unforced): on CUDA, above MERGE_FREE_MAX_VALUES (Inductor's fusion
+    measured faster) or with a symbolic row count, the merge-free norm stays with Inductor,
+    with the reason recorded; on CPU it always does. (The CUDA rule is exercised here on CPU
+    by reporting the match's device as cuda.)"""
     from kda_inductor.patterns import gated_norm_merge as pattern
 
+    unforced = {"kda": {"strict": True, "force": False}}
     _, x, _, _, z, w = _inputs(T=13, n_spec=0, seed=41)
     fn = _plain(fla)
-    monkeypatch.setattr(pattern, "MERGE_FREE_MAX_VALUES", x.numel() - 1)
-    out, c = _run(fn, x, z, w)
+    out, c = _run(fn, x, z, w, options=unforced)
     assert c.matches["gated_norm_merge"] == 0
-    assert "left to Inductor" in str(c.records[0]["misses"]["gated_norm_merge"])
+    assert "left to Inductor: on cpu" in str(c.records[0]["misses"]["gated_norm_merge"])
+    monkeypatch.setattr(pattern.NormMatch, "device", "cuda")
+    out, c = _run(fn, x, z, w, options=unforced)
+    assert c.matches["gated_norm_merge"] == 1  # small and static: rewritten on CUDA
+    monkeypatch.setattr(pattern, "MERGE_FREE_MAX_VALUES", x.numel() - 1)
+    out, c = _run(fn, x, z, w, options=unforced)
+    assert c.matches["gated_norm_merge"] == 0
+    assert "Inductor's fusion is faster above" in str(c.records[0]["misses"]["gated_norm_merge"])
     assert max_ulps(out, fn(x, z, w)) <= 2
-    monkeypatch.undo()
+    monkeypatch.setattr(pattern, "MERGE_FREE_MAX_VALUES", 4096 * 32 * 128)
     torch._dynamo.mark_dynamic(x, 1)  # the token dims of x [1, T, H, D] and z [T, H, D]
     torch._dynamo.mark_dynamic(z, 0)
-    out, c = _run(fn, x, z, w)
+    out, c = _run(fn, x, z, w, options=unforced)
     assert c.matches["gated_norm_merge"] == 0
     assert "symbolic row count" in str(c.records[0]["misses"]["gated_norm_merge"])
+    out, c = _run(fn, x, z, w)  # forced: the symbolic merge-free norm still compiles and is exact
+    assert c.matches["gated_norm_merge"] == 1
+    assert_close_to_eager(out, fn(x, z, w), exact=True)
 
 
 @pytest.mark.skipif(not HAS_KERNEL_RUNNER, reason="needs a GPU or TRITON_INTERPRET=1")
@@ -418,6 +430,184 @@ def test_triton_kernel_merge_free_identity():
                                                   dtype)
     y = torch.full_like(z2, 7.0)  # poisoned
     mod.norm_merge_triton([src], [], z2, w, y, eps=1e-6, activation="silu", form="fla", rsqrt=True, num_tokens=13)
+    if device == "cpu":
+        assert_close_to_eager(y, want, exact=True)
+    else:
+        assert max_ulps(y.cpu(), want) <= 1
+
+
+# --------------------------------------------------------------------------- 3-D / 4-D norms
+def _kda_norm(x, z, w, eps=1e-6):
+    """KDA's o_norm applied to [.., H, D] directly, sigmoid gate, no reshape to rows."""
+    xf = x.float()
+    y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()
+    return (y * torch.sigmoid(z.float())).to(x.dtype)
+
+
+@pytest.mark.parametrize("rank", [3, 4])
+def test_norm_on_3d_and_4d_merge_is_fused(rank):
+    args = _inputs(seed=50)
+
+    def fn(o_s, o_ns, s, ns, z, w):
+        out = _merge(o_s, o_ns, s, ns)  # [1, T, H, D]
+        x = out if rank == 4 else out.squeeze(0)
+        return _kda_norm(x, z if rank == 3 else z.unsqueeze(0), w)
+
+    out, c = _run(fn, *args)
+    assert c.matches["gated_norm_merge"] == 1
+    assert out.shape == ((1, 13, H, D) if rank == 4 else (13, H, D))
+    assert_close_to_eager(out, fn(*args), exact=True)
+
+
+@pytest.mark.parametrize("rank", [3, 4])
+def test_merge_free_norm_on_3d_and_4d(rank):
+    _, x, _, _, z, w = _inputs(T=13, n_spec=0, seed=51)  # x [1, 13, H, D], z [13, H, D]
+
+    def fn(x, z, w):
+        return _kda_norm(x if rank == 4 else x[0], z.unsqueeze(0) if rank == 4 else z, w)
+
+    out, c = _run(fn, x, z, w)
+    assert c.matches["gated_norm_merge"] == 1
+    assert_close_to_eager(out, fn(x, z, w), exact=True)
+
+
+def test_norm_over_part_of_a_head_does_not_match():
+    """A group-size norm: the reduced dim (D / 2) is not the weight's... the weight is [D / 2]
+    but z and x are normalized per half-head: a different function from the kernel's rows
+    only if the rows straddle tokens; the per-group norm of the merged buffer is still a
+    gated norm of [rows, D / 2], so the case that must not match is the weight of another
+    size than the reduced dim."""
+    o_s, o_ns, s, ns, z, w = _inputs(seed=52)
+
+    def fn(o_s, o_ns, s, ns, z, w):
+        x = _merge(o_s, o_ns, s, ns).reshape(-1, D // 2).float()
+        y = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        y = y.reshape(-1, D) * w  # weight over the whole head, after a norm over halves
+        return (y * F.silu(z.reshape(-1, D).float())).bfloat16()
+
+    out, c = _run(fn, o_s, o_ns, s, ns, z, w)
+    assert c.matches["gated_norm_merge"] == 0
+    assert_close_to_eager(out, fn(o_s, o_ns, s, ns, z, w))
+
+
+# --------------------------------------------------------------------------- merge into a padded output
+def _padded(how, base="zeros", pad=3):
+    """vLLM: merge into torch.empty, copy into a zeros-initialized output that may be longer
+    than the tokens (core_attn_out[:n] = merged.squeeze(0)), norm over all of it."""
+    def fn(o_s, o_ns, s, ns, z, w):
+        n = s.shape[0] + ns.shape[0]
+        merged = torch.empty(1, n, H, D, dtype=o_s.dtype)
+        merged.index_copy_(1, s, o_s)
+        merged.index_copy_(1, ns, o_ns)
+        make = {"zeros": torch.zeros, "empty": torch.empty, "ones": torch.ones}[base]
+        if how == "3d":
+            out = make(n + pad, H, D, dtype=o_s.dtype)
+            out[:n] = merged.squeeze(0)
+        else:  # out[0, :n] = ... into [1, T_pad, H, D]
+            out = make(1, n + pad, H, D, dtype=o_s.dtype)
+            out[0, :n] = merged.squeeze(0)
+        zz = torch.cat([z, z[:pad]]) if pad else z
+        y = fla(out.reshape(-1, D), zz.reshape(-1, D), w)
+        return y if base != "empty" else y[: n * H]  # rows of torch.empty are undefined
+    return fn
+
+
+@pytest.mark.parametrize("base", ["zeros", "ones"])
+@pytest.mark.parametrize("how", ["3d", "4d"])
+def test_merge_into_padded_output_is_fused(how, base):
+    args = _inputs(seed=53)
+    fn = _padded(how, base)
+    out, c = _run(fn, *args)
+    assert c.matches["gated_norm_merge"] == 1
+    after = c.records[0]["after"]
+    assert "slice_scatter" not in after and "index_put" not in after and "full" not in after
+    assert_close_to_eager(out, fn(*args), exact=True)
+
+
+def test_merge_into_padded_empty_and_no_padding():
+    args = _inputs(seed=54)
+    for fn in (_padded("3d", "empty"), _padded("3d", "zeros", pad=0)):
+        out, c = _run(fn, *args)
+        assert c.matches["gated_norm_merge"] == 1
+        assert_close_to_eager(out, fn(*args), exact=True)
+
+
+def test_padded_output_read_elsewhere_or_an_input_does_not_match():
+    args = _inputs(seed=55)
+
+    def read_elsewhere(o_s, o_ns, s, ns, z, w):
+        n = s.shape[0] + ns.shape[0]
+        merged = torch.empty(1, n, H, D, dtype=o_s.dtype)
+        merged.index_copy_(1, s, o_s)
+        merged.index_copy_(1, ns, o_ns)
+        out = torch.zeros(n + 2, H, D, dtype=o_s.dtype)
+        out[:n] = merged.squeeze(0)
+        return fla(out.reshape(-1, D), torch.cat([z, z[:2]]).reshape(-1, D), w), out.sum()
+
+    def into_input(o_s, o_ns, s, ns, z, w, out):
+        n = s.shape[0] + ns.shape[0]
+        merged = torch.empty(1, n, H, D, dtype=o_s.dtype)
+        merged.index_copy_(1, s, o_s)
+        merged.index_copy_(1, ns, o_ns)
+        out[:n] = merged.squeeze(0)  # the user's buffer: its rows must be stored
+        return fla(out.reshape(-1, D), torch.cat([z, z[:2]]).reshape(-1, D), w)
+
+    out, c = _run(read_elsewhere, *args)
+    assert c.matches["gated_norm_merge"] == 0
+    assert "read elsewhere" in str(c.records[0]["misses"]["gated_norm_merge"])
+    buf = torch.randn(15, H, D).bfloat16()
+    eager_buf = buf.clone()
+    out, c = _run(into_input, *args, buf)
+    assert c.matches["gated_norm_merge"] == 0
+    assert "graph input" in str(c.records[0]["misses"]["gated_norm_merge"])
+    assert_close_to_eager(out, into_input(*args, eager_buf))
+    assert_close_to_eager(buf, eager_buf, exact=True)
+
+
+def test_padded_output_with_automatic_dynamic_tokens():
+    """Serving: the merged count and the padded length both vary; one recompile, then
+    symbolic sizes; every graph fused, exact."""
+    fn = _padded("3d", "zeros")
+    with fresh_compile():
+        c = compile_for_test(fn, options=ON)
+        for T, n_spec, seed in ((13, 8, 60), (21, 15, 61), (17, 9, 62)):
+            args = _inputs(T=T, n_spec=n_spec, seed=seed)
+            assert_close_to_eager(c(*args), fn(*args), exact=True)
+    assert len(c.records) == 2 and c.matches["gated_norm_merge"] == 2
+
+
+def test_op_pad_value_rows():
+    """The op's padding tokens: every value pad_value, normalized like the others."""
+    o_s, o_ns, s, ns, z, w = _inputs(seed=56)
+    zz = torch.cat([z, z[:3]]).reshape(-1, D)
+    srcs = [o_s.reshape(8, -1), o_ns.reshape(5, -1)]
+    op = torch.ops.kda.gated_norm_merge.default
+    for pad in (0.0, 1.5):
+        got = op(srcs, [s, ns], zz, w, 1e-6, "silu", "fla", True, 13, torch.bfloat16, pad)
+        merged = torch.full((16, H, D), pad, dtype=torch.bfloat16)
+        merged[s] = o_s[0]
+        merged[ns] = o_ns[0]
+        assert_close_to_eager(got, fla(merged.reshape(-1, D), zz, w), exact=True)
+    with pytest.raises(ValueError, match="^num_tokens: "):  # padding rows need a pad_value
+        op(srcs, [s, ns], zz, w, 1e-6, "silu", "fla", True, 13, torch.bfloat16)
+
+
+@pytest.mark.skipif(not HAS_KERNEL_RUNNER or mod.triton is None, reason="no triton runner")
+def test_triton_kernel_padded_rows():
+    from tests.test_lowering_indexer_k_gather import LAUNCHER_OK
+
+    if not LAUNCHER_OK:
+        pytest.skip("this Triton interpreter cannot run our kernels")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    o_s, o_ns, s, ns, z, w = (t.to(device) for t in _inputs(seed=57, dtype=dtype, wdtype=dtype))
+    zz = torch.cat([z, z[:3]]).reshape(-1, D)
+    srcs = [o_s.reshape(8, -1), o_ns.reshape(5, -1)]
+    want = torch.ops.kda.gated_norm_merge.default([t.cpu() for t in srcs], [s.cpu(), ns.cpu()], zz.cpu(), w.cpu(),
+                                                  1e-6, "sigmoid", "hf", True, 13, dtype, 2.0)
+    y = torch.full_like(zz, 7.0)  # poisoned
+    mod.norm_merge_triton(srcs, [s, ns], zz, w, y, eps=1e-6, activation="sigmoid", form="hf", rsqrt=True,
+                          num_tokens=13, pad_value=2.0)
     if device == "cpu":
         assert_close_to_eager(y, want, exact=True)
     else:

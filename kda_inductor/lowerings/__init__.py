@@ -40,6 +40,17 @@ def block_for_programs(block: int, programs: Callable[[int], int], target: int) 
     return block
 
 
+def definitely(pred) -> bool:
+    """``pred`` (a bool, or a SymBool while tracing) is known true for every value of its
+    symbols: size checks in fake impls must never add guards, so a check that cannot be
+    decided at trace time is left to the real call."""
+    if isinstance(pred, bool):
+        return pred
+    from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+    return bool(statically_known_true(pred))
+
+
 def check_tensor(x, arg: str) -> None:
     """``x`` must be a Tensor (a TypeError naming ``arg`` otherwise)."""
     if not isinstance(x, Tensor):

@@ -1,10 +1,14 @@
 """``kda::gated_norm_merge``: the spec / non-spec merge (``index_copy_``) and the gated
 RMSNorm of a GDN/KDA layer in one pass, with no merged buffer.
 
-``sources[k]`` is ``[n_k, R * D]`` (token rows, ``R`` norm rows of ``D`` each per token),
-``indices[k]`` ``[n_k]`` the token each row goes to (negative counts from the end, as
-``out[:, idx] = ...`` does). With ``merged[indices[k][i]] = sources[k][i]`` viewed as
-``[T * R, D]``, the op returns ``y [T * R, D]`` (``out_dtype``)::
+``sources[k]`` is ``[n_k, R * D]`` (token rows, ``R`` norm rows of ``D = weight.shape[0]``
+each per token), ``indices[k]`` ``[n_k]`` the token each row goes to (negative counts from
+the end, as ``out[:, idx] = ...`` does). ``merged`` has ``P = z.shape[0] // R`` tokens:
+``merged[indices[k][i]] = sources[k][i]`` for the first ``num_tokens`` of them and, when the
+merge was copied into a longer padded buffer (``core_attn_out[:n] = merged.squeeze(0)`` into
+``torch.zeros``), ``pad_value`` in every value of the ``P - num_tokens`` tokens after them
+(``pad_value=None``: no padding, ``P == num_tokens``). Viewed as ``[P * R, D]``, the op
+returns ``y [P * R, D]`` (``out_dtype``)::
 
     x = merged.float(); r = rsqrt(mean(x * x, -1) + eps)        (or 1 / sqrt(...))
     form "fla": y = ((x * r) * weight.float()) * act(z.float())
@@ -26,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
-from kda_inductor.lowerings import block_for_programs, triton_launch_options
+from kda_inductor.lowerings import block_for_programs, definitely, triton_launch_options
 
 try:
     import triton
@@ -39,7 +43,8 @@ ACTIVATIONS = ("silu", "sigmoid")
 FORMS = ("fla", "hf")
 
 
-def _check(sources, indices, z, weight, eps, activation, form, num_tokens):
+def _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value=None):
+    """Sync-free checks; returns ``(R, D, P)``: norm rows per token, their size, tokens."""
     if not 1 <= len(sources) <= 2 or len(indices) not in (len(sources), 0) or (not indices and len(sources) != 1):
         raise _err("sources", f"expected 1 or 2 sources with as many indices (or 1 source and no indices: "
                    f"the merge-free norm), got {len(sources)} and {len(indices)}")
@@ -48,15 +53,22 @@ def _check(sources, indices, z, weight, eps, activation, form, num_tokens):
     if form not in FORMS:
         raise _err("form", f"expected one of {FORMS}, got {form!r}")
     if z.dim() != 2:
-        raise _err("z", f"expected [T * R, D], got shape {tuple(z.shape)}")
+        raise _err("z", f"expected [P * R, D], got shape {tuple(z.shape)}")
     D = z.shape[1]
     if weight.dim() != 1 or weight.shape[0] != D:
         raise _err("weight", f"expected [D] = [{D}] (z's rows), got shape {tuple(weight.shape)}")
-    if z.shape[0] % max(num_tokens, 1):
-        raise _err("z", f"{z.shape[0]} rows is not a multiple of num_tokens = {num_tokens}")
-    R = z.shape[0] // max(num_tokens, 1)
+    if sources[0].dim() != 2 or sources[0].shape[1] % D or sources[0].shape[1] == 0:
+        raise _err("sources[0]", f"expected [n, R * {D}] (R norm rows of D={D} per token), got "
+                   f"{tuple(sources[0].shape)}")
+    R = sources[0].shape[1] // D
+    if definitely(z.shape[0] % R != 0):
+        raise _err("z", f"{z.shape[0]} rows is not a multiple of R = {R} norm rows per token")
+    P = z.shape[0] // R
+    if definitely(num_tokens < 0) or definitely(num_tokens > P) or (pad_value is None and definitely(num_tokens != P)):
+        raise _err("num_tokens", f"expected {'' if pad_value is None else '<= '}{P} (z's tokens"
+                   f"{'' if pad_value is None else '; the rest are padding'}), got {num_tokens}")
     dtype = sources[0].dtype
-    if not indices and sources[0].shape[0] != num_tokens:
+    if not indices and definitely(sources[0].shape[0] != num_tokens):
         raise _err("sources[0]", f"without indices the source is the tokens in order: expected {num_tokens} rows, "
                    f"got {sources[0].shape[0]}")
     for k, src in enumerate(sources):
@@ -67,7 +79,7 @@ def _check(sources, indices, z, weight, eps, activation, form, num_tokens):
         if src.device != z.device:
             raise _err(f"sources[{k}]", f"expected device {z.device}, got {src.device}")
     for k, (src, idx) in enumerate(zip(sources, indices)):
-        if idx.dim() != 1 or idx.shape[0] != src.shape[0] or idx.dtype not in (torch.int32, torch.int64):
+        if idx.dim() != 1 or definitely(idx.shape[0] != src.shape[0]) or idx.dtype not in (torch.int32, torch.int64):
             raise _err(f"indices[{k}]", f"expected a 1-D int32/int64 tensor of {src.shape[0]} entries, "
                        f"got {idx.dim()}-D {idx.dtype} of shape {tuple(idx.shape)}")
         if idx.device != z.device:
@@ -76,7 +88,7 @@ def _check(sources, indices, z, weight, eps, activation, form, num_tokens):
         raise _err("weight", f"expected device {z.device}, got {weight.device}")
     if eps < 0:
         raise _err("eps", f"must be >= 0, got {eps}")
-    return R, D
+    return R, D, P
 
 
 def _hf_dtype(weight: Tensor, in_dtype: torch.dtype) -> torch.dtype:
@@ -86,19 +98,21 @@ def _hf_dtype(weight: Tensor, in_dtype: torch.dtype) -> torch.dtype:
 @torch.library.custom_op("kda::gated_norm_merge", mutates_args=(), device_types="cpu")
 def gated_norm_merge(sources: list[Tensor], indices: list[Tensor], z: Tensor, weight: Tensor,
                      eps: float, activation: str, form: str, rsqrt: bool, num_tokens: int,
-                     out_dtype: torch.dtype) -> Tensor:
+                     out_dtype: torch.dtype, pad_value: float | None = None) -> Tensor:
     """See the module docstring."""
-    _check(sources, indices, z, weight, eps, activation, form, num_tokens)
+    _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
     return _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
-                            check_range=True)
+                            pad_value, check_range=True)
 
 
-def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype, *,
-                     check_range: bool) -> Tensor:
+def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
+                     pad_value=None, *, check_range: bool) -> Tensor:
     """Eager's computation, op for op: the CPU kernel, and the CUDA path when the index
     lengths do not add up to the tokens (uncovered rows, or duplicates where the later
     write must win). ``check_range`` reads the indices on the host (CPU only: a sync)."""
-    R, D = z.shape[0] // max(num_tokens, 1), z.shape[1]
+    D = z.shape[1]
+    R = sources[0].shape[1] // D
+    P = z.shape[0] // R
     merged = sources[0] if not indices else sources[0].new_empty(num_tokens, R * D)
     for k, (src, idx) in enumerate(zip(sources, indices)):
         if check_range and idx.numel():
@@ -107,6 +121,8 @@ def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, 
                 raise _err(f"indices[{k}]", f"index {lo if lo < -num_tokens else hi} out of range "
                            f"[-{num_tokens}, {num_tokens})", IndexError)
         merged.index_copy_(0, torch.where(idx < 0, idx + num_tokens, idx).long(), src)
+    if P > num_tokens:
+        merged = torch.cat([merged, merged.new_full((P - num_tokens, R * D), pad_value)])
     x = merged.reshape(-1, D).float()
     var = x.pow(2).mean(-1, keepdim=True) + eps
     r = torch.rsqrt(var) if rsqrt else 1 / torch.sqrt(var)
@@ -121,20 +137,22 @@ def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, 
 
 
 @gated_norm_merge.register_fake
-def _gated_norm_merge_fake(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype):
-    _check(sources, indices, z, weight, eps, activation, form, num_tokens)
+def _gated_norm_merge_fake(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
+                           pad_value=None):
+    _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
     return z.new_empty(z.shape, dtype=out_dtype)
 
 
 @gated_norm_merge.register_kernel("cuda")
-def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype):
-    _check(sources, indices, z, weight, eps, activation, form, num_tokens)
+def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
+                           pad_value=None):
+    _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
     if sum(s.shape[0] for s in sources) != num_tokens:  # not a partition (a symbolic T matched)
         return _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
-                                check_range=False)
+                                pad_value, check_range=False)
     y = z.new_empty(z.shape, dtype=out_dtype)
     norm_merge_triton(sources, indices, z, weight, y, eps=eps, activation=activation, form=form,
-                      rsqrt=rsqrt, num_tokens=num_tokens)
+                      rsqrt=rsqrt, num_tokens=num_tokens, pad_value=pad_value)
     return y
 
 
@@ -148,12 +166,15 @@ if triton is not None:
     @triton.jit(do_not_specialize=["n0", "n1", "T"], debug=True)
     def _gated_norm_merge_kernel(
         src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
-        z_ptr, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps,
+        z_ptr, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps, pad,
         SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
         HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IDENTITY: tl.constexpr,
+        PADDED: tl.constexpr,
     ):
         """Program (p, h): row p of source 0 (p < n0) or p - n0 of source 1 -> rows
-        h * BLOCK_R .. of its token's R norm rows. ``IDENTITY``: no merge, row p is token p."""
+        h * BLOCK_R .. of its token's R norm rows. ``IDENTITY``: no merge, row p is token p.
+        ``PADDED``: programs p >= n0 + n1 are the padding tokens T + (p - n0 - n1), whose
+        values are all ``pad``."""
         p = tl.program_id(0)
         h = tl.program_id(1)
         first = p < n0
@@ -165,13 +186,22 @@ if triton is not None:
             t1 = tl.load(idx1 + i, mask=(p >= n0) & (p < n0 + n1), other=0).to(tl.int64)
             t = tl.where(first, t0, t1)
             t = tl.where(t < 0, t + T, t)  # negative indices count from the end, as out[:, idx]
-            tl.device_assert((t >= 0) & (t < T), "gated_norm_merge: index out of range")
+            if PADDED:
+                t = tl.where(p < n0 + n1, t, T + (p - n0 - n1))
+                tl.device_assert((t >= 0) & ((t < T) | (p >= n0 + n1)), "gated_norm_merge: index out of range")
+            else:
+                tl.device_assert((t >= 0) & (t < T), "gated_norm_merge: index out of range")
         rr = h * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
         dd = tl.arange(0, BLOCK_D)[None, :]
         m = (rr < R) & (dd < D)
         col = rr * D + dd
         row = tl.where(first, src0 + i * src_stride0, src1 + i * src_stride1)
-        x = tl.load(row + col, mask=m, other=0.0).to(tl.float32)
+        if PADDED:
+            real = (rr * 0 + p) < n0 + n1  # as a vector: the interpreter mis-types scalar & vector masks
+            x = tl.load(row + col, mask=m & real, other=0.0).to(tl.float32)
+            x = tl.where(real, x, tl.where(m, pad, 0.0))
+        else:
+            x = tl.load(row + col, mask=m, other=0.0).to(tl.float32)
         var = tl.sum(x * x, axis=1)[:, None] / D + eps
         if RSQRT:
             r = tl.math.rsqrt(var)
@@ -214,31 +244,35 @@ def _rows(src: Tensor) -> tuple[Tensor, int]:
 
 
 def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation: str, form: str,
-                      rsqrt: bool, num_tokens: int, num_warps: int | None = None, block_r: int | None = None):
-    """One launch writing ``y`` (fresh, contiguous ``[T * R, D]``). No sync, no allocation."""
+                      rsqrt: bool, num_tokens: int, pad_value: float | None = None, num_warps: int | None = None,
+                      block_r: int | None = None):
+    """One launch writing ``y`` (fresh, contiguous ``[P * R, D]``). No sync, no allocation."""
     if triton is None:  # pragma: no cover
         raise RuntimeError("gated_norm_merge: the Triton kernel needs triton, which is not installed")
     D = weight.shape[0]
-    R = z.shape[0] // max(num_tokens, 1)
+    R = sources[0].shape[1] // D
+    pad_tokens = z.shape[0] // R - num_tokens
     srcs = [_rows(s) for s in sources]
     n = [s.shape[0] for s in sources] + [0]
-    if n[0] + n[1] == 0:
+    if n[0] + n[1] + pad_tokens == 0:
         return y
     s1, st1 = srcs[1] if len(srcs) > 1 else srcs[0]
     identity = not indices
     idx0 = srcs[0][0] if identity else indices[0]  # unused pointer when identity
     idx1 = idx0 if len(indices) < 2 else indices[1]
     block_d = triton.next_power_of_2(D)
-    block_r = block_r or rows_per_program(n[0] + n[1], R, D)
+    programs = n[0] + n[1] + pad_tokens
+    block_r = block_r or rows_per_program(programs, R, D)
     if num_warps is None:
         num_warps = max(1, min(8, block_r * block_d // 512))
     in_dtype = sources[0].dtype
     extra = triton_launch_options() if y.is_cuda else {}
-    _gated_norm_merge_kernel[(n[0] + n[1], triton.cdiv(R, block_r))](
+    _gated_norm_merge_kernel[(programs, triton.cdiv(R, block_r))](
         srcs[0][0], s1, idx0, idx1, n[0], n[1], srcs[0][1], st1,
         z, z.stride(0), z.stride(1), weight, y, num_tokens, R, D, eps,
+        0.0 if pad_value is None else float(pad_value),
         SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
         HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_R=block_r, BLOCK_D=block_d, IDENTITY=identity,
-        num_warps=num_warps, **extra,
+        PADDED=pad_tokens > 0, num_warps=num_warps, **extra,
     )
     return y

@@ -72,6 +72,21 @@ class Match:
 
     nodes: list[fx.Node]
 
+    @property
+    def anchor(self) -> fx.Node:
+        """The node a miss of this match is reported at (the last one with a source line)."""
+        traced = [n for n in self.nodes if n.meta.get("stack_trace")]
+        return (traced or self.nodes)[-1]
+
+    @property
+    def device(self) -> str:
+        """The device type the matched code runs on ("cuda", "cpu", ...)."""
+        for n in self.nodes:
+            v = val(n)
+            if isinstance(v, torch.Tensor):
+                return v.device.type
+        return "cpu"
+
 
 class Rewrite:
     """Base class of one rewrite; subclasses live one per file in ``patterns/``."""
@@ -101,6 +116,13 @@ class Rewrite:
     def find(self, graph: fx.Graph) -> list[Match]:
         raise NotImplementedError
 
+    def speed_rule(self, match: Match) -> str | None:
+        """Why this match is left to Inductor (its op was measured slower than Inductor's
+        code for it on this device and size), or None to rewrite it. Each rewrite writes
+        its rule, with the measurement, in its pattern file; ``options["kda"]["force"]``
+        ignores the rules (tests of matching and numerics)."""
+        return None
+
     def replace(self, graph: fx.Graph, match: Match) -> None:
         raise NotImplementedError
 
@@ -125,7 +147,8 @@ def is_op(node: Any, *targets: Any) -> bool:
 
 
 def escaping(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.Node]:
-    """The region's nodes, other than its outputs, that are read outside it.
+    """The region's nodes, other than its outputs, that are read outside it (by a node
+    that is not dead: Inductor leaves dead views behind, e.g. of ``out[:n] = ...``).
 
     A region whose intermediate values are read elsewhere cannot be replaced
     without recomputing them, so rewrites refuse it (empty list: closed).
@@ -137,8 +160,23 @@ def escaping(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.No
     graph = next(iter(inside)).graph
     return [
         n for n in graph.nodes  # graph order: deterministic messages
-        if n in inside and n not in outs and any(u not in inside for u in n.users)
+        if n in inside and n not in outs and any(u not in inside and not is_dead(u) for u in n.users)
     ]
+
+
+def is_dead(n: fx.Node) -> bool:
+    """``n`` is a pure op whose value nothing live reads (Inductor will drop it)."""
+    if n.op != "call_function" or n.is_impure():
+        return False
+    schema = getattr(n.target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return False
+    return all(is_dead(u) for u in n.users)
+
+
+def live_users(n: fx.Node) -> list[fx.Node]:
+    """``n``'s users that are not dead."""
+    return [u for u in n.users if not is_dead(u)]
 
 
 def positions(graph: fx.Graph) -> dict[fx.Node, int]:
@@ -160,10 +198,16 @@ def reachable(nodes: Iterable[fx.Node], *, upstream: bool) -> set[fx.Node]:
 
 
 def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
-    """Erase the given nodes that have no users left, users before producers."""
+    """Erase the given nodes that nothing live reads any more, with the dead nodes that
+    read them (views Inductor left unused), users before producers."""
     order = positions(graph)
-    for n in sorted(set(nodes), key=order.__getitem__, reverse=True):
-        if not n.users and n.op == "call_function":
+    doomed: set[fx.Node] = set()
+    for n in set(nodes):
+        if n.op == "call_function" and is_dead(n):
+            doomed.add(n)
+            doomed |= reachable([n], upstream=False)
+    for n in sorted(doomed, key=order.__getitem__, reverse=True):
+        if not n.users:
             graph.erase_node(n)
 
 
@@ -222,6 +266,15 @@ class Route:
     shape: Any = None  # list[int | SymInt] | None
 
 
+def shape_arg(shape) -> list:
+    """A reshape's size argument for ``shape``, which may hold symbolic sizes: one of them
+    becomes ``-1`` (inferred from the element count); more than one is not supported here."""
+    sym = [i for i, s in enumerate(shape) if not isinstance(s, int)]
+    if len(sym) > 1:
+        raise NotImplementedError(f"reshape to a shape with several symbolic sizes: {list(shape)}")
+    return [-1 if i in sym else s for i, s in enumerate(shape)]
+
+
 def insert_fused(graph: fx.Graph, op: Any, args: tuple = (), kwargs: dict | None = None, *,
                  before: fx.Node, routes: Iterable[Route], region: Iterable[fx.Node],
                  origin: fx.Node | None = None, mutated: str | None = None) -> fx.Node:
@@ -258,7 +311,7 @@ def insert_fused(graph: fx.Graph, op: Any, args: tuple = (), kwargs: dict | None
             if r.shape is not None and list(val(out).shape) != list(r.shape):
                 key = ("view", r.index, tuple(map(str, r.shape)))
                 if key not in made:
-                    made[key] = graph.call_function(aten.reshape.default, (out, list(r.shape)))
+                    made[key] = graph.call_function(aten.reshape.default, (out, shape_arg(r.shape)))
                     set_fake_vals(graph, made[key])
                 out = made[key]
             targets.append(out)

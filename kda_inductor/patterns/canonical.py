@@ -356,7 +356,7 @@ def rule_silu(c: Canon, n: fx.Node) -> Term | None:
         if d.op == "add" and len(d.args) == 2 and const_value(d.args[1]) == 1 and d.args[0].op == "exp":
             inner = d.args[0].args[0]
             if isinstance(inner, Term) and inner.op == "neg" and inner.args[0] == c(x):
-                return term("silu", c(x), nodes=(n, *c.region(d)))
+                return term("silu", c(x), nodes=(n, *c.region(d, stop=lambda s: s == c(x))))
     return None
 
 

@@ -1,35 +1,55 @@
 """``gated_norm_merge``: a GDN/KDA layer's spec / non-spec merge + gated RMSNorm -> one
 ``kda.gated_norm_merge`` launch (no merged buffer).
 
-What it finds (post-grad graph, where ``index_copy_`` / ``index_put_`` / ``out[:, idx] = v``
-on a fresh buffer are functional ``aten.index_put``):
+What it finds, in canonical terms (:mod:`.canonical`), anchored at the norm:
 
-* the merge: ``M = index_put(index_put(empty, [None]*d + [i0], v0), [None]*d + [i1], v1)``
-  (one or two writes, every dim before ``d`` of size 1, each ``v`` exactly the rows it
-  writes), into ``torch.empty`` only, the two index tensors distinct graph values whose
-  lengths add up to the token count (a partition, as the layer's metadata guarantees:
-  the sizes are checked, the values cannot be), and ``M`` read only through views to
-  ``X [N, D]``. Under automatic dynamic shapes the lengths and ``T`` are unrelated symbols:
-  then only lengths that provably do not add up are rejected, and the op compares the sizes
-  at launch (host ints, no sync), taking eager's merge-then-norm path when they differ;
-* the norm, read as an expression tree whose spellings are normalized (``pow(x, 2)`` /
-  ``square`` / ``x * x``, ``mean`` / ``sum / D``, ``rsqrt`` / ``1 / sqrt`` / ``sqrt ** -1``,
-  ``silu`` / ``x * sigmoid(x)`` / ``x / (1 + exp(-x))``, products in any order)::
+* **the gated RMSNorm** of ``x`` over its last dim ``D``, ``x`` of any rank (``[N, D]``,
+  KDA's ``[N, H, D]`` or ``[1, N, H, D]``, or a view of them), norm before gate::
 
       fla (flash-linear-attention, vLLM): y = (x * r * w * act(z)).to(dtype)
       hf  (transformers):                 y = ((w * (x * r).to(dtype)) * act(z)).to(dtype)
-      x = X.float(), r = rsqrt(mean(x^2, -1) + eps), act = silu or sigmoid, z [N, D] any tensor
+      x = X.float(), r = rsqrt(mean(x^2, -1) + eps) or 1 / sqrt(...) (also x / sqrt(...)),
+      act = silu (any spelling) or sigmoid, z any tensor of x's numel and last dim D, w [D]
 
-  with ``eps`` read from the graph and passed to the op (never baked into a kernel).
+  products in any order; ``eps`` read from the graph (a constant, or a graph input under
+  ``dynamic=True``) and passed to the op, never baked into a kernel;
+* what wrote ``x`` (through views):
+
+  - **the merge**: ``M = index_put(index_put(empty, [None]*d + [i0], v0), [None]*d + [i1], v1)``
+    (``index_copy_`` / ``index_put_`` / ``out[:, idx] = v``; one or two writes, every dim
+    before ``d`` of size 1, each ``v`` exactly the rows it writes) into ``torch.empty``, the
+    two index tensors distinct graph values whose lengths add up to the token count (a
+    partition, as the layer's metadata guarantees: the sizes are checked, the values
+    cannot be). Under automatic dynamic shapes the lengths and ``T`` are unrelated symbols:
+    then only lengths that provably do not add up are rejected and the op compares the sizes
+    at launch (host ints, no sync), taking eager's merge-then-norm path when they differ;
+  - **the merge copied into a padded output**: vLLM's ``core_attn_out = torch.zeros(T_pad,
+    H, D)``, ``core_attn_out[:n] = merged.squeeze(0)`` (or ``out[0, :n] = ...`` into
+    ``[1, T_pad, H, D]``), the norm then reading all ``T_pad`` rows: the padding rows keep the
+    buffer's fill value (``pad_value``; any value for ``torch.empty``), the buffer is read
+    nowhere else;
+  - **nothing** (the merge-free norm of a 16-bit tensor), subject to the speed rule.
 
 Must not match: ``norm_before_gate=False`` (the gate inside the mean), a norm without a gate,
-another activation, a merged buffer (or any intermediate of the norm) read elsewhere, a
-merge into zeros or other data (uncovered rows would have to keep it), one index tensor used
-twice, index lengths that provably do not add up to the tokens.
+another activation, a norm over a group of a head (the reduced dim is not the weight's), a
+merged buffer (or any intermediate of the norm) read elsewhere, a merge into zeros or other
+data (uncovered rows would have to keep it), one index tensor used twice, index lengths that
+provably do not add up to the tokens, a padded output that is a graph input (its merged rows
+must be stored), a graph traced with grad enabled (the pass manager).
 
-The merge-free case (the same gated RMSNorm of a 16-bit ``[N, D]`` tensor that no merge
-wrote) becomes the op with one source and no indices when ``N`` is static and ``N * D <=
-MERGE_FREE_MAX_VALUES``: measured faster than Inductor's own fusion there, slower above.
+Speed rule (``speed_rule``), measured on an H200 (torch 2.11, triton 3.6;
+``benchmarks/results/gated_norm_merge.md``) and on this project's 2-core CPU machine:
+
+* CUDA, merge (into ``torch.empty`` or a padded output): always; the fused kernel reads each
+  source once and writes ``y``, where Inductor writes and re-reads the merged buffer: T=256
+  2.9 us vs stock 9.5; T=16384 1.06x the floor vs stock 1.72x; the padded case is measured by
+  ``bench_gated_norm_merge.py``'s vLLM-style rows;
+* CUDA, merge-free: static sizes with ``rows * D <= MERGE_FREE_MAX_VALUES`` (the kernel beat
+  Inductor's own fusion up to 4096 x 32 x 128 and lost at 16384 x 32 x 128, 99.9 vs 95.7 us);
+  larger or symbolic sizes are left to Inductor;
+* CPU: never. The op's CPU implementation is eager's ops, 3-13x slower than the C++ Inductor
+  generates for the same graph (T=16 / 512 tokens x 32 x 128: 599 vs 133 us and 34 vs 2.7 ms
+  with the merge; 334 vs 125 us and 10.6 vs 2.3 ms merge-free).
 
 Numerics: the op computes products in the order written above (and ``rsqrt`` or
 ``1 / sqrt`` as the graph does), so those spellings are bit-exact on CPU and differ from
@@ -48,7 +68,6 @@ import torch.fx as fx
 from kda_inductor.lowerings import gated_norm_merge as _lowering  # noqa: F401  (registers the op)
 from kda_inductor.patterns._index_algebra import known
 from kda_inductor.patterns.base import (
-    VIEWS,
     Match,
     Rewrite,
     Route,
@@ -56,17 +75,20 @@ from kda_inductor.patterns.base import (
     escaping,
     insert_fused,
     is_op,
+    live_users,
     prims,
-    reachable,
     set_fake_vals,
     val,
 )
+from kda_inductor.patterns.canonical import Canon, Term, const_value
 
 _F32 = torch.float32
+_16BIT = (torch.bfloat16, torch.float16)
+_VIEW_OPS = (aten.view, aten.reshape, aten._unsafe_view, aten.squeeze, aten.unsqueeze, aten.alias)
 MERGE_FREE_MAX_VALUES = 4096 * 32 * 128
-"""Largest merge-free norm (rows x D) rewritten: the kernel beat Inductor's own fusion up to
-4096 tokens of 32 heads x 128 on the H200 (2.3 vs 4.4 us at 64 tokens, 26.1 vs 29.4 us at
-4096) and lost at 16384 (99.9 vs 95.7 us): ``benchmarks/tune_gated_norm_merge.py --merge-free``."""
+"""Largest merge-free norm (rows x D) rewritten on CUDA: the kernel beat Inductor's own fusion
+up to 4096 tokens of 32 heads x 128 on the H200 (2.3 vs 4.4 us at 64 tokens, 26.1 vs 29.4 us
+at 4096) and lost at 16384 (99.9 vs 95.7 us): ``benchmarks/tune_gated_norm_merge.py --merge-free``."""
 
 
 def _same_or_symbolic(a, b) -> bool:
@@ -76,137 +98,44 @@ def _same_or_symbolic(a, b) -> bool:
     return known(a == b) or (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt))
 
 
-# --------------------------------------------------------------------------- expressions
-class _Expr:
-    """Normalized expression trees over FX nodes (tuples; leaves are ``("leaf", node)``)."""
-
-    def __init__(self, x: fx.Node):
-        self.x = x
-        self.memo: dict[fx.Node, Any] = {}
-        self.visited: set[fx.Node] = set()
-
-    def __call__(self, n: Any) -> Any:
-        if not isinstance(n, fx.Node):
-            return ("const", float(n)) if isinstance(n, (int, float)) else ("?", repr(n))
-        if n not in self.memo:
-            self.memo[n] = self._build(n)
-        return self.memo[n]
-
-    def _build(self, n: fx.Node) -> Any:
-        if n is self.x:
-            return ("X",)
-        if n.op != "call_function":
-            return ("leaf", n)
-        a = n.args
-        v = val(n)
-        dtype = getattr(v, "dtype", None)
-        e = None
-        if is_op(n, prims.convert_element_type):
-            inner = self(a[0])
-            e = inner if getattr(val(a[0]), "dtype", None) == a[1] else ("cast", a[1], inner)
-        elif is_op(n, aten.mul) and len(a) == 2:
-            factors = [f for arg in a for f in self._factors(self(arg), dtype)]
-            e = self._mul(dtype, factors)
-        elif is_op(n, aten.pow) and len(a) == 2 and not isinstance(a[1], fx.Node):
-            p = float(a[1])
-            e = {2.0: ("sq", self(a[0])), 0.5: ("sqrt", self(a[0])), -0.5: ("recip", ("sqrt", self(a[0])))}.get(p)
-        elif is_op(n, aten.square):
-            e = ("sq", self(a[0]))
-        elif is_op(n, aten.sqrt):
-            e = ("sqrt", self(a[0]))
-        elif is_op(n, aten.rsqrt):
-            e = ("rsqrt", self(a[0]))
-        elif is_op(n, aten.reciprocal):
-            e = ("recip", self(a[0]))
-        elif is_op(n, aten.sigmoid):
-            e = ("sigmoid", self(a[0]))
-        elif is_op(n, aten.silu):
-            e = ("silu", self(a[0]))
-        elif is_op(n, aten.exp):
-            e = ("exp", self(a[0]))
-        elif is_op(n, aten.neg):
-            e = ("neg", self(a[0]))
-        elif is_op(n, aten.expand):
-            e = self(a[0])
-        elif is_op(n, aten.mean, aten.sum) and self._last_dim_keepdim(n):
-            e = ("mean" if is_op(n, aten.mean) else "sum", self(a[0]))
-        elif is_op(n, aten.add) and len(a) == 2:
-            (t, c) = (a[0], a[1]) if not isinstance(a[1], fx.Node) else (a[1], a[0])
-            if not isinstance(c, fx.Node) and isinstance(t, fx.Node):
-                e = ("add", self(t), float(c))
-        elif is_op(n, aten.div) and len(a) == 2:
-            e = self._div(n, a, dtype)
-        if e is None:
-            return ("leaf", n)
-        self.visited.add(n)
-        return e
-
-    @staticmethod
-    def _last_dim_keepdim(n: fx.Node) -> bool:
-        dims = n.args[1] if len(n.args) > 1 else n.kwargs.get("dim")
-        keep = n.args[2] if len(n.args) > 2 else n.kwargs.get("keepdim", False)
-        rank = val(n.args[0]).dim()
-        return keep and isinstance(dims, (list, tuple)) and len(dims) == 1 and dims[0] in (-1, rank - 1)
-
-    def _div(self, n, a, dtype):
-        num, den = a
-        if not isinstance(den, fx.Node):  # sum / D
-            en = self(num)
-            if en[0] == "sum" and float(den) == val(num.args[0]).shape[-1]:
-                return ("mean", en[1])
-            return None
-        ed = self(den)
-        if not isinstance(num, fx.Node):
-            return ("recip", ed) if float(num) == 1.0 else None
-        en = self(num)
-        if ed == ("add", ("exp", ("neg", en)), 1.0):  # x / (1 + exp(-x)): silu's decomposition
-            return ("silu", en)
-        return self._mul(dtype, self._factors(en, dtype) + [("recip", ed)])
-
-    @staticmethod
-    def _factors(e: Any, dtype) -> list:
-        """Flatten float32 products into their factors (a bf16 product rounds: kept whole)."""
-        return list(e[2]) if e[0] == "mul" and e[1] == dtype == _F32 else [e]
-
-    @staticmethod
-    def _mul(dtype, factors: list) -> Any:
-        factors = [f for f in factors if f != ("const", 1.0)]  # 1 / sqrt(v) is reciprocal(...) * 1
-        if len(factors) == 1:
-            return factors[0]
-        for f in list(factors):  # x * sigmoid(x) -> silu(x)
-            if ("sigmoid", f) in factors and f in factors:
-                factors.remove(("sigmoid", f))
-                factors.remove(f)
-                factors.append(("silu", f))
-        if len(factors) == 2 and factors[0] == factors[1]:
-            return ("sq", factors[0])
-        return ("mul", dtype, tuple(factors))
-
-
-def _strip_cast(e, dtype=_F32):
-    """``e`` without a cast to ``dtype`` (``(inner, had_cast)``)."""
-    if e[0] == "cast" and e[1] == dtype:
-        return e[2], True
-    return e, False
-
-
 @dataclasses.dataclass
-class NormMatch(Match):
-    """A gated RMSNorm ``y`` (and the merge that wrote its input, unless ``plain``)."""
+class Norm:
+    """A gated RMSNorm found in the graph: ``y = norm(x) * act(z)``."""
 
     y: fx.Node
-    z: fx.Node
+    x: fx.Node  # the normalized tensor (before its cast to float32)
+    z: fx.Node  # the gate, as the user viewed it (before its cast to float32)
     weight: fx.Node
-    eps: Any
+    eps: Any  # float, or the graph input that holds it
     act: str
     form: str
     rsqrt: bool
     out_dtype: torch.dtype
-    writes: list = dataclasses.field(default_factory=list)  # (index, values, dim) per write
-    T: Any = None
-    rest_dims: int = 0
-    plain: fx.Node | None = None  # the merge-free norm's input
-    rows_per_token: int = 1
+    D: int
+    nodes: set[fx.Node]
+
+
+@dataclasses.dataclass
+class Write:
+    index: fx.Node
+    values: fx.Node
+    dim: int
+
+
+@dataclasses.dataclass
+class NormMatch(Match):
+    """A gated RMSNorm and, unless merge-free, the merge that wrote its input."""
+
+    norm: Norm
+    writes: list[Write]
+    num_tokens: Any  # merged tokens: an int, or the SymInt node that sized the torch.empty
+    width: int  # values per token (R norm rows of D)
+    pad_value: float | None = None  # the padded output's fill (its tokens after num_tokens)
+    plain: bool = False  # the merge-free norm
+
+    @property
+    def anchor(self) -> fx.Node:
+        return self.norm.y
 
 
 class GatedNormMerge(Rewrite):
@@ -214,23 +143,166 @@ class GatedNormMerge(Rewrite):
     summary = "index_copy_ merge + gated RMSNorm of a GDN/KDA layer -> one kda::gated_norm_merge launch"
 
     def find(self, graph: fx.Graph) -> list[Match]:
-        matches = []
-        for n in graph.nodes:
-            if is_op(n, aten.index_put) and not any(is_op(u, aten.index_put) for u in n.users):
-                m = self._match(n)
-                if m is not None:
-                    matches.append(m)
-        taken = {n for m in matches for n in m.nodes}
-        for n in list(graph.nodes):
-            if n not in taken and self._plain_candidate(n):
-                m = self._match_plain(n)
-                if m is not None and not taken & set(m.nodes):
-                    matches.append(m)
-                    taken |= set(m.nodes)
+        canon = Canon(graph)
+        matches: list[Match] = []
+        taken: set[fx.Node] = set()
+        for norm in self._norms(graph, canon):
+            if norm.y in taken:
+                continue
+            m = self._match(norm)
+            if m is not None and not taken & set(m.nodes):
+                matches.append(m)
+                taken |= set(m.nodes)
         return matches
 
-    # ------------------------------------------------------------------ the merge
+    def speed_rule(self, match: NormMatch) -> str | None:
+        if match.device != "cuda":
+            return (f"on {match.device} the fused op's implementation is slower than the code Inductor "
+                    "generates for it (measured, see patterns/gated_norm_merge.py)")
+        if match.plain:
+            rows_d = val(match.norm.x).numel()
+            if not isinstance(rows_d, int):
+                return "a merge-free gated norm with a symbolic row count (Inductor's fusion is faster at the largest sizes)"
+            if rows_d > MERGE_FREE_MAX_VALUES:
+                return f"a merge-free gated norm of {rows_d} values (Inductor's fusion is faster above {MERGE_FREE_MAX_VALUES})"
+        return None
+
+    # ------------------------------------------------------------------ the norm
+    def _norms(self, graph: fx.Graph, canon: Canon):
+        """Every gated RMSNorm: anchored at each ``rsqrt`` / ``1 / sqrt`` of a mean of squares,
+        grown through the elementwise nodes that use it to the outermost that reads as a norm."""
+        for n in graph.nodes:
+            if not is_op(n, aten.rsqrt, aten.reciprocal, aten.sqrt, aten.pow):
+                continue
+            found = None
+            for y in _elementwise_users(n):
+                got = self._read_norm(canon, y)
+                if got is not None:
+                    found = got
+            if found is not None:
+                yield found
+
+    def _read_norm(self, canon: Canon, y: fx.Node) -> Norm | None:
+        t = canon(y)
+        out_dtype = _F32
+        if t.op == "cast":
+            out_dtype, t = t.attr("dtype"), t.args[0]
+        if t.op != "mul" or t.attr("dtype") != _F32:
+            return None
+        factors = _expand_div(list(t.args))
+        acts = [f for f in factors if isinstance(f, Term) and f.op in ("silu", "sigmoid")]
+        if len(acts) != 1:
+            return None
+        act = acts[0]
+        factors.remove(act)
+        gate = act.args[0]
+        z = gate.args[0] if gate.op == "cast" and gate.attr("dtype") == _F32 else gate
+        if not isinstance(z, Term) or z.node is None or val(z.node).dtype not in (*_16BIT, _F32):
+            return None
+        for rstd, x32, eps, rsqrt in _rstds(_subterms(factors)):
+            got = self._fla(factors, rstd, x32) or self._hf(factors, rstd, x32)
+            if got is None:
+                continue
+            form, weight = got
+            x = x32.args[0] if x32.op == "cast" else x32
+            if x.node is None or val(x.node).dtype not in (*_16BIT, _F32) or (x32.op == "cast") == (val(x.node).dtype == _F32):
+                continue
+            D = val(x.node).shape[-1]
+            xv, zv, wv = val(x.node), val(z.node), val(weight)
+            if not (isinstance(D, int) and wv.dim() == 1 and known(wv.shape[0] == D) and zv.shape[-1] == D
+                    and known(zv.numel() == xv.numel())):
+                continue
+            nodes = canon.region(canon(y), stop=lambda s: s is x or s is z)
+            return Norm(y, x.node, z.node, weight, eps, act.op, form, rsqrt, out_dtype, D, nodes)
+        return None
+
+    @staticmethod
+    def _fla(factors: list, rstd: Term, x32: Term):
+        """``{x32, rstd, w}``: the weight applied in float32."""
+        rest = list(factors)
+        if x32 in rest and rstd in rest:
+            rest.remove(x32)
+            rest.remove(rstd)
+            w = _weight(rest)
+            if w is not None:
+                return "fla", w
+        return None
+
+    @staticmethod
+    def _hf(factors: list, rstd: Term, x32: Term):
+        """``{w, (x32 * rstd).to(dtype)}`` (float32 weight), or ``{(w * n).float()}`` with a
+        16-bit product (16-bit weight)."""
+        body = list(factors)
+        if len(body) == 1:  # a 16-bit product, promoted to float32 by the next product (or cast)
+            prod = body[0].args[0] if body[0].op == "cast" and body[0].attr("dtype") == _F32 else body[0]
+            if prod.op == "mul" and prod.attr("dtype") in _16BIT:
+                body = list(prod.args)
+        for n in body:
+            inner = n.args[0] if n.op == "cast" and n.attr("dtype") == _F32 else n
+            if not (inner.op == "cast" and inner.attr("dtype") in _16BIT and inner.args[0].op == "mul"):
+                continue
+            prod = list(inner.args[0].args)
+            if sorted(map(repr, prod)) == sorted(map(repr, [x32, rstd])):
+                rest = list(body)
+                rest.remove(n)
+                w = _weight(rest)
+                if w is not None:
+                    return "hf", w
+        return None
+
+    # ------------------------------------------------------------------ what wrote x
+    def _match(self, norm: Norm) -> NormMatch | None:
+        x, views = norm.x, []
+        while is_op(x, *_VIEW_OPS):
+            views.append(x)
+            x = x.args[0]
+        if is_op(x, aten.index_put):
+            return self._merge_match(norm, x, views, pad=None)
+        scatter = _padded_write(x)
+        if scatter is not None:
+            base, src, end, fill, folded = scatter
+            merge, chain = src, []
+            while is_op(merge, *_VIEW_OPS):
+                chain.append(merge)
+                merge = merge.args[0]
+            if not is_op(merge, aten.index_put):
+                return self.miss(x, 2, "a padded output written from something other than an index_copy_ merge")
+            if fill is None:
+                return self.miss(x, 2, "the padded output is not torch.zeros / torch.full / torch.empty (a graph "
+                                       "input or other data: its rows must be stored)")
+            if len(live_users(x)) != 1 or any(u not in folded for u in live_users(base)):
+                return self.miss(x, 2, "the padded output is read elsewhere")
+            return self._merge_match(norm, merge, [*views, *chain], pad=(fill, end, base), extra=[*folded, base])
+        return self._plain_match(norm, views)
+
+    def _merge_match(self, norm: Norm, last: fx.Node, views: list[fx.Node], pad, extra=()) -> NormMatch | None:
+        merge = self._merge(last)
+        if merge is None:
+            return None
+        writes, T, chain = merge
+        if any(len(live_users(v)) != 1 for v in views if v is not norm.x) or len(live_users(last)) != 1:
+            return self.miss(last, 2, "the merged buffer is read elsewhere")
+        per_token = math.prod(val(last).shape[writes[0].dim + 1:])
+        if not known(per_token % norm.D == 0):
+            return self.miss(last, 2, "norm rows straddle tokens")
+        pad_value = None
+        if pad is not None:
+            fill, end, base = pad
+            end = val(end) if isinstance(end, fx.Node) else end
+            if not known(end == val(last).shape[writes[0].dim]):
+                return self.miss(last, 2, "the merge is copied into part of the padded output other than its first rows")
+            if not known(math.prod(val(base).shape) % per_token == 0) or val(base).shape[-1] != val(last).shape[-1]:
+                return self.miss(last, 2, "the padded output's rows are not the merge's tokens")
+            pad_value = fill
+        region = norm.nodes | {norm.x, *views, *chain, *extra}
+        leaking = escaping(region, [norm.y])
+        if leaking:
+            return self.miss(last, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
+        return NormMatch(nodes=_ordered(region | {norm.y}), norm=norm, writes=writes, num_tokens=T,
+                         width=per_token, pad_value=pad_value)
+
     def _merge(self, last: fx.Node):
+        """The index_put chain into ``torch.empty`` ending at ``last`` -> (writes, T, nodes)."""
         writes, n = [], last
         while is_op(n, aten.index_put):
             base, indices, values = n.args[:3]
@@ -239,24 +311,24 @@ class GatedNormMerge(Rewrite):
             if accumulate or len(tensors) != 1:
                 return self.miss(n, 1, "not a row write (accumulate, or several index tensors)")
             d, idx = tensors[0]
-            writes.append((idx, values, d))
-            if n is not last and len(n.users) != 1:
+            writes.append(Write(idx, values, d))
+            if n is not last and len(live_users(n)) != 1:
                 return self.miss(n, 1, "a partial merge is read elsewhere")
             n = base
         writes.reverse()
         base, mv = n, val(last)
-        if not is_op(base, aten.empty, aten.empty_strided) or len(base.users) != 1:
+        if not is_op(base, aten.empty, aten.empty_strided) or len(live_users(base)) != 1:
             return self.miss(last, 1, "the merge does not start from torch.empty (rows no index covers "
                                       "would have to keep their data)")
-        if len(writes) > 2 or len({w[2] for w in writes}) != 1:
+        if len(writes) > 2 or len({w.dim for w in writes}) != 1:
             return self.miss(last, 1, "more than two writes, or writes along different dims")
-        d = writes[0][2]
+        d = writes[0].dim
         if any(s != 1 for s in mv.shape[:d]):
             return self.miss(last, 1, f"writes along dim {d} of {tuple(mv.shape)}: not token rows")
         T = mv.shape[d]
-        if len({w[0] for w in writes}) != len(writes):
+        if len({w.index for w in writes}) != len(writes):
             return self.miss(last, 1, "the same index tensor written twice: not a partition")
-        lengths = [val(w[0]).shape[0] for w in writes]
+        lengths = [val(w.index).shape[0] for w in writes]
         if known(sum(lengths) != T):
             return self.miss(last, 1, f"index lengths {lengths} do not add up to the {T} tokens: not a partition")
         if not isinstance(T, int):  # symbolic: the empty's size (serving recompiles with T dynamic)
@@ -264,203 +336,194 @@ class GatedNormMerge(Rewrite):
             if not isinstance(T, fx.Node):
                 return self.miss(last, 1, "the token count is symbolic but not a size of the torch.empty")
         rest = list(mv.shape[d + 1:])
-        for idx, values, _ in writes:
-            vv = val(values)  # [1, ..., n, *rest], leading 1s optional (out[:, idx] = v)
-            full = [val(idx).shape[0]] + rest
+        for w in writes:
+            vv = val(w.values)  # [1, ..., n, *rest], leading 1s optional (out[:, idx] = v)
+            full = [val(w.index).shape[0]] + rest
             shape = list(vv.shape)
             while len(shape) > len(full) and shape[0] == 1:
                 shape.pop(0)
             if len(shape) != len(full) or not all(map(_same_or_symbolic, shape, full)) or vv.dtype != mv.dtype:
                 return self.miss(last, 1, "written values are broadcast or of another dtype")
-        return writes, T
-
-    # ------------------------------------------------------------------ the norm
-    def _match(self, last: fx.Node) -> Match | None:
-        merge = self._merge(last)
-        if merge is None:
-            return None
-        writes, T = merge
-        views, x = [], last
-        while len(x.users) == 1 and is_op(next(iter(x.users)), *VIEWS):
-            x = next(iter(x.users))
-            views.append(x)
-        xv = val(x)
-        if x is last or xv.dim() != 2 or len(x.users) == 0:
-            return self.miss(last, 2, "the merged buffer is not viewed as [rows, D]")
-        if any(len(v.users) != 1 for v in views[:-1]) or len(last.users) != 1:
-            return self.miss(last, 2, "the merged buffer is read elsewhere")
-        N, D = xv.shape
-        per_token = 1
-        for s in val(last).shape[writes[0][2] + 1:]:
-            per_token *= s
-        if not known(per_token % D == 0):
-            return self.miss(last, 2, "norm rows straddle tokens")
-        found = self._norm_after(x)
-        if found is None:
-            return self.miss(last, 3, "no x * rsqrt(mean(x^2) + eps) * weight * act(z) (norm before gate, "
-                                      "silu or sigmoid gate) reads the merged rows")
-        y, params, norm_nodes = found
-        region = norm_nodes | {x, *views, last} | set(self._chain(last))
-        leaking = escaping(region, [y])
-        if leaking:
-            return self.miss(last, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
-        order = {n: i for i, n in enumerate(last.graph.nodes)}
-        return NormMatch(nodes=sorted(region | {y}, key=order.__getitem__), writes=writes, T=T, y=y,
-                         rest_dims=val(last).dim() - writes[0][2] - 1, **params)
-
-    def _norm_after(self, x: fx.Node):
-        """The gated norm reading ``x [N, D]``: ``(y, params, its nodes)``, or None."""
-        N, D = val(x).shape
-        downstream = reachable([x], upstream=False)
-        expr = _Expr(x)
-        order = {n: i for i, n in enumerate(x.graph.nodes)}
-        candidates = sorted((n for n in downstream if n.op == "call_function"), key=order.__getitem__)
-        for y in reversed(candidates[:60]):
-            yv = val(y)
-            if not isinstance(yv, torch.Tensor) or list(yv.shape) != [N, D]:
-                continue
-            params = self._norm(expr(y), x, downstream)
-            if params is not None:
-                return y, params, {n for n in expr.visited if n in downstream}
-        return None
-
-    # ------------------------------------------------------------------ merge-free
-    @staticmethod
-    def _plain_candidate(n: fx.Node) -> bool:
-        """A 16-bit ``[N, D]`` tensor cast to float32 by one of its users: where a gated
-        RMSNorm of a contiguous tensor starts."""
-        v = val(n)
-        return (isinstance(v, torch.Tensor) and v.dim() == 2 and v.dtype in (torch.bfloat16, torch.float16)
-                and any(is_op(u, prims.convert_element_type) and u.args[1] == _F32 for u in n.users))
-
-    def _match_plain(self, x: fx.Node) -> Match | None:
-        src = x
-        while is_op(src, *VIEWS):
-            src = src.args[0]
-        if is_op(src, aten.index_put):
-            return None  # a merge the merge path rejected (read elsewhere, ...): not ours either
-        found = self._norm_after(x)
-        if found is None:
-            return None  # most candidates are not norms: no miss recorded
-        y, params, norm_nodes = found
-        N, D = val(x).shape
-        if not (isinstance(N, int) and isinstance(D, int)):
-            return self.miss(x, 3, "a merge-free gated norm with a symbolic row count: left to Inductor "
-                                   "(its fusion is faster at the largest sizes)")
-        if N * D > MERGE_FREE_MAX_VALUES:
-            return self.miss(x, 3, f"a merge-free gated norm of {N * D} values: left to Inductor (faster "
-                                   f"above {MERGE_FREE_MAX_VALUES})")
-        leaking = escaping(norm_nodes, [y])
-        if leaking:
-            return self.miss(x, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
-        R = math.gcd(N, 32)  # rows per program group: any split of the rows in order will do
-        order = {n: i for i, n in enumerate(x.graph.nodes)}
-        return NormMatch(nodes=sorted(norm_nodes | {y}, key=order.__getitem__), plain=x, rows_per_token=R, y=y,
-                         **params)
-
-    @staticmethod
-    def _chain(last: fx.Node) -> list[fx.Node]:
-        out, n = [], last
+        chain, n = [], last
         while is_op(n, aten.index_put):
-            out.append(n)
+            chain.append(n)
             n = n.args[0]
-        return out + [n]
+        return writes, T, chain + [n]
 
-    def _norm(self, e, x: fx.Node, downstream: set[fx.Node]) -> dict | None:
-        in_dtype = val(x).dtype
-        out_dtype = _F32
-        if e[0] == "cast":
-            out_dtype, e = e[1], e[2]
-        if e[0] != "mul" or e[1] != _F32:
-            return None
-        x32 = ("X",) if in_dtype == _F32 else ("cast", _F32, ("X",))
-        factors = list(e[2])
-        acts = [f for f in factors if f[0] in ("silu", "sigmoid")]
-        if len(acts) != 1:
-            return None
-        act = acts[0]
-        factors.remove(act)
-        z, _ = _strip_cast(act[1])
-        if z[0] != "leaf" or z[1] in downstream or list(val(z[1]).shape) != list(val(x).shape):
-            return None
-        rstd = self._rstd(x32)
-        # fla: {x, r, w}
-        for r, eps, rsqrt in rstd(factors):
-            rest = list(factors)
-            if x32 in rest and r in rest:
-                rest.remove(x32)
-                rest.remove(r)
-                w = self._weight(rest, x)
-                if w is not None:
-                    return dict(form="fla", eps=eps, rsqrt=rsqrt, act=act[0], z=z[1], weight=w, out_dtype=out_dtype)
-        # hf: {w, n} (w float32) or {(w * n) in the input dtype}
-        body = factors
-        if len(factors) == 1:
-            inner, _ = _strip_cast(factors[0])
-            if inner[0] == "mul" and inner[1] == in_dtype:
-                body = list(inner[2])
-        ns = [f for f in body if f[0] == "cast" and f[1] == in_dtype and f[2][0] == "mul"]
-        for n in ns:
-            rest = list(body)
-            rest.remove(n)
-            inner = list(n[2][2])
-            for r, eps, rsqrt in rstd(inner):
-                if sorted(map(repr, inner)) == sorted(map(repr, [x32, r])):
-                    w = self._weight(rest, x)
-                    if w is not None:
-                        return dict(form="hf", eps=eps, rsqrt=rsqrt, act=act[0], z=z[1], weight=w,
-                                    out_dtype=out_dtype)
-        return None
-
-    @staticmethod
-    def _rstd(x32):
-        def find(factors):
-            for f in factors:
-                if f[0] == "rsqrt":
-                    v, rsqrt = f[1], True
-                elif f[0] == "recip" and f[1][0] == "sqrt":
-                    v, rsqrt = f[1][1], False
-                else:
-                    continue
-                if v[0] == "add" and v[1] in (("mean", ("sq", x32)),):
-                    yield f, v[2], rsqrt
-        return find
-
-    @staticmethod
-    def _weight(rest: list, x: fx.Node) -> fx.Node | None:
-        if len(rest) != 1:
-            return None
-        w, _ = _strip_cast(rest[0])
-        if w[0] != "leaf":
-            return None
-        wv = val(w[1])
-        D = val(x).shape[-1]
-        if wv is None or wv.dim() != 1 or not known(wv.shape[0] == D):
-            return None
-        return w[1]
+    def _plain_match(self, norm: Norm, views: list[fx.Node]) -> NormMatch | None:
+        xv = val(norm.x)
+        if xv.dtype not in _16BIT:
+            return None  # a float32 norm with no merge: not what the kernel was measured on
+        leaking = escaping(norm.nodes, [norm.y])
+        if leaking:
+            return self.miss(norm.y, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
+        rows = xv.numel() // norm.D
+        R = math.gcd(rows, 32) if isinstance(rows, int) else 1  # norm rows per "token": any split in order
+        return NormMatch(nodes=_ordered(norm.nodes | {norm.y}), norm=norm, writes=[],
+                         num_tokens=rows // R if isinstance(rows, int) else None, width=R * norm.D, plain=True)
 
     # ------------------------------------------------------------------ replace
     def replace(self, graph: fx.Graph, match: NormMatch) -> None:
-        m = match
-        sources, indices, num_tokens = [], [], m.T  # an int, or the SymInt node that sized the torch.empty
-        with graph.inserting_before(m.y):
-            if m.plain is not None:
-                N, D = val(m.plain).shape
-                R = m.rows_per_token
-                sources = [graph.call_function(aten.reshape.default, (m.plain, [N // R, R * D]))]
-                num_tokens = N // R
+        m, n = match, match.norm
+        with graph.inserting_before(n.y):
+            if m.plain:
+                sources = [_reshape(graph, n.x, [-1, m.width])]
+                num_tokens = m.num_tokens if m.num_tokens is not None else _sym_rows(graph, sources[0])
             else:
-                for idx, values, _ in m.writes:
-                    vv = val(values)
-                    width = 1
-                    for size in vv.shape[vv.dim() - m.rest_dims:]:
-                        width *= size
-                    sources.append(graph.call_function(aten.reshape.default, (values, [-1, width])))
-                    indices.append(idx)
-            for src in sources:
-                set_fake_vals(graph, src)
+                sources = [_reshape(graph, w.values, [-1, m.width]) for w in m.writes]
+                num_tokens = m.num_tokens
+            z = _reshape(graph, n.z, [-1, n.D])
         insert_fused(
             graph, torch.ops.kda.gated_norm_merge.default,
-            (sources, indices, m.z, m.weight, m.eps, m.act, m.form, m.rsqrt, num_tokens, m.out_dtype),
-            before=m.y, routes=[Route(m.y)], region=m.nodes, origin=m.y,
+            (sources, [w.index for w in m.writes], z, n.weight, n.eps, n.act, n.form, n.rsqrt, num_tokens,
+             n.out_dtype, m.pad_value),
+            before=n.y, routes=[Route(n.y, shape=list(val(n.y).shape))], region=m.nodes, origin=n.y,
         )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _elementwise_users(n: fx.Node, limit: int = 12) -> list[fx.Node]:
+    """Nodes reached from ``n`` through elementwise products, divisions and casts (the norm's
+    product chain), in graph order."""
+    out, seen, stack = [], {n}, [n]
+    while stack and len(out) < 4 * limit:
+        cur = stack.pop()
+        for u in cur.users:
+            if u in seen or not is_op(u, aten.mul, aten.div, aten.reciprocal, aten.sqrt, aten.rsqrt,
+                                      aten.pow, prims.convert_element_type):
+                continue
+            seen.add(u)
+            out.append(u)
+            stack.append(u)
+    order = {x: i for i, x in enumerate(n.graph.nodes)}
+    return sorted(out, key=order.__getitem__)
+
+
+def _expand_div(factors: list) -> list:
+    """``a / sqrt(v)`` as the factors of ``a`` times ``1 / sqrt(v)``."""
+    out = []
+    for f in factors:
+        if isinstance(f, Term) and f.op == "div" and len(f.args) == 2 and isinstance(f.args[1], Term) \
+                and f.args[1].op == "sqrt":
+            a = f.args[0]
+            out += list(a.args) if isinstance(a, Term) and a.op == "mul" and a.attr("dtype") == _F32 else [a]
+            out.append(Term("recip_sqrt", (f.args[1].args[0],)))
+        else:
+            out.append(f)
+    return out
+
+
+def _subterms(factors: list, depth: int = 4) -> list:
+    """``factors`` and the factors of products below them (the hf form's inner ``x * r``)."""
+    out, frontier = [], list(factors)
+    for _ in range(depth):
+        nxt = []
+        for f in frontier:
+            if not isinstance(f, Term):
+                continue
+            out.append(f)
+            if f.op in ("mul", "cast"):
+                nxt.extend(f.args)
+        frontier = nxt
+    return list({id(f): f for f in out}.values())
+
+
+def _rstds(factors: list):
+    """``(rstd factor, x32, eps, rsqrt)`` for each ``rsqrt(mean(x32^2, -1) + eps)`` /
+    ``1 / sqrt(...)`` among ``factors``."""
+    for f in factors:
+        if not isinstance(f, Term) or f.op not in ("rsqrt", "recip_sqrt"):
+            continue
+        v = f.args[0]
+        if not (isinstance(v, Term) and v.op == "add" and len(v.args) == 2 and not v.attr("alpha")):
+            continue
+        mean, eps = v.args
+        if isinstance(eps, Term) and eps.op == "mean":
+            mean, eps = eps, mean
+        eps = _eps(eps)
+        if eps is None or not (isinstance(mean, Term) and mean.op == "mean" and mean.attr("keepdim")):
+            continue
+        sq = mean.args[0]
+        if not (isinstance(sq, Term) and sq.op == "square"):
+            continue
+        x32 = sq.args[0]
+        rank = val(mean.node.args[0]).dim() if mean.node is not None and mean.node.args else None
+        if rank is None or mean.attr("dims") != (rank - 1,):
+            continue
+        yield f, x32, eps, f.op == "rsqrt"
+
+
+def _eps(t: Any):
+    """eps: a number, or a non-tensor graph input (``dynamic=True`` lifts float attributes)."""
+    c = const_value(t)
+    if c is not None:
+        return float(c)
+    if isinstance(t, Term) and t.op == "leaf" and not isinstance(val(t.leaf), torch.Tensor):
+        return t.leaf
+    return None
+
+
+def _weight(rest: list) -> fx.Node | None:
+    if len(rest) != 1 or not isinstance(rest[0], Term):
+        return None
+    w = rest[0].args[0] if rest[0].op == "cast" else rest[0]
+    if not isinstance(w, Term) or w.op != "leaf" or val(w.leaf) is None or val(w.leaf).dim() != 1:
+        return None
+    return w.leaf
+
+
+def _padded_write(n: fx.Node):
+    """``base[:end] = src`` along the token dim (post-grad ``slice_scatter``), also as
+    ``base[0, :end] = src`` into ``[1, T_pad, ...]`` (``select_scatter`` of a
+    ``slice_scatter``) -> ``(base, src, end, fill or None, folded nodes)``."""
+    folded = [n]
+    if is_op(n, aten.select_scatter):
+        base, inner, dim, index = n.args[:4]
+        if dim != 0 or index != 0 or val(base).shape[0] != 1 or not is_op(inner, aten.slice_scatter):
+            return None
+        sel = inner.args[0]
+        if not (is_op(sel, aten.select) and sel.args[0] is base and tuple(sel.args[1:3]) == (0, 0)):
+            return None
+        folded += [inner, sel]
+        n = inner
+    elif is_op(n, aten.slice_scatter):
+        base = n.args[0]
+    else:
+        return None
+    _, src, dim, start, end = (list(n.args) + [0, None, None, 1])[:5]
+    step = n.args[5] if len(n.args) > 5 else 1
+    sv = val(n.args[0])
+    if start not in (0, None) or step != 1 or any(s != 1 for s in sv.shape[:dim]):
+        return None
+    fill = None
+    if is_op(base, aten.full) and const_value(base.args[1]) is not None:
+        fill = float(base.args[1])
+    elif is_op(base, aten.zeros):
+        fill = 0.0
+    elif is_op(base, aten.empty, aten.empty_strided):
+        fill = 0.0  # uncovered rows of torch.empty are undefined: any value will do
+    end = sv.shape[dim] if end is None else end
+    return base, src, end, fill, folded
+
+
+def _reshape(graph: fx.Graph, n: fx.Node, shape: list) -> fx.Node:
+    if list(val(n).shape) == list(shape) and val(n).is_contiguous():
+        return n
+    r = graph.call_function(aten.reshape.default, (n, shape))
+    set_fake_vals(graph, r)
+    return r
+
+
+def _sym_rows(graph: fx.Graph, src: fx.Node) -> fx.Node:
+    """A node holding ``src.shape[0]`` (a symbolic row count for the op's int argument)."""
+    r = graph.call_function(aten.sym_size.int, (src, 0))
+    r.meta["val"] = val(src).shape[0]
+    return r
+
+
+def _ordered(nodes) -> list[fx.Node]:
+    nodes = set(nodes)
+    graph = next(iter(nodes)).graph
+    return [n for n in graph.nodes if n in nodes]

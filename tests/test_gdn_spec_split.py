@@ -191,3 +191,33 @@ def test_triton_kernel_matches_index_select():
     outs = [torch.full_like(e, 3.0) for e in expected]  # poisoned
     mod.split_triton(srcs, [s, ns], dims, which, outs, block_w=16)
     assert_close_to_eager(outs, expected, exact=True)
+
+
+# --------------------------------------------------------------------------- speed rule
+def test_speed_rule_cpu_and_narrow_rows(monkeypatch):
+    """Unforced: on CPU the split stays with Inductor (measured slower there), with the
+    reason; on CUDA (the match's device reported as cuda here) a launch of narrow rows (two
+    1-byte lookups of a flattened uint8 buffer: an indexer gather, not a split) stays with
+    Inductor too, while the layer's rows are fused."""
+    from kda_inductor.patterns import gdn_spec_split as pattern
+
+    unforced = {"kda": {"strict": True, "force": False}}
+    s, ns = _split(12, 9, "cpu", seed=5)
+    qkv, flat = torch.randn(12, 64).bfloat16(), torch.randint(0, 255, (12,), dtype=torch.uint8)
+
+    def wide(q, s, ns):
+        return q.index_select(0, s), q.index_select(0, ns)
+
+    def narrow(f, s, ns):
+        return f[s.long()], f[ns.long()]
+
+    out, c = _run(wide, qkv, s, ns, options=unforced)
+    assert c.matches["gdn_spec_split"] == 0
+    assert "left to Inductor: on cpu" in str(c.records[0]["misses"]["gdn_spec_split"])
+    monkeypatch.setattr(pattern.SplitMatch, "device", "cuda")
+    out, c = _run(wide, qkv, s, ns, options=unforced)
+    assert c.matches["gdn_spec_split"] == 1
+    out, c = _run(narrow, flat, s, ns, options=unforced)
+    assert c.matches["gdn_spec_split"] == 0
+    assert "2 bytes per token" in str(c.records[0]["misses"]["gdn_spec_split"])
+    assert_close_to_eager(out, narrow(flat, s, ns), exact=True)

@@ -17,20 +17,30 @@ Must not match: gathers along a dim that has a non-1 dim before it (column gathe
 index tensors or sources that the graph mutates (moving the read would see the new
 values); more than ``MAX_SOURCES`` sources are split into several launches.
 
-Speed rule (issue 4, "never make a graph slower"), decided by measurement on an H200
-(benchmarks/results/gdn_spec_split.md): fuse every group of two or more gathers; leave a
-lone gather to Inductor, which fuses it into its consumer for free. Stock Inductor does fuse
-the layer's gathers into cheap consumers (``g``/``beta`` into the recurrence's pointwise
-ops, ``mixed_qkv`` into the conv), and the one fused launch still wins everywhere measured:
-the split alone 2.3x faster than stock at T=64 and 1.5x at T=4096, the whole Qwen3-Next
-layer 1.23x to 1.53x faster at T=64..4096. Turn it off with
-``options={"kda": {"disable": ["gdn_spec_split"]}}``.
+Speed rule ("never make a graph slower"), decided by measurement:
+
+* CUDA (an H200, benchmarks/results/gdn_spec_split.md): fuse every group of two or more
+  gathers whose rows add up to at least ``MIN_ROW_BYTES`` bytes per token; leave a lone
+  gather to Inductor, which fuses it into its consumer for free. Stock Inductor does fuse the
+  layer's gathers into cheap consumers (``g``/``beta`` into the recurrence's pointwise ops,
+  ``mixed_qkv`` into the conv), and the one fused launch still wins everywhere measured: the
+  split alone 2.3x faster than stock at T=64 and 1.5x at T=4096, the whole Qwen3-Next layer
+  1.23x to 1.53x faster at T=64..4096. The narrowest rows measured are ``beta``'s 64 bytes
+  (32 bf16 heads); narrower groups (two 1-byte gathers of a flattened uint8 cache: an
+  indexer gather, not a split) are left to Inductor, which fuses such lookups into their
+  consumers;
+* CPU: never. The op's CPU implementation is ``index_select`` per source, slower than the
+  C++ Inductor generates for the six gathers (Qwen3-Next sizes, 2-core machine: T=16 466 vs
+  56 us, T=512 808 vs 393 us).
+
+Turn it off with ``options={"kda": {"disable": ["gdn_spec_split"]}}``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import torch
 import torch.fx as fx
@@ -72,9 +82,30 @@ def _mutated(graph: fx.Graph) -> set[fx.Node]:
     return out
 
 
+MIN_ROW_BYTES = 64
+"""Bytes per gathered token, summed over a launch's sources, below which it is left to
+Inductor on CUDA (the narrowest rows measured faster: beta's 32 bf16 heads)."""
+
+
+def _row_bytes(g: _RowGather) -> int | None:
+    v = val(g.src)
+    width = math.prod(v.shape[g.dim + 1:])
+    return width * v.element_size() if isinstance(width, int) else None
+
+
 class GdnSpecSplit(Rewrite):
     name = "gdn_spec_split"
     summary = "GDN/KDA spec / non-spec token gathers -> one kda::gdn_spec_split launch"
+
+    def speed_rule(self, match: SplitMatch) -> str | None:
+        if match.device != "cuda":
+            return (f"on {match.device} the fused op's implementation is slower than the code Inductor "
+                    "generates for the gathers (measured, see patterns/gdn_spec_split.py)")
+        widths = [_row_bytes(g) for g in match.gathers]
+        if all(w is not None for w in widths) and sum(widths) < MIN_ROW_BYTES:
+            return (f"the gathered rows add up to {sum(widths)} bytes per token, fewer than the "
+                    f"{MIN_ROW_BYTES} measured faster than Inductor's fused lookups")
+        return None
 
     def find(self, graph: fx.Graph) -> list[Match]:
         pos = positions(graph)
@@ -99,7 +130,7 @@ class GdnSpecSplit(Rewrite):
             for launch in _legal_launches(members, pos):
                 if len(launch) >= 2:
                     matches.append(SplitMatch(nodes=[g.node for g in launch], gathers=launch))
-                else:
+                elif (_row_bytes(launch[0]) or MIN_ROW_BYTES) >= MIN_ROW_BYTES:  # a lookup is no split
                     self.miss(launch[0].node, 2, "no other gather of this index can share its launch "
                               "(an output is used before another gather's input exists)")
         return matches

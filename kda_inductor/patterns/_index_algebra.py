@@ -81,6 +81,8 @@ class IndexAlgebra:
         self.visited: set[fx.Node] = set()
         """Every node interpreted as arithmetic (not tables): the region to replace."""
         self._tables: dict[str, fx.Node] = {}
+        self.symints: dict[sympy.Symbol, Any] = {}
+        """Symbols standing for symbolic sizes used as clamp bounds -> their SymInt values."""
 
     # ---------------------------------------------------------------- tables
     def table_fn(self, node: fx.Node) -> Any:
@@ -203,6 +205,8 @@ class IndexAlgebra:
             return self._count_le(a[1], a[0], right)
         if is_op(n, aten.index) and n.target is aten.index.Tensor:
             return self._lookup(n)
+        if is_op(n, aten.clamp, aten.clamp_min, aten.clamp_max):
+            return self._clamp(n)
         if n.op in ("placeholder", "call_function", "get_attr"):
             return Table(n)
         return None
@@ -291,6 +295,33 @@ class IndexAlgebra:
             return x
         return None
 
+    def _clamp(self, n: fx.Node) -> Sym | None:
+        """``clamp(x, lo, hi)`` -> ``clamp(x, lo, hi)`` (an uninterpreted function: a rewrite
+        that knows ``x`` is in range drops it, see :func:`drop_clamps`); a missing bound is
+        ``None`` (``-oo`` / ``oo``)."""
+        x = self._operand(n.args[0])
+        if x is None:
+            return None
+        if is_op(n, aten.clamp_min):
+            lo, hi = n.args[1], None
+        elif is_op(n, aten.clamp_max):
+            lo, hi = None, n.args[1]
+        else:
+            lo = n.args[1] if len(n.args) > 1 else n.kwargs.get("min")
+            hi = n.args[2] if len(n.args) > 2 else n.kwargs.get("max")
+        bounds = []
+        for b in (lo, hi):
+            if b is None:
+                bounds.append(sympy.nan)
+            elif isinstance(b, int) and not isinstance(b, bool):
+                bounds.append(sympy.Integer(b))
+            elif isinstance(b, fx.Node) and isinstance(val(b), torch.SymInt):
+                bounds.append(sympy.Symbol(f"symint_{b.name}", integer=True))
+                self.symints[bounds[-1]] = val(b)
+            else:
+                return None
+        return Sym(CLAMP(x.expr, *bounds), x.dims)
+
     def _count_le(self, boundaries: Any, values: Any, right: bool) -> Sym | None:
         if not right:
             return None
@@ -333,6 +364,16 @@ class IndexAlgebra:
                 ye = ye.subs(q, p)
             dims.append(p if p is not None else q)
         return Sym(x.expr, tuple(dims)), ye
+
+
+CLAMP = sympy.Function("clamp")
+"""``clamp(x, lo, hi)`` of index arithmetic; ``nan`` for a missing bound."""
+
+
+def drop_clamps(e: sympy.Expr, in_range) -> sympy.Expr:
+    """``e`` with every ``clamp(x, lo, hi)`` for which ``in_range(x, lo, hi)`` holds replaced
+    by ``x`` (the clamp cannot change an in-range value)."""
+    return e.replace(CLAMP, lambda x, lo, hi: x if in_range(x, lo, hi) else CLAMP(x, lo, hi))
 
 
 def known(pred: Any) -> bool:

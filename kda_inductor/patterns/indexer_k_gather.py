@@ -43,7 +43,7 @@ import torch
 import torch.fx as fx
 
 from kda_inductor.lowerings import indexer_k_gather as _lowering  # registers the op
-from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, known, same
+from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, drop_clamps, known, same
 from kda_inductor.patterns.base import (
     VIEWS,
     Match,
@@ -55,8 +55,10 @@ from kda_inductor.patterns.base import (
     is_op,
     positions,
     reachable,
+    set_fake_vals,
     val,
 )
+from kda_inductor.patterns.canonical import Canon, Term
 from kda_inductor.reference import QUANT_GROUP
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
@@ -66,34 +68,49 @@ _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
 class _Gather:
     """One ``aten.index`` out of the flat cache, with what its indices compute."""
 
-    node: fx.Node
-    cache: fx.Node
-    flat: fx.Node
+    node: fx.Node  # the gathered [N, W] bytes: the aten.index, or the view of its 1-D result
+    cache: fx.Node  # the cache tensor: 3-D [num_blocks, block_size, row] or 2-D pages
+    flat: fx.Node  # what is indexed: a flat view of the cache (or the 2-D page buffer itself)
     rows: sympy.Expr  # block row index (2-D form) or None (1-D form)
     cols: sympy.Expr  # byte column within the block (2-D) or flat byte index (1-D)
     width: Any
     t_axis: sympy.Symbol
+    region: tuple = ()  # nodes between the aten.index and ``node`` (the 1-D form's view)
 
 
-def _cache_of(flat: Any) -> fx.Node | None:
-    """The 3-D uint8 cache that ``flat`` is a flat view of, else ``None``."""
-    if not is_op(flat, *VIEWS):
+def _cache_of(flat: Any, canon: Canon) -> fx.Node | None:
+    """The uint8 cache that ``flat`` is a flat view of (any chain of views, a plain
+    ``as_strided``): a 3-D ``[num_blocks, block_size, row]`` cache viewed as ``[num_blocks,
+    block_size * row]`` or 1-D, or SGLang's 2-D page buffer ``[num_pages, page_bytes]`` itself
+    or viewed 1-D; else ``None``."""
+    t = canon(flat)
+    root = canon.strip(t, "view")
+    if not isinstance(root, Term) or root.op != "leaf":
         return None
-    cache = flat.args[0]
-    cv, fv = val(cache), val(flat)
-    if cv is None or fv is None or cv.dtype != torch.uint8 or cv.dim() != 3:
+    cache, cv, fv = root.leaf, val(root.leaf), val(flat)
+    if cv is None or fv is None or cv.dtype != torch.uint8 or cv.dim() not in (2, 3) or not cv.is_contiguous():
         return None
-    nb, bs, row = cv.shape
-    if fv.dim() == 2 and fv.shape[1] == bs * row:
+    if cv.dim() == 3 and fv.dim() == 2 and known(fv.shape[0] == cv.shape[0]) and known(fv.shape[1] == cv.shape[1] * cv.shape[2]):
+        return cache
+    if cv.dim() == 2 and fv.dim() == 2 and flat is cache:
         return cache
     if fv.dim() == 1:
         return cache
     return None
 
 
-def _layout(cache: fx.Node) -> tuple[int, int, int] | None:
-    """(block_size, head_dim, scale_bytes) of a blocked cache, if its row width fits."""
-    _, bs, row = val(cache).shape
+def _layout(cache: fx.Node, head_dim: Any = None) -> tuple[int, int, int] | None:
+    """(block_size, head_dim, scale_bytes) of a blocked cache, if its row width fits. A 2-D
+    page buffer does not say its block size: ``head_dim`` (a values gather's width) does."""
+    cv = val(cache)
+    if cv.dim() == 2:
+        page = cv.shape[1]
+        if not (isinstance(page, int) and isinstance(head_dim, int) and head_dim > 0
+                and head_dim % QUANT_GROUP == 0):
+            return None
+        row = head_dim + 4 * (head_dim // QUANT_GROUP)
+        return (page // row, head_dim, row - head_dim) if page % row == 0 else None
+    _, bs, row = cv.shape
     if not all(isinstance(x, int) for x in (bs, row)):
         return None
     if row % (QUANT_GROUP + 4):
@@ -111,7 +128,12 @@ class GatherMatch(Match):
     cu_seq_lens: fx.Node
     num_tokens: Any
     head_dim: int
+    block_size: int
     dst: Any = None  # ((dst_value, copy_), (dst_scale, copy_)) when copied into graph inputs
+
+    @property
+    def anchor(self) -> fx.Node:
+        return self.values
 
 
 class IndexerKGather(Rewrite):
@@ -124,15 +146,18 @@ class IndexerKGather(Rewrite):
 
     def find(self, graph: fx.Graph) -> list[Match]:
         algebra = IndexAlgebra()
-        gathers = [g for n in graph.nodes if (g := self._gather(n, algebra)) is not None]
+        canon = Canon(graph)
+        gathers = [g for n in graph.nodes if (g := self._gather(n, algebra, canon)) is not None]
+        gathers = [_unclamped(g, algebra) for g in gathers]
         matches = []
         used: set[fx.Node] = set()
         for values in gathers:
             if values.node in used:
                 continue
-            layout = _layout(values.cache)
+            layout = _layout(values.cache, values.width)
             if layout is None:
-                self.miss(values.node, 2, "cache row width is not head_dim + 4 * head_dim // 128")
+                if val(values.cache).dim() == 3:
+                    self.miss(values.node, 2, "cache row width is not head_dim + 4 * head_dim // 128")
                 continue
             if values.width != layout[1]:
                 continue  # a scales candidate: looked at when pairing
@@ -143,15 +168,23 @@ class IndexerKGather(Rewrite):
         return matches
 
     # ------------------------------------------------------------------ find
-    def _gather(self, n: fx.Node, algebra: IndexAlgebra) -> _Gather | None:
+    def _gather(self, n: fx.Node, algebra: IndexAlgebra, canon: Canon) -> _Gather | None:
         if not (is_op(n, aten.index) and n.target is aten.index.Tensor):
             return None
         flat, indices = n.args
-        cache = _cache_of(flat)
+        cache = _cache_of(flat, canon)
         out = val(n)
-        if cache is None or out is None or out.dim() != 2 or any(i is None for i in indices):
+        if cache is None or out is None or any(i is None for i in indices) or len(indices) != val(flat).dim():
             return None
-        if len(indices) != val(flat).dim():
+        node, region = n, ()
+        if out.dim() == 1 and len(indices) == 1:
+            # 1-D flat byte indices, the bytes viewed back as [N, W]: read as the 2-D gather
+            unflat = _unflattened(n, indices[0])
+            if unflat is None:
+                return None
+            node, index = unflat
+            indices, region, out = [index], (node,), val(node)
+        if out.dim() != 2:
             return None
         syms = [algebra.interpret(i) for i in indices]
         if not all(isinstance(s, Sym) for s in syms):
@@ -164,7 +197,7 @@ class IndexerKGather(Rewrite):
             return self.miss(n, 1, "index tensors do not broadcast to [tokens, bytes] from two aranges")
         exprs, axes = bound
         rows, cols = (exprs if len(exprs) == 2 else (None, exprs[0]))
-        return _Gather(n, cache, flat, rows, cols, out.shape[1], axes[0])
+        return _Gather(node, cache, flat, rows, cols, out.shape[1], axes[0], region)
 
     def _pair(self, values, gathers, layout, algebra, used) -> Match | None:
         bs, hd, sb = layout
@@ -195,7 +228,7 @@ class IndexerKGather(Rewrite):
         num_tokens = algebra.axis_len[values.t_axis]
         n_val = val(num_tokens) if isinstance(num_tokens, fx.Node) else num_tokens
         try:  # what the fused op would reject is no match (not a failed rewrite)
-            _lowering._check_functional(val(values.cache), val(bt), val(cu), n_val, hd)
+            _lowering._check_functional(_blocks(val(values.cache), bs, hd + sb), val(bt), val(cu), n_val, hd)
         except (ValueError, TypeError) as exc:
             return self.miss(values.node, 4, f"kda.indexer_k_gather rejects these inputs: {exc}")
         for scales in gathers:
@@ -210,19 +243,21 @@ class IndexerKGather(Rewrite):
             region = (algebra.visited & reachable([values.node, scales.node], upstream=True)) | {
                 values.node,
                 scales.node,
+                *values.region, *scales.region,
             }
             outside = escaping(region, [values.node, scales.node])
             if outside:
                 self.miss(values.node, 6, f"intermediate {outside[0].name} is also read by "
                           f"{', '.join(u.name for u in outside[0].users if u not in region)}")
                 continue
-            dst = _preallocated_dst(values.node, scales.node, values.cache, bt, cu)
+            dst = _preallocated_dst(values.node, scales.node, _blocks(val(values.cache), bs, hd + sb), bt, cu)
             extra = {n for (_, copy) in (dst or ()) for n in _chain(copy)}
+            flats = {f for f in (values.flat, scales.flat) if f is not values.cache}
             return GatherMatch(
-                nodes=sorted(region | {values.flat, scales.flat} | extra,
+                nodes=sorted(region | flats | extra,
                              key=positions(values.node.graph).__getitem__),
                 dst=dst, values=values.node, scales=scales.node, cache=values.cache, block_table=bt,
-                cu_seq_lens=cu, num_tokens=num_tokens, head_dim=hd,
+                cu_seq_lens=cu, num_tokens=num_tokens, head_dim=hd, block_size=bs,
             )
         return self.miss(
             values.node, 5, f"no scales gather of the same cache and tokens with columns "
@@ -233,6 +268,13 @@ class IndexerKGather(Rewrite):
     def replace(self, graph: fx.Graph, match: GatherMatch) -> None:
         m = match
         first = min((m.values, m.scales), key=positions(graph).__getitem__)
+        first = min([first, *[n for n in m.nodes if is_op(n, aten.index)]], key=positions(graph).__getitem__)
+        if val(m.cache).dim() == 2:  # SGLang's page buffer: the op reads it as [pages, block_size, row]
+            row = m.head_dim + 4 * (m.head_dim // QUANT_GROUP)
+            with graph.inserting_before(first):
+                cache = graph.call_function(aten.reshape.default, (m.cache, [-1, m.block_size, row]))
+                set_fake_vals(graph, cache)
+            m = dataclasses.replace(m, cache=cache)
         if m.dst is None:
             insert_fused(
                 graph, torch.ops.kda.indexer_k_gather.default,
@@ -251,6 +293,45 @@ class IndexerKGather(Rewrite):
                     Route(copy_s.args[1], 2, only=lambda u, c=copy_s: u is c)],
             region=m.nodes, origin=m.values,
         )
+
+
+def _unclamped(g: _Gather, algebra: IndexAlgebra) -> _Gather:
+    """``g`` without clamps of its request index to ``[0, num_requests - 1]`` (forks guard the
+    table read so): for every token the op accepts (``t < num_tokens <= cu_seq_lens[-1]``, with
+    ``cu_seq_lens[0] == 0``) the request index is already in that range."""
+    e = g.rows if g.rows is not None else g.cols
+    cus, bts = algebra.tables_read(e, "ss", 1), algebra.tables_read(e, "tab", 2)
+    if len(cus) != 1 or len(bts) != 1:
+        return g
+    cu, bt = next(iter(cus)), next(iter(bts))
+    req = algebra.count_le_fn(cu)(_T) - 1
+    last_req = val(cu).shape[0] - 2  # block_table has at least num_requests rows (checked by the op)
+
+    def in_range(x, lo, hi):
+        if not same(x, req) or lo not in (sympy.Integer(0), sympy.nan):
+            return False
+        if hi is sympy.nan:
+            return True
+        h = algebra.symints.get(hi, hi)
+        h = int(h) if isinstance(h, sympy.Integer) else h
+        return known(h >= last_req) or known(h == val(bt).shape[0] - 1)
+
+    return dataclasses.replace(g, rows=None if g.rows is None else drop_clamps(g.rows, in_range),
+                               cols=drop_clamps(g.cols, in_range))
+
+
+def _unflattened(n: fx.Node, index: Any):
+    """``flat[idx.reshape(-1)].view(N, W)`` -> ``(the view, idx)`` when ``idx`` is ``[N, W]``:
+    the 1-D gather of flattened byte indices, viewed back, is the 2-D gather of ``idx``."""
+    users = [u for u in n.users]
+    if len(users) != 1 or not is_op(users[0], *VIEWS) or not is_op(index, *VIEWS):
+        return None
+    view, idx = users[0], index.args[0]
+    iv, vv = val(idx), val(view)
+    if iv is None or vv is None or iv.dim() != 2 or vv.dim() != 2 or not all(
+            known(a == b) for a, b in zip(iv.shape, vv.shape)):
+        return None
+    return view, idx
 
 
 def _chain(copy: fx.Node) -> list[fx.Node]:
@@ -272,6 +353,11 @@ def _copied_into_input(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     return None
 
 
+def _blocks(cache, block_size: int, row: int):
+    """A (fake) cache as ``[num_blocks, block_size, row]`` (a 2-D page buffer's view)."""
+    return cache if cache.dim() == 3 else cache.view(cache.shape[0], block_size, row)
+
+
 def _preallocated_dst(values, scales, cache, bt, cu):
     """``((dst_value, copy), (dst_scale, copy))`` if both gathers are only copied into
     graph inputs that ``kda.indexer_k_gather_out`` accepts as destinations, else None."""
@@ -282,7 +368,7 @@ def _preallocated_dst(values, scales, cache, bt, cu):
     if not known(dv.shape[0] == val(values).shape[0]):
         return None
     try:
-        _lowering._check_out(val(cache), dv, ds, val(bt), val(cu))
+        _lowering._check_out(cache, dv, ds, val(bt), val(cu))
     except (ValueError, TypeError):
         return None
     return dst

@@ -15,6 +15,7 @@ with the closest misses of every failing case.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
 from collections.abc import Callable, Sequence
@@ -108,10 +109,20 @@ def misses_text(compiled, names: Sequence[str] | None = None) -> str:
     return "\n".join(lines) or "  (no misses recorded)"
 
 
-def check_case(case: Spelling, seed: int = 0):
+def on_device(case: Spelling, seed: int, device: str):
+    """``(fn, args)`` of ``case`` on ``device`` (modules copied there, inputs moved)."""
+    fn = case.fn
+    if device != "cpu" and isinstance(fn, torch.nn.Module):
+        fn = copy.deepcopy(fn).to(device)
+    args = [a.to(device) if isinstance(a, torch.Tensor) else a for a in case.make_inputs(seed)]
+    return fn, args
+
+
+def check_case(case: Spelling, seed: int = 0, device: str = "cpu"):
     """Compile and run ``case`` on fresh inputs; assert counts, numerics and untouched inputs.
     Returns the compiled object (for its records)."""
-    args = case.make_inputs(seed)
+    fn, args = on_device(case, seed, device)
+    case = dataclasses.replace(case, fn=fn)
     want = run_eager(case, args)
     got, compiled = run_compiled(case, args)
     expected = case.expected
@@ -204,7 +215,7 @@ def blocked_cache(cache_arg: int, slots: Callable[[Sequence[Any]], torch.Tensor]
     bit-identical. ``slots(args)`` gives the slot each token lands in (< 0: not written)."""
 
     def compare(got: Run, want: Run) -> None:
-        g, w = got.args[cache_arg], want.args[cache_arg]
+        g, w = got.args[cache_arg].cpu(), want.args[cache_arg].cpu()
         s = slots(want.args).cpu().long()
         bs = block_size or g.shape[1]
         row = head_dim + 4 * (head_dim // QUANT_GROUP)

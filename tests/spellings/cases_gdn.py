@@ -259,8 +259,8 @@ class OlmoGDNTail(nn.Module):
     def forward(self, core_spec, core_non_spec, spec_idx, non_spec_idx, gate):
         num_tokens = gate.shape[0]
         n = spec_idx.shape[0] + non_spec_idx.shape[0]
-        core_attn_out = torch.zeros((num_tokens, H, D), dtype=core_spec.dtype)
-        merged_out = torch.empty((1, n, *core_spec.shape[2:]), dtype=core_non_spec.dtype)
+        core_attn_out = torch.zeros((num_tokens, H, D), dtype=core_spec.dtype, device=core_spec.device)
+        merged_out = torch.empty((1, n, *core_spec.shape[2:]), dtype=core_non_spec.dtype, device=core_spec.device)
         merged_out.index_copy_(1, spec_idx, core_spec)
         merged_out.index_copy_(1, non_spec_idx, core_non_spec)
         core_attn_out[:n] = merged_out.squeeze(0)
@@ -281,8 +281,8 @@ class BailingKDATail(nn.Module):
     def forward(self, core_spec, core_non_spec, spec_idx, non_spec_idx, g2):
         num_tokens = g2.shape[0]
         n = spec_idx.shape[0] + non_spec_idx.shape[0]
-        core_attn_out = torch.zeros((1, num_tokens, H, D), dtype=core_spec.dtype)
-        merged_out = torch.empty((1, n, *core_spec.shape[2:]), dtype=core_spec.dtype)
+        core_attn_out = torch.zeros((1, num_tokens, H, D), dtype=core_spec.dtype, device=core_spec.device)
+        merged_out = torch.empty((1, n, *core_spec.shape[2:]), dtype=core_spec.dtype, device=core_spec.device)
         merged_out.index_copy_(1, spec_idx, core_spec)
         merged_out.index_copy_(1, non_spec_idx, core_non_spec)
         core_attn_out[0, :n] = merged_out[0, :n]
@@ -301,7 +301,7 @@ class CpuGDNTail(nn.Module):
 
     def forward(self, spec_out, non_spec_out, spec_idx, non_spec_idx, z):
         num_tokens = z.shape[0]
-        core_attn_out = torch.zeros((num_tokens, H, D), dtype=spec_out.dtype)
+        core_attn_out = torch.zeros((num_tokens, H, D), dtype=spec_out.dtype, device=spec_out.device)
         core_attn_out.index_copy_(0, spec_idx, spec_out)
         core_attn_out.index_copy_(0, non_spec_idx, non_spec_out)
         z_shape_og = z.shape
@@ -367,7 +367,7 @@ class VllmKimiTail(nn.Module):
     def forward(self, core_out, g2):
         num_tokens = g2.shape[0]
         n = core_out.shape[1]
-        core_attn_out = torch.zeros((1, num_tokens, H, D), dtype=core_out.dtype)
+        core_attn_out = torch.zeros((1, num_tokens, H, D), dtype=core_out.dtype, device=core_out.device)
         core_attn_out[0, :n] = core_out[0, :n]
         core_attn_out = self.o_norm(core_attn_out, g2)
         return core_attn_out.reshape(num_tokens, H * D)
@@ -457,7 +457,7 @@ class MaskMergeTail(nn.Module):
         self.norm = VllmRMSNormGated(D, seed=10)
 
     def forward(self, spec_out, non_spec_out, spec_mask, z):
-        out = torch.empty((z.shape[0], H, D), dtype=spec_out.dtype)
+        out = torch.empty((z.shape[0], H, D), dtype=spec_out.dtype, device=spec_out.device)
         out[spec_mask] = spec_out
         out[~spec_mask] = non_spec_out
         return self.norm(out.reshape(-1, D), z.reshape(-1, D))

@@ -206,8 +206,8 @@ def float32_k_index_copy(k, kv_cache, slot_mapping):
     q = torch.clamp(x / scale, -448.0, 448.0).to(FP8).view(t, d)
     base = (slot_mapping // bs) * (bs * row)
     off = slot_mapping % bs
-    vidx = (base + off * d)[:, None] + torch.arange(d)
-    sidx = (base + bs * d + off * (row - d))[:, None] + torch.arange(row - d)
+    vidx = (base + off * d)[:, None] + torch.arange(d, device=k.device)
+    sidx = (base + bs * d + off * (row - d))[:, None] + torch.arange(row - d, device=k.device)
     flat = kv_cache.view(-1)
     flat.index_copy_(0, vidx.reshape(-1), q.view(torch.uint8).reshape(-1))
     flat.index_copy_(0, sidx.reshape(-1), scale.view(t, -1).view(torch.uint8).reshape(-1))
@@ -234,9 +234,9 @@ class VllmLayerNormThenWrite(nn.Module):
         slot = slot_mapping.clamp(min=0)
         blk, off = (slot // bs)[:, None], slot % bs
         flat = kv_cache.view(nb, -1)
-        cols = off[:, None] * 128 + torch.arange(128)
+        cols = off[:, None] * 128 + torch.arange(128, device=k.device)
         flat[blk, cols] = torch.where(valid, q.view(torch.uint8), flat[blk, cols])
-        scols = bs * 128 + off[:, None] * 4 + torch.arange(4)
+        scols = bs * 128 + off[:, None] * 4 + torch.arange(4, device=k.device)
         flat[blk, scols] = torch.where(valid, scale.view(k.shape[0], 1).view(torch.uint8), flat[blk, scols])
 
 
@@ -285,9 +285,9 @@ def vllm_truncated_k_masked(k, kv_cache, slot_mapping):
     slot = slot_mapping.clamp(min=0)
     blk, off = (slot // bs)[:, None], slot % bs
     flat = kv_cache.view(nb, -1)
-    cols = off[:, None] * 128 + torch.arange(128)
+    cols = off[:, None] * 128 + torch.arange(128, device=k.device)
     flat[blk, cols] = torch.where(valid, q, flat[blk, cols])
-    scols = bs * 128 + off[:, None] * 4 + torch.arange(4)
+    scols = bs * 128 + off[:, None] * 4 + torch.arange(4, device=k.device)
     flat[blk, scols] = torch.where(valid, s, flat[blk, scols])
 
 
@@ -343,7 +343,7 @@ def _interleaved_compare(got, want):
     intermediates in float32); every other byte identical."""
     from kda_inductor.reference import fp8_step
 
-    g, w, s = got.args[1], want.args[1], want.args[2].long()
+    g, w, s = got.args[1].cpu(), want.args[1].cpu(), want.args[2].cpu().long()
     g2, w2 = g.view(-1, 132), w.view(-1, 132)
     others = torch.ones(g2.shape[0], dtype=torch.bool)
     others[s] = False
@@ -365,8 +365,8 @@ def block_size_32_on_16(k, kv_cache, slot_mapping):
     q, s = _quant_ref(k)
     blk, off = slot_mapping // 32, slot_mapping % 32
     flat = kv_cache.view(nb, -1)
-    flat[blk[:, None], off[:, None] * 128 + torch.arange(128)] = q
-    flat[blk[:, None], bs * 128 + off[:, None] * 4 + torch.arange(4)] = s
+    flat[blk[:, None], off[:, None] * 128 + torch.arange(128, device=k.device)] = q
+    flat[blk[:, None], bs * 128 + off[:, None] * 4 + torch.arange(4, device=k.device)] = s
 
 
 def _bs32_inputs(seed):
@@ -509,11 +509,11 @@ def xpu_gather_fixed(kv_cache, block_table, cu_seq_lens, dst_k, dst_scale):
     block_stride = kv_cache.stride(0)
     kv_cache_flat = kv_cache.view(-1)
     src_block_offsets = physical_block_indices * block_stride
-    k_indices = (src_block_offsets + inblock_offsets * head_dim).unsqueeze(1) + torch.arange(head_dim)
+    k_indices = (src_block_offsets + inblock_offsets * head_dim).unsqueeze(1) + torch.arange(head_dim, device=dst_k.device)
     dst_k[:] = kv_cache_flat[k_indices]
     scale_size = 4
     src_scale = src_block_offsets + cache_block_size * head_dim + inblock_offsets * scale_size
-    dst_scale[:] = kv_cache_flat[src_scale.unsqueeze(1) + torch.arange(scale_size)]
+    dst_scale[:] = kv_cache_flat[src_scale.unsqueeze(1) + torch.arange(scale_size, device=dst_k.device)]
 
 
 def xpu_gather_port(kv_cache, block_table, cu_seq_lens, dst_k, dst_scale):
@@ -523,16 +523,17 @@ def xpu_gather_port(kv_cache, block_table, cu_seq_lens, dst_k, dst_scale):
     batch_size = block_table.size(0)
     num_tokens, head_dim = dst_k.shape
     cache_block_size = kv_cache.size(1)
-    token_indices = torch.arange(num_tokens) + 1
+    token_indices = torch.arange(num_tokens, device=dst_k.device) + 1
     batch_indices = torch.clamp(torch.searchsorted(cu_seq_lens, token_indices) - 1, 0, batch_size - 1)
     inbatch_seq_indices = token_indices - cu_seq_lens[batch_indices]
     physical_block_indices = block_table[batch_indices, inbatch_seq_indices // cache_block_size]
     inblock_offsets = (inbatch_seq_indices - 1) % cache_block_size
     kv_cache_flat = kv_cache.view(-1)
     src_block_offsets = physical_block_indices * kv_cache.stride(0)
-    dst_k[:] = kv_cache_flat[(src_block_offsets + inblock_offsets * head_dim).unsqueeze(1) + torch.arange(head_dim)]
+    dev = dst_k.device
+    dst_k[:] = kv_cache_flat[(src_block_offsets + inblock_offsets * head_dim).unsqueeze(1) + torch.arange(head_dim, device=dev)]
     src_scale = src_block_offsets + head_dim + inblock_offsets * 4
-    dst_scale[:] = kv_cache_flat[src_scale.unsqueeze(1) + torch.arange(4)]
+    dst_scale[:] = kv_cache_flat[src_scale.unsqueeze(1) + torch.arange(4, device=dev)]
 
 
 def sglang_get_k_and_s(buf, page_indices, seq_len_like):
@@ -544,12 +545,13 @@ def sglang_get_k_and_s(buf, page_indices, seq_len_like):
     buf_numel_per_page = buf.shape[1]
     flat_buf = buf.flatten()
     flat_indices = (page_indices * buf_numel_per_page)[:, None] + torch.arange(
-        page_size * head_dim, dtype=torch.int32)[None, :]
+        page_size * head_dim, dtype=torch.int32, device=buf.device)[None, :]
     flat_indices = flat_indices.flatten()[: seq_len * head_dim]
     k = flat_buf[flat_indices].view(-1, 128)
     num_s_bytes_per_page = buf.shape[1] - page_size * head_dim
     flat_indices = ((page_indices * buf_numel_per_page)[:, None]
-                    + torch.arange(num_s_bytes_per_page, dtype=torch.int32)[None, :] + page_size * head_dim)
+                    + torch.arange(num_s_bytes_per_page, dtype=torch.int32, device=buf.device)[None, :]
+                    + page_size * head_dim)
     flat_indices = flat_indices.flatten()[: seq_len * 4]
     s = flat_buf[flat_indices].view(-1, 4)
     return k, s
@@ -567,7 +569,7 @@ def sglang_get_k_two_requests(buf, pages_a, pages_b, len_a, len_b):
     flat_buf = buf.flatten()
     outs = []
     for pages, like in ((pages_a, len_a), (pages_b, len_b)):
-        idx = (pages * buf.shape[1])[:, None] + torch.arange(64 * 128, dtype=torch.int32)[None, :]
+        idx = (pages * buf.shape[1])[:, None] + torch.arange(64 * 128, dtype=torch.int32, device=buf.device)[None, :]
         outs.append(flat_buf[idx.flatten()[: like.shape[0] * 128]].view(-1, 128))
     return outs
 
@@ -585,14 +587,14 @@ def flat_indices_then_view_2d(cache2d, block_table, cu_seq_lens, like):
     num_tokens = like.shape[0]
     nb, page_bytes = cache2d.shape
     bs = page_bytes // 132
-    token = torch.arange(num_tokens)
+    token = torch.arange(num_tokens, device=cu_seq_lens.device)
     req = torch.searchsorted(cu_seq_lens, token, right=True) - 1
     pos = token - cu_seq_lens[req]
     page = block_table[req, pos // bs].long()
     off = pos % bs
     flat = cache2d.flatten()
-    vidx = ((page * page_bytes + off * 128)[:, None] + torch.arange(128)).reshape(-1)
-    sidx = ((page * page_bytes + bs * 128 + off * 4)[:, None] + torch.arange(4)).reshape(-1)
+    vidx = ((page * page_bytes + off * 128)[:, None] + torch.arange(128, device=token.device)).reshape(-1)
+    sidx = ((page * page_bytes + bs * 128 + off * 4)[:, None] + torch.arange(4, device=token.device)).reshape(-1)
     return flat[vidx].view(num_tokens, 128).view(FP8), flat[sidx].view(num_tokens, 4).view(torch.float32)
 
 
@@ -601,7 +603,7 @@ def as_strided_regions(kv_cache, block_table, cu_seq_lens, like):
     item 5), ``bucketize`` on ``cu_seq_lens[1:]`` for the request."""
     num_tokens = like.shape[0]
     nb, bs, row = kv_cache.shape
-    token = torch.arange(num_tokens)
+    token = torch.arange(num_tokens, device=cu_seq_lens.device)
     req = torch.bucketize(token, cu_seq_lens[1:], right=True)
     pos = token - cu_seq_lens[req]
     blk = block_table[req, pos // bs]
@@ -616,7 +618,7 @@ def interleaved_gather(kv_cache, block_table, cu_seq_lens, like):
     ``slot`` of ``kv_cache.view(-1, 132)``, values then scale."""
     num_tokens = like.shape[0]
     nb, bs, row = kv_cache.shape
-    token = torch.arange(num_tokens)
+    token = torch.arange(num_tokens, device=cu_seq_lens.device)
     req = torch.searchsorted(cu_seq_lens, token, right=True) - 1
     pos = token - cu_seq_lens[req]
     slot = block_table[req, pos // bs].long() * bs + pos % bs
@@ -629,14 +631,14 @@ def block_size_32_gather(cache2d, block_table, cu_seq_lens, like):
     byte offsets: in bounds, but not the cache's layout)."""
     num_tokens = like.shape[0]
     nb, page_bytes = cache2d.shape
-    token = torch.arange(num_tokens)
+    token = torch.arange(num_tokens, device=cu_seq_lens.device)
     req = torch.searchsorted(cu_seq_lens, token, right=True) - 1
     pos = token - cu_seq_lens[req]
     page = block_table[req, pos // 32].long()
     off = pos % 32
     flat = cache2d.view(-1)
-    values = flat[(page * page_bytes + off * 128)[:, None] + torch.arange(128)]
-    scales = flat[(page * page_bytes + 16 * 128 + off * 4)[:, None] + torch.arange(4)]
+    values = flat[(page * page_bytes + off * 128)[:, None] + torch.arange(128, device=token.device)]
+    scales = flat[(page * page_bytes + 16 * 128 + off * 4)[:, None] + torch.arange(4, device=token.device)]
     return values, scales
 
 

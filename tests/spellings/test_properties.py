@@ -22,7 +22,7 @@ from kda_inductor.reference import random_indexer_cache
 from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile
 from tests.spellings._corpus import FORCED, gen, partition, poison, randn
 
-EXAMPLES = 8
+EXAMPLES = 6
 """Generated examples per property, on top of the two explicit ones (the issue's spellings)."""
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     phases=(Phase.explicit, Phase.generate), report_multiple_bugs=False)

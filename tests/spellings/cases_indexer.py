@@ -422,7 +422,8 @@ WRITE_CASES = [
              blocked_cache(1, _slot_arg(2), 256), mutated_args=(1,),
              why="issue 11 item 3: keepdim=False + unsqueeze, torch.maximum(amax, torch.tensor(1e-4)), "
                  "finfo max, empty_like + copy_"),
-    Spelling("one_group_clamp_min_exp2", "DeepSeek-V3.2 indexer quantization (issue 11 item 3) in vLLM's view-assign store",
+    Spelling("one_group_clamp_min_exp2",
+             "DeepSeek-V3.2 indexer quantization (issue 11 item 3) in vLLM's view-assign store",
              one_group_clamp_min_exp2, _write_inputs(10, 128, 16, 6), WRITE, blocked_cache(1, _slot_arg(2), 128),
              mutated_args=(1,), why="one group without a [T, G, 128] view, clamp_min, exp2"),
     Spelling("float32_k_index_copy", "issue 11 item 3 (float32 k) in " + VLLM + "vllm/_xpu_ops.py's index_copy_ store",
@@ -509,7 +510,8 @@ def xpu_gather_fixed(kv_cache, block_table, cu_seq_lens, dst_k, dst_scale):
     block_stride = kv_cache.stride(0)
     kv_cache_flat = kv_cache.view(-1)
     src_block_offsets = physical_block_indices * block_stride
-    k_indices = (src_block_offsets + inblock_offsets * head_dim).unsqueeze(1) + torch.arange(head_dim, device=dst_k.device)
+    k_indices = ((src_block_offsets + inblock_offsets * head_dim).unsqueeze(1)
+                 + torch.arange(head_dim, device=dst_k.device))
     dst_k[:] = kv_cache_flat[k_indices]
     scale_size = 4
     src_scale = src_block_offsets + cache_block_size * head_dim + inblock_offsets * scale_size
@@ -531,7 +533,8 @@ def xpu_gather_port(kv_cache, block_table, cu_seq_lens, dst_k, dst_scale):
     kv_cache_flat = kv_cache.view(-1)
     src_block_offsets = physical_block_indices * kv_cache.stride(0)
     dev = dst_k.device
-    dst_k[:] = kv_cache_flat[(src_block_offsets + inblock_offsets * head_dim).unsqueeze(1) + torch.arange(head_dim, device=dev)]
+    k_indices = (src_block_offsets + inblock_offsets * head_dim).unsqueeze(1) + torch.arange(head_dim, device=dev)
+    dst_k[:] = kv_cache_flat[k_indices]
     src_scale = src_block_offsets + head_dim + inblock_offsets * 4
     dst_scale[:] = kv_cache_flat[src_scale.unsqueeze(1) + torch.arange(4, device=dev)]
 

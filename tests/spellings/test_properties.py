@@ -259,7 +259,8 @@ AMAXES = {"amax_keepdim": lambda a: a.amax(-1, keepdim=True), "amax_unsqueeze": 
           "max_values": lambda a: a.max(dim=-1, keepdim=True).values, "torch.amax": lambda a: torch.amax(a, -1, True)}
 FLOORS = {"clamp": lambda a: a.clamp(min=1e-4), "clamp_min": lambda a: a.clamp_min(1e-4),
           "maximum": lambda a: torch.maximum(a, torch.tensor(1e-4)), "where": lambda a: torch.where(a < 1e-4, 1e-4, a)}
-UE8M0 = {"pow": lambda s: torch.pow(2.0, torch.ceil(torch.log2(s))), "exp2": lambda s: torch.exp2(torch.ceil(torch.log2(s))),
+UE8M0 = {"pow": lambda s: torch.pow(2.0, torch.ceil(torch.log2(s))),
+         "exp2": lambda s: torch.exp2(torch.ceil(torch.log2(s))),
          "bits": lambda s: ((s.view(torch.int32) + 0x7FFFFF) & 0x7F800000).view(torch.float32)}
 GROUPS = {"view": lambda x: x.view(x.shape[0], -1, 128), "unflatten": lambda x: x.unflatten(-1, (-1, 128)),
           "reshape": lambda x: x.reshape(x.shape[0], -1, 128)}
@@ -286,7 +287,8 @@ def _store(how, q, scale, cache, blk, off):
 
 @SETTINGS
 @given(div=st.sampled_from(sorted(DIVS)), mod=st.sampled_from(sorted(MODS)), amax=st.sampled_from(sorted(AMAXES)),
-       floor=st.sampled_from(sorted(FLOORS)), ue8m0=st.sampled_from(sorted(UE8M0)), group=st.sampled_from(sorted(GROUPS)),
+       floor=st.sampled_from(sorted(FLOORS)), ue8m0=st.sampled_from(sorted(UE8M0)),
+       group=st.sampled_from(sorted(GROUPS)),
        store=st.sampled_from(["index_put", "regions", "index_copy_"]), cache_2d=st.booleans(),
        slot_dtype=st.sampled_from(["int32", "int64"]))
 @example(div="//", mod="%", amax="amax_keepdim", floor="clamp", ue8m0="pow", group="view", store="index_put",
@@ -334,7 +336,8 @@ REQUESTS = {
     "searchsorted_right": lambda cu, t: torch.searchsorted(cu, t, right=True) - 1,
     "bucketize": lambda cu, t: torch.bucketize(t, cu[1:], right=True),
     "searchsorted_left_plus1": lambda cu, t: torch.searchsorted(cu, t + 1) - 1,
-    "searchsorted_right_clamp": lambda cu, t: torch.clamp(torch.searchsorted(cu, t, right=True) - 1, 0, cu.shape[0] - 2),
+    "searchsorted_right_clamp":
+        lambda cu, t: torch.clamp(torch.searchsorted(cu, t, right=True) - 1, 0, cu.shape[0] - 2),
 }
 FLATS = {  # cache (3-D or 2-D) -> [nb, block_bytes]
     "view": lambda c: c.view(c.shape[0], -1), "reshape": lambda c: c.reshape(c.shape[0], -1),

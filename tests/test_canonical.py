@@ -99,6 +99,16 @@ def test_rule_view():
     assert a == b == c == d
 
 
+def test_rule_unit_select_full_slice():
+    def f(x, n: int):
+        m = x.unsqueeze(0)
+        return m[0, :n] * 2, m.squeeze(0) * 2, x[:n] * 2, x[: n - 1] * 2, m[:, 1:] * 2
+
+    a, b, c, shorter, shifted = terms(f, X, 4)
+    assert a == b == c and a.args[0].op == "leaf"
+    assert shorter != a and shifted.args[0] != a.args[0]
+
+
 def test_rule_square():
     def f(x):
         y = x.float()

@@ -217,7 +217,11 @@ def test_speed_rule_cpu_and_narrow_rows(monkeypatch):
     monkeypatch.setattr(pattern.SplitMatch, "device", "cuda")
     out, c = _run(wide, qkv, s, ns, options=unforced)
     assert c.matches["gdn_spec_split"] == 1
-    out, c = _run(narrow, flat, s, ns, options=unforced)
+    out, c = _run(narrow, flat, s, ns, options={"kda": {"strict": True}})  # forced: structurally no split
+    assert c.matches["gdn_spec_split"] == 0 and c.records[0]["misses"]["gdn_spec_split"] == []
+    assert_close_to_eager(out, narrow(flat, s, ns), exact=True)
+    rows = flat.view(12, 1)  # 1-byte token rows: a split, but narrower than any measured faster
+    out, c = _run(narrow, rows, s, ns, options=unforced)
     assert c.matches["gdn_spec_split"] == 0
     assert "2 bytes per token" in str(c.records[0]["misses"]["gdn_spec_split"])
-    assert_close_to_eager(out, narrow(flat, s, ns), exact=True)
+    assert_close_to_eager(out, narrow(rows, s, ns), exact=True)

@@ -4,6 +4,7 @@ without a GPU: the interpreter runs kernels but never compiles them."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,4 +22,5 @@ def test_kernels_compile_for_sm90():
     if proc.returncode == 3:
         pytest.skip("this Triton cannot compile for CUDA here")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "compiled 27 kernel variants for sm_90" in proc.stdout, proc.stdout
+    # every lowering declares its launches (aot_variants()); all of them must compile
+    assert re.search(r"compiled (\d+) of \1 kernel variants for sm_90", proc.stdout), proc.stdout

@@ -6,6 +6,7 @@ Also the checks and views the ops share (the indexer's paged K cache is read by
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
@@ -38,6 +39,23 @@ def block_for_programs(block: int, programs: Callable[[int], int], target: int) 
     while block > 1 and programs(block) < target:
         block //= 2
     return block
+
+
+class AotVariant(NamedTuple):
+    """One way a lowering launches one of its Triton kernels, for the ahead-of-time sm_90
+    compile check (``tests/aot_sm90.py``): the kernel, the types of its runtime arguments
+    (Triton signature strings, e.g. ``"*bf16"``, ``"i32"``), its constexpr values, and the
+    compile options. Each lowering module declares its own in ``aot_variants()``."""
+
+    kernel: Any
+    types: dict
+    constexprs: dict
+    options: dict
+
+
+def debug_options(num_warps: int = 4) -> dict:
+    """Compile options of our debug-mode kernels (``device_assert``), as launched."""
+    return {"num_warps": num_warps, "debug": True, **triton_launch_options()}
 
 
 def definitely(pred) -> bool:

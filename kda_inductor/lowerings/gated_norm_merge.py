@@ -3,11 +3,11 @@ RMSNorm of a GDN/KDA layer in one pass, with no merged buffer.
 
 ``sources[k]`` is ``[n_k, R * D]`` (token rows, ``R`` norm rows of ``D = weight.shape[0]``
 each per token), ``indices[k]`` ``[n_k]`` the token each row goes to (negative counts from
-the end, as ``out[:, idx] = ...`` does). ``merged`` has ``P = z.shape[0] // R`` tokens:
-``merged[indices[k][i]] = sources[k][i]`` for the first ``num_tokens`` of them and, when the
-merge was copied into a longer padded buffer (``core_attn_out[:n] = merged.squeeze(0)`` into
-``torch.zeros``), ``pad_value`` in every value of the ``P - num_tokens`` tokens after them
-(``pad_value=None``: no padding, ``P == num_tokens``). Viewed as ``[P * R, D]``, the op
+the end, as ``out[:, idx] = ...`` does). ``merged`` has ``P = z.shape[0] // R`` tokens, all
+``pad_value`` at first (``torch.zeros`` / ``torch.full``; ``None``: ``torch.empty``, undefined,
+and then ``P == num_tokens``), then ``merged[indices[k][i]] = sources[k][i]`` for the first
+``num_tokens`` of them: the tokens after those are the padding of a longer output the merge
+was copied into (``core_attn_out[:n] = merged.squeeze(0)``). Viewed as ``[P * R, D]``, the op
 returns ``y [P * R, D]`` (``out_dtype``)::
 
     x = merged.float(); r = rsqrt(mean(x * x, -1) + eps)        (or 1 / sqrt(...))
@@ -113,7 +113,12 @@ def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, 
     D = z.shape[1]
     R = sources[0].shape[1] // D
     P = z.shape[0] // R
-    merged = sources[0] if not indices else sources[0].new_empty(num_tokens, R * D)
+    if not indices:
+        merged = sources[0]
+    elif pad_value is None:
+        merged = sources[0].new_empty(num_tokens, R * D)
+    else:
+        merged = sources[0].new_full((num_tokens, R * D), pad_value)
     for k, (src, idx) in enumerate(zip(sources, indices)):
         if check_range and idx.numel():
             lo, hi = int(idx.min()), int(idx.max())
@@ -276,3 +281,23 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
         PADDED=pad_tokens > 0, num_warps=num_warps, **extra,
     )
     return y
+
+
+def aot_variants():
+    """Both forms, both gates, rsqrt or 1 / sqrt (the merge), the merge-free norm, and the
+    merge copied into a padded output, for the ahead-of-time sm_90 compile check."""
+    import itertools
+
+    from kda_inductor.lowerings import AotVariant, debug_options
+
+    types = dict(src0="*bf16", src1="*bf16", idx0="*i64", idx1="*i64", n0="i32", n1="i32", src_stride0="i32",
+                 src_stride1="i32", z_ptr="*bf16", z_stride_row="i32", z_stride_col="i32", w_ptr="*fp32",
+                 y_ptr="*bf16", T="i32", R="i32", D="i32", eps="fp32", pad="fp32")
+    base = dict(IN_DTYPE=tl.bfloat16, HF_DTYPE=tl.float32, BLOCK_R=8, BLOCK_D=128, IDENTITY=False, PADDED=False)
+    for hf, sigmoid, rsqrt in itertools.product((False, True), repeat=3):
+        yield AotVariant(_gated_norm_merge_kernel, types, {**base, "SIGMOID": sigmoid, "HF": hf, "RSQRT": rsqrt},
+                         debug_options())
+    plain = {**base, "SIGMOID": True, "HF": False, "RSQRT": True}
+    yield AotVariant(_gated_norm_merge_kernel, types, {**plain, "IDENTITY": True}, debug_options())
+    yield AotVariant(_gated_norm_merge_kernel, types, {**plain, "PADDED": True}, debug_options())
+    yield AotVariant(_gated_norm_merge_kernel, types, {**plain, "IDENTITY": True, "PADDED": True}, debug_options())

@@ -29,8 +29,10 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-MAX_SOURCES = 8
-"""Sources one launch takes; the pattern splits larger groups."""
+MAX_SOURCES = 12
+"""Gathers one launch takes (the kernel's unrolled slots); the pattern splits larger groups.
+12 covers every layer seen: Qwen3-Next's 6, vLLM BailingMoeV3 KDA's 10 (q, k, v, decay, beta
+both ways)."""
 
 
 def _rows(src: Tensor, dim: int) -> tuple[int, int]:
@@ -131,7 +133,8 @@ if triton is not None:
         idx0_ptr, idx1_ptr, n0, n1,
         s0, d0, t0, w0, st0, k0, s1, d1, t1, w1, st1, k1, s2, d2, t2, w2, st2, k2,
         s3, d3, t3, w3, st3, k3, s4, d4, t4, w4, st4, k4, s5, d5, t5, w5, st5, k5,
-        s6, d6, t6, w6, st6, k6, s7, d7, t7, w7, st7, k7,
+        s6, d6, t6, w6, st6, k6, s7, d7, t7, w7, st7, k7, s8, d8, t8, w8, st8, k8,
+        s9, d9, t9, w9, st9, k9, s10, d10, t10, w10, st10, k10, s11, d11, t11, w11, st11, k11,
         NUM: tl.constexpr, BLOCK_W: tl.constexpr,
     ):
         """Program (p, c) handles column chunks c, c + C, ... (C = programs along axis 1)
@@ -163,6 +166,14 @@ if triton is not None:
             _copy_row(s6, d6, row, r, ok, t6, w6, st6, k6, sel, col, BLOCK_W)
         if NUM > 7:
             _copy_row(s7, d7, row, r, ok, t7, w7, st7, k7, sel, col, BLOCK_W)
+        if NUM > 8:
+            _copy_row(s8, d8, row, r, ok, t8, w8, st8, k8, sel, col, BLOCK_W)
+        if NUM > 9:
+            _copy_row(s9, d9, row, r, ok, t9, w9, st9, k9, sel, col, BLOCK_W)
+        if NUM > 10:
+            _copy_row(s10, d10, row, r, ok, t10, w10, st10, k10, sel, col, BLOCK_W)
+        if NUM > 11:
+            _copy_row(s11, d11, row, r, ok, t11, w11, st11, k11, sel, col, BLOCK_W)
 
 
 def _as_rows(src: Tensor, dim: int) -> tuple[Tensor, int, int, int]:
@@ -216,3 +227,16 @@ def split_triton(sources, indices, dims, index_of, outs, *, block_w: int = 1024,
         NUM=len(sources), BLOCK_W=block_w, num_warps=num_warps, **extra,
     )
     return outs
+
+
+def aot_variants():
+    """The launches to compile ahead of time for sm_90: the Qwen3-Next layer's 6 gathers,
+    a pair, and the largest launch."""
+    from kda_inductor.lowerings import AotVariant, debug_options
+
+    types = {"idx0_ptr": "*i32", "idx1_ptr": "*i32", "n0": "i32", "n1": "i32"}
+    for i in range(MAX_SOURCES):
+        types.update({f"s{i}": "*bf16", f"d{i}": "*bf16", f"t{i}": "i32", f"w{i}": "i32", f"st{i}": "i32",
+                      f"k{i}": "i32"})
+    for num in (2, 6, MAX_SOURCES):
+        yield AotVariant(_gdn_spec_split_kernel, types, {"NUM": num, "BLOCK_W": 1024}, debug_options())

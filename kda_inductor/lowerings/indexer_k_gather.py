@@ -551,3 +551,20 @@ def _indexer_k_gather_out_cuda(kv_cache, dst_value, dst_scale, block_table, cu_s
 @indexer_k_gather_out.register_fake
 def _indexer_k_gather_out_fake(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens):
     _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens)
+
+
+def aot_variants():
+    """Both grids, head_dim 128 (4-byte words) and 512, block sizes 16 and 64, for the
+    ahead-of-time sm_90 compile check."""
+    from kda_inductor.lowerings import AotVariant
+
+    common = dict(kv_ptr="*i32", bt_ptr="*i32", cu_ptr="*i32", dv_ptr="*i32", ds_ptr="*i32", num_tokens="i32",
+                  num_reqs="i32", num_blocks="i32", kv_block_stride="i64", bt_stride_req="i32",
+                  bt_stride_col="i32", dv_stride="i32", ds_stride="i32")
+    for bs, hd in ((64, 128), (16, 512)):
+        words = dict(BLOCK_SIZE=bs, VALUE_WORDS=hd // 4, VALUE_WORDS_P2=hd // 4, SCALE_WORDS=hd // 512,
+                     SCALE_WORDS_P2=max(1, hd // 512), BLOCK_T=16)
+        yield AotVariant(_gather_by_block_kernel, common, {**words, "SUBTILES": max(1, bs // 16)}, {"num_warps": 1})
+        yield AotVariant(_gather_by_token_kernel, {**common, "bt_width": "i32", "search_levels": "i32",
+                                                   "search_span": "i32"},
+                         {**words, "FANOUT": DEFAULT_FANOUT}, {"num_warps": 1})

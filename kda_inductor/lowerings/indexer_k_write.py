@@ -319,3 +319,18 @@ def _indexer_k_write_cuda(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, r
 @indexer_k_write.register_fake
 def _indexer_k_write_fake(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True):
     _check(kv_cache, k, slot_mapping, weight, bias, eps)
+
+
+def aot_variants():
+    """head_dim 128 / 512, with and without the norm, plain / ue8m0 scales, hardware or
+    integer casts, for the ahead-of-time sm_90 compile check."""
+    import itertools
+
+    from kda_inductor.lowerings import AotVariant
+
+    types = dict(kv_ptr="*u8", k_ptr="*bf16", slot_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32", num_tokens="i32",
+                 num_slots="i32", k_stride_t="i32", k_stride_d="i32", kv_block_stride="i32", eps="fp32")
+    for (hd, g), norm, ue, hw in itertools.product(((128, 1), (512, 4)), (False, True), (False, True), (False, True)):
+        consts = dict(BLOCK_SIZE=64, HEAD_DIM=hd, GROUPS=g, GROUPS_P2=g, BLOCK_T=4, NORM=norm, UE8M0=ue, K_BF16=True,
+                      HW_CASTS=hw, ROUND_NORM=not (norm and hw and ue))
+        yield AotVariant(_write_kernel, types, consts, {"num_warps": 4})

@@ -323,13 +323,15 @@ class IndexAlgebra:
         return Sym(CLAMP(x.expr, *bounds), x.dims)
 
     def _count_le(self, boundaries: Any, values: Any, right: bool) -> Sym | None:
-        if not right:
-            return None
+        """``searchsorted(b, x, right=True)`` counts the entries ``<= x``; with
+        ``right=False`` it counts those ``< x``, which for integers is ``<= x - 1``
+        (so ``searchsorted(cu, t + 1) - 1`` is the same request index)."""
         b = self.interpret(boundaries)
         x = self._operand(values)
         if not isinstance(b, Table) or x is None or val(b.node).dim() != 1:
             return None
-        return Sym(self.count_le_fn(b.node)(x.expr) - b.offset, x.dims)
+        e = x.expr if right else x.expr - 1
+        return Sym(self.count_le_fn(b.node)(sympy.expand(e)) - b.offset, x.dims)
 
     def _lookup(self, n: fx.Node) -> Sym | None:
         table = self.interpret(n.args[0])

@@ -285,6 +285,29 @@ def rule_view(c: Canon, n: fx.Node) -> Term | None:
     return _view(c, n, n.args[0], list(val(n).shape))
 
 
+def rule_unit_select_full_slice(c: Canon, n: fx.Node) -> Term | None:
+    """``x[0]`` of a size-1 dim (``select(x, d, 0)``) and ``x[:, :n]`` that keeps every row
+    (``slice`` from 0 to at least the size, step 1) -> ``view`` (same elements, same order)."""
+    if is_op(n, aten.select) and len(n.args) >= 3:
+        x, d, i = n.args[:3]
+        if i == 0 and val(x) is not None and val(x).shape[d] == 1:
+            return _view(c, n, x, list(val(n).shape))
+        return None
+    if is_op(n, aten.slice) and n.target is aten.slice.Tensor:
+        x = n.args[0]
+        d = n.args[1] if len(n.args) > 1 else 0
+        start = n.args[2] if len(n.args) > 2 else 0
+        end = n.args[3] if len(n.args) > 3 else None
+        step = n.args[4] if len(n.args) > 4 else 1
+        size = val(x).shape[d]
+        endv = val(end) if isinstance(end, fx.Node) else end
+        from kda_inductor.patterns._index_algebra import known
+
+        if start in (0, None) and step == 1 and (endv is None or known(endv >= size)):
+            return _view(c, n, x, list(val(n).shape))
+    return None
+
+
 def rule_square(c: Canon, n: fx.Node) -> Term | None:
     """``x * x`` / ``x ** 2`` / ``square(x)`` -> ``square``."""
     if is_op(n, aten.square):
@@ -471,6 +494,7 @@ RULES: tuple[Callable[[Canon, fx.Node], Term | None], ...] = (
     rule_as_strided_view,
     rule_keepdim_reduction,
     rule_view,
+    rule_unit_select_full_slice,
     rule_square,
     rule_reductions,
     rule_rsqrt,

@@ -130,8 +130,9 @@ class NormMatch(Match):
     writes: list[Write]
     num_tokens: Any  # merged tokens: an int, or the SymInt node that sized the torch.empty
     width: int  # values per token (R norm rows of D)
-    pad_value: float | None = None  # the padded output's fill (its tokens after num_tokens)
+    pad_value: float | None = None  # the merged buffer's fill (rows no source writes; padding tokens)
     plain: bool = False  # the merge-free norm
+    source: fx.Node | None = None  # merge-free: the tensor copied into a padded output
 
     @property
     def anchor(self) -> fx.Node:
@@ -149,7 +150,7 @@ class GatedNormMerge(Rewrite):
         for norm in self._norms(graph, canon):
             if norm.y in taken:
                 continue
-            m = self._match(norm)
+            m = self._match(norm, canon)
             if m is not None and not taken & set(m.nodes):
                 matches.append(m)
                 taken |= set(m.nodes)
@@ -251,41 +252,35 @@ class GatedNormMerge(Rewrite):
         return None
 
     # ------------------------------------------------------------------ what wrote x
-    def _match(self, norm: Norm) -> NormMatch | None:
-        x, views = norm.x, []
-        while is_op(x, *_VIEW_OPS):
-            views.append(x)
-            x = x.args[0]
+    def _match(self, norm: Norm, canon: Canon) -> NormMatch | None:
+        x, views = _source(canon, norm.x)
         if is_op(x, aten.index_put):
             return self._merge_match(norm, x, views, pad=None)
         scatter = _padded_write(x)
-        if scatter is not None:
-            base, src, end, fill, folded = scatter
-            merge, chain = src, []
-            while is_op(merge, *_VIEW_OPS):
-                chain.append(merge)
-                merge = merge.args[0]
-            if not is_op(merge, aten.index_put):
-                return self.miss(x, 2, "a padded output written from something other than an index_copy_ merge")
-            if fill is None:
-                return self.miss(x, 2, "the padded output is not torch.zeros / torch.full / torch.empty (a graph "
-                                       "input or other data: its rows must be stored)")
-            if len(live_users(x)) != 1 or any(u not in folded for u in live_users(base)):
-                return self.miss(x, 2, "the padded output is read elsewhere")
+        if scatter is None:
+            return self._plain_match(norm, views)
+        base, src, end, fill, folded = scatter
+        if fill is None:
+            return self.miss(x, 2, "the padded output is a graph input or other data, not torch.zeros / torch.full / "
+                                   "torch.empty: its rows must be stored")
+        if len(live_users(x)) != 1 or any(u not in folded for u in live_users(base)):
+            return self.miss(x, 2, "the padded output is read elsewhere")
+        merge, chain = _source(canon, src)
+        if is_op(merge, aten.index_put):
             return self._merge_match(norm, merge, [*views, *chain], pad=(fill, end, base), extra=[*folded, base])
-        return self._plain_match(norm, views)
+        # a tensor copied into the padded output (vLLM Kimi: core_attn_out[0, :n] = o[0, :n]): no merge
+        return self._plain_match(norm, [*views, *chain, *folded, base], copied=(src, fill))
 
     def _merge_match(self, norm: Norm, last: fx.Node, views: list[fx.Node], pad, extra=()) -> NormMatch | None:
         merge = self._merge(last)
         if merge is None:
             return None
-        writes, T, chain = merge
+        writes, T, chain, pad_value = merge
         if any(len(live_users(v)) != 1 for v in views if v is not norm.x) or len(live_users(last)) != 1:
             return self.miss(last, 2, "the merged buffer is read elsewhere")
         per_token = math.prod(val(last).shape[writes[0].dim + 1:])
         if not known(per_token % norm.D == 0):
             return self.miss(last, 2, "norm rows straddle tokens")
-        pad_value = None
         if pad is not None:
             fill, end, base = pad
             end = val(end) if isinstance(end, fx.Node) else end
@@ -293,7 +288,7 @@ class GatedNormMerge(Rewrite):
                 return self.miss(last, 2, "the merge is copied into part of the padded output other than its first rows")
             if not known(math.prod(val(base).shape) % per_token == 0) or val(base).shape[-1] != val(last).shape[-1]:
                 return self.miss(last, 2, "the padded output's rows are not the merge's tokens")
-            pad_value = fill
+            pad_value = fill  # torch.empty's uncovered merged rows are undefined: the padding's fill will do
         region = norm.nodes | {norm.x, *views, *chain, *extra}
         leaking = escaping(region, [norm.y])
         if leaking:
@@ -317,9 +312,10 @@ class GatedNormMerge(Rewrite):
             n = base
         writes.reverse()
         base, mv = n, val(last)
-        if not is_op(base, aten.empty, aten.empty_strided) or len(live_users(base)) != 1:
-            return self.miss(last, 1, "the merge does not start from torch.empty (rows no index covers "
-                                      "would have to keep their data)")
+        fill = _fill(base)
+        if fill is _NO_FILL or len(live_users(base)) != 1:
+            return self.miss(last, 1, "the merge does not start from torch.empty / torch.zeros / torch.full "
+                                      "(rows no index covers would have to keep their data)")
         if len(writes) > 2 or len({w.dim for w in writes}) != 1:
             return self.miss(last, 1, "more than two writes, or writes along different dims")
         d = writes[0].dim
@@ -348,27 +344,41 @@ class GatedNormMerge(Rewrite):
         while is_op(n, aten.index_put):
             chain.append(n)
             n = n.args[0]
-        return writes, T, chain + [n]
+        return writes, T, chain + [n], fill
 
-    def _plain_match(self, norm: Norm, views: list[fx.Node]) -> NormMatch | None:
+    def _plain_match(self, norm: Norm, views: list[fx.Node], copied=None) -> NormMatch | None:
+        """The norm of a tensor no merge wrote; ``copied``: ``(src, fill)`` when it is ``src``
+        copied into the first rows of a padded ``torch.zeros`` / ``full`` output."""
         xv = val(norm.x)
         if xv.dtype not in _16BIT:
             return None  # a float32 norm with no merge: not what the kernel was measured on
-        leaking = escaping(norm.nodes, [norm.y])
+        region = norm.nodes | ({norm.x, *views} if copied else set())
+        leaking = escaping(region, [norm.y])
         if leaking:
             return self.miss(norm.y, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
-        rows = xv.numel() // norm.D
-        R = math.gcd(rows, 32) if isinstance(rows, int) else 1  # norm rows per "token": any split in order
-        return NormMatch(nodes=_ordered(norm.nodes | {norm.y}), norm=norm, writes=[],
-                         num_tokens=rows // R if isinstance(rows, int) else None, width=R * norm.D, plain=True)
+        if copied is None:
+            rows = xv.numel() // norm.D
+            R = math.gcd(rows, 32) if isinstance(rows, int) else 1  # norm rows per "token": any split in order
+            return NormMatch(nodes=_ordered(region | {norm.y}), norm=norm, writes=[],
+                             num_tokens=rows // R if isinstance(rows, int) else None, width=R * norm.D, plain=True)
+        src, fill = copied
+        sv = val(src)
+        lead = next((i for i, s_ in enumerate(sv.shape) if s_ != 1), sv.dim() - 1)
+        width = math.prod(sv.shape[lead + 1:])
+        if not (isinstance(width, int) and width % norm.D == 0):
+            return self.miss(norm.y, 2, "the copied rows straddle norm rows")
+        return NormMatch(nodes=_ordered(region | {norm.y}), norm=norm, writes=[], num_tokens=sv.shape[lead],
+                         width=width, plain=True, pad_value=fill, source=src)
 
     # ------------------------------------------------------------------ replace
     def replace(self, graph: fx.Graph, match: NormMatch) -> None:
         m, n = match, match.norm
         with graph.inserting_before(n.y):
             if m.plain:
-                sources = [_reshape(graph, n.x, [-1, m.width])]
-                num_tokens = m.num_tokens if m.num_tokens is not None else _sym_rows(graph, sources[0])
+                sources = [_reshape(graph, m.source if m.source is not None else n.x, [-1, m.width])]
+                num_tokens = m.num_tokens
+                if m.num_tokens is None or not isinstance(m.num_tokens, int):
+                    num_tokens = _sym_rows(graph, sources[0])
             else:
                 sources = [_reshape(graph, w.values, [-1, m.width]) for w in m.writes]
                 num_tokens = m.num_tokens
@@ -497,15 +507,33 @@ def _padded_write(n: fx.Node):
     sv = val(n.args[0])
     if start not in (0, None) or step != 1 or any(s != 1 for s in sv.shape[:dim]):
         return None
-    fill = None
-    if is_op(base, aten.full) and const_value(base.args[1]) is not None:
-        fill = float(base.args[1])
-    elif is_op(base, aten.zeros):
-        fill = 0.0
-    elif is_op(base, aten.empty, aten.empty_strided):
-        fill = 0.0  # uncovered rows of torch.empty are undefined: any value will do
+    fill = _fill(base)
+    fill = None if fill is _NO_FILL else (0.0 if fill is None else fill)  # empty's rows: any value will do
     end = sv.shape[dim] if end is None else end
     return base, src, end, fill, folded
+
+
+def _source(canon: Canon, n: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
+    """The node ``n`` is a view of (``n`` itself if none), and the view nodes in between."""
+    t = canon(n)
+    if t.op == "view" and t.args[0].node is not None:
+        return t.args[0].node, sorted(t.nodes, key=lambda v: 0)
+    return n, []
+
+
+_NO_FILL = object()
+
+
+def _fill(base: fx.Node):
+    """A fresh buffer's contents: ``None`` for ``torch.empty`` (undefined), the value of
+    ``torch.zeros`` / ``torch.full``, else ``_NO_FILL``."""
+    if is_op(base, aten.empty, aten.empty_strided):
+        return None
+    if is_op(base, aten.full) and const_value(base.args[1]) is not None:
+        return float(base.args[1])
+    if is_op(base, aten.zeros):
+        return 0.0
+    return _NO_FILL
 
 
 def _reshape(graph: fx.Graph, n: fx.Node, shape: list) -> fx.Node:

@@ -14,6 +14,8 @@ output feeds another gather's source or index, the launch is cut into the larges
 groups, in input order; a group of one gather is left to Inductor.
 
 Must not match: gathers along a dim that has a non-1 dim before it (column gathers);
+lookups of single elements (``x[idx]`` of a 1-D tensor, e.g. the bytes of a flattened cache:
+an indexer gather, not a split of token rows);
 index tensors or sources that the graph mutates (moving the read would see the new
 values); more than ``MAX_SOURCES`` sources are split into several launches.
 
@@ -149,6 +151,8 @@ class GdnSpecSplit(Rewrite):
             return None
         if any(s != 1 for s in sv.shape[:dim]):
             return self.miss(n, 1, f"gathers along dim {dim} of {tuple(sv.shape)}: not a token (row) gather")
+        if dim == sv.dim() - 1:
+            return None  # single elements (x[idx] of a 1-D tensor): a lookup, not a split of token rows
         if idx in mutated or src in mutated:
             return self.miss(n, 1, "its index or source is mutated in the graph")
         return _RowGather(n, src, dim, idx)

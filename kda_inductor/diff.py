@@ -252,5 +252,5 @@ def records_diff(records: Sequence[dict[str, Any]]) -> str:
     parts: list[str] = []
     for i, r in enumerate(records):
         diff = unified(r["before_nodes"], r["after_nodes"], title=f"graph {i}")
-        parts += [f"=== graph {i} ===", *rewrite_table(r), "", diff or "(no change)", ""]
+        parts += [f"=== graph {i} ===", *rewrite_table(r), "", diff or "(our pass changed nothing in this graph)", ""]
     return "\n".join(parts)

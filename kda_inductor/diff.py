@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import textwrap
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -224,6 +225,10 @@ def op_counts(rows: Iterable[NodeRow], wanted: Iterable[str] | None = None) -> d
     return dict(sorted(c.items()))
 
 
+_WRAP = 100
+"""Rewrite tables wrap their op lists at this many columns."""
+
+
 def _fmt_ops(ops: dict[str, int]) -> str:
     return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in ops.items()) or "-"
 
@@ -240,8 +245,10 @@ def rewrite_table(record: dict[str, Any], *, rows_only: bool = False) -> list[st
         if not rows_only and (ch["removed"] or ch["added"]):
             removed = op_counts([before[n] for n in ch["removed"] if n in before])
             added = op_counts([after[n] for n in ch["added"] if n in after])
-            lines.append(f"{'':<{width}}    - {_fmt_ops(removed)}")
-            lines.append(f"{'':<{width}}    + {_fmt_ops(added)}")
+            for sign, ops in (("-", removed), ("+", added)):
+                lead = f"{'':<{width}}    {sign} "
+                lines += textwrap.wrap(_fmt_ops(ops), width=_WRAP, initial_indent=lead,
+                                       subsequent_indent=" " * len(lead), break_on_hyphens=False)
         for err in [record["errors"][name]] if name in record["errors"] else []:
             lines.append(f"{'':<{width}}    failed and skipped: {err}")
     return lines

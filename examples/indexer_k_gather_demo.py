@@ -92,7 +92,7 @@ class Demo:
     def explain(self, title: str, model, *args) -> kda_inductor.Report:
         """Compile with the backend (caches off), report what our pass did, print it."""
         with compile_progress(title) as step:
-            step("compiling: Dynamo traces, AOTAutograd, our pass, Inductor generates code")
+            step("compiling (Dynamo, AOTAutograd, our pass, Inductor)")
             report = kda_inductor.Explainer(options=self.options)(model, *args)
         print(report)
         print()

@@ -145,10 +145,10 @@ def graph_diff(argv: list[str]) -> int:
                 "force (speed rules off)" if args.force else None]
     print(f"graph-diff {args.target}: compiled with backend='kda_inductor'"
           f"{''.join(f', {s}' for s in settings if s)}; run under {grad}")
-    with compile_progress(f"graph-diff {args.target}") as step:
-        step("importing the target and calling its builder")
+    with compile_progress(f"graph-diff {Path(args.target.partition(':')[0]).name}") as step:
+        step("building the target")
         fn, fargs, fkwargs = load_target(args.target)
-        step("compiling: Dynamo traces, AOTAutograd, our pass, Inductor generates code")
+        step("compiling (Dynamo, AOTAutograd, our pass, Inductor)")
         ctx = contextlib.nullcontext() if args.grad else torch.inference_mode()
         with ctx:
             report = Explainer(mode=mode, options=options)(fn, *fargs, **fkwargs)

@@ -41,7 +41,7 @@ def enabled(stream: Any = None) -> bool:
 def _graph_summary(index: int, record: dict[str, Any]) -> str:
     done = ", ".join(f"{name} x{n}" for name, n in record.get("matches", {}).items() if n)
     what = done or ("nothing rewritten: " + record["skipped"] if record.get("skipped") else "nothing rewritten")
-    return f"graph {index}: our pass done ({what}); Inductor is generating code"
+    return f"graph {index}: our pass done ({what}); Inductor generates code"
 
 
 @contextlib.contextmanager

@@ -131,6 +131,8 @@ def region_diff(before: Sequence[NodeRow], after: Sequence[NodeRow], removed: Se
         return new_row is not None and bool(added_set.intersection(new_row.inputs))
 
     ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    gone = {old[i] for tag, i1, i2, _, _ in ops if tag != "equal" for i in range(i1, i2)}
+    moved = gone & {new[j] for tag, _, _, j1, j2 in ops if tag != "equal" for j in range(j1, j2)}
     owned: dict[int, list[tuple[str, str, bool]]] = {}
     for k, (tag, i1, i2, j1, j2) in enumerate(ops):
         if tag == "equal":
@@ -163,14 +165,18 @@ def region_diff(before: Sequence[NodeRow], after: Sequence[NodeRow], removed: Se
         lines = owned.get(k) or [("-", old[i], False) for i in range(i1, i2)] + [
             ("+", new[j], False) for j in range(j1, j2)]
         pending: list[str] = []
+        pending_kind = ""
+        labels = {"moved": "line(s) of nodes that only moved (same node, another place)",
+                  "other": "line(s) changed by another rewrite"}
         for sign, text, is_mine in [*lines, ("", "", True)]:
-            if not is_mine:
-                pending.append(f"{sign} {text}")
-                continue
-            if pending:
-                parts.append(_fold(pending, f"{len(pending)} line(s) changed by another rewrite"))
+            kind = "" if is_mine else ("moved" if text in moved else "other")
+            if pending and kind != pending_kind:
+                parts.append(_fold(pending, f"{len(pending)} {labels[pending_kind]}"))
                 pending = []
-            if sign:
+            if kind:
+                pending.append(f"{sign} {text}")
+                pending_kind = kind
+            elif sign:
                 parts.append(_line("del" if sign == "-" else "add", text))
     end = ops[last][2]
     tail = ops[last + 1] if last + 1 < len(ops) and ops[last + 1][0] == "equal" else None

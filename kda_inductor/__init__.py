@@ -5,8 +5,16 @@ sparse-attention serving code into Triton kernels.
     torch.compile(model, backend="kda_inductor", options={"kda": {"disable": [...]}})
     print(kda_inductor.explain(fn, *args))
 
+Inside vLLM (no backend there), the pass alone:
+
+    vllm serve MODEL --compilation-config \
+        '{"inductor_passes": {"post_grad_custom_post_pass": "kda_inductor.post_grad_pass"}}'
+
 Public surface: ``backend`` (the module; ``backend.kda_inductor`` is the compiler
-function that the ``torch_dynamo_backends`` entry point names), ``explain`` (and
+function that the ``torch_dynamo_backends`` entry point names), ``post_grad_pass`` (the
+pass alone, a plain attribute: vLLM resolves the name as
+``__import__("kda_inductor").__dict__["post_grad_pass"]``) and ``VllmPostGradPass`` (the
+same with options), ``explain`` (and
 ``Explainer`` for mode/options) and its ``Report``, ``KdaOptions``,
 ``REWRITE_NAMES`` and ``__version__``; ``kda_inductor.testing`` and the pytest
 plugin for tests; the ``kda-inductor`` command.
@@ -22,6 +30,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
+# plain attributes (not lazy): vLLM looks them up in this module's __dict__; no torch import
+from kda_inductor.vllm_pass import VllmPostGradPass, post_grad_pass, register_with_vllm  # noqa: E402
+
+register_with_vllm()  # vLLM's InductorPass, when vLLM is what imports us
+
 _LAZY = {
     "backend": ("kda_inductor.backend", None),
     "explain": ("kda_inductor.explain", "explain"),
@@ -31,7 +44,8 @@ _LAZY = {
     "REWRITE_NAMES": ("kda_inductor.patterns", "REWRITE_NAMES"),
 }
 
-__all__ = ["Explainer", "KdaOptions", "REWRITE_NAMES", "Report", "__version__", "backend", "explain"]
+__all__ = ["Explainer", "KdaOptions", "REWRITE_NAMES", "Report", "VllmPostGradPass", "__version__", "backend",
+           "explain", "post_grad_pass"]
 
 
 def __getattr__(name: str) -> Any:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from kda_inductor import logs
 from kda_inductor.options import KdaOptions
 from kda_inductor.pass_manager import KdaPostGradPass, combine_with
 
@@ -45,8 +46,10 @@ def kda_inductor(
     kda_options = KdaOptions.parse(options.pop("kda", None))
     patches = _inductor_config_patches(mode, options)
     existing = patches.get(HOOK, getattr(inductor_config, HOOK))
-    patches[HOOK] = combine_with(KdaPostGradPass(kda_options, grad=_traced_with_grad(example_inputs)), existing)
-    return compile_fx(gm, example_inputs, config_patches=patches)
+    ours = KdaPostGradPass(kda_options, grad=_traced_with_grad(example_inputs))
+    patches[HOOK] = combine_with(ours, existing)
+    with logs.cache_scope(ours.uuid):  # TORCH_LOGS=kda_inductor: says when a cache served the graph
+        return compile_fx(gm, example_inputs, config_patches=patches)
 
 
 def _traced_with_grad(example_inputs: list[Any]) -> bool:

@@ -1,15 +1,18 @@
-"""The ``kda-inductor`` command.
+"""The kda-inductor command.
 
-    kda-inductor graph-diff TARGET [--rewrite NAME] [--html FILE] [--explain-misses]
-                                   [--mode MODE] [--color auto|always|never]
+    kda-inductor graph-diff TARGET [--rewrite NAME] [--mode MODE] [--force] [--grad]
+                                   [--explain-misses] [--html FILE] [--color auto|always|never]
 
 TARGET names a function that builds what to compile:
 
-* ``path/to/file.py`` (calls its ``build()``) or ``path/to/file.py:make_thing``;
-* ``package.module:function`` (importable from the current directory or sys.path).
+  path/to/file.py              calls the file's build()
+  path/to/file.py:make_thing   calls make_thing()
+  package.module:function      importable from the current directory or sys.path
 
-The function takes no arguments and returns ``(fn, args)`` or ``(fn, args, kwargs)``:
-``fn`` is a module or function, called once as ``fn(*args, **kwargs)``.
+The function takes no arguments and returns (fn, args) or (fn, args, kwargs): fn is a
+module or function, called once as fn(*args, **kwargs), compiled with
+backend="kda_inductor" and Inductor's caches off. It runs under torch.inference_mode()
+(serving code; the fused ops have no backward), unless --grad is given.
 """
 
 from __future__ import annotations
@@ -17,12 +20,30 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from kda_inductor.patterns import REWRITE_NAMES
+
+
+def _builders(module: Any) -> list[str]:
+    """Functions of ``module`` (defined there) that can be called with no arguments,
+    ``build*`` / ``make*`` first: candidates for TARGET's builder."""
+    found = []
+    for name, obj in vars(module).items():
+        if name.startswith("_") or not inspect.isfunction(obj) or obj.__module__ != module.__name__:
+            continue
+        try:
+            sig = inspect.signature(obj)
+        except (TypeError, ValueError):  # pragma: no cover
+            continue
+        if all(p.default is not p.empty or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+               for p in sig.parameters.values()):
+            found.append(name)
+    return sorted(found, key=lambda n: (not n.startswith(("build", "make")), n))
 
 
 def load_target(spec: str) -> tuple[Any, tuple, dict]:
@@ -44,10 +65,15 @@ def load_target(spec: str) -> tuple[Any, tuple, dict]:
     func = func or "build"
     builder = getattr(module, func, None)
     if not callable(builder):
-        raise SystemExit(f"graph-diff: {spec} has no function {func}() (see --help for the convention)")
+        candidates = [b for b in _builders(module) if b.startswith(("build", "make"))] or _builders(module)
+        hint = (f"; its functions that take no arguments: {', '.join(candidates)} (e.g. "
+                f"kda-inductor graph-diff {path}:{candidates[0]})" if candidates else
+                "; it has no function that takes no arguments")
+        raise SystemExit(f"graph-diff: {path} has no function {func}(){hint}. See --help for the convention.")
     built = builder()
     if not isinstance(built, tuple) or len(built) not in (2, 3):
-        raise SystemExit(f"graph-diff: {func}() must return (fn, args) or (fn, args, kwargs)")
+        raise SystemExit(f"graph-diff: {func}() must return (fn, args) or (fn, args, kwargs), "
+                         f"got {type(built).__name__}")
     fn, args, kwargs = (*built, {}) if len(built) == 2 else built
     return fn, tuple(args), dict(kwargs)
 
@@ -60,7 +86,26 @@ def _use_color(choice: str) -> bool:
     return sys.stdout.isatty() and os.environ.get("NO_COLOR") is None
 
 
-def graph_diff(argv: list[str]) -> int:
+def compile_settings(mode: str | None, rewrite: str | None, force: bool) -> tuple[str | None, dict | None]:
+    """``(mode, options)`` for ``torch.compile``: with kda options, the mode is spelled as the
+    Inductor options it stands for (torch.compile takes one or the other)."""
+    kda: dict[str, Any] = {}
+    if rewrite:
+        kda["disable"] = [n for n in REWRITE_NAMES if n != rewrite]
+    if force:
+        kda["force"] = True
+    if not kda:
+        return mode, None
+    options: dict[str, Any] = {}
+    if mode is not None and mode != "default":
+        import torch._inductor
+
+        options.update(torch._inductor.list_mode_options(mode))
+    options["kda"] = kda
+    return None, options
+
+
+def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kda-inductor graph-diff",
         description="Compile a model with backend='kda_inductor' and show what our pass changed.",
@@ -68,32 +113,56 @@ def graph_diff(argv: list[str]) -> int:
     )
     p.add_argument("target", help="file.py[:builder] or package.module:builder")
     p.add_argument("--rewrite", choices=REWRITE_NAMES, help="run only this rewrite")
-    p.add_argument("--html", metavar="FILE", help="also write a side-by-side HTML page")
-    p.add_argument("--explain-misses", action="store_true",
-                   help="for rewrites that found nothing: the closest candidates and the check that rejected them")
     p.add_argument("--mode", help='torch.compile mode (e.g. "reduce-overhead" to see cudagraph skips)')
+    p.add_argument("--force", action="store_true",
+                   help="rewrite wherever a pattern matches, ignoring the speed rules that leave code to "
+                        "Inductor where our op is not faster (e.g. on CPU)")
+    p.add_argument("--grad", action="store_true",
+                   help="keep grad mode on (default: run under torch.inference_mode(); graphs traced with "
+                        "grad enabled are not rewritten)")
+    p.add_argument("--explain-misses", action="store_true",
+                   help="for rewrites that found nothing: the closest candidates, at your source line, "
+                        "and the check that rejected them")
+    p.add_argument("--html", metavar="FILE", help="also write the report as one HTML page")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
-    args = p.parse_args(argv)
+    return p
 
-    from kda_inductor.diff import html, readable_names
+
+def graph_diff(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+
+    import contextlib
+
+    import torch
+
+    from kda_inductor.diff import readable_names, short_location
     from kda_inductor.explain import Explainer
+    from kda_inductor.progress import compile_progress
 
-    fn, fargs, fkwargs = load_target(args.target)
-    options = None
-    if args.rewrite:
-        options = {"kda": {"disable": [n for n in REWRITE_NAMES if n != args.rewrite]}}
-        if args.mode:
-            raise SystemExit("graph-diff: --mode and --rewrite cannot be combined (torch.compile "
-                             "takes mode or options)")
-    report = Explainer(mode=args.mode, options=options)(fn, *fargs, **fkwargs)
+    mode, options = compile_settings(args.mode, args.rewrite, args.force)
+    grad = "grad mode on (--grad)" if args.grad else "torch.inference_mode() (--grad keeps grad)"
+    settings = [f"mode={args.mode}" if args.mode else None, f"only {args.rewrite}" if args.rewrite else None,
+                "force (speed rules off)" if args.force else None]
+    print(f"graph-diff {args.target}: compiled with backend='kda_inductor'"
+          f"{''.join(f', {s}' for s in settings if s)}; run under {grad}")
+    with compile_progress(f"graph-diff {Path(args.target.partition(':')[0]).name}") as step:
+        step("building the target")
+        fn, fargs, fkwargs = load_target(args.target)
+        step("compiling (Dynamo, AOTAutograd, our pass, Inductor)")
+        ctx = contextlib.nullcontext() if args.grad else torch.inference_mode()
+        with ctx:
+            report = Explainer(mode=mode, options=options)(fn, *fargs, **fkwargs)
+        step("writing the report")
     color = _use_color(args.color)
     shown = [args.rewrite] if args.rewrite else list(REWRITE_NAMES)
-    out = []
+    out = [""]
     for i, g in enumerate(report.graphs):
         out += [_bold(f"=== graph {i} ===", color), *g.table(), ""]
+        if g.skipped:
+            out += [f"not rewritten: {g.skipped}", ""]
         out.append(g.diff(color=color, title=f"graph {i}") or "(our pass changed nothing)")
         out.append("")
-        if args.explain_misses:
+        if args.explain_misses and not g.skipped:
             names = readable_names(g.record["before_nodes"], g.record["after_nodes"])
             for rewrite in shown:
                 if g.matches.get(rewrite):
@@ -101,16 +170,22 @@ def graph_diff(argv: list[str]) -> int:
                 misses = g.misses.get(rewrite, [])
                 out.append(f"{rewrite}: no match" + ("; closest candidates:" if misses else
                                                      "; no candidate node at all"))
-                out += [f"  {names.get(m.node, m.node)}: {m.check}" for m in misses]
+                for m in misses:
+                    where = f"{short_location(m.location)}: " if m.location else ""
+                    out.append(f"  {where}not rewritten: {m.check} (node {names.get(m.node, m.node)})")
+                    if m.code:
+                        out.append(f"      {m.code}")
             out.append("")
     if not report.graphs:
         out.append("no graph was compiled (everything ran in eager)")
     out.append(report.obstacles())
     print("\n".join(out))
     if args.html:
-        pages = [(f"graph {i}", g.record["before_nodes"], g.record["after_nodes"])
-                 for i, g in enumerate(report.graphs)]
-        Path(args.html).write_text(html(pages), encoding="utf-8")
+        from kda_inductor.report_html import page
+
+        notes = [f"Target: {args.target}; run under {grad}."]
+        Path(args.html).write_text(page(report, title=f"kda_inductor report: {args.target}", notes=notes),
+                                   encoding="utf-8")
         print(f"\nwrote {args.html}")
     return 0
 

@@ -8,7 +8,8 @@ those into
   order of appearance in the *before* graph (``index_0``, ``in2``), so a node
   the pass left alone has the same name on both sides, and nodes it added get
   fresh names of their own op (``indexer_k_gather_0``);
-* a unified diff (coloured for terminals), a side-by-side HTML page;
+* a unified diff (coloured for terminals) and the pieces of the HTML report
+  (:mod:`kda_inductor.report_html`);
 * a normalized summary (rewrite table with op names, no node names) that stays
   the same across torch versions, for snapshot tests.
 """
@@ -18,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import re
+import textwrap
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -36,14 +38,31 @@ class NodeRow:
     args: str  # rendered with %fx_name references
     meta: str  # "u8[9, 8448]" or ""
     inputs: tuple[str, ...]  # fx names this node reads
+    note: str = ""  # e.g. "in place on kv_cache" for a functionalized call of a mutating op
 
 
 def _overload_name(op: torch._ops.OpOverload) -> str:
     return f"{op.namespace}.{op._schema.name.split('::')[-1]}.{op._overloadname}"
 
 
+_INT64_MAX = 2**63 - 1
+_FUNCTIONALIZED = ("auto_functionalized", "auto_functionalized_v2")
+
+
+def _functionalized_op(node: fx.Node) -> torch._ops.OpOverload | None:
+    """The mutating op an ``auto_functionalized(_v2)`` node calls (shown under its own name)."""
+    t = node.target
+    if (isinstance(t, torch._ops.HigherOrderOperator) and t.__name__ in _FUNCTIONALIZED and node.args
+            and isinstance(node.args[0], torch._ops.OpOverload)):
+        return node.args[0]
+    return None
+
+
 def _target_name(node: fx.Node) -> str:
     t = node.target
+    op = _functionalized_op(node)
+    if op is not None:
+        return _overload_name(op)
     if isinstance(t, torch._ops.OpOverload):
         return _overload_name(t)
     if isinstance(t, torch._ops.HigherOrderOperator):
@@ -62,6 +81,12 @@ def _meta(node: fx.Node) -> str:
 
 
 def _render_arg(a: Any) -> str:
+    if isinstance(a, bool) or a is None:
+        return repr(a)
+    if isinstance(a, int) and abs(a) >= _INT64_MAX:  # a slice to the end: x[64:]
+        return "None" if a > 0 else "-None"
+    if isinstance(a, torch.device):
+        return repr(str(a))
     if isinstance(a, fx.Node):
         return f"%{a.name}"
     if isinstance(a, (list, tuple)):
@@ -74,15 +99,27 @@ def _render_arg(a: Any) -> str:
     return repr(a)
 
 
+_QUIET_KWARGS = {"requires_grad": False, "pin_memory": False}
+"""Keyword arguments left out of listings when they have these (default) values."""
+
+
 def snapshot(graph: fx.Graph) -> list[NodeRow]:
     rows = []
     for n in graph.nodes:
+        call_args, note = n.args, ""
+        if n.op == "call_function" and _functionalized_op(n) is not None:
+            op = _functionalized_op(n)
+            call_args = n.args[1:]
+            mutated = [a.name for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+            where = ", ".join(_render_arg(n.kwargs[m]) for m in mutated if m in n.kwargs)
+            note = f"in place on {where}" if where else "functionalized"
+        kwargs = {k: v for k, v in n.kwargs.items() if not (k in _QUIET_KWARGS and v == _QUIET_KWARGS[k])}
         args = ", ".join(
-            [_render_arg(a) for a in n.args] + [f"{k}={_render_arg(v)}" for k, v in n.kwargs.items()]
+            [_render_arg(a) for a in call_args] + [f"{k}={_render_arg(v)}" for k, v in kwargs.items()]
         )
         rows.append(
             NodeRow(n.name, n.op, _target_name(n) if n.op == "call_function" else str(n.target),
-                    args, _meta(n), tuple(m.name for m in n.all_input_nodes))
+                    args, _meta(n), tuple(m.name for m in n.all_input_nodes), note)
         )
     return rows
 
@@ -122,9 +159,11 @@ _REF = re.compile(r"%(\w+)")
 def listing(rows: Sequence[NodeRow], names: dict[str, str]) -> list[str]:
     """One line per node, e.g. ``index_0 = aten.index.Tensor(in0, [sub_0])  # i64[205]``."""
     out = []
+    rename = lambda text: _REF.sub(lambda m: names.get(m.group(1), m.group(1)), text)  # noqa: E731
     for r in rows:
-        args = _REF.sub(lambda m: names.get(m.group(1), m.group(1)), r.args)
-        note = f"  # {r.meta}" if r.meta else ""
+        args = rename(r.args)
+        comment = "; ".join(rename(x) for x in (r.meta, r.note) if x)
+        note = f"  # {comment}" if comment else ""
         if r.op == "placeholder":
             out.append(f"{names[r.name]} = input{note}")
         elif r.op == "output":
@@ -165,11 +204,29 @@ def html(pages: Iterable[tuple[str, Sequence[NodeRow], Sequence[NodeRow]]]) -> s
     return head.replace("<body>", "<body>\n<h1>kda_inductor graph diff</h1>\n" + "\n".join(tables), 1)
 
 
+def short_location(location: str | None) -> str | None:
+    """``"/abs/path/model.py:12"`` -> ``"model.py:12"`` relative to the working directory
+    when the file is under it (as a user would type it), else unchanged."""
+    if not location:
+        return location
+    import os
+
+    path, sep, line = location.rpartition(":")
+    if not sep or not line.isdigit() or not os.path.isabs(path):
+        return location
+    rel = os.path.relpath(path)
+    return f"{rel}:{line}" if not rel.startswith("..") else location
+
+
 def op_counts(rows: Iterable[NodeRow], wanted: Iterable[str] | None = None) -> dict[str, int]:
     """Multiset of op names, optionally only for the fx names in ``wanted``."""
     keep = None if wanted is None else set(wanted)
     c = Counter(op_name(r) for r in rows if keep is None or r.name in keep)
     return dict(sorted(c.items()))
+
+
+_WRAP = 100
+"""Rewrite tables wrap their op lists at this many columns."""
 
 
 def _fmt_ops(ops: dict[str, int]) -> str:
@@ -188,8 +245,10 @@ def rewrite_table(record: dict[str, Any], *, rows_only: bool = False) -> list[st
         if not rows_only and (ch["removed"] or ch["added"]):
             removed = op_counts([before[n] for n in ch["removed"] if n in before])
             added = op_counts([after[n] for n in ch["added"] if n in after])
-            lines.append(f"{'':<{width}}    - {_fmt_ops(removed)}")
-            lines.append(f"{'':<{width}}    + {_fmt_ops(added)}")
+            for sign, ops in (("-", removed), ("+", added)):
+                lead = f"{'':<{width}}    {sign} "
+                lines += textwrap.wrap(_fmt_ops(ops), width=_WRAP, initial_indent=lead,
+                                       subsequent_indent=" " * len(lead), break_on_hyphens=False)
         for err in [record["errors"][name]] if name in record["errors"] else []:
             lines.append(f"{'':<{width}}    failed and skipped: {err}")
     return lines
@@ -200,5 +259,5 @@ def records_diff(records: Sequence[dict[str, Any]]) -> str:
     parts: list[str] = []
     for i, r in enumerate(records):
         diff = unified(r["before_nodes"], r["after_nodes"], title=f"graph {i}")
-        parts += [f"=== graph {i} ===", *rewrite_table(r), "", diff or "(no change)", ""]
+        parts += [f"=== graph {i} ===", *rewrite_table(r), "", diff or "(our pass changed nothing in this graph)", ""]
     return "\n".join(parts)

@@ -10,8 +10,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kda_inductor import pass_manager
-from kda_inductor.diff import records_diff, rewrite_table, unified
+from kda_inductor import logs, pass_manager
+from kda_inductor.diff import records_diff, rewrite_table, short_location, unified
 from kda_inductor.patterns.base import Miss
 from kda_inductor.patterns import REWRITES
 
@@ -137,7 +137,8 @@ class Report:
                 if g.matches.get(name):
                     continue
                 for m in {(m.location, m.check): m for m in misses}.values():
-                    lines.append(f"  {name}: {m}")
+                    where = f"{short_location(m.location)}: " if m.location else ""
+                    lines.append(f"  {name}: {where}not rewritten: {m.check}")
         return list(dict.fromkeys(lines))
 
     def obstacles(self) -> str:
@@ -298,6 +299,7 @@ class Explainer:
             CompileLogCapture().attached() as capture,
             pass_manager.observe() as records,
             torch._inductor.config.patch(force_disable_caches=True),
+            logs.quiet_trace_log(),
             warnings.catch_warnings(),
         ):
             warnings.filterwarnings("ignore", message=".*force disabled by.*force_disable_caches")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import logging
 import pathlib
 import warnings
 from collections import Counter
@@ -22,12 +21,14 @@ import torch.fx as fx
 from torch._dynamo.utils import counters
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from kda_inductor import logs
 from kda_inductor.diff import snapshot
 from kda_inductor.options import KdaOptions
 from kda_inductor.patterns import REWRITES
 from kda_inductor.patterns.base import transaction
 
-log = logging.getLogger("kda_inductor")
+log = logs.log  # logging.getLogger("kda_inductor"): TORCH_LOGS=kda_inductor / +kda_inductor
+logs.register()
 
 COUNTER_KEY = "kda_inductor"
 """``torch._dynamo.utils.counters[COUNTER_KEY][rewrite_name]`` counts replacements."""
@@ -71,7 +72,7 @@ class KdaPostGradPass(CustomGraphPass):
 
     def __call__(self, graph: fx.Graph) -> None:
         tracing = _tracing_enabled()
-        observed = bool(_observers) or tracing
+        observed = bool(_observers) or tracing or logs.enabled()
         record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {},
                                   "skipped": GRAD_SKIP if self.grad else None}
         if observed:
@@ -111,7 +112,6 @@ class KdaPostGradPass(CustomGraphPass):
         for name, n in matches.items():
             if n:
                 counters[COUNTER_KEY][name] += n
-                log.info("kda_inductor: %s replaced %d time(s)", name, n)
         graph.lint()
         if observed:
             record["matches"] = dict(matches)
@@ -119,18 +119,14 @@ class KdaPostGradPass(CustomGraphPass):
             record["after_nodes"] = snapshot(graph)
             if tracing:
                 _trace(record)
+            logs.graph_done(record)
             for observe in list(_observers):
                 observe(record)
 
 
 def _tracing_enabled() -> bool:
     """``TORCH_TRACE`` is on: tlparse will show our before/after graphs."""
-    try:
-        from torch._logging._internal import trace_log
-
-        return bool(trace_log.handlers)
-    except Exception:  # noqa: BLE001
-        return False
+    return logs.tracing()
 
 
 def _trace(record: dict[str, Any]) -> None:

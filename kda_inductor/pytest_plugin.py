@@ -2,10 +2,13 @@
 
 * ``kda_compile`` fixture: ``kda_compile(fn, mode=..., options=..., caches=False)``
   returns a :class:`~kda_inductor.testing.CompiledForTest` that keeps the report;
-  ``kda_compile.compiled`` lists every one made in the test.
+  ``kda_compile.compiled`` lists every one made in the test. Compiles inside it print
+  neither torch's structured-trace records nor the warnings caches-off brings.
 * ``@pytest.mark.kda_expect(gdn_spec_split=1, ...)``: after the test, the rewrites
-  of everything compiled through ``kda_compile`` must match exactly; the failure
-  shows the graph diff.
+  of everything compiled through ``kda_compile`` must match exactly. Names and counts are
+  checked before the test runs; a failure says why a rewrite did not match (the closest
+  candidates at your source lines, or that the graph was traced with grad enabled) and
+  shows the graph diff, without the plugin's own frames.
 * ``@pytest.mark.cuda``: skipped cleanly when no CUDA GPU is available.
 
 Torch is imported lazily, so the plugin costs nothing in unrelated test runs.
@@ -33,6 +36,21 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
         if not torch.cuda.is_available():
             pytest.skip("needs a CUDA GPU")
+    marker = item.get_closest_marker("kda_expect")
+    if marker is not None:
+        from kda_inductor.testing import check_expect
+
+        where = f"@pytest.mark.kda_expect on {item.nodeid}"
+        if marker.args:
+            pytest.fail(f"{where}: give counts by name, e.g. kda_expect(indexer_k_gather=1), "
+                        f"not positional arguments {marker.args}", pytrace=False)
+        try:
+            check_expect(dict(marker.kwargs))
+        except ValueError as err:
+            pytest.fail(f"{where}: {err}", pytrace=False)
+        if "kda_compile" not in getattr(item, "fixturenames", ()):
+            pytest.fail(f"{where} needs the kda_compile fixture (counts cover what it compiles)",
+                        pytrace=False)
 
 
 class _Compiler:
@@ -47,6 +65,11 @@ class _Compiler:
         c = compile_for_test(fn, **kwargs)
         self.compiled.append(c)
         return c
+
+    @property
+    def records(self) -> list[dict[str, Any]]:
+        """Every graph record of every compile made through the fixture."""
+        return [r for c in self.compiled for r in c.records]
 
     @property
     def matches(self) -> dict[str, int]:
@@ -73,11 +96,11 @@ def kda_compile() -> Any:
 def pytest_runtest_call(item: pytest.Item) -> Any:
     result = yield
     marker = item.get_closest_marker("kda_expect")
-    if marker is not None:
-        compiler = getattr(item, "funcargs", {}).get("kda_compile")
-        if compiler is None:
-            raise pytest.UsageError("@pytest.mark.kda_expect needs the kda_compile fixture")
-        from kda_inductor.testing import assert_rewrites
+    compiler = getattr(item, "funcargs", {}).get("kda_compile")
+    if marker is not None and compiler is not None:
+        from kda_inductor.testing import rewrite_mismatch
 
-        assert_rewrites(compiler, expect=dict(marker.kwargs))
+        message = rewrite_mismatch(compiler.records, dict(marker.kwargs))
+        if message is not None:
+            pytest.fail(message, pytrace=False)
     return result

@@ -15,13 +15,14 @@ enough). Typical use::
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 
-from kda_inductor import pass_manager
-from kda_inductor.diff import records_diff
+from kda_inductor import logs, pass_manager
+from kda_inductor.diff import records_diff, short_location
 from kda_inductor.patterns import REWRITE_NAMES
 
 __all__ = [
@@ -61,7 +62,7 @@ class CompiledForTest:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with pass_manager.observe() as records, torch._inductor.config.patch(
             force_disable_caches=not self.caches
-        ):
+        ), quiet_compile():
             try:
                 return self.compiled(*args, **kwargs)
             finally:
@@ -75,6 +76,16 @@ class CompiledForTest:
     def diff(self) -> str:
         """Rewrite table and before/after diff of every graph compiled so far."""
         return records_diff(self.records) or "(no graph was compiled: cached, or not called yet)"
+
+
+@contextlib.contextmanager
+def quiet_compile() -> Iterator[None]:
+    """What a test compile should not print: torch's structured-trace records (caught by
+    pytest's log capture: empty ``DEBUG torch.__trace`` lines in failure reports) and the
+    warnings that caches being off brings (dynamo_pgo "force disabled by ...")."""
+    with logs.quiet_trace_log(), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*force disabled by.*force_disable_caches")
+        yield
 
 
 def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,
@@ -103,16 +114,66 @@ def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,
     return CompiledForTest(fn, mode=mode, options=options, caches=caches, dynamic=dynamic)
 
 
-def assert_rewrites(compiled: CompiledForTest, expect: dict[str, int]) -> None:
-    """Exact match counts for the named rewrites; the failure shows the graph diff."""
+def check_expect(expect: dict[str, Any]) -> dict[str, int]:
+    """``expect`` as ``{rewrite: count}``, or ValueError naming the bad rewrite or count."""
     unknown = sorted(set(expect) - set(REWRITE_NAMES))
     if unknown:
         raise ValueError(f"unknown rewrite(s) {unknown}; valid names are {list(REWRITE_NAMES)}")
-    got = {name: compiled.matches[name] for name in expect}
-    if got != dict(expect):
-        raise AssertionError(
-            f"kda_inductor rewrites: expected {dict(expect)}, got {got}\n\n{compiled.diff()}"
-        )
+    bad = {k: v for k, v in expect.items() if isinstance(v, bool) or not isinstance(v, int) or v < 0}
+    if bad:
+        raise ValueError(f"expected counts must be non-negative ints, got {bad}")
+    return dict(expect)
+
+
+def rewrite_mismatch(records: Sequence[dict[str, Any]], expect: dict[str, int]) -> str | None:
+    """None when every named rewrite matched exactly ``expect[name]`` times over ``records``
+    (``pass_manager.observe`` records), else the failure message: what differs, why (graphs
+    traced with grad enabled, the closest candidates at the user's source lines), then the
+    rewrite table and graph diff of every graph."""
+    total = pass_manager.total_matches(list(records))
+    got = {name: total[name] for name in expect}
+    if got == dict(expect):
+        return None
+    lines = [f"kda_inductor rewrites: expected {dict(expect)}, got {got}"]
+    if not records:
+        lines.append("no graph went through our pass (nothing compiled: was the compiled function called? "
+                     "a cache hit?)")
+        return "\n".join(lines)
+    for reason in dict.fromkeys(r["skipped"] for r in records if r.get("skipped")):
+        lines.append(f"not rewritten: {reason}")
+    for name, want in expect.items():
+        if got[name] >= want:
+            if got[name] > want:
+                lines.append(f"{name}: {got[name] - want} more match(es) than expected")
+            continue
+        misses = {(m.location, m.check): m for r in records for m in r.get("misses", {}).get(name, [])}
+        if not misses:
+            if not all(r.get("skipped") for r in records):
+                lines.append(f"{name}: {want - got[name]} fewer match(es); no {'other ' if got[name] else ''}"
+                             "candidate of this shape in the compiled graphs")
+            continue
+        lines.append(f"{name}: {want - got[name]} fewer match(es); closest candidates not rewritten:")
+        for m in misses.values():
+            where = f"{short_location(m.location)}: " if m.location else ""
+            lines.append(f"  {where}not rewritten: {m.check}")
+            if m.code:
+                lines.append(f"      {m.code}")
+    changed = any(ch["removed"] or ch["added"] for r in records for ch in r.get("changes", {}).values())
+    lines.append("")
+    if changed:
+        lines.append(records_diff(list(records)))
+    else:
+        lines.append(f"our pass changed nothing in the {len(records)} compiled graph(s)")
+    return "\n".join(lines)
+
+
+def assert_rewrites(compiled: CompiledForTest, expect: dict[str, int]) -> None:
+    """Exact match counts for the named rewrites; the failure says why (misses at your
+    source lines, grad mode) and shows the graph diff."""
+    __tracebackhide__ = True
+    message = rewrite_mismatch(compiled.records, check_expect(expect))
+    if message is not None:
+        raise AssertionError(message)
 
 
 # float tolerances per dtype: (rtol, atol). Integer, bool and fp8 results are compared bytewise.

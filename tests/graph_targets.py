@@ -33,3 +33,22 @@ def interleaved():
         return values, scales
 
     return fn, (cache, table, cu), {}
+
+
+class _WithParameter(torch.nn.Module):
+    """The gather plus a parameter (requires grad): traced with grad enabled unless under
+    inference_mode / no_grad."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.n = n
+        self.scale = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, c, t, s):
+        values, scales = gather_indexer_k(c, t, s, self.n)
+        return values, scales * self.scale
+
+
+def with_parameter():
+    cache, table, cu, n = _inputs()
+    return _WithParameter(n), (cache, table, cu)

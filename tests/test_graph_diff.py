@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import expecttest
 import pytest
+import torch
 
 import kda_inductor
 from kda_inductor import cli
@@ -29,7 +31,8 @@ graph 0
 rewrite           matches  removed  added
 indexer_k_write         0        0      0
 indexer_k_gather        1       22      3
-                    - aten.add x3, aten.div, aten.index x4, aten.mul x2, aten.remainder, aten.reshape, aten.searchsorted, aten.sub x2, aten.unsqueeze x4, prims.iota x3
+                    - aten.add x3, aten.div, aten.index x4, aten.mul x2, aten.remainder,
+                      aten.reshape, aten.searchsorted, aten.sub x2, aten.unsqueeze x4, prims.iota x3
                     + getitem x2, kda.indexer_k_gather
 gdn_spec_split          0        0      0
 gated_norm_merge        0        0      0
@@ -78,7 +81,8 @@ def test_cli_html_and_rewrite_filter(capsys, tmp_path):
     out = _run_cli(capsys, f"{TARGETS}:build", "--rewrite", "indexer_k_gather", "--html", str(page))
     assert f"wrote {page}" in out
     text = page.read_text()
-    assert "<table" in text and "graph 0" in text and "kda.indexer_k_gather.default" in text
+    assert f"<title>kda_inductor report: {TARGETS}:build</title>" in text
+    assert 'id="rewrites"' in text and "kda.indexer_k_gather.default" in text  # the report itself: test_html_report
     with pytest.raises(SystemExit):
         cli.main(["graph-diff", TARGETS, "--rewrite", "no_such_rewrite"])
     assert "invalid choice" in capsys.readouterr().err
@@ -87,7 +91,64 @@ def test_cli_html_and_rewrite_filter(capsys, tmp_path):
 def test_cli_explain_misses(capsys):
     out = _run_cli(capsys, f"{TARGETS}:interleaved", "--explain-misses")
     assert "indexer_k_gather: no match; closest candidates:" in out
-    assert "index_" in out and "another layout or block size" in out
+    # at the user's line, with its code and the node in the diff
+    assert re.search(r"\n  \S*graph_targets\.py:\d+: not rewritten: indices differ .*another layout or "
+                     r"block size\) \(node index_\d+\)\n      \S", out), out
+
+
+def test_cli_mode_with_rewrite(capsys):
+    """--mode and --rewrite together: the mode is spelled as the Inductor options it stands for."""
+    out = _run_cli(capsys, TARGETS, "--rewrite", "indexer_k_gather", "--mode", "reduce-overhead", "--force")
+    assert "mode=reduce-overhead, only indexer_k_gather, force" in out
+    assert "indexer_k_gather        1" in out
+    assert "cudagraph skips: 1" in out  # triton.cudagraphs was on (and there is no CUDA work on CPU)
+
+
+def test_cli_inference_mode_by_default_and_grad_on_request(capsys):
+    out = _run_cli(capsys, f"{TARGETS}:with_parameter", "--force")
+    assert "run under torch.inference_mode() (--grad keeps grad)" in out
+    assert "indexer_k_gather        1" in out and "traced with grad enabled" not in out
+    out = _run_cli(capsys, f"{TARGETS}:with_parameter", "--force", "--grad", "--explain-misses")
+    assert "run under grad mode on (--grad)" in out and "indexer_k_gather        0" in out
+    assert "\nnot rewritten: this graph was traced with grad enabled" in out
+
+
+def test_cli_lists_builders_when_build_is_missing():
+    with pytest.raises(SystemExit, match=r"has no function build\(\); its functions that take no arguments: "
+                                         r"build_gdn, build_kda \(e.g. kda-inductor graph-diff "
+                                         r"\S*gdn_layers.py:build_gdn\)"):
+        cli.load_target(str(ROOT / "examples" / "gdn_layers.py"))
+
+
+def test_help_is_plain_text(capsys):
+    with pytest.raises(SystemExit):
+        cli.main(["graph-diff", "--help"])
+    text = capsys.readouterr().out
+    assert cli.main(["--help"]) == 0
+    text += capsys.readouterr().out
+    assert "--grad" in text and "inference_mode" in text
+    assert "``" not in text and ":func:" not in text
+
+
+def test_listing_names_functionalized_ops_and_open_slices():
+    import torch.fx as fx
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
+    import kda_inductor.lowerings  # noqa: F401  (registers the kda ops)
+    from kda_inductor.diff import listing, op_counts, readable_names, snapshot
+
+    g = fx.Graph()
+    cache, k, slots = (g.placeholder(n) for n in ("cache", "k", "slots"))
+    sl = g.call_function(torch.ops.aten.slice.Tensor, (k, 1, 64, 2**63 - 1))
+    w = g.call_function(auto_functionalized, (torch.ops.kda.indexer_k_write.default,),
+                        {"kv_cache": cache, "k": sl, "slot_mapping": slots})
+    g.output((w,))
+    rows = snapshot(g)
+    text = listing(rows, readable_names(rows, rows))
+    assert "slice_0 = aten.slice.Tensor(in1, 1, 64, None)" in text
+    assert ("indexer_k_write_0 = kda.indexer_k_write.default(kv_cache=in0, k=slice_0, slot_mapping=in2)"
+            "  # in place on in0") in text
+    assert op_counts(rows) == {"aten.slice": 1, "input": 3, "kda.indexer_k_write": 1, "output": 1}
 
 
 def test_cli_module_function_target(capsys, monkeypatch):

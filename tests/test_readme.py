@@ -1,0 +1,187 @@
+"""Every command and snippet in README.md runs as written.
+
+Extracts the fenced blocks of README.md (and of ``README_*.md`` drafts beside it):
+
+* ``bash`` / ``sh`` / ``shell`` / ``console`` blocks run as one bash script (``set -e``) in a
+  scratch folder that holds the repository's files and ``tests/readme_standins/`` (stand-ins
+  for placeholder files such as ``my_model.py``). ``pip install ...`` and ``pytest`` commands
+  are left out (that is what CI itself runs); a ``vllm serve ... --compilation-config JSON``
+  line (no vLLM here) is checked instead: the JSON parses and every ``inductor_passes`` name
+  resolves the way vLLM resolves it, to a callable with a ``uuid()``.
+* ``python`` blocks run in a fresh namespace after ``tests/readme_standins/snippets.py``
+  (stand-ins for placeholder names such as ``model``, ``fn``, ``args``).
+
+A block opts out with ``<!-- readme-test: skip (why) -->`` on the line before its fence, and
+gets extra stand-ins with ``<!-- readme-test: setup`` ... ``-->`` (Python code run first).
+Both are HTML comments: invisible on the rendered page.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+STANDINS = Path(__file__).with_name("readme_standins")
+SHELLS = {"bash", "sh", "shell", "console"}
+_FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
+_DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*(skip|setup)\b(.*?)-->\s*$", re.S)
+_LEFT_OUT = re.compile(r"^\s*(pip3?|python3? -m pip|uv pip) install\b|^\s*(python3? -m )?pytest\b")
+
+
+@dataclasses.dataclass
+class Block:
+    file: str
+    line: int
+    lang: str
+    code: str
+    skip: str | None = None
+    setup: str = ""
+
+    @property
+    def id(self) -> str:
+        return f"{self.file}:{self.line}-{self.lang}"
+
+
+def blocks(path: Path) -> list[Block]:
+    text = path.read_text(encoding="utf-8")
+    found = []
+    for m in _FENCE.finditer(text):
+        lang = m.group(1).lower()
+        if lang not in SHELLS and lang != "python":
+            continue
+        block = Block(path.name, text.count("\n", 0, m.start()) + 1, lang, m.group(2))
+        before = text[:m.start()].rstrip()
+        if (d := re.search(r"<!--[^<]*?-->\s*\Z", before, re.S)) and (dm := _DIRECTIVE.search(d.group(0))):
+            if dm.group(1) == "skip":
+                block.skip = dm.group(2).strip() or "opted out"
+            else:
+                block.setup = dm.group(2)
+        found.append(block)
+    return found
+
+
+def _all_blocks() -> list[Block]:
+    files = [ROOT / "README.md", *sorted(ROOT.glob("README_*.md"))]
+    return [b for f in files if f.is_file() for b in blocks(f)]
+
+
+BLOCKS = _all_blocks()
+
+
+def test_readme_has_snippets():
+    assert any(b.file == "README.md" and b.lang in SHELLS for b in BLOCKS)
+    assert any(b.file == "README.md" and b.lang == "python" for b in BLOCKS)
+
+
+def test_directives_are_read(tmp_path):
+    (tmp_path / "R.md").write_text("x\n<!-- readme-test: skip (needs a GPU) -->\n```bash\nnvidia-smi\n```\n"
+                                   "<!-- readme-test: setup\nmodel = 1\n-->\n```python\nprint(model)\n```\n"
+                                   "```text\nnot code\n```\n")
+    skip, setup = blocks(tmp_path / "R.md")
+    assert (skip.line, skip.skip, skip.code) == (3, "(needs a GPU)", "nvidia-smi\n")
+    assert setup.skip is None and setup.setup.strip() == "model = 1" and setup.code == "print(model)\n"
+    assert _shell_script("pip install -e . && python x.py  # run\npython -m pytest -q\n") == ("python x.py  # run", [])
+
+
+def _logical_lines(code: str) -> list[str]:
+    return re.sub(r"\\\n\s*", " ", code).splitlines()
+
+
+def _shell_script(code: str) -> tuple[str, list[str]]:
+    """The block as a bash script without the install / pytest commands; ``vllm`` lines apart."""
+    kept, vllm = [], []
+    for line in _logical_lines(code):
+        if re.match(r"^\s*vllm\b", line):
+            vllm.append(line)
+            continue
+        parts = [p for p in line.split("&&") if not _LEFT_OUT.search(p)]
+        if parts and "".join(parts).strip():
+            kept.append("&&".join(parts).strip())
+    return "\n".join(kept), vllm
+
+
+def _check_vllm_line(line: str) -> None:
+    """``vllm serve MODEL --compilation-config JSON``: the JSON parses and each pass name resolves
+    as vLLM's CompilationConfig resolves it (``__import__(module).__dict__[name]``)."""
+    argv = shlex.split(line.split("#")[0])
+    assert argv[:2] == ["vllm", "serve"], line
+    configs = [argv[i + 1] for i, a in enumerate(argv) if a in ("--compilation-config", "-O") and i + 1 < len(argv)]
+    configs += [a.split("=", 1)[1] for a in argv if a.startswith("--compilation-config=")]
+    assert configs, f"no --compilation-config in {line!r}"
+    for raw in configs:
+        config = json.loads(raw)
+        for hook, qualname in config.get("inductor_passes", {}).items():
+            assert hook in ("post_grad_custom_pre_pass", "post_grad_custom_post_pass"), hook
+            module, _, name = qualname.rpartition(".")
+            obj = __import__(module).__dict__[name]
+            assert callable(obj) and callable(getattr(obj, "uuid", None)), qualname
+
+
+def _scratch(tmp_path: Path) -> Path:
+    """The repository's files (linked) plus the stand-ins, for commands that write files."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for entry in ROOT.iterdir():
+        if entry.name not in (".git", ".venv", "out", "__pycache__"):
+            (work / entry.name).symlink_to(entry)
+    for entry in STANDINS.iterdir():
+        if entry.name not in ("README.md", "__pycache__"):
+            target = work / entry.name
+            if entry.is_dir():
+                shutil.copytree(entry, target)
+            else:
+                shutil.copy(entry, target)
+    return work
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang in SHELLS], ids=lambda b: b.id)
+def test_shell_block_runs(block: Block, tmp_path):
+    if block.skip:
+        pytest.skip(f"{block.id}: {block.skip}")
+    script, vllm_lines = _shell_script(block.code)
+    for line in vllm_lines:
+        _check_vllm_line(line)
+    if not script.strip():
+        return
+    work = _scratch(tmp_path)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+           "OMP_NUM_THREADS": "1", "NO_PROGRESS": "1", "PYTHONPATH": str(work)}
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, (
+        f"{block.id} failed (exit {done.returncode}):\n{script}\n--- stdout (end)\n{done.stdout[-3000:]}\n"
+        f"--- stderr (end)\n{done.stderr[-3000:]}\nA placeholder needs a stand-in in tests/readme_standins/, "
+        "or the block a <!-- readme-test: skip (why) --> comment.")
+
+
+@pytest.mark.parametrize("block", [b for b in BLOCKS if b.lang == "python"], ids=lambda b: b.id)
+def test_python_block_runs(block: Block, tmp_path, monkeypatch):
+    if block.skip:
+        pytest.skip(f"{block.id}: {block.skip}")
+    import torch
+
+    work = _scratch(tmp_path)
+    monkeypatch.chdir(work)
+    monkeypatch.syspath_prepend(str(work))
+    namespace: dict = {"__name__": "readme_snippet"}
+    exec(compile((STANDINS / "snippets.py").read_text(), str(STANDINS / "snippets.py"), "exec"), namespace)
+    torch._dynamo.reset()
+    try:
+        if block.setup:
+            exec(compile(block.setup, f"{block.id} (setup)", "exec"), namespace)
+        exec(compile(block.code, block.id, "exec"), namespace)
+    except NameError as err:
+        raise AssertionError(f"{block.id}: {err}: give the placeholder a stand-in in "
+                             "tests/readme_standins/snippets.py or a <!-- readme-test: setup --> comment") from err
+    finally:
+        torch._dynamo.reset()

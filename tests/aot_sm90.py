@@ -29,10 +29,45 @@ def compile_variants(fn, types: dict, consts: dict, options: dict) -> int:
     return len(k.asm["cubin"])
 
 
+def indexer_variants(debug: dict) -> list[tuple]:
+    """``(kernel, arg types, constexprs, options)`` of every indexer kernel variant checked here.
+
+    indexer_k_write: head_dim 128 / 512, with and without the norm, plain / ue8m0 scales, both
+    cast paths (asserts on, negative slots skipped: the op's defaults), plus wrap_negative and
+    the no-assert variant. indexer_k_gather: both grids with and without asserts (head_dim 128,
+    block 64), and the by-block grid for head_dim 512.
+    """
+    from kda_inductor.lowerings import indexer_k_gather as ikg
+    from kda_inductor.lowerings import indexer_k_write as ikw
+
+    out = []
+    types = dict(kv_ptr="*u8", k_ptr="*bf16", slot_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32", num_tokens="i32",
+                 num_slots="i32", k_stride_t="i32", k_stride_d="i32", kv_block_stride="i32", eps="fp32")
+    base = dict(BLOCK_SIZE=64, GROUPS_P2=1, BLOCK_T=4, K_BF16=True, WRAP_NEGATIVE=False, CHECK=True)
+    for (hd, g), norm, ue, hw in itertools.product(((128, 1), (512, 4)), (False, True), (False, True), (False, True)):
+        consts = dict(base, HEAD_DIM=hd, GROUPS=g, GROUPS_P2=g, NORM=norm, UE8M0=ue, HW_CASTS=hw,
+                      ROUND_NORM=not (norm and hw and ue))
+        out.append((ikw._write_kernel, types, consts, debug))
+    plain = dict(base, HEAD_DIM=128, GROUPS=1, NORM=True, UE8M0=True, HW_CASTS=True, ROUND_NORM=True)
+    out.append((ikw._write_kernel, types, dict(plain, WRAP_NEGATIVE=True), debug))
+    out.append((ikw._write_kernel, types, dict(plain, WRAP_NEGATIVE=True, CHECK=False), debug))
+    out.append((ikw._write_kernel, types, dict(plain, CHECK=False), debug))
+    common = dict(kv_ptr="*i32", bt_ptr="*i32", cu_ptr="*i32", dv_ptr="*i32", ds_ptr="*i32", num_tokens="i32",
+                  num_reqs="i32", num_blocks="i32", bt_width="i32", kv_block_stride="i64", bt_stride_req="i32",
+                  bt_stride_col="i32", dv_stride="i32", ds_stride="i32")
+    by_token = dict(common, search_levels="i32", search_span="i32")
+    for hd, check in ((128, True), (128, False), (512, True)):
+        words = dict(BLOCK_SIZE=64, VALUE_WORDS=hd // 4, VALUE_WORDS_P2=hd // 4, SCALE_WORDS=hd // 128,
+                     SCALE_WORDS_P2=hd // 128, BLOCK_T=16, CHECK=check)
+        out.append((ikg._gather_by_block_kernel, common, dict(words, SUBTILES=4), debug))
+        if hd == 128:
+            out.append((ikg._gather_by_token_kernel, by_token, dict(words, FANOUT=16), debug))
+    return out
+
+
 def main() -> None:
     from kda_inductor.lowerings import gated_norm_merge as gnm
     from kda_inductor.lowerings import gdn_spec_split as gss
-    from kda_inductor.lowerings import indexer_k_write as ikw
 
     debug = {"num_warps": 4, "debug": True, **({"sanitize_overflow": False} if gss.triton_launch_options() else {})}
     done = 0
@@ -52,13 +87,8 @@ def main() -> None:
         done += bool(compile_variants(gnm._gated_norm_merge_kernel, types, consts, debug))
     consts.update(IDENTITY=True)  # the merge-free norm
     done += bool(compile_variants(gnm._gated_norm_merge_kernel, types, consts, debug))
-    # indexer_k_write: head_dim 128 / 512, with and without the norm, plain / ue8m0 scales
-    types = dict(kv_ptr="*u8", k_ptr="*bf16", slot_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32", num_tokens="i32",
-                 num_slots="i32", k_stride_t="i32", k_stride_d="i32", kv_block_stride="i32", eps="fp32")
-    for (hd, g), norm, ue, hw in itertools.product(((128, 1), (512, 4)), (False, True), (False, True), (False, True)):
-        consts = dict(BLOCK_SIZE=64, HEAD_DIM=hd, GROUPS=g, GROUPS_P2=g, BLOCK_T=4, NORM=norm, UE8M0=ue, K_BF16=True,
-                      HW_CASTS=hw, ROUND_NORM=not (norm and hw and ue))
-        done += bool(compile_variants(ikw._write_kernel, types, consts, {"num_warps": 4}))
+    for fn, types, consts, options in indexer_variants(debug):
+        done += bool(compile_variants(fn, types, consts, options))
     print(f"compiled {done} kernel variants for sm_90")
 
 

@@ -277,9 +277,9 @@ def _kernel_runs(kv, bt, cu, n, hd, grid_by, g):
     return dv, ds
 
 
-def _edge_case(kind):
+def _edge_case(kind, device=DEVICE):
     """Valid inputs that eager computes (-> must match) but that look odd."""
-    kv, bt, cu, n, hd, g = make_case(4)
+    kv, bt, cu, n, hd, g = make_case(4, device="cpu")
     nb = kv.shape[0]
     if kind == "negative_block_ids":  # every used entry once as b - nb: the same blocks
         bt = torch.where(torch.rand(bt.shape, generator=g) < 0.5, bt - nb, bt)
@@ -298,7 +298,7 @@ def _edge_case(kind):
         cu[0] = -5
     elif kind == "fewer_tokens":
         n = n - 9
-    return kv, bt, cu, n, hd, g
+    return kv.to(device), bt.to(device), cu.to(device), n, hd, g
 
 
 EDGE = ["negative_block_ids", "minus_one", "garbage_in_unused_entries", "cu0_negative", "fewer_tokens"]
@@ -311,7 +311,7 @@ def test_edge_cases_match_eager(kind):
     assert not isinstance(ref, Exception), ref
     v, s = OPS.indexer_k_gather(kv, bt, cu, n, hd)
     assert same_bytes(v, ref[0]) and same_bytes(s, ref[1])
-    dv, ds = torch.empty_like(v), torch.empty(n, hd // 128, dtype=torch.float32)
+    dv, ds = torch.empty_like(v), torch.empty(n, hd // 128, dtype=torch.float32, device=kv.device)
     OPS.indexer_k_gather_out(kv, dv, ds, bt, cu)
     assert same_bytes(dv, ref[0]) and same_bytes(ds, ref[1])
     if LAUNCHER_OK:
@@ -320,9 +320,15 @@ def test_edge_cases_match_eager(kind):
             assert same_bytes(dv, ref[0]) and same_bytes(ds, ref[1]), grid_by
 
 
-def _refused_case(kind):
-    """``(inputs, CPU error regex, kernel assert text, how eager behaves)``."""
-    kv, bt, cu, n, hd, g = make_case(4)
+def _refused_case(kind, device="cpu"):
+    """``(inputs, CPU error regex, kernel assert text, how eager behaves)``; the inputs on
+    ``device`` (on CUDA only in a subprocess: tests/test_indexer_asserts_cuda.py)."""
+    out = _refused_inputs(kind)
+    return (tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in out[0]), *out[1:])
+
+
+def _refused_inputs(kind):
+    kv, bt, cu, n, hd, g = make_case(4, device="cpu")
     nb = kv.shape[0]
     bt = bt.clone()
     if kind == "block_id_high":
@@ -392,6 +398,7 @@ def _eager_other_spelling(kv, bt, cu, n):
 
 
 @needs_launcher
+@pytest.mark.skipif(HAS_CUDA, reason="a device assert poisons the CUDA context: tests/test_indexer_asserts_cuda.py")
 @pytest.mark.parametrize("grid_by", ["token", "block"])
 @pytest.mark.parametrize("kind", REFUSED)
 def test_kernel_traps_refused_cases(kind, grid_by):
@@ -457,7 +464,7 @@ def test_page_cache_2d_bad_block_size(change, match):
         OPS.indexer_k_gather(pages, bt, cu, n, hd, block_size)
     dv = poison((n, hd), torch.uint8, g, kv.device)
     dv0 = dv.clone()
-    ds = torch.zeros(n, 4, dtype=torch.uint8)
+    ds = torch.zeros(n, 4, dtype=torch.uint8, device=kv.device)
     with pytest.raises((ValueError, TypeError), match=match):
         OPS.indexer_k_gather_out(pages, dv, ds, bt, cu, block_size)
     assert torch.equal(dv, dv0)

@@ -49,3 +49,13 @@ def test_gated_norm_merge_smoke(capsys):
     rows = bench.main(["--smoke"])
     assert [row["T"] for row in rows] == [12] and rows[0]["max_ulps"] == 0
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+def test_indexer_asserts_smoke(capsys):
+    """The assert-cost benchmark's check and no-check variants write the same bytes (interpreter)."""
+    bench = _load("bench_indexer_asserts")
+    rows = bench.main(["--smoke", "--reps", "1"])
+    assert [(r["op"], r["case"]) for r in rows] == [("gather", "tiny (N=75)"), ("write", "T=1"),
+                                                    ("write", "T=1 wrap_negative"), ("write", "T=24"),
+                                                    ("write", "T=24 wrap_negative")]
+    assert "NOT meaningful" in capsys.readouterr().out

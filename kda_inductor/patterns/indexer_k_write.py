@@ -1,6 +1,7 @@
 """``indexer_k_write``: DeepSeek-V3.2's indexer K write (norm + fp8 quant + paged store) -> one op.
 
-What it finds (post-grad graph, which is functional): a graph-input cache ``kv_cache`` uint8
+What it finds (post-grad graph, which is functional): a graph-input (or, under AOTInductor, a
+``get_attr`` constant: a module buffer lifted by ``torch.export``) cache ``kv_cache`` uint8
 ``[num_blocks, block_size, D + 4G]`` that is written by exactly two functional writes
 (``aten.index_put``, possibly inside ``slice_scatter``, as ``index_put_``, ``index_copy_`` and
 ``view[blk, off] = ...`` into views of the cache become) and copied back with ``copy_``:
@@ -413,7 +414,9 @@ class IndexerKWrite(Rewrite):
     def find(self, graph: fx.Graph) -> list[Match]:
         matches = []
         for n in graph.nodes:
-            if n.target is aten.copy_.default and n.args[0].op == "placeholder":
+            # the cache is a graph input (torch.compile) or a module buffer that AOTInductor
+            # lifts to a constant (get_attr), mutated in place by the copy_ just the same
+            if n.target is aten.copy_.default and n.args[0].op in ("placeholder", "get_attr"):
                 cv = val(n.args[0])
                 if isinstance(cv, torch.Tensor) and cv.dtype == torch.uint8 and cv.dim() == 3:
                     m = self._match(n)

@@ -50,3 +50,13 @@ def test_gated_norm_merge_smoke(capsys):
     assert [(row["case"], row["T"]) for row in rows] == [("merge", 12), ("vllm", 12), ("kda4d", 12)]
     assert all(row["max_ulps"] == 0 and row["matched"] == 1 for row in rows)
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+def test_indexer_asserts_smoke(capsys):
+    """The assert-cost benchmark's check and no-check variants write the same bytes (interpreter)."""
+    bench = _load("bench_indexer_asserts")
+    rows = bench.main(["--smoke", "--reps", "1"])
+    assert [(r["op"], r["case"]) for r in rows] == [("gather", "tiny (N=75)"), ("write", "T=1"),
+                                                    ("write", "T=1 wrap_negative"), ("write", "T=24"),
+                                                    ("write", "T=24 wrap_negative")]
+    assert "NOT meaningful" in capsys.readouterr().out

@@ -175,6 +175,27 @@ def test_single_token_decode(form):
     assert torch.equal(cache, expected), f"{int((cache != expected).sum())} cache bytes differ"
 
 
+@pytest.mark.parametrize("form", [_put, _view_assign, _masked, _view_masked], ids=lambda f: f.__name__.strip("_"))
+def test_negative_slots_do_what_the_code_does(form):
+    """Unmasked code writes slot -1 into the last row of the last block (Python indexing):
+    rewritten with ``wrap_negative=True``; masked code skips it: ``wrap_negative=False``.
+    The compiled cache equals eager's, byte for byte (issue 11)."""
+    k, cache, slots, _, _ = _inputs(128, 16, seed=31, int32=form is _view_assign)
+    total = cache.shape[0] * cache.shape[1]
+    slots[3], slots[6] = -1, -total + 2  # slots total - 1 and 2: not used by the others
+    assert not ((slots == total - 1) | (slots == 2)).any()
+    expected = cache.clone()
+    form(k, expected, slots, True)
+    masked = form in (_masked, _view_masked)
+    # eager: skipped (masked) or at s + num_slots (unmasked), per the token-by-token loop
+    assert torch.equal(expected, _reference(k, cache, slots if masked else slots % total, True))
+    with fresh_compile(), pass_manager.observe() as records:
+        torch.compile(lambda k, c, s: form(k, c, s, True), backend="kda_inductor", options=ON)(k, cache, slots)
+    assert pass_manager.total_matches(records)["indexer_k_write"] == 1
+    assert f"wrap_negative: {not masked}" in records[0]["after"]
+    assert torch.equal(cache, expected), f"{int((cache != expected).sum())} cache bytes differ"
+
+
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
 def test_layer_norm_is_fused(ue8m0):
     k, cache, slots, w, b = _inputs(128, 16, seed=3)

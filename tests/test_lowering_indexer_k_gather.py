@@ -231,29 +231,243 @@ def test_block_table_with_spare_rows(launcher):
 
 @needs_launcher
 @pytest.mark.parametrize("grid_by", ["token", "block"])
-def test_launcher_masks_unresolvable_tokens(grid_by):
-    """Bad block ids, a too-narrow row and tokens past cu[-1] read nothing and get zeros."""
+def test_launcher_without_checks_masks_unresolvable_tokens(grid_by):
+    """``check=False`` (the explicit no-assert variant, for benchmarks): bad block ids, a
+    too-narrow row and tokens past cu[-1] read nothing and get zeros; negative block ids
+    in range still wrap."""
     kv, bt, cu, _, hd, g = make_case(4)
     cu_cpu = cu.cpu().long()
     n = int(cu_cpu[-1])
-    rv, rs = reference(kv, bt, cu, n, hd)
-    nb = kv.shape[0]
+    nb, bs = kv.shape[:2]
     bt_bad = bt.clone()
     bt_bad[1, 0] = nb + 5  # request 1 is empty: never referenced
     bt_bad[2, 0] = nb + 1000  # request 2 (12 tokens, block 0) -> zeros
-    bt_bad[3, 1] = -3  # request 3, block 1 -> zeros
+    bt_bad[3, 1] = -nb - 3  # request 3, block 1 -> zeros
+    bt_bad[3, 0] = int(bt[3, 0]) - nb  # in range counting from the end: the same block
+    rv, rs = reference(kv, bt, cu, n, hd)
     extra = 6
     dv = poison((n + extra, hd), torch.uint8, g, kv.device)
     ds = poison((n + extra, scale_bytes(hd)), torch.uint8, g, kv.device)
-    mod.gather_triton(kv, bt_bad, cu, dv, ds, block_t=BLOCK_T, grid_by=grid_by)
+    mod.gather_triton(kv, bt_bad, cu, dv, ds, block_t=BLOCK_T, grid_by=grid_by, check=False)
     ev = torch.cat([rv, torch.zeros(extra, hd, dtype=torch.uint8)])
     es = torch.cat([rs, torch.zeros(extra, rs.shape[1], dtype=torch.uint8)])
-    bs = kv.shape[1]
     a, b = int(cu_cpu[2]), int(cu_cpu[3])
     ev[a:b], es[a:b] = 0, 0
     a = int(cu_cpu[3]) + bs
     ev[a : a + bs], es[a : a + bs] = 0, 0
     assert same_bytes(dv, ev) and same_bytes(ds, es)
+
+
+# ---------------------------------------------------------------------------------------
+# invalid indices: never stricter than the replaced code (the rule in the module docstring)
+# ---------------------------------------------------------------------------------------
+def _eager(kv, bt, cu, n):
+    """The replaced code (``reference.gather_indexer_k``) as uint8 rows, or the exception it raises."""
+    try:
+        v, s = gather_indexer_k(kv.cpu(), bt.cpu(), cu.cpu(), n)
+    except (IndexError, RuntimeError) as exc:
+        return exc
+    return v.view(torch.uint8), s.view(torch.uint8).reshape(n, -1)
+
+
+def _kernel_runs(kv, bt, cu, n, hd, grid_by, g):
+    dv = poison((n, hd), torch.uint8, g, kv.device)
+    ds = poison((n, scale_bytes(hd)), torch.uint8, g, kv.device)
+    mod.gather_triton(kv, bt, cu, dv, ds, block_t=BLOCK_T, grid_by=grid_by)
+    return dv, ds
+
+
+def _edge_case(kind, device=DEVICE):
+    """Valid inputs that eager computes (-> must match) but that look odd."""
+    kv, bt, cu, n, hd, g = make_case(4, device="cpu")
+    nb = kv.shape[0]
+    if kind == "negative_block_ids":  # every used entry once as b - nb: the same blocks
+        bt = torch.where(torch.rand(bt.shape, generator=g) < 0.5, bt - nb, bt)
+        bt[2, 0] = -nb  # the lowest id in range: block 0
+    elif kind == "minus_one":  # -1 is the last block, as Python indexing reads it
+        bt = bt.clone()
+        bt[2, 0] = -1
+    elif kind == "garbage_in_unused_entries":  # spare columns / rows are never read
+        bt = torch.cat([bt, torch.full((2, bt.shape[1]), 10**6, dtype=bt.dtype)], 0)
+        lens = (cu[1:] - cu[:-1]).long()
+        for r in range(lens.shape[0]):
+            used = -(-int(lens[r]) // kv.shape[1])
+            bt[r, used:] = -(10**6)
+    elif kind == "cu0_negative":  # request 0 starts before token 0: eager reads its tail
+        cu = cu.clone()
+        cu[0] = -5
+    elif kind == "fewer_tokens":
+        n = n - 9
+    return kv.to(device), bt.to(device), cu.to(device), n, hd, g
+
+
+EDGE = ["negative_block_ids", "minus_one", "garbage_in_unused_entries", "cu0_negative", "fewer_tokens"]
+
+
+@pytest.mark.parametrize("kind", EDGE)
+def test_edge_cases_match_eager(kind):
+    kv, bt, cu, n, hd, g = _edge_case(kind)
+    ref = _eager(kv, bt, cu, n)
+    assert not isinstance(ref, Exception), ref
+    v, s = OPS.indexer_k_gather(kv, bt, cu, n, hd)
+    assert same_bytes(v, ref[0]) and same_bytes(s, ref[1])
+    dv, ds = torch.empty_like(v), torch.empty(n, hd // 128, dtype=torch.float32, device=kv.device)
+    OPS.indexer_k_gather_out(kv, dv, ds, bt, cu)
+    assert same_bytes(dv, ref[0]) and same_bytes(ds, ref[1])
+    if LAUNCHER_OK:
+        for grid_by in ("token", "block"):
+            dv, ds = _kernel_runs(kv, bt, cu, n, hd, grid_by, g)
+            assert same_bytes(dv, ref[0]) and same_bytes(ds, ref[1]), grid_by
+
+
+def _refused_case(kind, device="cpu"):
+    """``(inputs, CPU error regex, kernel assert text, how eager behaves)``; the inputs on
+    ``device`` (on CUDA only in a subprocess: tests/test_indexer_asserts_cuda.py)."""
+    out = _refused_inputs(kind)
+    return (tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in out[0]), *out[1:])
+
+
+def _refused_inputs(kind):
+    kv, bt, cu, n, hd, g = make_case(4, device="cpu")
+    nb = kv.shape[0]
+    bt = bt.clone()
+    if kind == "block_id_high":
+        bt[6, 2] = nb
+        return (kv, bt, cu, n, hd), rf"block_table: block id {nb} out of range \[-{nb}, {nb}\)", "block id out of range", "raises"
+    if kind == "block_id_low":
+        bt[3, 1] = -nb - 1
+        return (kv, bt, cu, n, hd), rf"block_table: block id {-nb - 1} out of range", "block id out of range", "raises"
+    if kind == "column_past_width":
+        return (kv, bt[:, :2], cu, n, hd), "block_table: request 3 needs block column 2", "past the table's width", "raises"
+    total = int(cu[-1])
+    if kind == "past_cu_end":
+        return (kv, bt, cu, total + 1, hd), "num_tokens: num_tokens .* exceeds cu_seq_lens", "past cu_seq_lens", "raises"
+    if kind == "past_cu_end_spare_row":
+        bt = torch.cat([bt, bt[:1]])
+        return (kv, bt, cu, total + 3, hd), "num_tokens: num_tokens .* exceeds cu_seq_lens", "past cu_seq_lens", "spelling"
+    if kind == "cu0_positive":
+        return (kv, bt, cu + 1, n, hd), r"cu_seq_lens: expected cu_seq_lens\[0\] <= 0", "before cu_seq_lens", "spelling"
+    if kind == "cu_decreasing":
+        cu = cu.clone()
+        cu[4] = cu[3] - 1
+        return (kv, bt, cu, n, hd), "cu_seq_lens: expected non-decreasing", "cu_seq_lens decreases", "undefined"
+    raise AssertionError(kind)
+
+
+REFUSED = ["block_id_high", "block_id_low", "column_past_width", "past_cu_end", "past_cu_end_spare_row",
+           "cu0_positive", "cu_decreasing"]
+
+
+@pytest.mark.parametrize("kind", REFUSED)
+def test_refused_cases_and_why(kind):
+    """The op refuses exactly what eager cannot compute: eager raises too, or its result
+    depends on the spelling the pattern identified with it, or is undefined."""
+    (kv, bt, cu, n, hd), cpu_error, _, eager = _refused_case(kind)
+    ref = _eager(kv, bt, cu, n)
+    if eager == "raises":
+        assert isinstance(ref, Exception), "eager computes this: the op must not refuse it"
+    elif eager == "spelling":  # another spelling the pattern accepts computes something else
+        other = _eager_other_spelling(kv, bt, cu, n)
+        assert isinstance(ref, Exception) or isinstance(other, Exception) or not (
+            torch.equal(ref[0], other[0]) and torch.equal(ref[1], other[1])), "one result: reproduce it"
+    else:  # searchsorted on unsorted boundaries: not the count the sorted case computes
+        t = torch.arange(n)
+        count = (cu.long()[None, :] <= t[:, None]).sum(1)
+        assert not torch.equal(torch.searchsorted(cu, t.to(cu.dtype), right=True), count)
+    with pytest.raises((ValueError, IndexError), match=cpu_error):
+        OPS.indexer_k_gather(kv, bt, cu, n, hd)
+
+
+def _eager_other_spelling(kv, bt, cu, n):
+    """``reference.gather_indexer_k`` spelled as forks do, the same arithmetic for valid input:
+    ``bucketize`` over ``cu[1:]``, the start read from ``cu[:-1]``."""
+    nb, bs, row = kv.shape
+    hd = row * 128 // 132
+    t = torch.arange(n)
+    req = torch.bucketize(t.to(cu.dtype), cu[1:], right=True)
+    try:
+        pos = t - cu[:-1][req]
+        blk = bt[req, pos // bs]
+    except IndexError as exc:
+        return exc
+    flat = kv.view(nb, -1)
+    off = pos % bs
+    v = flat[blk[:, None], (off * hd)[:, None] + torch.arange(hd)]
+    s = flat[blk[:, None], (bs * hd + off * 4)[:, None] + torch.arange(4)]
+    return v, s
+
+
+@needs_launcher
+@pytest.mark.skipif(HAS_CUDA, reason="a device assert poisons the CUDA context: tests/test_indexer_asserts_cuda.py")
+@pytest.mark.parametrize("grid_by", ["token", "block"])
+@pytest.mark.parametrize("kind", REFUSED)
+def test_kernel_traps_refused_cases(kind, grid_by):
+    """The Triton kernel (interpreter here, device-side asserts on CUDA) traps each refused case."""
+    from triton.runtime.errors import InterpreterError
+
+    (kv, bt, cu, n, hd), _, text, _ = _refused_case(kind)
+    g = torch.Generator().manual_seed(3)
+    with pytest.raises((InterpreterError, RuntimeError), match=text):
+        _kernel_runs(kv, bt, cu, n, hd, grid_by, g)
+
+
+# ---------------------------------------------------------------------------------------
+# 2-D page caches (SGLang: uint8 [num_pages, page_size * (head_dim + 4 * G)])
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("i", [0, 1, 4], ids=["bs16_hd128", "bs16_hd512", "bs16_deep"])
+def test_page_cache_2d(i):
+    kv, bt, cu, n, hd, g = make_case(i)
+    rv, rs = reference(kv, bt, cu, n, hd)
+    nb, bs, row = kv.shape
+    pages = kv.reshape(nb, bs * row)
+    v, s = OPS.indexer_k_gather(pages, bt, cu, n, hd, bs)
+    assert same_bytes(v, rv) and same_bytes(s, rs)
+    dv = poison((n, hd), torch.uint8, g, kv.device)
+    ds = poison((n, scale_bytes(hd)), torch.uint8, g, kv.device)
+    OPS.indexer_k_gather_out(pages, dv, ds, bt, cu, block_size=bs)
+    assert same_bytes(dv, rv) and same_bytes(ds, rs)
+    # pages with a padded stride
+    big = torch.zeros(nb, bs * row + 8, dtype=torch.uint8, device=kv.device)
+    big[:, : bs * row] = pages
+    padded = big[:, : bs * row]
+    v, s = OPS.indexer_k_gather(padded, bt, cu, n, hd, block_size=bs)
+    assert same_bytes(v, rv) and same_bytes(s, rs)
+    if LAUNCHER_OK:
+        for grid_by in ("token", "block"):
+            dv = poison((n, hd), torch.uint8, g, kv.device)
+            ds = poison((n, scale_bytes(hd)), torch.uint8, g, kv.device)
+            mod.gather_triton(padded, bt, cu, dv, ds, block_size=bs, block_t=BLOCK_T, grid_by=grid_by)
+            assert same_bytes(dv, rv) and same_bytes(ds, rs), grid_by
+    with FakeTensorMode() as mode:
+        fv, fs = OPS.indexer_k_gather(mode.from_tensor(pages), mode.from_tensor(bt), mode.from_tensor(cu), n, hd, bs)
+        assert fv.shape == (n, hd) and fs.shape == (n, scale_bytes(hd))
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(block_size=0), "block_size: required"),
+    (dict(block_size=24), "block_size: .* expected 24 \\* 132"),
+    (dict(block_size=-1), "block_size: expected >= 0"),
+    (dict(kv=lambda kv: kv.view(torch.int8)), "kv_cache: expected a 3-D uint8 tensor .* or a 2-D"),
+    (dict(kv=lambda kv: kv[:, ::2]), "block_size|kv_cache: each page must be contiguous"),
+    (dict(three_d_block_size=8), "block_size: expected 0 or kv_cache.shape\\[1\\] = 16"),
+])
+def test_page_cache_2d_bad_block_size(change, match):
+    kv, bt, cu, n, hd, g = make_case(0)
+    nb, bs, row = kv.shape
+    pages = kv.reshape(nb, bs * row)
+    block_size = change.get("block_size", bs)
+    if "kv" in change:
+        pages = change["kv"](pages)
+    if "three_d_block_size" in change:
+        pages, block_size = kv, change["three_d_block_size"]
+    with pytest.raises((ValueError, TypeError), match=match):
+        OPS.indexer_k_gather(pages, bt, cu, n, hd, block_size)
+    dv = poison((n, hd), torch.uint8, g, kv.device)
+    dv0 = dv.clone()
+    ds = torch.zeros(n, 4, dtype=torch.uint8, device=kv.device)
+    with pytest.raises((ValueError, TypeError), match=match):
+        OPS.indexer_k_gather_out(pages, dv, ds, bt, cu, block_size)
+    assert torch.equal(dv, dv0)
 
 
 # ---------------------------------------------------------------------------------------
@@ -350,9 +564,9 @@ META_ERRORS = {
     "device": "cu_seq_lens",
 }
 VALUE_ERRORS = {  # checked by the CPU kernel only
-    "bt_range": r"block_table: block id \d+ out of range \[0, \d+\) for request 6",
+    "bt_range": r"block_table: block id \d+ out of range \[-\d+, \d+\) for request 6",
     "bt_narrow": "block_table: request 3 needs block column 2",
-    "cu_start": r"cu_seq_lens\[0\] == 0",
+    "cu_start": r"cu_seq_lens: expected cu_seq_lens\[0\] <= 0",
     "cu_order": "cu_seq_lens: expected non-decreasing",
 }
 

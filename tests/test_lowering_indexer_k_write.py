@@ -108,13 +108,151 @@ def test_triton_strided_k_and_block_t():
 
 
 @needs_launcher
-def test_triton_skips_out_of_range_slots():
+def test_triton_without_checks_skips_out_of_range_slots():
+    """``check=False`` (the explicit no-assert variant, for benchmarks) skips them."""
     k, cache, _, slots, _, _ = make_case(128, 16, tokens=6, padding=(), device=DEVICE)
     bad = slots.clone()
     bad[3] = cache.shape[0] * cache.shape[1] + 5
     expected = _ref(k[[0, 1, 2, 4, 5]], cache, slots[[0, 1, 2, 4, 5]], False, None, None)
-    mod.write_triton(cache, k, bad)
+    mod.write_triton(cache, k, bad, check=False)
     assert torch.equal(cache.cpu(), expected)
+
+
+# ---------------------------------------------------------------------------------------
+# slots: what the replaced eager code does (masked: skip; unmasked: Python indexing wraps)
+# ---------------------------------------------------------------------------------------
+def _eager_unmasked(k, cache, slots, ue8m0=False, flat_1d=False):
+    """``reference.write_indexer_k`` without the ``torch.where(slot >= 0, ...)`` mask (and
+    without the clamp): what unmasked serving code does, in the two store spellings the
+    pattern reads (``flat[blk, cols] = q`` and ``cache.view(-1)[byte index] = q``)."""
+    from kda_inductor.reference import quantize_k
+
+    nb, bs, row = cache.shape
+    t, d = k.shape
+    sb = row - d
+    q, scale = quantize_k(k, ue8m0)
+    blk, off = (slots // bs)[:, None], slots % bs
+    cols = off[:, None] * d + torch.arange(d)
+    scols = bs * d + off[:, None] * sb + torch.arange(sb)
+    if flat_1d:
+        flat = cache.view(-1)
+        flat[blk * bs * row + cols] = q.view(torch.uint8)
+        flat[blk * bs * row + scols] = scale.view(torch.uint8)
+    else:
+        flat = cache.view(nb, -1)
+        flat[blk, cols] = q.view(torch.uint8)
+        flat[blk, scols] = scale.view(torch.uint8)
+
+
+def _wrap_case(seed=5, tokens=9):
+    k, cache, _, _, _, _ = make_case(128, 16, num_blocks=4, tokens=tokens, padding=(), seed=seed)
+    total = cache.shape[0] * cache.shape[1]
+    slots = torch.randperm(total - 2, generator=torch.Generator().manual_seed(seed))[:tokens] + 1
+    slots[1], slots[4] = -1, -total  # the last slot and slot 0, counted from the end
+    slots[7] -= total
+    wrapped = torch.where(slots < 0, slots + total, slots)
+    assert wrapped.unique().numel() == tokens
+    return k, cache, slots, total
+
+
+@pytest.mark.parametrize("flat_1d", [False, True], ids=["index_put", "flat_1d"])
+def test_eager_wraps_unmasked_negative_slots(flat_1d):
+    """Ground truth for ``wrap_negative``: unmasked eager writes slot -1 into the last row of
+    the last block (s + num_slots); masked eager (``reference.write_indexer_k``) skips it."""
+    from kda_inductor.reference import write_indexer_k
+
+    k, cache, slots, total = _wrap_case()
+    unmasked = cache.clone()
+    _eager_unmasked(k, unmasked, slots, flat_1d=flat_1d)
+    assert torch.equal(unmasked, _ref(k, cache, torch.where(slots < 0, slots + total, slots), False, None, None))
+    masked = cache.clone()
+    write_indexer_k(k, masked, slots)
+    assert torch.equal(masked, _ref(k, cache, slots, False, None, None))  # the loop skips slots < 0
+    assert not torch.equal(masked, unmasked)
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
+def test_wrap_negative_matches_unmasked_eager(ue8m0):
+    k, cache, slots, total = _wrap_case(seed=6)
+    expected = cache.clone()
+    _eager_unmasked(k, expected, slots, ue8m0)
+    got = cache.clone()
+    OPS.indexer_k_write(got, k, slots, None, None, 1e-6, ue8m0, wrap_negative=True)
+    assert torch.equal(got, expected)
+    skipped = cache.clone()  # wrap_negative=False: padding, as masked code
+    OPS.indexer_k_write(skipped, k, slots, None, None, 1e-6, ue8m0)
+    assert torch.equal(skipped, _ref(k, cache, slots, ue8m0, None, None))
+    if HAS_TRITON and (HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1"):
+        kern = cache.clone().to(DEVICE)
+        mod.write_triton(kern, k.to(DEVICE), slots.to(DEVICE), ue8m0=ue8m0, wrap_negative=True, block_t=4)
+        assert torch.equal(kern.cpu(), expected)
+        kern = cache.clone().to(DEVICE)
+        mod.write_triton(kern, k.to(DEVICE), slots.to(DEVICE), ue8m0=ue8m0, block_t=4)
+        assert torch.equal(kern.cpu(), skipped)
+
+
+@pytest.mark.parametrize("kind", ["past_end", "past_end_wrap", "below_minus_num_slots"])
+def test_out_of_range_slots_raise_like_eager(kind):
+    """Eager raises IndexError on these (both spellings, masked or not); the CPU op raises
+    before writing anything, the kernel traps (interpreter here, a device assert on CUDA)."""
+    from kda_inductor.reference import write_indexer_k
+
+    k, cache, slots, total = _wrap_case(seed=7)
+    wrap = kind != "past_end"
+    bad = slots.clone()
+    bad[2] = total if kind.startswith("past_end") else -total - 1
+    with pytest.raises(IndexError):
+        _eager_unmasked(k, cache.clone(), bad)
+    if kind == "past_end":
+        with pytest.raises(IndexError):
+            write_indexer_k(k, cache.clone(), bad)
+    before = cache.clone()
+    with pytest.raises(IndexError, match=rf"slot_mapping: slot {int(bad[2])} \(token 2\) out of range"):
+        OPS.indexer_k_write(cache, k, bad, None, None, 1e-6, False, wrap_negative=wrap)
+    assert torch.equal(cache, before)
+    if HAS_TRITON and os.environ.get("TRITON_INTERPRET") == "1" and not HAS_CUDA:
+        from triton.runtime.errors import InterpreterError
+
+        with pytest.raises(InterpreterError, match="indexer_k_write: slot"):
+            mod.write_triton(cache, k, bad, wrap_negative=wrap, block_t=4)
+
+
+# ---------------------------------------------------------------------------------------
+# 2-D page caches (SGLang: uint8 [num_pages, page_size * (head_dim + 4 * G)])
+# ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("hd,bs,pad", [(128, 16, 0), (512, 64, 12)])
+def test_page_cache_2d_matches_3d(hd, bs, pad):
+    k, cache, store, slots, w, b = make_case(hd, bs, norm=True, block_pad=pad, seed=11)
+    expected = _ref(k, cache, slots, True, w, b)
+    nb, _, row = cache.shape
+    pages = store[:, : bs * row]
+    assert pages.dim() == 2 and pages.data_ptr() == cache.data_ptr()
+    OPS.indexer_k_write(pages, k, slots, w, b, 1e-6, True, True, bs)
+    assert torch.equal(cache, expected)
+    if HAS_TRITON and (HAS_CUDA or os.environ.get("TRITON_INTERPRET") == "1"):
+        k2, cache2, store2, *_ = make_case(hd, bs, norm=True, block_pad=pad, seed=11, device=DEVICE)
+        expected = _ref(k2, cache2, slots, False, None, None)  # quant + write: exact in the kernel too
+        mod.write_triton(store2[:, : bs * row], k2, slots.to(DEVICE), block_size=bs, block_t=4)
+        assert torch.equal(cache2.cpu(), expected)
+    with FakeTensorMode() as fm:
+        OPS.indexer_k_write(fm.from_tensor(pages), fm.from_tensor(k), fm.from_tensor(slots), fm.from_tensor(w),
+                            fm.from_tensor(b), 1e-6, True, True, bs)
+
+
+@pytest.mark.parametrize("block_size, match", [
+    (0, "block_size: required"),
+    (8, "block_size: .* expected 8 \\* 132"),
+    (-2, "block_size: expected >= 0"),
+])
+def test_page_cache_2d_bad_block_size(block_size, match):
+    k, cache, _, slots, _, _ = make_case(128, 16)
+    pages = cache.view(cache.shape[0], -1)
+    before = pages.clone()
+    with pytest.raises(ValueError, match=match):
+        OPS.indexer_k_write(pages, k, slots, None, None, 1e-6, False, True, block_size)
+    with pytest.raises(ValueError, match="block_size: expected 0 or kv_cache.shape"):
+        OPS.indexer_k_write(cache, k, slots, None, None, 1e-6, False, True, 8)
+    assert torch.equal(pages, before)
 
 
 # ---------------------------------------------------------------------------------------

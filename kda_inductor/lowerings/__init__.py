@@ -5,6 +5,8 @@ Also the checks and views the ops share (the indexer's paged K cache is read by
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -75,29 +77,98 @@ def check_tensor(x, arg: str) -> None:
         raise arg_error(arg, f"expected a Tensor, got {type(x).__name__}", TypeError)
 
 
-def check_kv_cache(kv_cache: Tensor, head_dim) -> tuple[int, int]:
-    """The indexer's blocked K cache for ``head_dim``: uint8 ``[num_blocks, block_size,
-    head_dim + 4 * (head_dim // 128)]`` with contiguous blocks. Returns ``(num_blocks,
-    block_size)``."""
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def check_block_size(block_size) -> None:
+    """``block_size`` (the op argument) must be an int >= 0 (0: taken from a 3-D cache)."""
+    if _is_int(block_size):
+        if block_size < 0:
+            raise arg_error("block_size", f"expected >= 0 (0: the 3-D cache's shape[1]), got {block_size}")
+    elif not isinstance(block_size, torch.SymInt):
+        raise arg_error("block_size", f"expected an int, got {type(block_size).__name__}", TypeError)
+
+
+def check_kv_cache(kv_cache: Tensor, head_dim, block_size=0) -> tuple[int, int]:
+    """The indexer's blocked K cache for ``head_dim`` (``row = head_dim + 4 * (head_dim // 128)``
+    bytes per token), in one of two shapes:
+
+    * 3-D uint8 ``[num_blocks, block_size, row]`` (vLLM), each block contiguous; the
+      ``block_size`` argument is 0 or ``kv_cache.shape[1]``;
+    * 2-D uint8 ``[num_pages, block_size * row]`` (SGLang's page buffer), each page
+      contiguous, with the same blocked layout inside a page; ``block_size`` (tokens per
+      page) is then required and must divide the row into ``row``-byte tokens.
+
+    Returns ``(num_blocks, block_size)``. The block stride is free in both."""
+    check_block_size(block_size)
     sb = scale_bytes(head_dim)
-    if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3:
-        raise arg_error("kv_cache", f"expected a 3-D uint8 tensor, got {kv_cache.dim()}-D {kv_cache.dtype}")
-    num_blocks, block_size, row = kv_cache.shape
-    if row != head_dim + sb:
+    row = head_dim + sb
+    if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (2, 3):
+        raise arg_error("kv_cache", f"expected a 3-D uint8 tensor [num_blocks, block_size, {row}] or a 2-D "
+                        f"uint8 page buffer [num_pages, block_size * {row}], got {kv_cache.dim()}-D {kv_cache.dtype}")
+    if kv_cache.dim() == 2:
+        num_blocks, page = kv_cache.shape
+        if block_size == 0:
+            raise arg_error("block_size", f"required (tokens per page) for a 2-D kv_cache [num_pages, "
+                            f"block_size * {row}], got 0")
+        if page != block_size * row:
+            raise arg_error(
+                "block_size",
+                f"a 2-D kv_cache's rows must hold block_size tokens of head_dim + 4 * (head_dim // "
+                f"{QUANT_GROUP}) = {row} bytes for head_dim {head_dim}: expected {block_size} * {row} = "
+                f"{block_size * row} bytes per page, got {page}",
+            )
+        if kv_cache.stride(1) != 1 and page > 1:
+            raise arg_error("kv_cache", f"each page must be contiguous (stride(1) == 1), got strides "
+                            f"{tuple(kv_cache.stride())}")
+        return num_blocks, block_size
+    num_blocks, bs, last = kv_cache.shape
+    if last != row:
         raise arg_error(
             "kv_cache",
-            f"expected last dim head_dim + 4 * (head_dim // {QUANT_GROUP}) = {head_dim + sb} "
-            f"for head_dim {head_dim}, got {row}",
+            f"expected last dim head_dim + 4 * (head_dim // {QUANT_GROUP}) = {row} "
+            f"for head_dim {head_dim}, got {last}",
         )
-    if (kv_cache.stride(2) != 1 and row > 1) or (kv_cache.stride(1) != row and block_size > 1):
+    if block_size not in (0, bs):
+        raise arg_error("block_size", f"expected 0 or kv_cache.shape[1] = {bs} for a 3-D kv_cache, got {block_size}")
+    if (kv_cache.stride(2) != 1 and last > 1) or (kv_cache.stride(1) != last and bs > 1):
         raise arg_error(
             "kv_cache",
-            f"each block must be contiguous (strides (*, {row}, 1)), got strides {tuple(kv_cache.stride())}",
+            f"each block must be contiguous (strides (*, {last}, 1)), got strides {tuple(kv_cache.stride())}",
         )
-    return num_blocks, block_size
+    return num_blocks, bs
 
 
 def cache_bytes(kv_cache: Tensor) -> Tensor:
-    """``kv_cache`` -> uint8 ``[num_blocks, block_size * row]`` view (blocks are contiguous)."""
-    nb, bs, row = kv_cache.shape
-    return kv_cache.as_strided((nb, bs * row), (kv_cache.stride(0), 1))
+    """``kv_cache`` (3-D or 2-D, checked) -> uint8 ``[num_blocks, block_bytes]`` view (blocks
+    are contiguous)."""
+    return kv_cache.as_strided((kv_cache.shape[0], kv_cache.shape[1:].numel()), (kv_cache.stride(0), 1))
+
+
+@contextlib.contextmanager
+def interpreter_checks(enabled: bool = True):
+    """Let ``tl.device_assert`` fire under the Triton interpreter (``TRITON_INTERPRET=1``).
+
+    The interpreter ignores a kernel's ``debug=True``: it asserts only when its own
+    builder's options say debug (Triton 3.5-3.9). Our launchers wrap CPU-tensor launches in
+    this so the interpreter traps exactly where the GPU does (an ``InterpreterError`` naming
+    the assert's message), and CPU tests can cover the kernels' checks. A no-op on GPU
+    launches and where this Triton has no such builder."""
+    builder = None
+    if enabled:
+        try:
+            from triton.runtime import interpreter as _interp
+
+            builder = getattr(_interp, "interpreter_builder", None)
+        except ImportError:  # pragma: no cover
+            builder = None
+    opts = getattr(builder, "options", None)
+    if opts is None or not dataclasses.is_dataclass(opts) or not hasattr(opts, "debug") or opts.debug:
+        yield
+        return
+    builder.options = dataclasses.replace(opts, debug=True)
+    try:
+        yield
+    finally:
+        builder.options = opts

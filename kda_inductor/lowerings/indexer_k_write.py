@@ -1,7 +1,8 @@
 """``kda::indexer_k_write``: LayerNorm + fp8 quantization + paged-cache write, in place.
 
-For each token ``t`` of ``k [T, D]`` with ``s = slot_mapping[t] >= 0`` (slots < 0 are padding
-and skipped):
+``kda::indexer_k_write(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True,
+block_size=0, wrap_negative=False)``. For each token ``t`` of ``k [T, D]`` with slot ``s =
+slot_mapping[t]``:
 
 * optional LayerNorm (``weight``/``bias`` float32 ``[D]``, computed in float32 and cast back
   to ``k``'s dtype, as DeepSeek-V3.2's indexer ``k_norm``; with ``round_norm=False`` kept in
@@ -14,15 +15,33 @@ and skipped):
   the ``G = D // 128`` float32 scales (little-endian) at ``block_size * D + (s % block_size)
   * 4G``: the blocked layout of ``shared/reference.md`` that ``kda::indexer_k_gather`` reads.
 
-``kv_cache`` is uint8 ``[num_blocks, block_size, D + 4G]``, each block contiguous (the block
-stride is free). Nothing outside the written slots changes. Two tokens with one slot: one of
-them wins (which one is unspecified, as with ``index_put_``).
+``kv_cache`` is uint8 ``[num_blocks, block_size, D + 4G]`` (``block_size`` 0: its
+``shape[1]``) or SGLang's 2-D page buffer ``[num_pages, block_size * (D + 4G)]`` (then
+``block_size``, tokens per page, is required), each block contiguous (the block stride is
+free). Nothing outside the written slots changes. Two tokens with one slot: one of them
+wins (which one is unspecified, as with ``index_put_``).
 
-All arguments are validated (dtypes, shapes, devices) before anything is written, so a
-rejected call leaves the cache untouched. The CPU kernel is plain torch with the reference
-math (bit-identical to :func:`kda_inductor.reference.write_indexer_k`) and also checks slot
-values (``slot < num_blocks * block_size``). The CUDA kernel is the Triton launcher
-:func:`write_triton`: sync-free, CUDA-graph safe; out-of-range slots are skipped.
+Slots (the rule, next to the op; issue 11, issue 14), with ``num_slots = num_blocks *
+block_size``:
+
+* ``wrap_negative=False`` (code that masks padding, ``torch.where(slot >= 0, new, old)``,
+  e.g. :func:`kda_inductor.reference.write_indexer_k`): a slot < 0 is padding and skipped;
+* ``wrap_negative=True`` (code that does not mask: ``flat[s // bs, ...] = q``): a slot ``s``
+  in ``[-num_slots, 0)`` is written at ``s + num_slots`` exactly as Python indexing does it
+  (``s // bs`` floors to block ``-1``, ``s % bs`` is ``bs - 1`` for ``s = -1``: the last row of
+  the last block); below ``-num_slots`` it is out of range;
+* a slot ``>= num_slots`` (or below ``-num_slots`` with ``wrap_negative``) is refused: eager
+  raises ``IndexError``, stock Inductor traps with a device-side assert; so do we (CPU: an
+  ``IndexError`` naming ``slot_mapping``, before anything is written; CUDA: a device-side
+  assert).
+
+All arguments are validated (dtypes, shapes, devices) before anything is written, so a call
+rejected on the host leaves the cache untouched. The CPU kernel is plain torch with the
+reference math (bit-identical to :func:`kda_inductor.reference.write_indexer_k`). The CUDA
+kernel is the Triton launcher :func:`write_triton`: sync-free, CUDA-graph safe, compiled in
+Triton's debug mode (overflow checks off) so its ``tl.device_assert`` traps a refused slot;
+the interpreter traps the same way. ``write_triton(..., check=False)`` is the explicit
+no-assert variant (benchmarks only, never used by the op): refused slots are then skipped.
 """
 
 from __future__ import annotations
@@ -34,7 +53,14 @@ import torch
 from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
-from kda_inductor.lowerings import block_for_programs, cache_bytes, check_kv_cache, check_tensor
+from kda_inductor.lowerings import (
+    block_for_programs,
+    cache_bytes,
+    check_kv_cache,
+    check_tensor,
+    interpreter_checks,
+    triton_launch_options,
+)
 from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN, layer_norm_k, quantize_k
 
 try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
@@ -62,7 +88,7 @@ class _Meta:
     groups: int
 
 
-def _check(kv_cache, k, slot_mapping, weight, bias, eps) -> _Meta:
+def _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size=0, wrap_negative=False) -> _Meta:
     """Sync-free checks of everything but slot values; returns the geometry."""
     for x, arg in ((kv_cache, "kv_cache"), (k, "k"), (slot_mapping, "slot_mapping")):
         check_tensor(x, arg)
@@ -72,7 +98,9 @@ def _check(kv_cache, k, slot_mapping, weight, bias, eps) -> _Meta:
     if isinstance(head_dim, int) and (head_dim <= 0 or head_dim % QUANT_GROUP):
         raise _err("k", f"head_dim (k.shape[1]) must be a positive multiple of {QUANT_GROUP}, got {head_dim}")
     groups = head_dim // QUANT_GROUP
-    num_blocks, block_size = check_kv_cache(kv_cache, head_dim)
+    num_blocks, block_size = check_kv_cache(kv_cache, head_dim, block_size)
+    if not isinstance(wrap_negative, bool):
+        raise _err("wrap_negative", f"expected a bool, got {type(wrap_negative).__name__}", TypeError)
     if slot_mapping.dim() != 1 or slot_mapping.dtype not in _INDEX_DTYPES:
         raise _err(
             "slot_mapping",
@@ -143,22 +171,32 @@ if triton is not None:
         enc = tl.minimum(tl.where(e32 >= 121, normal, sub), 0x7E)
         return (enc | sign).to(tl.uint8)
 
-    @triton.jit(do_not_specialize=["num_tokens", "num_slots", "eps"])
+    @triton.jit(do_not_specialize=["num_tokens", "num_slots", "eps"], debug=True)
     def _write_kernel(
         kv_ptr, k_ptr, slot_ptr, w_ptr, b_ptr,
         num_tokens, num_slots, k_stride_t, k_stride_d, kv_block_stride, eps,
         BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr, GROUPS: tl.constexpr,
         GROUPS_P2: tl.constexpr, BLOCK_T: tl.constexpr, NORM: tl.constexpr, UE8M0: tl.constexpr,
         K_BF16: tl.constexpr, HW_CASTS: tl.constexpr, ROUND_NORM: tl.constexpr,
+        WRAP_NEGATIVE: tl.constexpr, CHECK: tl.constexpr,
     ):
         """Program p normalizes, quantizes and stores tokens [p * BLOCK_T, +BLOCK_T).
 
         ``HW_CASTS`` (GPU): bf16 and fp8 by the hardware's round-to-nearest-even casts, as
         torch's own kernels do. Without it (the interpreter, whose casts truncate), the same
-        roundings by integer arithmetic: slower, and bit-identical."""
+        roundings by integer arithmetic: slower, and bit-identical. ``WRAP_NEGATIVE``: slots
+        in [-num_slots, 0) count from the end (else negative slots are padding); ``CHECK``:
+        assert that every other slot is in range (else out-of-range slots are skipped)."""
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         in_range = t < num_tokens
         slot = tl.load(slot_ptr + t, mask=in_range, other=-1).to(tl.int64)
+        if WRAP_NEGATIVE:
+            slot = tl.where(slot < 0, slot + num_slots, slot)
+            if CHECK:
+                tl.device_assert(~in_range | ((slot >= 0) & (slot < num_slots)),
+                                 "indexer_k_write: slot out of range [-num_slots, num_slots)")
+        elif CHECK:
+            tl.device_assert(~in_range | (slot < num_slots), "indexer_k_write: slot >= num_blocks * block_size")
         valid = in_range & (slot >= 0) & (slot < num_slots)
         d = tl.arange(0, GROUPS_P2 * 128)
         dmask = d < HEAD_DIM
@@ -234,11 +272,11 @@ def default_block_t(head_dim: int, num_tokens: int | None = None) -> int:
 
 def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
             block_t: int | None = None, num_warps: int | None = None, hw_casts: bool | None = None,
-            round_norm: bool = True) -> None:
+            round_norm: bool = True, wrap_negative: bool = False, check: bool = True) -> None:
     if triton is None:  # pragma: no cover
         raise RuntimeError("indexer_k_write: the Triton kernel needs triton, which is not installed")
-    if meta.num_tokens == 0 or meta.num_blocks == 0:
-        return
+    if meta.num_tokens == 0 or (meta.num_blocks == 0 and not check):
+        return  # (an empty cache with checks: every real slot is out of range, the kernel traps)
     kv = cache_bytes(kv_cache)
     block_t = block_t or default_block_t(meta.head_dim, meta.num_tokens)
     groups_p2 = _next_pow2(meta.groups)
@@ -247,45 +285,58 @@ def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
     if hw_casts is None:
         hw_casts = kv_cache.is_cuda
     norm = weight is not None
-    _write_kernel[(triton.cdiv(meta.num_tokens, block_t),)](
-        kv, k, slot_mapping, weight if norm else k, bias if norm else k,
-        meta.num_tokens, meta.num_blocks * meta.block_size, k.stride(0), k.stride(1),
-        kv.stride(0), float(eps),
-        BLOCK_SIZE=meta.block_size, HEAD_DIM=meta.head_dim, GROUPS=meta.groups,
-        GROUPS_P2=groups_p2, BLOCK_T=block_t, NORM=norm, UE8M0=bool(ue8m0),
-        K_BF16=k.dtype == torch.bfloat16, HW_CASTS=bool(hw_casts), ROUND_NORM=bool(round_norm),
-        num_warps=num_warps,
-    )
+    extra = triton_launch_options() if kv_cache.is_cuda else {}
+    with interpreter_checks(check and not kv_cache.is_cuda):
+        _write_kernel[(triton.cdiv(meta.num_tokens, block_t),)](
+            kv, k, slot_mapping, weight if norm else k, bias if norm else k,
+            meta.num_tokens, meta.num_blocks * meta.block_size, k.stride(0), k.stride(1),
+            kv.stride(0), float(eps),
+            BLOCK_SIZE=meta.block_size, HEAD_DIM=meta.head_dim, GROUPS=meta.groups,
+            GROUPS_P2=groups_p2, BLOCK_T=block_t, NORM=norm, UE8M0=bool(ue8m0),
+            K_BF16=k.dtype == torch.bfloat16, HW_CASTS=bool(hw_casts), ROUND_NORM=bool(round_norm),
+            WRAP_NEGATIVE=bool(wrap_negative), CHECK=bool(check), num_warps=num_warps, **extra,
+        )
 
 
 def write_triton(kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tensor | None = None,
                  bias: Tensor | None = None, eps: float = 1e-6, ue8m0: bool = False, *,
-                 block_t: int | None = None, num_warps: int | None = None, hw_casts: bool | None = None,
-                 round_norm: bool = True) -> None:
-    """The Triton kernel on validated metadata (slot values are not checked: slots < 0 or
-    past the cache are skipped). No host sync, no allocation: safe under CUDA-graph capture.
-    ``hw_casts``: hardware bf16/fp8 casts (default: on CUDA tensors) or integer roundings."""
-    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
+                 block_size: int = 0, wrap_negative: bool = False, block_t: int | None = None,
+                 num_warps: int | None = None, hw_casts: bool | None = None, round_norm: bool = True,
+                 check: bool = True) -> None:
+    """The Triton kernel on validated metadata; slot values are checked by device-side
+    asserts (the module's rule). ``check=False`` drops the asserts: an explicit fast path
+    for measuring their cost, never used by the op (refused slots are then skipped). No host
+    sync, no allocation: safe under CUDA-graph capture. ``hw_casts``: hardware bf16/fp8
+    casts (default: on CUDA tensors) or integer roundings."""
+    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
     if block_t is not None and not (block_t > 0 and block_t & (block_t - 1) == 0):
         raise _err("block_t", f"expected a positive power of two, got {block_t}")
-    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, block_t, num_warps, hw_casts, round_norm)
+    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, block_t, num_warps, hw_casts, round_norm,
+            wrap_negative, check)
 
 
 # --------------------------------------------------------------------------------------
 # custom op
 # --------------------------------------------------------------------------------------
-def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta, round_norm: bool = True) -> None:
+def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta, round_norm: bool = True,
+               wrap_negative: bool = False) -> None:
     slots = slot_mapping.to(torch.int64)
     total = meta.num_blocks * meta.block_size
-    bad = torch.nonzero(slots >= total)
+    if wrap_negative:
+        bad = torch.nonzero((slots >= total) | (slots < -total))
+    else:
+        bad = torch.nonzero(slots >= total)
     if bad.numel():  # checked before anything is written
         t = int(bad[0, 0])
+        lo = -total if wrap_negative else 0
         raise _err(
             "slot_mapping",
-            f"slot {int(slots[t])} (token {t}) out of range for {meta.num_blocks} blocks of "
-            f"{meta.block_size}",
+            f"slot {int(slots[t])} (token {t}) out of range [{lo}, {total}) for {meta.num_blocks} blocks of "
+            f"{meta.block_size}" + ("" if wrap_negative else " (slots < 0 are padding)"),
             IndexError,
         )
+    if wrap_negative:  # Python indexing: s in [-total, 0) is s + total
+        slots = torch.where(slots < 0, slots + total, slots)
     if weight is not None:
         k = layer_norm_k(k, weight, bias, eps, round_to_input=round_norm)
     q, scale = quantize_k(k, ue8m0)
@@ -302,35 +353,46 @@ def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
 @torch.library.custom_op("kda::indexer_k_write", mutates_args=("kv_cache",), device_types="cpu")
 def indexer_k_write(
     kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tensor | None, bias: Tensor | None,
-    eps: float, ue8m0: bool, round_norm: bool = True,
+    eps: float, ue8m0: bool, round_norm: bool = True, block_size: int = 0, wrap_negative: bool = False,
 ) -> None:
     """Normalize (if ``weight``; rounded to ``k``'s dtype if ``round_norm``), quantize and
-    store ``k`` at ``slot_mapping`` in ``kv_cache``."""
-    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
-    _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm)
+    store ``k`` at ``slot_mapping`` in ``kv_cache`` (3-D, or 2-D pages of ``block_size``
+    tokens). Slots < 0: skipped, or with ``wrap_negative`` counted from the end as Python
+    indexing does; out of range: refused (the module's rule)."""
+    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
+    _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm, wrap_negative)
 
 
 @indexer_k_write.register_kernel("cuda")
-def _indexer_k_write_cuda(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True):
-    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps)
-    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm=round_norm)
+def _indexer_k_write_cuda(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True, block_size=0,
+                          wrap_negative=False):
+    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
+    _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm=round_norm,
+            wrap_negative=wrap_negative)
 
 
 @indexer_k_write.register_fake
-def _indexer_k_write_fake(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True):
-    _check(kv_cache, k, slot_mapping, weight, bias, eps)
+def _indexer_k_write_fake(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True, block_size=0,
+                          wrap_negative=False):
+    _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
 
 
 def aot_variants():
-    """head_dim 128 / 512, with and without the norm, plain / ue8m0 scales, hardware or
-    integer casts, for the ahead-of-time sm_90 compile check."""
+    """head_dim 128 / 512, with and without the norm, plain / ue8m0 scales, both cast paths
+    (asserts on, negative slots skipped: the op's defaults), plus wrap_negative and the
+    no-assert variants, for the ahead-of-time sm_90 compile check."""
     import itertools
 
-    from kda_inductor.lowerings import AotVariant
+    from kda_inductor.lowerings import AotVariant, debug_options
 
     types = dict(kv_ptr="*u8", k_ptr="*bf16", slot_ptr="*i64", w_ptr="*fp32", b_ptr="*fp32", num_tokens="i32",
                  num_slots="i32", k_stride_t="i32", k_stride_d="i32", kv_block_stride="i32", eps="fp32")
+    base = dict(BLOCK_SIZE=64, GROUPS_P2=1, BLOCK_T=4, K_BF16=True, WRAP_NEGATIVE=False, CHECK=True)
     for (hd, g), norm, ue, hw in itertools.product(((128, 1), (512, 4)), (False, True), (False, True), (False, True)):
-        consts = dict(BLOCK_SIZE=64, HEAD_DIM=hd, GROUPS=g, GROUPS_P2=g, BLOCK_T=4, NORM=norm, UE8M0=ue, K_BF16=True,
-                      HW_CASTS=hw, ROUND_NORM=not (norm and hw and ue))
-        yield AotVariant(_write_kernel, types, consts, {"num_warps": 4})
+        consts = dict(base, HEAD_DIM=hd, GROUPS=g, GROUPS_P2=g, NORM=norm, UE8M0=ue, HW_CASTS=hw,
+                      ROUND_NORM=not (norm and hw and ue))
+        yield AotVariant(_write_kernel, types, consts, debug_options())
+    plain = dict(base, HEAD_DIM=128, GROUPS=1, NORM=True, UE8M0=True, HW_CASTS=True, ROUND_NORM=True)
+    yield AotVariant(_write_kernel, types, dict(plain, WRAP_NEGATIVE=True), debug_options())
+    yield AotVariant(_write_kernel, types, dict(plain, WRAP_NEGATIVE=True, CHECK=False), debug_options())
+    yield AotVariant(_write_kernel, types, dict(plain, CHECK=False), debug_options())

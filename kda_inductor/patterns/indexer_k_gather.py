@@ -348,7 +348,8 @@ def _copied_into_input(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     user = next(iter(node.users))
     if user.target is aten.view.dtype and len(user.users) == 1:
         node, user = user, next(iter(user.users))
-    if user.target is aten.copy_.default and user.args[1] is node and user.args[0].op == "placeholder":
+    if (user.target is aten.copy_.default and user.args[1] is node
+            and user.args[0].op in ("placeholder", "get_attr")):  # get_attr: a buffer under AOTInductor
         return user.args[0], user
     return None
 

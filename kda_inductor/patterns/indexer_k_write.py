@@ -1,6 +1,7 @@
 """``indexer_k_write``: DeepSeek-V3.2's indexer K write (norm + fp8 quant + paged store) -> one op.
 
-What it finds (post-grad graph, which is functional): a graph-input cache ``kv_cache`` uint8
+What it finds (post-grad graph, which is functional): a graph-input (or, under AOTInductor, a
+``get_attr`` constant: a module buffer lifted by ``torch.export``) cache ``kv_cache`` uint8
 ``[num_blocks, block_size, D + 4G]`` that is written by exactly two functional writes
 (``aten.index_put``, possibly inside ``slice_scatter``, as ``index_put_``, ``index_copy_`` and
 ``view[blk, off] = ...`` into views of the cache become) and copied back with ``copy_``:
@@ -37,9 +38,10 @@ Padding slots: if each write is masked as ``torch.where(slot_mapping >= 0, new, 
 flat ``index_copy_`` is not recognized) (the slot may then be clamped to 0 for the indexing:
 ``slot_mapping.clamp(min=0)``), padding tokens write their old bytes back; the op skips them,
 which is the same wherever eager is well defined (no real token shares the clamped slot,
-as with vLLM's reserved block 0). Unmasked code is matched under the assumption this
-project's index algebra makes throughout: slots are in range and non-negative (eager would
-wrap a negative slot around; the op skips it). Clamped but unmasked code is not matched.
+as with vLLM's reserved block 0). Unmasked code writes a negative slot where Python indexing
+puts it (slot -1: the last row of the last block; every spelling the index algebra accepts,
+``//``, ``>>``, ``%``, ``&``, floors the same way): it is replaced with ``wrap_negative=True``,
+which does exactly that. Clamped but unmasked code is not matched.
 
 Replacement: ``auto_functionalized(kda.indexer_k_write, kv_cache=<input>, ...)``, whose new
 cache feeds the user's ``copy_`` (and every reader of the written cache); Inductor
@@ -400,6 +402,7 @@ class WriteMatch(Match):
     eps: float
     ue8m0: bool
     round_norm: bool
+    wrap_negative: bool  # unmasked writes: negative slots count from the end, as eager
     readers: list[fx.Node]  # last-version nodes read outside the chain: they get the new cache
     first: fx.Node  # the first write: the op goes before it
 
@@ -411,7 +414,9 @@ class IndexerKWrite(Rewrite):
     def find(self, graph: fx.Graph) -> list[Match]:
         matches = []
         for n in graph.nodes:
-            if n.target is aten.copy_.default and n.args[0].op == "placeholder":
+            # the cache is a graph input (torch.compile) or a module buffer that AOTInductor
+            # lifts to a constant (get_attr), mutated in place by the copy_ just the same
+            if n.target is aten.copy_.default and n.args[0].op in ("placeholder", "get_attr"):
                 cv = val(n.args[0])
                 if isinstance(cv, torch.Tensor) and cv.dtype == torch.uint8 and cv.dim() == 3:
                     m = self._match(n)
@@ -502,7 +507,7 @@ class IndexerKWrite(Rewrite):
         return WriteMatch(
             nodes=sorted(region, key=positions(copy.graph).__getitem__),
             copy=copy, cache=cache, k=k, slot_mapping=slot, weight=weight, bias=bias, eps=float(eps),
-            ue8m0=quant.ue8m0, round_norm=round_norm, readers=readers,
+            ue8m0=quant.ue8m0, round_norm=round_norm, wrap_negative=not mv, readers=readers,
             first=min((wv.node, ws.node), key=positions(copy.graph).__getitem__),
         )
 
@@ -620,6 +625,7 @@ class IndexerKWrite(Rewrite):
         insert_fused(
             graph, torch.ops.kda.indexer_k_write.default,
             kwargs={"kv_cache": m.cache, "k": m.k, "slot_mapping": m.slot_mapping, "weight": m.weight,
-                    "bias": m.bias, "eps": m.eps, "ue8m0": m.ue8m0, "round_norm": m.round_norm},
+                    "bias": m.bias, "eps": m.eps, "ue8m0": m.ue8m0, "round_norm": m.round_norm,
+                    "wrap_negative": m.wrap_negative},
             before=m.first, mutated="kv_cache", routes=new_cache, region=m.nodes, origin=m.first,
         )

@@ -1,0 +1,201 @@
+"""Deployment paths (issue 14): ``torch.export`` -> AOTInductor with our pass keeps every
+rewrite on the examples, and export with dynamic token counts works.
+
+AOTInductor compiles C++ here (CPU): one package per test (~30-60 s on two shared cores).
+Our pass goes in through ``inductor_configs={"post_grad_custom_post_pass": KdaPostGradPass(...)}``
+(one ``CustomGraphPass`` object: what the key takes on torch 2.9-2.14; lists only from 2.13).
+``force=True``: on CPU the speed rules would leave the code to Inductor.
+
+Findings these tests pin down:
+
+* AOTInductor lifts a module buffer (the indexer cache) to a constant: the post-grad graph
+  reads and ``copy_``s into a ``get_attr`` node, not a placeholder; ``indexer_k_write`` (and
+  ``indexer_k_gather_out``'s destinations) accept that root too, and Inductor re-inplaces the
+  op on the constant as it does on an input.
+* ``Guard failed: block_table.size()[1] == 1``: ``torch.export`` specializes dims whose sample
+  size is 0 or 1 (a decode-like sample: every request within one block); it happens in export,
+  before any compile, so it is not the rewrite. Export from samples without size-1 dims, or
+  under ``torch.fx.experimental._config.backed_size_oblivious = True``.
+* The int ``num_tokens`` of the indexer block is static unless exported with ``Dim.DYNAMIC``
+  (else ``Guard failed: num_tokens == N``); AOTInductor takes tensor inputs only, so there
+  the int stays static (make N a tensor's size to vary it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.export import Dim
+
+from kda_inductor import pass_manager
+from kda_inductor.options import KdaOptions
+from kda_inductor.pass_manager import KdaPostGradPass
+from kda_inductor.reference import written_cache_mismatch
+from kda_inductor.testing import assert_close_in_range, fresh_compile
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+import gdn_layers as G  # noqa: E402
+import indexer_block as ib  # noqa: E402
+
+needs_aoti = pytest.mark.skipif(
+    not hasattr(torch._inductor, "aoti_compile_and_package") or shutil.which("g++") is None,
+    reason="needs torch._inductor.aoti_compile_and_package and a C++ compiler",
+)
+SEQS = [23, 0, 9, 40]  # tiny indexer batch: table width 3, 72 tokens + 3 padding
+
+
+def _size_oblivious():
+    """Export without 0/1 specialization where this torch has the switch."""
+    try:
+        import torch.fx.experimental._config as fx_config
+    except ImportError:  # pragma: no cover
+        return contextlib.nullcontext()
+    if not hasattr(fx_config, "backed_size_oblivious"):  # pragma: no cover
+        return contextlib.nullcontext()
+    return fx_config.patch(backed_size_oblivious=True)
+
+
+def _aoti(ep, tmp_path):
+    """AOTInductor package of ``ep`` with our pass (forced, strict); (loaded model, records)."""
+    configs = {"post_grad_custom_post_pass": KdaPostGradPass(KdaOptions(force=True, strict=True))}
+    with fresh_compile(), pass_manager.observe() as records:
+        pkg = torch._inductor.aoti_compile_and_package(ep, package_path=str(tmp_path / "model.pt2"),
+                                                       inductor_configs=configs)
+    return torch._inductor.aoti_load_package(pkg), records
+
+
+def _user_managed_cache(loaded, cache: torch.Tensor) -> bool:
+    """Hand the package our own cache tensor (so we can read what it writes), if this torch can."""
+    params = inspect.signature(loaded.load_constants).parameters
+    if "user_managed" not in params or "kv_cache" not in loaded.get_constant_fqns():
+        return False
+    loaded.load_constants({"kv_cache": cache}, check_full_update=False, user_managed=True)
+    return True
+
+
+def _check_indexer_outputs(got, ref, n):
+    idx, logits = got
+    ridx, rlogits = ref
+    assert torch.equal(torch.isinf(logits[:n]), torch.isinf(rlogits[:n]))  # the same visibility mask
+    rows, _ = ib.topk_agreement(ridx[:n], idx[:n], rlogits[:n].float())  # raises on a non-tie swap
+    assert rows <= n // 4, rows
+    fin = torch.isfinite(rlogits[:n])
+    assert_close_in_range([logits[:n][fin].float()], [rlogits[:n][fin].float()])
+
+
+# --------------------------------------------------------------------------- AOTInductor
+
+
+@needs_aoti
+def test_aoti_indexer_block_keeps_write_and_gather(tmp_path):
+    """The cache a module buffer: export lifts it, AOTInductor makes it a constant; both
+    indexer rewrites fire (and the gather of 1-byte rows is not taken for a GDN split)."""
+    block = ib.make_block(ib.TINY)
+    *inputs, n = ib.make_inputs(ib.TINY, SEQS, num_padding=3)
+    with torch.no_grad():
+        ep = torch.export.export(block, (*inputs, n))
+        loaded, records = _aoti(ep, tmp_path)
+        assert [r["matches"] for r in records] == [
+            {"indexer_k_write": 1, "indexer_k_gather": 1, "gdn_spec_split": 0, "gated_norm_merge": 0}]
+        assert "get_attr[target=kv_cache]" in records[0]["before"]  # the lifted buffer
+        after = records[0]["after"]
+        assert "kda.indexer_k_write.default" in after and "kda.indexer_k_gather.default" in after
+        cache0 = block.kv_cache.clone()
+        for seed in (0, 1):  # new tokens, slots and table each step, same shapes
+            *step, n = ib.make_inputs(ib.TINY, SEQS, num_padding=3, seed=seed)
+            mine = cache0.clone()
+            managed = _user_managed_cache(loaded, mine)
+            got = loaded(*step, n)
+            block.kv_cache.copy_(cache0)
+            ref = block(*step, n)
+            _check_indexer_outputs(got, ref, n)
+            assert managed or "user_managed" not in inspect.signature(loaded.load_constants).parameters
+            if managed:  # the package wrote our tensor in place, as eager wrote the buffer
+                why = written_cache_mismatch(mine, block.kv_cache, step[2], ib.TINY.head_dim)
+                assert why is None, why
+
+
+def _gdn_args(layer, spec_reqs, decode_reqs, seed):
+    hidden, batch, states = G.make_inputs(layer, spec_reqs, decode_reqs, seed=seed)
+    return (hidden, batch.spec_idx, batch.non_spec_idx, *states)
+
+
+@needs_aoti
+@pytest.mark.parametrize("cls, cfg", [(G.Qwen3NextGDN, G.GDNConfig.tiny()), (G.KimiKDA, G.KDAConfig.tiny())],
+                         ids=["gdn", "kda"])
+def test_aoti_gdn_layers_dynamic_tokens_keep_split_and_merge(tmp_path, cls, cfg):
+    """Qwen3-Next GDN / Kimi KDA step exported with dynamic token and request counts; one
+    package serves batches of other sizes (a single decode request included)."""
+    torch.manual_seed(0)
+    layer = cls(cfg).eval()
+    args = _gdn_args(layer, 3, 4, seed=0)
+    auto = Dim.AUTO
+    dynamic = tuple({d: auto for d in range(a.dim())} if i < 3 else {0: auto} for i, a in enumerate(args))
+    with torch.no_grad():
+        with _size_oblivious():
+            ep = torch.export.export(layer, args, dynamic_shapes=dynamic)
+        assert ep.range_constraints, "nothing dynamic was exported"
+        loaded, records = _aoti(ep, tmp_path)
+        assert [r["matches"] for r in records] == [
+            {"indexer_k_write": 0, "indexer_k_gather": 0, "gdn_spec_split": 1, "gated_norm_merge": 1}]
+        for spec_reqs, decode_reqs in ((3, 4), (2, 7), (5, 1)):
+            step = _gdn_args(layer, spec_reqs, decode_reqs, seed=spec_reqs)
+            assert_close_in_range(loaded(*step), layer(*step))
+
+
+# --------------------------------------------------------------------------- export, dynamic
+
+
+INDEXER_DYNAMIC = tuple([{0: Dim.AUTO}] * 3 + [{0: Dim.AUTO, 1: Dim.AUTO}, {0: Dim.AUTO}, {0: Dim.AUTO},
+                         Dim.DYNAMIC])
+"""x, positions, slot_mapping, block_table, cu_seq_lens, req_of_token: every dim; num_tokens too."""
+
+
+def test_export_from_a_one_block_sample_specializes_the_table_width():
+    """Where ``Guard failed: block_table.size()[1] == 1`` comes from: ``torch.export`` itself
+    (no compile, no rewrite) specializes a dim whose sample size is 1; without that
+    specialization the exported module runs any width."""
+    block = ib.make_block(ib.TINY)
+    *sample, n = ib.make_inputs(ib.TINY, [5, 3, 7], num_padding=2)  # every request within one block
+    assert sample[3].shape[1] == 1
+    *wide, n2 = ib.make_inputs(ib.TINY, SEQS, num_padding=3)
+    with torch.no_grad():
+        ep = torch.export.export(block, (*sample, n), dynamic_shapes=INDEXER_DYNAMIC)
+        with pytest.raises(Exception, match=r"block_table.size\(\)\[1\] == 1"):
+            ep.module()(*wide, n2)
+        with _size_oblivious():
+            ep = torch.export.export(block, (*sample, n), dynamic_shapes=INDEXER_DYNAMIC)
+        ep.module()(*wide, n2)
+
+
+def test_export_dynamic_token_counts_then_compile_indexer_block():
+    """Exported with dynamic token counts (and table width, requests, num_tokens), then
+    ``torch.compile(ep.module(), backend="kda_inductor", dynamic=True)``: one graph with both
+    rewrites serves batches of other sizes, each matching eager."""
+    block = ib.make_block(ib.TINY)
+    *sample, n = ib.make_inputs(ib.TINY, SEQS, num_padding=3)
+    with torch.no_grad():
+        ep = torch.export.export(block, (*sample, n), dynamic_shapes=INDEXER_DYNAMIC)
+        module = ep.module()
+        cache0 = module.kv_cache.clone()
+        with fresh_compile(), pass_manager.observe() as records:
+            compiled = torch.compile(module, backend="kda_inductor", dynamic=True,
+                                     options={"kda": {"force": True, "strict": True}})
+            for seqs in (SEQS, [30, 12, 2, 50, 17], [40, 17]):  # widths 3, 4, 3; N 72, 111, 57
+                *step, n = ib.make_inputs(ib.TINY, seqs, num_padding=2, seed=len(seqs))
+                module.kv_cache.copy_(cache0)
+                got = compiled(*step, n)
+                written = module.kv_cache.clone()
+                block.kv_cache.copy_(cache0)
+                ref = block(*step, n)
+                _check_indexer_outputs(got, ref, n)
+                why = written_cache_mismatch(written, block.kv_cache, step[2], ib.TINY.head_dim)
+                assert why is None, why
+    assert [r["matches"] for r in records] == [
+        {"indexer_k_write": 1, "indexer_k_gather": 1, "gdn_spec_split": 0, "gated_norm_merge": 0}]

@@ -72,6 +72,7 @@ from kda_inductor.patterns.base import (
     prims,
     val,
 )
+from kda_inductor.patterns.canonical import Canon, Term, const_value
 from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
@@ -239,93 +240,74 @@ def _scalar_arg(n: fx.Node, i: int, key: str) -> Any:
     return n.args[i] if len(n.args) > i else n.kwargs.get(key)
 
 
-def _clamp_bounds(n: Any) -> tuple[Any, float | None, float | None]:
-    """``clamp_min``/``clamp_max``/``clamp`` chains -> (input, lo, hi)."""
-    lo = hi = None
-    while True:
-        if is_op(n, aten.clamp_min) and lo is None and not isinstance(n.args[1], fx.Node):
-            lo, n = n.args[1], n.args[0]
-        elif is_op(n, aten.clamp_max) and hi is None and not isinstance(n.args[1], fx.Node):
-            hi, n = n.args[1], n.args[0]
-        elif is_op(n, aten.clamp) and lo is None and hi is None:
-            lo, hi, n = _scalar_arg(n, 1, "min"), _scalar_arg(n, 2, "max"), n.args[0]
-            if isinstance(lo, fx.Node) or isinstance(hi, fx.Node):
-                return n, None, None
-        else:
-            return n, lo, hi
-
-
 @dataclasses.dataclass
 class _Quant:
-    q: fx.Node  # convert_element_type(..., float8_e4m3fn)
-    scale: fx.Node  # float32 [T, G, 1] or [T, G]
-    x: fx.Node  # float32 [T, G, 128]
-    k: fx.Node  # the tensor whose .float() is x (k itself when float32)
+    q: fx.Node  # the fp8 cast
+    scale: Term  # the float32 scales the values were divided by ([T, G, 1], [T * G, 1], ...)
+    scale_node: fx.Node  # the node divided by
+    x: fx.Node  # the float32 values quantized, last dim 128
+    k: fx.Node  # the [T, D] tensor whose .float() is x (k itself when float32)
     ue8m0: bool
     nodes: set[fx.Node]
 
 
-def _read_quant(q: fx.Node) -> _Quant | str:
-    """Check that ``q`` is the fp8 group quantization; a string says why not."""
-    if not (is_op(q, *_CASTS) and val(q).dtype == torch.float8_e4m3fn):
+def _f32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def _read_quant(q: fx.Node, canon: Canon) -> _Quant | str:
+    """Check, in canonical terms, that ``q`` is the fp8 group quantization
+    ``fp8(clamp(x / s, -448, 448))`` with ``s = max(amax(|x|, -1), 1e-4) / 448`` (or its
+    ue8m0 rounding ``exp2(ceil(log2(s)))``) over groups of 128 values of float32 ``x``:
+    every spelling :mod:`.canonical` normalizes matches (``clamp_min`` / ``torch.maximum`` with
+    ``torch.tensor(eps)``, ``amax`` without keepdim then ``unsqueeze``, ``max(dim)[0]``,
+    ``pow(2, .)`` / ``exp2``, one group per row or ``[T, G, 128]`` views, ``.float()`` /
+    ``type_as``...). A string says why not."""
+    t = canon(q)
+    if not (t.op == "cast" and t.attr("dtype") == torch.float8_e4m3fn):
         return "values are not an fp8 e4m3 cast"
-    inner, lo, hi = _clamp_bounds(q.args[0])
-    if lo != -FP8_MAX or hi != FP8_MAX:
+    c = t.args[0]
+    if not (isinstance(c, Term) and c.op == "clamp" and c.attr("lo") == -FP8_MAX and c.attr("hi") == FP8_MAX):
         return f"values are not clamped to [-{FP8_MAX:g}, {FP8_MAX:g}] before the fp8 cast"
-    if not (inner.target is aten.div.Tensor and isinstance(inner.args[1], fx.Node)):
+    d = c.args[0]
+    if not (isinstance(d, Term) and d.op == "div" and len(d.args) == 2 and isinstance(d.args[1], Term)):
         return "values are not x / scale"
-    x, sb = inner.args
-    xv = val(x)
-    if xv is None or xv.dtype != torch.float32 or xv.dim() != 3 or xv.shape[2] != QUANT_GROUP:
-        return f"x is not float32 [T, G, {QUANT_GROUP}] (another group size)"
-    scale, sviews = _through_views(sb)
-    nodes = {q, q.args[0], inner, *sviews}
-    n = q.args[0]
-    while n is not inner:
-        nodes.add(n)
-        n = n.args[0]
-    if tuple(val(sb).shape) != (*xv.shape[:2], 1):
-        return "scale does not broadcast as [T, G, 1]"
+    xt, st = d.args
+    if xt.node is None or val(xt.node) is None or val(xt.node).dtype != torch.float32 \
+            or val(xt.node).shape[-1] != QUANT_GROUP:
+        return f"x is not float32 with groups of {QUANT_GROUP} in its last dim (another group size)"
+    scale = canon.strip(st, "view")
     ue8m0 = False
     plain = scale
-    if (is_op(scale, aten.pow) and scale.target is aten.pow.Scalar and scale.args[0] == 2) or is_op(scale, aten.exp2):
-        c = scale.args[1] if scale.target is aten.pow.Scalar else scale.args[0]
-        if not (is_op(c, aten.ceil) and is_op(c.args[0], aten.log2)):
+    if plain.op == "exp2":
+        inner = plain.args[0]
+        if not (inner.op == "ceil" and inner.args[0].op == "log2"):
             return "scale is 2 ** (something other than ceil(log2(s)))"
-        nodes |= {scale, c, c.args[0]}
-        plain, ue8m0 = c.args[0].args[0], True
-    if not (plain.target is aten.div.Tensor and plain.args[1] == FP8_MAX):
+        plain, ue8m0 = inner.args[0].args[0], True
+    if not (plain.op == "div" and len(plain.args) == 2 and const_value(plain.args[1]) == FP8_MAX):
         return f"scale is not max(amax, {SCALE_MIN:g}) / {FP8_MAX:g} (another scale formula)"
-    amax, lo2, hi2 = _clamp_bounds(plain.args[0])
-    if lo2 != SCALE_MIN or hi2 is not None:
+    floor = plain.args[0]
+    if not (floor.op == "clamp" and floor.attr("hi") is None and floor.attr("lo") is not None
+            and _f32(floor.attr("lo")) == _f32(SCALE_MIN)):
         return f"scale is not max(amax, {SCALE_MIN:g}) / {FP8_MAX:g} (another floor)"
-    if not (is_op(amax, aten.amax) and is_op(amax.args[0], aten.abs)):
-        return "scale does not start from amax(abs(x))"
-    dims = amax.args[1] if len(amax.args) > 1 else amax.kwargs.get("dim")
-    keep = amax.args[2] if len(amax.args) > 2 else amax.kwargs.get("keepdim", False)
-    if list(dims) not in ([-1], [2]) or not keep:
-        return "amax is not over the last dim of [T, G, 128] with keepdim"
-    if amax.args[0].args[0] is not x:
+    amax = floor.args[0]
+    rank = val(amax.args[0].node).dim() if amax.op == "amax" and amax.args[0].node is not None else None
+    if not (amax.op == "amax" and amax.args[0].op == "abs" and amax.attr("keepdim") and rank
+            and amax.attr("dims") == (rank - 1,)):
+        return "scale does not start from amax(abs(x)) over the group's 128 values (keepdim)"
+    if canon.strip(amax.args[0].args[0], "view") != canon.strip(xt, "view"):
         return "amax and the division read different x"
-    nodes |= {plain, plain.args[0], amax, amax.args[0]}
-    n = plain.args[0]
-    while n is not amax:
-        nodes.add(n)
-        n = n.args[0]
-    src, xviews = _through_views(x, VIEWS)
-    sv = val(src)
-    if sv is None or sv.dim() != 2 or tuple(sv.shape) != (xv.shape[0], xv.shape[1] * QUANT_GROUP):
-        return "x is not a [T, D] tensor viewed as [T, G, 128]"
-    nodes |= set(xviews)
-    k = src
-    if is_op(src, *_CASTS) and sv.dtype == torch.float32:
-        kv = val(src.args[0])
-        if kv is not None and kv.dtype in (torch.bfloat16, torch.float16):
-            k = src.args[0]
-            nodes.add(src)
-    if val(k).dtype not in (torch.bfloat16, torch.float16, torch.float32):
-        return "k is not bfloat16/float16/float32"
-    return _Quant(q, scale, x, k, ue8m0, nodes)
+    src = canon.strip(xt, "view")
+    if src.op == "cast" and src.attr("dtype") == torch.float32:
+        k = src.args[0].node
+    else:
+        k = src.node
+    kv = val(k) if k is not None else None
+    if kv is None or kv.dim() != 2 or kv.dtype not in (torch.bfloat16, torch.float16, torch.float32) \
+            or not known(kv.numel() == val(xt.node).numel()):
+        return "k is not a [T, D] bfloat16/float16/float32 tensor quantized in groups of 128"
+    nodes = canon.region(t, stop=lambda s_: s_.node is k) | canon.region(st, stop=lambda s_: s_.node is k)
+    return _Quant(q, scale, st.node, xt.node, k, ue8m0, nodes)
 
 
 def _read_layer_norm(k: fx.Node):
@@ -388,6 +370,28 @@ def _layer_norm_core(centered, rstd, k):
     return k0, eps, {centered, rstd, rstd.args[0], mean, var, vm, f0}
 
 
+def _cache_layout(cv: torch.Tensor, head_dim: int) -> tuple[int, int, int] | None:
+    """``(block_size, groups, block_bytes)`` of the blocked cache for ``head_dim`` value bytes
+    per token: a 3-D ``[num_blocks, block_size, head_dim + 4G]`` cache, or SGLang's 2-D page
+    buffer ``[num_pages, page_size * (head_dim + 4G)]`` (its block size from the row width)."""
+    if not (isinstance(head_dim, int) and head_dim > 0 and head_dim % QUANT_GROUP == 0):
+        return None
+    groups = head_dim // QUANT_GROUP
+    row = head_dim + 4 * groups
+    if cv.dim() == 3:
+        _, bs, r = cv.shape
+        if not (isinstance(bs, int) and r == row):
+            return None
+    else:
+        page = cv.shape[1]
+        if not (isinstance(page, int) and page % row == 0):
+            return None
+        bs = page // row
+    if cv.stride(-1) != 1:
+        return None
+    return bs, groups, cv.stride(0)
+
+
 # --------------------------------------------------------------------------- the rewrite
 
 
@@ -403,6 +407,7 @@ class WriteMatch(Match):
     ue8m0: bool
     round_norm: bool
     wrap_negative: bool  # unmasked writes: negative slots count from the end, as eager
+    block_size: int  # 0: the 3-D cache's; a 2-D page buffer's, from the write's byte addresses
     readers: list[fx.Node]  # last-version nodes read outside the chain: they get the new cache
     first: fx.Node  # the first write: the op goes before it
 
@@ -413,18 +418,19 @@ class IndexerKWrite(Rewrite):
 
     def find(self, graph: fx.Graph) -> list[Match]:
         matches = []
+        canon = Canon(graph)
         for n in graph.nodes:
             # the cache is a graph input (torch.compile) or a module buffer that AOTInductor
             # lifts to a constant (get_attr), mutated in place by the copy_ just the same
             if n.target is aten.copy_.default and n.args[0].op in ("placeholder", "get_attr"):
                 cv = val(n.args[0])
-                if isinstance(cv, torch.Tensor) and cv.dtype == torch.uint8 and cv.dim() == 3:
-                    m = self._match(n)
+                if isinstance(cv, torch.Tensor) and cv.dtype == torch.uint8 and cv.dim() in (2, 3):
+                    m = self._match(n, canon)
                     if m is not None:
                         matches.append(m)
         return matches
 
-    def _match(self, copy: fx.Node) -> Match | None:
+    def _match(self, copy: fx.Node, canon: Canon) -> Match | None:
         cache = copy.args[0]
         chain = _Chain(cache)
         final = chain.state(copy.args[1])
@@ -432,28 +438,28 @@ class IndexerKWrite(Rewrite):
             return self.miss(copy, 1, "not a chain of index_put / slice_scatter / views of the copied cache")
         if len(final.writes) != 2:
             return self.miss(copy, 1, f"the cache is written {len(final.writes)} times, not twice (values and scales)")
-        nb, bs, row = val(cache).shape
-        if not all(isinstance(x, int) for x in (nb, bs, row)) or row % (QUANT_GROUP + 4):
-            return self.miss(copy, 2, "cache row width is not head_dim + 4 * head_dim // 128")
-        groups = row // (QUANT_GROUP + 4)
-        hd = groups * QUANT_GROUP
-        block_bytes = val(cache).stride(0)
         region: set[fx.Node] = {copy}
         reads: set[fx.Node] = set()
         found = {}
         algebra = None
         for w in final.writes:
-            got = self._read_write(w, chain, hd, groups, algebra)
+            got = self._read_write(w, chain, algebra)
             if isinstance(got, str):
                 return self.miss(w.node, 3, got)
-            kind, src, masked, algebra, nodes, wreads, addr = got
-            found.setdefault(kind, []).append((w, src, masked, addr))
+            kind, src, masked, algebra, nodes, wreads, addr, row_bytes = got
+            found.setdefault(kind, []).append((w, src, masked, addr, row_bytes))
             region |= nodes
             reads |= wreads
         if sorted(found) != ["scales", "values"] or any(len(v) != 1 for v in found.values()):
             return self.miss(copy, 3, "not one values write and one scales write")
-        (wv, q, mv, addr_v), = found["values"]
-        (ws, s_src, ms, addr_s), = found["scales"]
+        (wv, q, mv, addr_v, hd), = found["values"]
+        (ws, s_src, ms, addr_s, scale_row), = found["scales"]
+        layout = _cache_layout(val(cache), hd)
+        if layout is None:
+            return self.miss(copy, 2, "cache row width is not head_dim + 4 * head_dim // 128")
+        bs, groups, block_bytes = layout
+        if scale_row != 4 * groups:
+            return self.miss(ws.node, 3, f"scale rows are {scale_row} bytes, not {4 * groups}")
         if len(algebra.sequences) != 1:
             return self.miss(copy, 4, "the writes do not index by one slot_mapping")
         slot = next(iter(algebra.sequences))
@@ -467,13 +473,14 @@ class IndexerKWrite(Rewrite):
         if not same(addr_s, blk * block_bytes + bs * hd + off * 4 * groups + _J):
             return self.miss(ws.node, 5, f"scale bytes do not go to block slot // {bs}, byte {bs * hd} + "
                              f"(slot % {bs}) * {4 * groups} + j (another layout or block size)")
-        quant = _read_quant(q)
+        quant = _read_quant(q, canon)
         if isinstance(quant, str):
             return self.miss(wv.node, 6, quant)
-        if quant.scale is not s_src:
+        if canon.strip(canon(s_src), "view") != quant.scale and _through_views(s_src)[0] is not _through_views(
+                quant.scale_node)[0]:
             return self.miss(ws.node, 6, "the stored scales are not the ones the values were divided by")
-        xv = val(quant.x)
-        if xv.shape[1] != groups or not known(xv.shape[0] == val(slot).shape[0]):
+        kv = val(quant.k)
+        if kv.shape[1] != hd or not known(kv.shape[0] == val(slot).shape[0]):
             return self.miss(wv.node, 6, "k's shape does not fit the cache and slot_mapping")
         k, weight, bias, eps, round_norm = quant.k, None, None, 1e-6, True
         region |= quant.nodes | algebra.visited
@@ -484,8 +491,9 @@ class IndexerKWrite(Rewrite):
             if all(u in inside for n in ln_nodes for u in n.users):
                 k, weight, bias, eps, round_norm = k0, w, b, e, rounded
                 region |= ln_nodes
+        block_size = bs if val(cache).dim() == 2 else 0  # a 2-D page buffer does not say its block size
         try:  # what the fused op would reject is no match (not a failed rewrite)
-            _lowering._check(val(cache), val(k), val(slot), val(weight), val(bias), eps)
+            _lowering._check(val(cache), val(k), val(slot), val(weight), val(bias), eps, block_size, not mv)
         except (ValueError, TypeError) as exc:
             return self.miss(copy, 7, f"kda.indexer_k_write rejects these inputs: {exc}")
         # every version but the last is read only inside the region (masked writes read the old bytes)
@@ -507,12 +515,13 @@ class IndexerKWrite(Rewrite):
         return WriteMatch(
             nodes=sorted(region, key=positions(copy.graph).__getitem__),
             copy=copy, cache=cache, k=k, slot_mapping=slot, weight=weight, bias=bias, eps=float(eps),
-            ue8m0=quant.ue8m0, round_norm=round_norm, wrap_negative=not mv, readers=readers,
+            ue8m0=quant.ue8m0, round_norm=round_norm, wrap_negative=not mv, block_size=block_size, readers=readers,
             first=min((wv.node, ws.node), key=positions(copy.graph).__getitem__),
         )
 
-    def _read_write(self, w: _Write, chain: _Chain, hd: int, groups: int, algebra):
-        """One write -> (kind, value source, masked, algebra, nodes, reads, byte address) or why not."""
+    def _read_write(self, w: _Write, chain: _Chain, algebra):
+        """One write -> (kind, value source, masked, algebra, nodes, reads, byte address, row
+        bytes) or why not."""
         base, indices, values = w.node.args[:3]
         if any(i is None for i in indices) or len(indices) > w.layout.dim():
             return "index_put with None (slice) indices"
@@ -578,19 +587,17 @@ class IndexerKWrite(Rewrite):
         src, views = _through_views(values)
         nodes |= set(views)
         row_bytes = vv.shape[1] * esize
+        if not isinstance(row_bytes, int):
+            return "the stored rows have a symbolic width"
         if is_op(src, *_CASTS) and val(src).dtype == torch.float8_e4m3fn:
-            if row_bytes != hd:
-                return f"value rows are {row_bytes} bytes, not head_dim {hd}"
             kind = "values"
-        elif val(src) is not None and val(src).dtype == torch.float32 and val(src).dim() in (2, 3):
-            if row_bytes != 4 * groups:
-                return f"scale rows are {row_bytes} bytes, not {4 * groups}"
+        elif val(src) is not None and val(src).dtype == torch.float32:
             kind = "scales"
         else:
             return "stores neither fp8 values nor float32 scales"
-        if tuple(val(src).shape[1:]) not in ((hd // QUANT_GROUP, QUANT_GROUP), (hd,)) and kind == "values":
-            return "fp8 values are not [T, G, 128] or [T, D]"
-        return kind, src, masked is not None, algebra, nodes, reads, addr
+        if not known(val(src).numel() == vv.numel() * esize // val(src).element_size()):
+            return "the stored bytes are not all of the quantized tensor"
+        return kind, src, masked is not None, algebra, nodes, reads, addr, row_bytes
 
     @staticmethod
     def _check_mask(masked, w, chain, indices, algebra, lay) -> str | None:
@@ -626,6 +633,6 @@ class IndexerKWrite(Rewrite):
             graph, torch.ops.kda.indexer_k_write.default,
             kwargs={"kv_cache": m.cache, "k": m.k, "slot_mapping": m.slot_mapping, "weight": m.weight,
                     "bias": m.bias, "eps": m.eps, "ue8m0": m.ue8m0, "round_norm": m.round_norm,
-                    "wrap_negative": m.wrap_negative},
+                    "block_size": m.block_size, "wrap_negative": m.wrap_negative},
             before=m.first, mutated="kv_cache", routes=new_cache, region=m.nodes, origin=m.first,
         )

@@ -494,6 +494,9 @@ def test_opcheck():
     dv = torch.zeros(n, hd, dtype=torch.uint8)
     ds = torch.zeros(n, hd // 128, dtype=torch.float32)
     torch.library.opcheck(OPS.indexer_k_gather_out.default, (kv, dv, ds, bt, cu))
+    pages = kv.reshape(kv.shape[0], -1)  # a 2-D page cache with block_size
+    torch.library.opcheck(OPS.indexer_k_gather.default, (pages, bt, cu, n, hd, kv.shape[1]))
+    torch.library.opcheck(OPS.indexer_k_gather_out.default, (pages, dv, ds, bt, cu, kv.shape[1]))
 
 
 def test_compiles_fullgraph_dynamic():

@@ -350,6 +350,9 @@ def test_opcheck():
     k, cache, _, slots, w, b = make_case(128, 16, norm=True)
     torch.library.opcheck(OPS.indexer_k_write.default, (cache, k, slots, w, b, 1e-6, True))
     torch.library.opcheck(OPS.indexer_k_write.default, (cache, k, slots.int(), None, None, 1e-6, False))
+    pages = cache.view(cache.shape[0], -1)  # a 2-D page cache, negative slots wrapped
+    torch.library.opcheck(OPS.indexer_k_write.default,
+                          (pages, k, slots, w, b, 1e-6, True, True, cache.shape[1], True))
 
 
 @pytest.mark.cuda

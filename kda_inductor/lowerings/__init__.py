@@ -151,10 +151,10 @@ def interpreter_checks(enabled: bool = True):
     """Let ``tl.device_assert`` fire under the Triton interpreter (``TRITON_INTERPRET=1``).
 
     The interpreter ignores a kernel's ``debug=True``: it asserts only when its own
-    builder's options say debug (Triton 3.5-3.9). Our launchers wrap CPU-tensor launches in
-    this so the interpreter traps exactly where the GPU does (an ``InterpreterError`` naming
-    the assert's message), and CPU tests can cover the kernels' checks. A no-op on GPU
-    launches and where this Triton has no such builder."""
+    builder's options say debug (seen in Triton 3.6 and 3.9). Our launchers wrap CPU-tensor
+    launches in this so the interpreter traps exactly where the GPU does (an
+    ``InterpreterError`` naming the assert's message), and CPU tests can cover the kernels'
+    checks. A no-op on GPU launches and where this Triton has no such builder."""
     builder = None
     if enabled:
         try:

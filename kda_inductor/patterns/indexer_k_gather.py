@@ -58,7 +58,7 @@ from kda_inductor.patterns.base import (
     set_fake_vals,
     val,
 )
-from kda_inductor.patterns.canonical import Canon, Term
+from kda_inductor.patterns._layout import byte_address, is_view_op, layout_from, meta_like, view_root
 from kda_inductor.reference import QUANT_GROUP
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
@@ -66,57 +66,43 @@ _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
 
 @dataclasses.dataclass
 class _Gather:
-    """One ``aten.index`` out of the flat cache, with what its indices compute."""
+    """One ``aten.index`` out of a view of the cache, with the byte it reads for each output
+    byte: ``addr`` is the byte address in the cache (a function of the token ``t`` and the
+    byte ``j`` of its row)."""
 
-    node: fx.Node  # the gathered [N, W] bytes: the aten.index, or the view of its 1-D result
-    cache: fx.Node  # the cache tensor: 3-D [num_blocks, block_size, row] or 2-D pages
-    flat: fx.Node  # what is indexed: a flat view of the cache (or the 2-D page buffer itself)
-    rows: sympy.Expr  # block row index (2-D form) or None (1-D form)
-    cols: sympy.Expr  # byte column within the block (2-D) or flat byte index (1-D)
-    width: Any
+    node: fx.Node  # the gathered [N, W] values: the aten.index, or the view of its 1-D result
+    cache: fx.Node  # the cache: 3-D [num_blocks, block_size, row], or 2-D pages (unit dims between)
+    addr: sympy.Expr
+    width: Any  # bytes per gathered row
     t_axis: sympy.Symbol
-    region: tuple = ()  # nodes between the aten.index and ``node`` (the 1-D form's view)
+    region: tuple = ()  # nodes between the aten.index and ``node`` (the 1-D form's views)
+    views: tuple = ()  # the view chain from the cache to what is indexed
 
 
-def _cache_of(flat: Any, canon: Canon) -> fx.Node | None:
-    """The uint8 cache that ``flat`` is a flat view of (any chain of views, a plain
-    ``as_strided``): a 3-D ``[num_blocks, block_size, row]`` cache viewed as ``[num_blocks,
-    block_size * row]`` or 1-D, or SGLang's 2-D page buffer ``[num_pages, page_bytes]`` itself
-    or viewed 1-D; else ``None``."""
-    t = canon(flat)
-    root = canon.strip(t, "view")
-    if not isinstance(root, Term) or root.op != "leaf":
-        return None
-    cache, cv, fv = root.leaf, val(root.leaf), val(flat)
-    if cv is None or fv is None or cv.dtype != torch.uint8 or cv.dim() not in (2, 3) or not cv.is_contiguous():
-        return None
-    if cv.dim() == 3 and fv.dim() == 2 and known(fv.shape[0] == cv.shape[0]) and known(fv.shape[1] == cv.shape[1] * cv.shape[2]):
-        return cache
-    if cv.dim() == 2 and fv.dim() == 2 and flat is cache:
-        return cache
-    if fv.dim() == 1:
-        return cache
-    return None
+def _is_cache(n: fx.Node) -> bool:
+    """A contiguous uint8 buffer of 2 or more dims: the indexer cache, 3-D ``[num_blocks,
+    block_size, head_dim + 4G]``, or pages ``[num_pages, page_bytes]`` (unit dims between)."""
+    v = val(n)
+    return isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() >= 2 and v.is_contiguous()
 
 
 def _layout(cache: fx.Node, head_dim: Any = None) -> tuple[int, int, int] | None:
-    """(block_size, head_dim, scale_bytes) of a blocked cache, if its row width fits. A 2-D
-    page buffer does not say its block size: ``head_dim`` (a values gather's width) does."""
+    """(block_size, head_dim, scale_bytes) of a blocked cache, if its row width fits. A page
+    buffer does not say its block size: ``head_dim`` (a values gather's width) does."""
     cv = val(cache)
-    if cv.dim() == 2:
-        page = cv.shape[1]
-        if not (isinstance(page, int) and isinstance(head_dim, int) and head_dim > 0
-                and head_dim % QUANT_GROUP == 0):
+    if cv.dim() == 3 and cv.shape[1] != 1:
+        _, bs, row = cv.shape
+        if not all(isinstance(x, int) for x in (bs, row)) or row % (QUANT_GROUP + 4):
             return None
-        row = head_dim + 4 * (head_dim // QUANT_GROUP)
-        return (page // row, head_dim, row - head_dim) if page % row == 0 else None
-    _, bs, row = cv.shape
-    if not all(isinstance(x, int) for x in (bs, row)):
+        groups = row // (QUANT_GROUP + 4)
+        return bs, groups * QUANT_GROUP, 4 * groups
+    if any(s != 1 for s in cv.shape[1:-1]):
         return None
-    if row % (QUANT_GROUP + 4):
+    page = cv.shape[-1]
+    if not (isinstance(page, int) and isinstance(head_dim, int) and head_dim > 0 and head_dim % QUANT_GROUP == 0):
         return None
-    groups = row // (QUANT_GROUP + 4)
-    return bs, groups * QUANT_GROUP, 4 * groups
+    row = head_dim + 4 * (head_dim // QUANT_GROUP)
+    return (page // row, head_dim, row - head_dim) if page % row == 0 else None
 
 
 @dataclasses.dataclass
@@ -146,8 +132,7 @@ class IndexerKGather(Rewrite):
 
     def find(self, graph: fx.Graph) -> list[Match]:
         algebra = IndexAlgebra()
-        canon = Canon(graph)
-        gathers = [g for n in graph.nodes if (g := self._gather(n, algebra, canon)) is not None]
+        gathers = [g for n in graph.nodes if (g := self._gather(n, algebra)) is not None]
         gathers = [_unclamped(g, algebra) for g in gathers]
         matches = []
         used: set[fx.Node] = set()
@@ -156,7 +141,7 @@ class IndexerKGather(Rewrite):
                 continue
             layout = _layout(values.cache, values.width)
             if layout is None:
-                if val(values.cache).dim() == 3:
+                if val(values.cache).dim() == 3 and val(values.cache).shape[1] != 1:
                     self.miss(values.node, 2, "cache row width is not head_dim + 4 * head_dim // 128")
                 continue
             if values.width != layout[1]:
@@ -168,40 +153,58 @@ class IndexerKGather(Rewrite):
         return matches
 
     # ------------------------------------------------------------------ find
-    def _gather(self, n: fx.Node, algebra: IndexAlgebra, canon: Canon) -> _Gather | None:
+    def _gather(self, n: fx.Node, algebra: IndexAlgebra) -> _Gather | None:
         if not (is_op(n, aten.index) and n.target is aten.index.Tensor):
             return None
-        flat, indices = n.args
-        cache = _cache_of(flat, canon)
-        out = val(n)
-        if cache is None or out is None or any(i is None for i in indices) or len(indices) != val(flat).dim():
+        src, indices = n.args
+        if any(i is None for i in indices):
             return None
-        node, region = n, ()
-        if out.dim() == 1 and len(indices) == 1:
+        cache = view_root(src, lambda x: not is_view_op(x))
+        if cache is None or not _is_cache(cache):
+            return None
+        try:
+            lay = layout_from(src, cache, meta_like(val(cache)))
+        except ValueError:
+            return None
+        if lay is None:
+            return None
+        out, node, region = val(n), n, ()
+        indices = list(indices)
+        if out is not None and out.dim() == 1 and len(indices) == 1:
             # 1-D flat byte indices, the bytes viewed back as [N, W]: read as the 2-D gather
             unflat = _unflattened(n, indices[0])
             if unflat is None:
                 return None
             node, index = unflat
-            indices, region, out = [index], (node,), val(node)
-        if out.dim() != 2:
+            region = (n, node, indices[0])
+            indices, out = [index], val(node)
+        if out is None or out.dim() != 2:
             return None
         syms = [algebra.interpret(i) for i in indices]
-        if not all(isinstance(s, Sym) for s in syms):
+        if not all(isinstance(s_, Sym) for s_ in syms):
             return self.miss(
                 n, 1, "index tensors are not integer arithmetic of arange, searchsorted/"
                 "bucketize and table lookups"
             )
-        bound = algebra.bind(syms, [_T, _J])
+        p_rank = max(len(s_.dims) for s_ in syms)
+        trailing = lay.dim() - len(indices)
+        if p_rank + trailing != 2 or trailing not in (0, 1):
+            return self.miss(n, 1, "the gather is not [tokens, bytes] shaped")
+        bound = algebra.bind(syms, [_T, _J][:p_rank])
         if bound is None:
             return self.miss(n, 1, "index tensors do not broadcast to [tokens, bytes] from two aranges")
         exprs, axes = bound
-        rows, cols = (exprs if len(exprs) == 2 else (None, exprs[0]))
-        return _Gather(node, cache, flat, rows, cols, out.shape[1], axes[0], region)
+        if p_rank == 2 and not known(algebra.axis_len.get(axes[1], -1) == out.shape[1]):
+            return None  # not an arange across the row
+        addr = byte_address(lay, exprs, _J, trailing == 1)
+        width = out.shape[1] * out.element_size()
+        views = tuple(v for v in reachable([src], upstream=True) | {src} if v is not cache and is_view_op(v)
+                      and cache in reachable([v], upstream=True))
+        return _Gather(node, cache, addr, width, axes[0], region, views)
 
     def _pair(self, values, gathers, layout, algebra, used) -> Match | None:
         bs, hd, sb = layout
-        e = values.rows if values.rows is not None else values.cols
+        e = values.addr
         cus, bts = algebra.tables_read(e, "ss", 1), algebra.tables_read(e, "tab", 2)
         if len(cus) != 1 or len(bts) != 1:
             return self.miss(
@@ -213,12 +216,10 @@ class IndexerKGather(Rewrite):
         pos = _T - algebra.table_fn(cu)(req)
         row = algebra.table_fn(bt)(req, sympy.floor(pos / bs))
         off = sympy.Mod(pos, bs)
-        block_bytes = bs * (hd + sb)
+        block_bytes = val(values.cache).stride(0)
 
         def fits(g: _Gather, col: sympy.Expr) -> bool:
-            if g.rows is None:  # 1-D form: one flat byte index
-                return same(g.cols, row * block_bytes + col)
-            return same(g.rows, row) and same(g.cols, col)
+            return same(g.addr, row * block_bytes + col)
 
         if not fits(values, off * hd + _J):
             return self.miss(
@@ -252,7 +253,7 @@ class IndexerKGather(Rewrite):
                 continue
             dst = _preallocated_dst(values.node, scales.node, _blocks(val(values.cache), bs, hd + sb), bt, cu)
             extra = {n for (_, copy) in (dst or ()) for n in _chain(copy)}
-            flats = {f for f in (values.flat, scales.flat) if f is not values.cache}
+            flats = set(values.views) | set(scales.views)
             return GatherMatch(
                 nodes=sorted(region | flats | extra,
                              key=positions(values.node.graph).__getitem__),
@@ -269,7 +270,8 @@ class IndexerKGather(Rewrite):
         m = match
         first = min((m.values, m.scales), key=positions(graph).__getitem__)
         first = min([first, *[n for n in m.nodes if is_op(n, aten.index)]], key=positions(graph).__getitem__)
-        if val(m.cache).dim() == 2:  # SGLang's page buffer: the op reads it as [pages, block_size, row]
+        cv = val(m.cache)
+        if not (cv.dim() == 3 and cv.shape[1] == m.block_size):  # a page buffer: read as [pages, block_size, row]
             row = m.head_dim + 4 * (m.head_dim // QUANT_GROUP)
             with graph.inserting_before(first):
                 cache = graph.call_function(aten.reshape.default, (m.cache, [-1, m.block_size, row]))
@@ -299,7 +301,7 @@ def _unclamped(g: _Gather, algebra: IndexAlgebra) -> _Gather:
     """``g`` without clamps of its request index to ``[0, num_requests - 1]`` (forks guard the
     table read so): for every token the op accepts (``t < num_tokens <= cu_seq_lens[-1]``, with
     ``cu_seq_lens[0] == 0``) the request index is already in that range."""
-    e = g.rows if g.rows is not None else g.cols
+    e = g.addr
     cus, bts = algebra.tables_read(e, "ss", 1), algebra.tables_read(e, "tab", 2)
     if len(cus) != 1 or len(bts) != 1:
         return g
@@ -316,8 +318,7 @@ def _unclamped(g: _Gather, algebra: IndexAlgebra) -> _Gather:
         h = int(h) if isinstance(h, sympy.Integer) else h
         return known(h >= last_req) or known(h == val(bt).shape[0] - 1)
 
-    return dataclasses.replace(g, rows=None if g.rows is None else drop_clamps(g.rows, in_range),
-                               cols=drop_clamps(g.cols, in_range))
+    return dataclasses.replace(g, addr=drop_clamps(g.addr, in_range))
 
 
 def _unflattened(n: fx.Node, index: Any):
@@ -356,7 +357,7 @@ def _copied_into_input(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
 
 def _blocks(cache, block_size: int, row: int):
     """A (fake) cache as ``[num_blocks, block_size, row]`` (a 2-D page buffer's view)."""
-    return cache if cache.dim() == 3 else cache.view(cache.shape[0], block_size, row)
+    return cache if cache.dim() == 3 and cache.shape[1] == block_size else cache.view(cache.shape[0], block_size, row)
 
 
 def _preallocated_dst(values, scales, cache, bt, cu):

@@ -98,12 +98,15 @@ def check_kv_cache(kv_cache: Tensor, head_dim, block_size=0) -> tuple[int, int]:
       ``block_size`` argument is 0 or ``kv_cache.shape[1]``;
     * 2-D uint8 ``[num_pages, block_size * row]`` (SGLang's page buffer), each page
       contiguous, with the same blocked layout inside a page; ``block_size`` (tokens per
-      page) is then required and must divide the row into ``row``-byte tokens.
+      page) is then required and must divide the row into ``row``-byte tokens; also with
+      unit dims between (TensorRT-LLM's pool view ``[num_blocks, 1, 1, block_bytes]``).
 
     Returns ``(num_blocks, block_size)``. The block stride is free in both."""
     check_block_size(block_size)
     sb = scale_bytes(head_dim)
     row = head_dim + sb
+    if kv_cache.dim() > 3 and all(s == 1 for s in kv_cache.shape[1:-1]):  # pages with unit dims between
+        kv_cache = kv_cache.as_strided((kv_cache.shape[0], kv_cache.shape[-1]), (kv_cache.stride(0), kv_cache.stride(-1)))
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (2, 3):
         raise arg_error("kv_cache", f"expected a 3-D uint8 tensor [num_blocks, block_size, {row}] or a 2-D "
                         f"uint8 page buffer [num_pages, block_size * {row}], got {kv_cache.dim()}-D {kv_cache.dtype}")

@@ -378,12 +378,14 @@ def _cache_layout(cv: torch.Tensor, head_dim: int) -> tuple[int, int, int] | Non
         return None
     groups = head_dim // QUANT_GROUP
     row = head_dim + 4 * groups
-    if cv.dim() == 3:
+    if cv.dim() == 3 and cv.shape[1] != 1:
         _, bs, r = cv.shape
         if not (isinstance(bs, int) and r == row):
             return None
     else:
-        page = cv.shape[1]
+        if any(s_ != 1 for s_ in cv.shape[1:-1]):
+            return None  # pages: [num_pages, page_bytes], unit dims between allowed
+        page = cv.shape[-1]
         if not (isinstance(page, int) and page % row == 0):
             return None
         bs = page // row
@@ -424,7 +426,7 @@ class IndexerKWrite(Rewrite):
             # lifts to a constant (get_attr), mutated in place by the copy_ just the same
             if n.target is aten.copy_.default and n.args[0].op in ("placeholder", "get_attr"):
                 cv = val(n.args[0])
-                if isinstance(cv, torch.Tensor) and cv.dtype == torch.uint8 and cv.dim() in (2, 3):
+                if isinstance(cv, torch.Tensor) and cv.dtype == torch.uint8 and cv.dim() >= 2:
                     m = self._match(n, canon)
                     if m is not None:
                         matches.append(m)
@@ -491,7 +493,8 @@ class IndexerKWrite(Rewrite):
             if all(u in inside for n in ln_nodes for u in n.users):
                 k, weight, bias, eps, round_norm = k0, w, b, e, rounded
                 region |= ln_nodes
-        block_size = bs if val(cache).dim() == 2 else 0  # a 2-D page buffer does not say its block size
+        cv = val(cache)
+        block_size = 0 if cv.dim() == 3 and cv.shape[1] == bs else bs  # a page buffer does not say its block size
         try:  # what the fused op would reject is no match (not a failed rewrite)
             _lowering._check(val(cache), val(k), val(slot), val(weight), val(bias), eps, block_size, not mv)
         except (ValueError, TypeError) as exc:

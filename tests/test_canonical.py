@@ -68,6 +68,20 @@ def test_rule_cast_int_indices():
     assert a == b == c
 
 
+def test_rule_lifted_scalar():
+    eps = 1e-6
+
+    def f(x):
+        return x + eps
+
+    rec = _Terms()
+    options = {"kda": {"disable": list(kda_inductor.REWRITE_NAMES)}, "post_grad_custom_post_pass": rec}
+    with fresh_compile(), torch.no_grad():
+        torch.compile(f, backend="kda_inductor", options=options, dynamic=True)(X)
+    (t,) = rec.terms
+    assert t.op == "add" and any(isinstance(a, Term) and a.op == "lifted" for a in t.args)
+
+
 def test_rule_as_strided_view():
     cache = torch.randint(0, 255, (3, 4, 132), dtype=torch.uint8)
 

@@ -95,11 +95,24 @@ def _hf_dtype(weight: Tensor, in_dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(weight.dtype, in_dtype)
 
 
+def host_scalar(t: Tensor | None, arg: str, default: float) -> float:
+    """The value of a lifted float (a 0-d CPU tensor: reading it is no device sync), or
+    ``default`` without one."""
+    if t is None:
+        return default
+    if not isinstance(t, Tensor) or t.dim() != 0 or t.device.type != "cpu" or not t.is_floating_point():
+        raise _err(arg, f"expected a 0-d floating-point CPU tensor, got {getattr(t, 'shape', t)!r}")
+    return float(t)
+
+
 @torch.library.custom_op("kda::gated_norm_merge", mutates_args=(), device_types="cpu")
 def gated_norm_merge(sources: list[Tensor], indices: list[Tensor], z: Tensor, weight: Tensor,
                      eps: float, activation: str, form: str, rsqrt: bool, num_tokens: int,
-                     out_dtype: torch.dtype, pad_value: float | None = None) -> Tensor:
-    """See the module docstring."""
+                     out_dtype: torch.dtype, pad_value: float | None = None,
+                     eps_input: Tensor | None = None) -> Tensor:
+    """See the module docstring. ``eps_input``: eps as the 0-d CPU tensor ``dynamic=True``
+    lifts a float attribute to (overrides ``eps``; read on the host, no device sync)."""
+    eps = host_scalar(eps_input, "eps_input", eps)
     _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
     return _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
                             pad_value, check_range=True)
@@ -143,14 +156,15 @@ def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, 
 
 @gated_norm_merge.register_fake
 def _gated_norm_merge_fake(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
-                           pad_value=None):
+                           pad_value=None, eps_input=None):
     _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
     return z.new_empty(z.shape, dtype=out_dtype)
 
 
 @gated_norm_merge.register_kernel("cuda")
 def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
-                           pad_value=None):
+                           pad_value=None, eps_input=None):
+    eps = host_scalar(eps_input, "eps_input", eps)
     _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
     if sum(s.shape[0] for s in sources) != num_tokens:  # not a partition (a symbolic T matched)
         return _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,

@@ -319,7 +319,7 @@ def write_triton(kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tens
 # custom op
 # --------------------------------------------------------------------------------------
 def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta, round_norm: bool = True,
-               wrap_negative: bool = False) -> None:
+               wrap_negative: bool = False, check_only: bool = False) -> None:
     slots = slot_mapping.to(torch.int64)
     total = meta.num_blocks * meta.block_size
     if wrap_negative:
@@ -335,6 +335,8 @@ def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
             f"{meta.block_size}" + ("" if wrap_negative else " (slots < 0 are padding)"),
             IndexError,
         )
+    if check_only:
+        return
     if wrap_negative:  # Python indexing: s in [-total, 0) is s + total
         slots = torch.where(slots < 0, slots + total, slots)
     if weight is not None:
@@ -350,30 +352,82 @@ def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
     scs[blk, off] = scale.contiguous().view(torch.uint8)[keep]
 
 
+def _fp8_max(fp8_max_input: Tensor | None) -> float:
+    """The scale divisor: 448, or the lifted float ``dynamic=True`` made of it (a 0-d CPU
+    tensor: reading it is no device sync)."""
+    if fp8_max_input is None:
+        return FP8_MAX
+    if not (isinstance(fp8_max_input, Tensor) and fp8_max_input.dim() == 0 and fp8_max_input.device.type == "cpu"
+            and fp8_max_input.is_floating_point()):
+        raise _err("fp8_max_input", f"expected a 0-d floating-point CPU tensor, got {fp8_max_input!r}")
+    return float(fp8_max_input)
+
+
+def _write_other_divisor(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta, round_norm, wrap_negative,
+                         divisor: float) -> None:
+    """The matched code with a scale divisor other than 448 (a lifted float that changed),
+    in torch ops, sync-free: what the code computes, slower than the kernel."""
+    if weight is not None:
+        k = layer_norm_k(k, weight, bias, eps, round_to_input=round_norm)
+    t, d = k.shape
+    x = k.float().view(t, d // QUANT_GROUP, QUANT_GROUP)
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_MIN) / divisor
+    if ue8m0:
+        scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
+    q = (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(t, d)
+    total = meta.num_blocks * meta.block_size
+    slots = slot_mapping.to(torch.int64)
+    slots = torch.where(slots < 0, slots + total, slots) if wrap_negative else slots
+    valid = (slots >= 0)[:, None]
+    slots = slots.clamp(min=0)
+    blk, off = slots // meta.block_size, slots % meta.block_size
+    flat = cache_bytes(kv_cache)
+    bs, hd = meta.block_size, meta.head_dim
+    vals = flat[:, : bs * hd].unflatten(1, (bs, hd))
+    scs = flat[:, bs * hd :].unflatten(1, (bs, 4 * meta.groups))
+    vals[blk, off] = torch.where(valid, q.view(torch.uint8), vals[blk, off])
+    scs[blk, off] = torch.where(valid, scale.reshape(t, -1).contiguous().view(torch.uint8), scs[blk, off])
+
+
 @torch.library.custom_op("kda::indexer_k_write", mutates_args=("kv_cache",), device_types="cpu")
 def indexer_k_write(
     kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tensor | None, bias: Tensor | None,
     eps: float, ue8m0: bool, round_norm: bool = True, block_size: int = 0, wrap_negative: bool = False,
+    fp8_max_input: Tensor | None = None,
 ) -> None:
     """Normalize (if ``weight``; rounded to ``k``'s dtype if ``round_norm``), quantize and
     store ``k`` at ``slot_mapping`` in ``kv_cache`` (3-D, or 2-D pages of ``block_size``
     tokens). Slots < 0: skipped, or with ``wrap_negative`` counted from the end as Python
-    indexing does; out of range: refused (the module's rule)."""
+    indexing does; out of range: refused (the module's rule). ``fp8_max_input``: the scale
+    divisor as the 0-d CPU tensor ``dynamic=True`` lifts ``FP8_MAX`` to; compared with 448 on
+    the host at each call (no device sync); another value runs the matched code's formula."""
     meta = _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
+    divisor = _fp8_max(fp8_max_input)
+    if divisor != FP8_MAX:
+        _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm, wrap_negative,
+                   check_only=True)
+        _write_other_divisor(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm, wrap_negative,
+                             divisor)
+        return
     _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm, wrap_negative)
 
 
 @indexer_k_write.register_kernel("cuda")
 def _indexer_k_write_cuda(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True, block_size=0,
-                          wrap_negative=False):
+                          wrap_negative=False, fp8_max_input=None):
     meta = _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
+    divisor = _fp8_max(fp8_max_input)
+    if divisor != FP8_MAX:
+        _write_other_divisor(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm, wrap_negative,
+                             divisor)
+        return
     _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm=round_norm,
             wrap_negative=wrap_negative)
 
 
 @indexer_k_write.register_fake
 def _indexer_k_write_fake(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True, block_size=0,
-                          wrap_negative=False):
+                          wrap_negative=False, fp8_max_input=None):
     _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
 
 

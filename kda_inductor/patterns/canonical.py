@@ -21,6 +21,7 @@ The canonical vocabulary (``Term.op``):
 
 * ``leaf`` (a node no rule reads: an input, a matmul...), ``const`` (a Python number, or a
   0-d constant tensor: ``full([], c)``, ``scalar_tensor(c)``, a ``_tensor_constant``),
+  ``lifted`` (a Python float that ``dynamic=True`` made a graph input),
 * ``cast`` (to ``dtype``; a cast to the dtype it already has disappears; integer to integer
   casts of index tensors disappear too: index values fit in both),
 * ``view`` (``shape``: any value-preserving reshape; nested views collapse to one),
@@ -215,6 +216,21 @@ def rule_cast(c: Canon, n: fx.Node) -> Term | None:
     if dst is None or dst == have or (dst in _INT and have in _INT):
         return dataclasses.replace(inner, node=n, nodes=inner.nodes | {n}) if isinstance(inner, Term) else None
     return term("cast", inner, node=n, nodes=(n,), dtype=dst)
+
+
+def rule_lifted_scalar(c: Canon, n: fx.Node) -> Term | None:
+    """A Python float Dynamo lifted to a graph input (``dynamic=True`` does so for floats in
+    tensor arithmetic: ``x / FP8_MAX``, ``+ self.eps``): a 0-d float CPU tensor input, cast
+    -> ``lifted`` (``input``: the placeholder). Its value is known only at run time: a rewrite
+    that takes it passes the tensor to its op, which reads it on the host (no device sync)."""
+    if not is_op(n, *_CASTS):
+        return None
+    src = n.args[0]
+    v = val(src)
+    if not (isinstance(src, fx.Node) and src.op == "placeholder" and isinstance(v, torch.Tensor)
+            and v.dim() == 0 and v.is_floating_point() and v.device.type == "cpu"):
+        return None
+    return term("lifted", node=n, nodes=(n,), input=src)
 
 
 def rule_as_strided_view(c: Canon, n: fx.Node) -> Term | None:
@@ -490,6 +506,7 @@ def rule_mul(c: Canon, n: fx.Node) -> Term | None:
 
 
 RULES: tuple[Callable[[Canon, fx.Node], Term | None], ...] = (
+    rule_lifted_scalar,
     rule_cast,
     rule_as_strided_view,
     rule_keepdim_reduction,

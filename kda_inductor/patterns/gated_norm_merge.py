@@ -383,10 +383,11 @@ class GatedNormMerge(Rewrite):
                 sources = [_reshape(graph, w.values, [-1, m.width]) for w in m.writes]
                 num_tokens = m.num_tokens
             z = _reshape(graph, n.z, [-1, n.D])
+        eps, eps_input = (0.0, n.eps[1]) if isinstance(n.eps, tuple) else (n.eps, None)
         insert_fused(
             graph, torch.ops.kda.gated_norm_merge.default,
-            (sources, [w.index for w in m.writes], z, n.weight, n.eps, n.act, n.form, n.rsqrt, num_tokens,
-             n.out_dtype, m.pad_value),
+            (sources, [w.index for w in m.writes], z, n.weight, eps, n.act, n.form, n.rsqrt, num_tokens,
+             n.out_dtype, m.pad_value, eps_input),
             before=n.y, routes=[Route(n.y, shape=list(val(n.y).shape))], region=m.nodes, origin=n.y,
         )
 
@@ -466,12 +467,15 @@ def _rstds(factors: list):
 
 
 def _eps(t: Any):
-    """eps: a number, or a non-tensor graph input (``dynamic=True`` lifts float attributes)."""
+    """eps: a number, a SymFloat graph input, or (``dynamic=True`` lifts float attributes)
+    a lifted 0-d CPU tensor, returned as ``("tensor", placeholder)``."""
     c = const_value(t)
     if c is not None:
         return float(c)
     if isinstance(t, Term) and t.op == "leaf" and not isinstance(val(t.leaf), torch.Tensor):
         return t.leaf
+    if isinstance(t, Term) and t.op == "lifted":
+        return ("tensor", t.attr("input"))
     return None
 
 

@@ -249,6 +249,7 @@ class _Quant:
     k: fx.Node  # the [T, D] tensor whose .float() is x (k itself when float32)
     ue8m0: bool
     nodes: set[fx.Node]
+    fp8_max_input: fx.Node | None = None  # the divisor, lifted to a graph input (dynamic=True)
 
 
 def _f32(x: float) -> float:
@@ -284,7 +285,9 @@ def _read_quant(q: fx.Node, canon: Canon) -> _Quant | str:
         if not (inner.op == "ceil" and inner.args[0].op == "log2"):
             return "scale is 2 ** (something other than ceil(log2(s)))"
         plain, ue8m0 = inner.args[0].args[0], True
-    if not (plain.op == "div" and len(plain.args) == 2 and const_value(plain.args[1]) == FP8_MAX):
+    divisor = plain.args[1] if plain.op == "div" and len(plain.args) == 2 else None
+    fp8_max_input = divisor.attr("input") if isinstance(divisor, Term) and divisor.op == "lifted" else None
+    if const_value(divisor) != FP8_MAX and fp8_max_input is None:
         return f"scale is not max(amax, {SCALE_MIN:g}) / {FP8_MAX:g} (another scale formula)"
     floor = plain.args[0]
     if not (floor.op == "clamp" and floor.attr("hi") is None and floor.attr("lo") is not None
@@ -307,7 +310,7 @@ def _read_quant(q: fx.Node, canon: Canon) -> _Quant | str:
             or not known(kv.numel() == val(xt.node).numel()):
         return "k is not a [T, D] bfloat16/float16/float32 tensor quantized in groups of 128"
     nodes = canon.region(t, stop=lambda s_: s_.node is k) | canon.region(st, stop=lambda s_: s_.node is k)
-    return _Quant(q, scale, st.node, xt.node, k, ue8m0, nodes)
+    return _Quant(q, scale, st.node, xt.node, k, ue8m0, nodes, fp8_max_input)
 
 
 def _read_layer_norm(k: fx.Node):
@@ -410,6 +413,7 @@ class WriteMatch(Match):
     round_norm: bool
     wrap_negative: bool  # unmasked writes: negative slots count from the end, as eager
     block_size: int  # 0: the 3-D cache's; a 2-D page buffer's, from the write's byte addresses
+    fp8_max_input: fx.Node | None  # the scale divisor as a lifted float (dynamic=True), checked at launch
     readers: list[fx.Node]  # last-version nodes read outside the chain: they get the new cache
     first: fx.Node  # the first write: the op goes before it
 
@@ -518,7 +522,8 @@ class IndexerKWrite(Rewrite):
         return WriteMatch(
             nodes=sorted(region, key=positions(copy.graph).__getitem__),
             copy=copy, cache=cache, k=k, slot_mapping=slot, weight=weight, bias=bias, eps=float(eps),
-            ue8m0=quant.ue8m0, round_norm=round_norm, wrap_negative=not mv, block_size=block_size, readers=readers,
+            ue8m0=quant.ue8m0, round_norm=round_norm, wrap_negative=not mv, block_size=block_size,
+            fp8_max_input=quant.fp8_max_input, readers=readers,
             first=min((wv.node, ws.node), key=positions(copy.graph).__getitem__),
         )
 
@@ -636,6 +641,7 @@ class IndexerKWrite(Rewrite):
             graph, torch.ops.kda.indexer_k_write.default,
             kwargs={"kv_cache": m.cache, "k": m.k, "slot_mapping": m.slot_mapping, "weight": m.weight,
                     "bias": m.bias, "eps": m.eps, "ue8m0": m.ue8m0, "round_norm": m.round_norm,
-                    "block_size": m.block_size, "wrap_negative": m.wrap_negative},
+                    "block_size": m.block_size, "wrap_negative": m.wrap_negative,
+                    **({"fp8_max_input": m.fp8_max_input} if m.fp8_max_input is not None else {})},
             before=m.first, mutated="kv_cache", routes=new_cache, region=m.nodes, origin=m.first,
         )

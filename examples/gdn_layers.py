@@ -232,6 +232,16 @@ def gated_rmsnorm(x, gate, weight, eps, activation):
     return (y * act).to(x.dtype)
 
 
+def all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    """Sum ``x`` over the ranks of ``group`` (functional collective: traceable by Dynamo); ``x``
+    itself without a group."""
+    if group is None:
+        return x
+    from torch.distributed import _functional_collectives as fc
+
+    return fc.wait_tensor(fc.all_reduce(x, "sum", group))
+
+
 # --------------------------------------------------------------------------- layers
 class _SpecDecodeLayer(nn.Module):
     """What GDN and KDA share: split, per-set conv + recurrence, merge, norm, out_proj."""
@@ -243,6 +253,7 @@ class _SpecDecodeLayer(nn.Module):
 
     fla_kind = "gdn"
     core_kind = "torch"
+    tp_group = None  # tensor parallel: this rank holds some heads, out_proj is row-parallel
 
     def forward(self, hidden, spec_idx, non_spec_idx, spec_state, non_spec_state,
                 spec_conv_state, non_spec_conv_state, non_spec_cu_seqlens=None,
@@ -276,7 +287,7 @@ class _SpecDecodeLayer(nn.Module):
         out.index_copy_(1, non_spec_idx.long(), o_non_spec)
         y = gated_rmsnorm(out.reshape(-1, self.head_v), z.reshape(-1, self.head_v),
                           self.norm_weight, self.eps, self.activation)
-        y = self.out_proj(y.reshape(T, -1))
+        y = all_reduce(self.out_proj(y.reshape(T, -1)), self.tp_group)
         return y, spec_state, non_spec_state, spec_conv_state, non_spec_conv_state
 
     def uses_fla(self, x: torch.Tensor) -> bool:

@@ -175,8 +175,9 @@ class StepInputs:
 
 
 def make_step_inputs(cfg: IndexerConfig, context_lens, new_lens, *, dim: int | None = None,
-                     device="cpu", seed=0) -> StepInputs:
-    """:class:`StepInputs` for requests with these context and new-token counts."""
+                     device="cpu", seed=0, table_width: int | None = None) -> StepInputs:
+    """:class:`StepInputs` for requests with these context and new-token counts; the block
+    table ``table_width`` wide (default: as wide as the longest context needs)."""
     if len(context_lens) != len(new_lens) or any(not 0 <= n <= c for c, n in zip(context_lens, new_lens)):
         raise ValueError(f"new_lens must be 0 <= new <= context per request, got {list(context_lens)}, {list(new_lens)}")
     g = torch.Generator().manual_seed(seed)
@@ -185,7 +186,12 @@ def make_step_inputs(cfg: IndexerConfig, context_lens, new_lens, *, dim: int | N
     if sum(blocks_per) >= cfg.num_blocks:
         raise ValueError(f"cache too small: {sum(blocks_per)} blocks needed, num_blocks={cfg.num_blocks}")
     perm = torch.randperm(cfg.num_blocks - 1, generator=g) + 1
-    table = torch.zeros(len(context_lens), max(1, max(blocks_per, default=1)), dtype=torch.int32)
+    width = max(1, max(blocks_per, default=1))
+    if table_width is not None:
+        if table_width < width:
+            raise ValueError(f"table_width={table_width} < {width} blocks of the longest context")
+        width = table_width
+    table = torch.zeros(len(context_lens), width, dtype=torch.int32)
     used = 0
     for b, nblk in enumerate(blocks_per):
         table[b, :nblk] = perm[used : used + nblk]

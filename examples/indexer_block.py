@@ -47,6 +47,8 @@ class IndexerConfig:
     ue8m0: bool = True  # V3.2's scale format
 
 
+_eager_write_indexer_k = torch.compiler.disable(write_indexer_k)
+
 TINY = IndexerConfig(dim=64, n_heads=4, head_dim=128, rope_dim=64, topk=16, block_size=16, num_blocks=24)
 
 
@@ -80,11 +82,16 @@ class IndexerBlock(torch.nn.Module):
         ang = positions.float()[:, None] * inv[None, :]
         return ang.cos(), ang.sin()
 
+    eager_write = False
+    """Run the cache write (quant + store) eagerly, outside the graph: for stock Inductor, which
+    fails to lower it on some GPUs ("must be 1 to view Float as Byte")."""
+
     def write_k(self, x, cos, sin, slot_mapping) -> None:
         """K: project, normalize, rotate, quantize and write into the paged cache (the buffer)."""
         k = layer_norm_k(self.wk(x), self.k_norm_weight, self.k_norm_bias)
         k = rotary(k, cos, sin, self.cfg.rope_dim)
-        write_indexer_k(k, self.kv_cache, slot_mapping, ue8m0=self.cfg.ue8m0)
+        write = _eager_write_indexer_k if self.eager_write else write_indexer_k
+        write(k, self.kv_cache, slot_mapping, ue8m0=self.cfg.ue8m0)
 
     def queries(self, x, cos, sin):
         """Rotated queries ``[T, H, D]`` and float32 head weights ``[T, H]``."""

@@ -48,12 +48,13 @@ def split(qkv, g, beta, spec_idx, non_spec_idx):
             beta.index_select(1, spec_idx), beta.index_select(1, non_spec_idx))
 
 
-def split_inputs(T: int, conv_dim: int, heads: int, device):
+def split_inputs(T: int, conv_dim: int, heads: int, device, g_dims: tuple[int, ...] | None = None):
+    """Inputs of ``split``; ``g`` is ``[1, T, heads]`` (GDN) or ``[1, T, *g_dims]`` (KDA: heads, K)."""
     gen = torch.Generator().manual_seed(T)
     perm = torch.randperm(T, generator=gen)
     n_spec = 3 * T // 4
     return (torch.randn(T, conv_dim, generator=gen).to(torch.bfloat16).to(device),
-            torch.randn(1, T, heads, generator=gen).to(device),
+            torch.randn(1, T, *(g_dims or (heads,)), generator=gen).to(device),
             torch.randn(1, T, heads, generator=gen).to(torch.bfloat16).to(device),
             perm[:n_spec].to(torch.int32).to(device), perm[n_spec:].to(torch.int32).to(device))
 
@@ -61,7 +62,7 @@ def split_inputs(T: int, conv_dim: int, heads: int, device):
 def bytes_moved(args) -> int:
     qkv, g, beta, s, ns = args
     rows = (s.numel() + ns.numel())
-    per_row = qkv.shape[1] * qkv.element_size() + g.shape[2] * g.element_size() + beta.shape[2] * beta.element_size()
+    per_row = qkv.shape[1] * qkv.element_size() + g[0, 0].numel() * g.element_size() + beta.shape[2] * beta.element_size()
     return 2 * rows * per_row + 2 * (s.numel() + ns.numel()) * s.element_size()
 
 

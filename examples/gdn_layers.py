@@ -22,6 +22,22 @@ Defaults are the real models' head counts and dims (Qwen3-Next-80B-A3B at TP1, K
 :func:`reference_step` recomputes a step token by token in the original order, without any
 split or merge, to check the layers.
 
+**Prefill batches.** As in vLLM, the non-spec set is every request that does not verify draft
+tokens: decode requests (one token) and prefill requests (many), in one varlen set described by
+``non_spec_cu_seqlens`` (int32 ``[R + 1]``, offsets into the non-spec tokens) and
+``max_query_len`` (the longest non-spec request, a Python int as in vLLM's metadata: the
+torch core pads to it, the fla core does not need it). Without ``non_spec_cu_seqlens`` every
+non-spec request has one token (the decode fast path). A pure prefill batch has an empty
+spec set: ``spec_idx`` of size 0 and zero spec states. Dynamo specializes sizes 0 and 1, so
+such a batch compiles a graph of its own once (the spec gathers and their recurrence vanish
+from it); mixed batches share one dynamic graph.
+
+**The recurrent core** (``core=``): ``"torch"`` (the default here: the plain-torch loop
+below, the reference and the CPU path), ``"fla"`` (flash-linear-attention's Triton kernels
+as custom ops, ``examples/fla_core.py``: fused recurrent for fixed-length sets, chunked for
+varlen prefill), ``"auto"`` (fla on CUDA tensors when installed, torch otherwise). The conv
+and everything the rewrites target are the same torch code with either core.
+
     python examples/gdn_layers.py            # runs both layers eager and compiled, checks them
 """
 
@@ -29,10 +45,19 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if str(Path(__file__).resolve().parent) not in sys.path:
+    sys.path.append(str(Path(__file__).resolve().parent))
+import fla_core  # noqa: E402  (registers the fla_core:: ops; imports fla itself only when one runs)
+
+CORES = ("torch", "fla", "auto")
 
 
 # --------------------------------------------------------------------------- configs
@@ -80,34 +105,59 @@ class KDAConfig:
 @dataclasses.dataclass
 class SpecBatch:
     """One step's token layout: ``spec_idx`` lists the spec requests' tokens request by
-    request (``num_spec_tokens + 1`` each), ``non_spec_idx`` the decode tokens; together a
-    permutation of ``range(num_tokens)``."""
+    request (``num_spec_tokens + 1`` each), ``non_spec_idx`` the other requests' tokens
+    (decode: one each; prefill: many), request by request; together a permutation of
+    ``range(num_tokens)``. ``non_spec_cu_seqlens`` (None: every non-spec request has one
+    token) and ``max_query_len`` describe a varlen non-spec set (see the module docstring)."""
 
     num_tokens: int
     num_spec_tokens: int
     spec_idx: torch.Tensor  # int32 [num_spec_reqs * (num_spec_tokens + 1)]
-    non_spec_idx: torch.Tensor  # int32 [num_decode_reqs]
+    non_spec_idx: torch.Tensor  # int32 [non-spec tokens]
     token_request: list[int]  # request of every token, in batch order (for the reference)
     request_is_spec: list[bool]
+    non_spec_cu_seqlens: torch.Tensor | None = None  # int32 [non-spec requests + 1]
+    max_query_len: int = 1
+
+    def step_kwargs(self) -> dict:
+        """The layers' keyword arguments for a varlen non-spec set (empty for decode only)."""
+        if self.non_spec_cu_seqlens is None:
+            return {}
+        return {"non_spec_cu_seqlens": self.non_spec_cu_seqlens, "max_query_len": self.max_query_len}
 
 
 def make_spec_batch(num_spec_reqs: int, num_decode_reqs: int, num_spec_tokens: int = 3, *,
-                    seed: int = 0, device="cpu") -> SpecBatch:
-    """Requests in a random order, each request's tokens contiguous (as a scheduler lays them out)."""
+                    seed: int = 0, device="cpu", prefill_lens: Sequence[int] = (),
+                    varlen: bool | None = None) -> SpecBatch:
+    """Requests in a random order, each request's tokens contiguous (as a scheduler lays them out).
+
+    ``prefill_lens``: prefill requests (at least one token each), in the non-spec set with
+    the decode requests; ``varlen`` (default: when there are prefill requests) describes the
+    non-spec set by ``non_spec_cu_seqlens`` even if every request in it has one token."""
+    if any(n < 1 for n in prefill_lens):
+        raise ValueError(f"prefill_lens must be >= 1 token each, got {list(prefill_lens)}")
     g = torch.Generator().manual_seed(seed)
-    kinds = [True] * num_spec_reqs + [False] * num_decode_reqs
+    lens = [num_spec_tokens + 1] * num_spec_reqs + [1] * num_decode_reqs + list(prefill_lens)
+    kinds = [True] * num_spec_reqs + [False] * (num_decode_reqs + len(prefill_lens))
     order = torch.randperm(len(kinds), generator=g).tolist()
     spec, non_spec, token_request = [], [], []
     pos = 0
     for r in order:
-        n = num_spec_tokens + 1 if kinds[r] else 1
+        n = lens[r]
         (spec if kinds[r] else non_spec).append(list(range(pos, pos + n)))
         token_request += [r] * n
         pos += n
-    # spec requests' states are indexed in order of appearance; decode requests' likewise
+    # spec requests' states are indexed in order of appearance; non-spec requests' likewise
     spec_idx = torch.tensor([t for toks in spec for t in toks], dtype=torch.int32, device=device)
     non_spec_idx = torch.tensor([t for toks in non_spec for t in toks], dtype=torch.int32, device=device)
-    return SpecBatch(pos, num_spec_tokens, spec_idx, non_spec_idx, token_request, kinds)
+    batch = SpecBatch(pos, num_spec_tokens, spec_idx, non_spec_idx, token_request, kinds)
+    if varlen if varlen is not None else bool(prefill_lens):
+        cu = [0]
+        for toks in non_spec:
+            cu.append(cu[-1] + len(toks))
+        batch.non_spec_cu_seqlens = torch.tensor(cu, dtype=torch.int32, device=device)
+        batch.max_query_len = max((len(t) for t in non_spec), default=1)
+    return batch
 
 
 # --------------------------------------------------------------------------- the core
@@ -116,6 +166,41 @@ def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> t
     seq = torch.cat([state, x.transpose(1, 2)], dim=2)  # [R, C, K-1+L]
     out = F.conv1d(seq.float(), weight.float().unsqueeze(1), groups=weight.shape[0])  # [R, C, L]
     return F.silu(out).transpose(1, 2).to(x.dtype), seq[:, :, -(weight.shape[1] - 1):]
+
+
+def varlen_positions(cu_seqlens: torch.Tensor, num_tokens) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's request and position in it, for ``num_tokens`` tokens laid out by
+    ``cu_seqlens`` (on the device, no host sync)."""
+    tok = torch.arange(num_tokens, device=cu_seqlens.device, dtype=cu_seqlens.dtype)
+    req = torch.searchsorted(cu_seqlens, tok, right=True) - 1
+    return req, tok - cu_seqlens[req]
+
+
+def causal_conv_varlen(x, state, weight, cu_seqlens, token_req, token_pos):
+    """:func:`causal_conv` for a varlen set: ``x [n, C]`` holds ``R`` requests' tokens back to
+    back (``cu_seqlens``), each continuing its ``state [R, C, K-1]``; no padding, no sync.
+
+    Window element ``j`` of token ``t`` (position ``p``) is the input ``K-1-j`` tokens back:
+    ``x[t - (K-1-j)]`` when that is still in the request, else the state's column."""
+    n, km1 = x.shape[0], weight.shape[1] - 1
+    tok = torch.arange(n, device=x.device)
+    acc = torch.zeros(n, x.shape[1], device=x.device, dtype=torch.float32)
+    for j in range(km1 + 1):
+        back = km1 - j
+        p = token_pos - back
+        from_x = x[(tok - back).clamp(min=0)]
+        from_state = state[token_req, :, (p + km1).clamp(0, km1 - 1)]
+        acc = acc + torch.where((p >= 0)[:, None], from_x, from_state).float() * weight[:, j].float()
+    # the new state: each request's last K-1 inputs (older ones from its old state)
+    starts, lens = cu_seqlens[:-1], cu_seqlens[1:] - cu_seqlens[:-1]
+    cols = []
+    for i in range(km1):
+        p = lens - km1 + i
+        from_x = x[(starts + p).clamp(min=0)]  # < n: every request has a token
+        idx = (p + km1).clamp(0, km1 - 1).long()[:, None, None].expand(-1, state.shape[1], 1)
+        cols.append(torch.where((p >= 0)[:, None], from_x, state.gather(2, idx).squeeze(2)))
+    new_state = torch.stack(cols, dim=2) if cols else state
+    return F.silu(acc).to(x.dtype), new_state.to(state.dtype)
 
 
 def gated_delta_rule(q, k, v, g, beta, state):
@@ -147,6 +232,16 @@ def gated_rmsnorm(x, gate, weight, eps, activation):
     return (y * act).to(x.dtype)
 
 
+def all_reduce(x: torch.Tensor, group) -> torch.Tensor:
+    """Sum ``x`` over the ranks of ``group`` (functional collective: traceable by Dynamo); ``x``
+    itself without a group."""
+    if group is None:
+        return x
+    from torch.distributed import _functional_collectives as fc
+
+    return fc.wait_tensor(fc.all_reduce(x, "sum", group))
+
+
 # --------------------------------------------------------------------------- layers
 class _SpecDecodeLayer(nn.Module):
     """What GDN and KDA share: split, per-set conv + recurrence, merge, norm, out_proj."""
@@ -156,8 +251,15 @@ class _SpecDecodeLayer(nn.Module):
     head_k: int
     head_v: int
 
+    fla_kind = "gdn"
+    core_kind = "torch"
+    tp_group = None  # tensor parallel: this rank holds some heads, out_proj is row-parallel
+
     def forward(self, hidden, spec_idx, non_spec_idx, spec_state, non_spec_state,
-                spec_conv_state, non_spec_conv_state):
+                spec_conv_state, non_spec_conv_state, non_spec_cu_seqlens=None,
+                max_query_len: int | None = None):
+        """One step. ``non_spec_cu_seqlens``/``max_query_len``: a varlen non-spec set
+        (prefill), see the module docstring; without them each non-spec request has one token."""
         T = hidden.shape[0]
         L = spec_idx.shape[0] // spec_state.shape[0] if spec_state.shape[0] else 1
         mixed_qkv, z, gate_inputs = self.project(hidden)
@@ -171,8 +273,13 @@ class _SpecDecodeLayer(nn.Module):
 
         o_spec, spec_state, spec_conv_state = self.core(
             qkv_spec, g_spec, beta_spec, spec_state, spec_conv_state, L)
-        o_non_spec, non_spec_state, non_spec_conv_state = self.core(
-            qkv_non_spec, g_non_spec, beta_non_spec, non_spec_state, non_spec_conv_state, 1)
+        if non_spec_cu_seqlens is None:
+            o_non_spec, non_spec_state, non_spec_conv_state = self.core(
+                qkv_non_spec, g_non_spec, beta_non_spec, non_spec_state, non_spec_conv_state, 1)
+        else:
+            o_non_spec, non_spec_state, non_spec_conv_state = self.core_varlen(
+                qkv_non_spec, g_non_spec, beta_non_spec, non_spec_state, non_spec_conv_state,
+                non_spec_cu_seqlens, max_query_len)
 
         # merge
         out = torch.empty(1, T, self.heads, self.head_v, dtype=hidden.dtype, device=hidden.device)
@@ -180,18 +287,66 @@ class _SpecDecodeLayer(nn.Module):
         out.index_copy_(1, non_spec_idx.long(), o_non_spec)
         y = gated_rmsnorm(out.reshape(-1, self.head_v), z.reshape(-1, self.head_v),
                           self.norm_weight, self.eps, self.activation)
-        y = self.out_proj(y.reshape(T, -1))
+        y = all_reduce(self.out_proj(y.reshape(T, -1)), self.tp_group)
         return y, spec_state, non_spec_state, spec_conv_state, non_spec_conv_state
+
+    def uses_fla(self, x: torch.Tensor) -> bool:
+        """Whether this call runs fla's kernels (``core="fla"``, or ``"auto"`` on CUDA with fla)."""
+        return self.core_kind == "fla" or (self.core_kind == "auto" and x.is_cuda and self.fla_installed)
+
+    def set_core(self, core: str) -> None:
+        """Choose the recurrent core: ``"torch"``, ``"fla"`` or ``"auto"`` (module docstring)."""
+        if core not in CORES:
+            raise ValueError(f"core must be one of {CORES}, got {core!r}")
+        if core == "fla" and not fla_core.available():
+            raise ImportError("core='fla' needs flash-linear-attention: pip install 'kda-inductor[fla]'")
+        self.core_kind = core
+        self.fla_installed = fla_core.available()  # looked up once: Dynamo must not trace importlib
 
     def core(self, qkv, g, beta, state, conv_state, L):
         """Conv + recurrence for one set: ``R = tokens // L`` requests of ``L`` tokens."""
         n = qkv.shape[0]
         R = n // L
-        x, conv_state = causal_conv(qkv.view(R, L, -1), conv_state, self.conv_weight)
-        q, k, v = self.split_heads(x)  # [R, L, H, *]
+        x, conv_state = causal_conv(qkv.view(R, L, qkv.shape[-1]), conv_state, self.conv_weight)
         g = g.view(R, L, *g.shape[2:])
-        beta = beta.view(R, L, -1)
+        beta = beta.view(R, L, beta.shape[-1])  # explicit sizes: R may be 0 (no spec requests)
+        if self.uses_fla(qkv):
+            q, k, v = self.split_heads(x, grouped=True)  # [R, L, H(k), *]
+            op = fla_core.OPS[self.fla_kind]["recurrent"]
+            o, state = op(q, k, v, g, beta, state, None, self.head_k ** -0.5)
+            return o.reshape(1, n, self.heads, self.head_v), state, conv_state
+        q, k, v = self.split_heads(x)  # [R, L, H, *]
         o, state = gated_delta_rule(q, k, v, g, beta, state)
+        return o.reshape(1, n, self.heads, self.head_v).to(qkv.dtype), state, conv_state
+
+    def core_varlen(self, qkv, g, beta, state, conv_state, cu_seqlens, max_query_len):
+        """Conv + recurrence for a varlen set (prefill): ``R = len(cu_seqlens) - 1`` requests.
+
+        The fla core runs its chunked kernel on the tokens as they are; the torch core pads
+        every request to ``max_query_len`` tokens (zero decay and beta past a request's end
+        leave its state unchanged) and loops over them."""
+        n = qkv.shape[0]
+        token_req, token_pos = varlen_positions(cu_seqlens, n)
+        x, conv_state = causal_conv_varlen(qkv, conv_state, self.conv_weight, cu_seqlens, token_req, token_pos)
+        g, beta = g[0], beta[0]  # [n, H(, K)]
+        if self.uses_fla(qkv):
+            q, k, v = self.split_heads(x.unsqueeze(0), grouped=True)  # [1, n, H(k), *]
+            op = fla_core.OPS[self.fla_kind]["chunk"]
+            o, state = op(q, k, v, g.unsqueeze(0), beta.unsqueeze(0), state, cu_seqlens, self.head_k ** -0.5)
+            return o.reshape(1, n, self.heads, self.head_v), state, conv_state
+        if max_query_len is None:
+            raise ValueError("max_query_len (the longest non-spec request, an int) is needed by "
+                             "the torch core for a varlen non-spec set")
+        R, L = state.shape[0], max_query_len
+        flat = token_req.long() * L + token_pos.long()
+
+        def pad(t):  # [n, ...] -> [R, L, ...], zeros past each request's end
+            out = t.new_zeros(R * L, *t.shape[1:]).index_put((flat,), t)
+            return out.view(R, L, *t.shape[1:])
+
+        q, k, v = self.split_heads(pad(x))
+        o, state = gated_delta_rule(q, k, v, pad(g), pad(beta), state)
+        o = o.reshape(R * L, self.heads, self.head_v)[flat]
         return o.reshape(1, n, self.heads, self.head_v).to(qkv.dtype), state, conv_state
 
     def init_states(self, num_requests, device="cpu"):
@@ -206,8 +361,11 @@ class Qwen3NextGDN(_SpecDecodeLayer):
 
     activation = "silu"
 
-    def __init__(self, cfg: GDNConfig = GDNConfig(), dtype=torch.bfloat16):
+    fla_kind = "gdn"
+
+    def __init__(self, cfg: GDNConfig = GDNConfig(), dtype=torch.bfloat16, core: str = "torch"):
         super().__init__()
+        self.set_core(core)
         self.cfg, self.dtype, self.eps = cfg, dtype, cfg.eps
         self.heads, self.head_k, self.head_v = cfg.num_v_heads, cfg.head_k_dim, cfg.head_v_dim
         self.conv_dim, self.conv_kernel = cfg.conv_dim, cfg.conv_kernel
@@ -231,10 +389,11 @@ class Qwen3NextGDN(_SpecDecodeLayer):
         beta = torch.sigmoid(b)  # bf16 [T, H]
         return g.unsqueeze(0), beta.unsqueeze(0)
 
-    def split_heads(self, x):
+    def split_heads(self, x, grouped: bool = False):
+        """q, k, v heads; q and k repeated to the value heads unless ``grouped`` (fla's GVA)."""
         c = self.cfg
         q, k, v = x.split([c.num_k_heads * c.head_k_dim] * 2 + [c.num_v_heads * c.head_v_dim], -1)
-        rep = c.num_v_heads // c.num_k_heads
+        rep = 1 if grouped else c.num_v_heads // c.num_k_heads
         q = q.unflatten(-1, (c.num_k_heads, c.head_k_dim)).repeat_interleave(rep, dim=-2)
         k = k.unflatten(-1, (c.num_k_heads, c.head_k_dim)).repeat_interleave(rep, dim=-2)
         return q, k, v.unflatten(-1, (c.num_v_heads, c.head_v_dim))
@@ -245,8 +404,11 @@ class KimiKDA(_SpecDecodeLayer):
 
     activation = "sigmoid"
 
-    def __init__(self, cfg: KDAConfig = KDAConfig(), dtype=torch.bfloat16):
+    fla_kind = "kda"
+
+    def __init__(self, cfg: KDAConfig = KDAConfig(), dtype=torch.bfloat16, core: str = "torch"):
         super().__init__()
+        self.set_core(core)
         self.cfg, self.dtype, self.eps = cfg, dtype, cfg.eps
         H, D = cfg.num_heads, cfg.head_dim
         self.heads, self.head_k, self.head_v = H, D, D
@@ -272,8 +434,8 @@ class KimiKDA(_SpecDecodeLayer):
         g = -self.A_log.exp()[:, None] * F.softplus(f.float() + self.dt_bias).unflatten(-1, (H, D))
         return g.unsqueeze(0), torch.sigmoid(b).unsqueeze(0)  # [1, T, H, K] f32, [1, T, H] bf16
 
-    def split_heads(self, x):
-        return (t.unflatten(-1, (self.heads, self.head_k)) for t in x.chunk(3, dim=-1))
+    def split_heads(self, x, grouped: bool = False):
+        return tuple(t.unflatten(-1, (self.heads, self.head_k)) for t in x.chunk(3, dim=-1))
 
 
 # --------------------------------------------------------------------------- reference
@@ -306,13 +468,16 @@ def reference_step(layer: _SpecDecodeLayer, hidden, batch: SpecBatch, spec_state
 
 
 def make_inputs(layer: _SpecDecodeLayer, num_spec_reqs: int, num_decode_reqs: int,
-                num_spec_tokens: int = 3, *, seed: int = 0, device="cpu"):
-    """``(hidden, batch, states...)`` for one step."""
-    batch = make_spec_batch(num_spec_reqs, num_decode_reqs, num_spec_tokens, seed=seed, device=device)
+                num_spec_tokens: int = 3, *, seed: int = 0, device="cpu", prefill_lens: Sequence[int] = (),
+                varlen: bool | None = None):
+    """``(hidden, batch, states...)`` for one step; with ``prefill_lens``, call the layer with
+    ``**batch.step_kwargs()`` too."""
+    batch = make_spec_batch(num_spec_reqs, num_decode_reqs, num_spec_tokens, seed=seed, device=device,
+                            prefill_lens=prefill_lens, varlen=varlen)
     g = torch.Generator(device=device).manual_seed(seed)
     hidden = torch.randn(batch.num_tokens, layer.cfg.hidden_size, generator=g, device=device).to(layer.dtype)
     spec_state, spec_conv = layer.init_states(num_spec_reqs, device)
-    non_spec_state, non_spec_conv = layer.init_states(num_decode_reqs, device)
+    non_spec_state, non_spec_conv = layer.init_states(num_decode_reqs + len(prefill_lens), device)
     return hidden, batch, (spec_state, non_spec_state, spec_conv, non_spec_conv)
 
 

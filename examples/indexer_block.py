@@ -9,7 +9,9 @@ module buffer) at ``slot_mapping`` (padding slots -1 masked out), then the prefi
 every request's K out of the cache, a bf16 stand-in for ``fp8_mqa_logits``
 (``sum_h w[t, h] * relu(q[t, h] . k[s])`` over each query's own request, causal) and top-k.
 
-Compiled with ``backend="kda_inductor"`` it reports ``indexer_k_write`` (quant + write: the
+``make_step_inputs`` lays out decode and spec-decode steps too (requests with a context in the
+cache and a few new tokens); ``examples/hybrid_model.py`` serves those. Compiled with
+``backend="kda_inductor"`` it reports ``indexer_k_write`` (quant + write: the
 rotary between the norm and the quantization keeps the norm with Inductor) and
 ``indexer_k_gather``. ``build()`` is what ``kda-inductor graph-diff examples/indexer_block.py``
 compiles.
@@ -45,6 +47,8 @@ class IndexerConfig:
     ue8m0: bool = True  # V3.2's scale format
 
 
+_eager_write_indexer_k = torch.compiler.disable(write_indexer_k)
+
 TINY = IndexerConfig(dim=64, n_heads=4, head_dim=128, rope_dim=64, topk=16, block_size=16, num_blocks=24)
 
 
@@ -71,22 +75,43 @@ class IndexerBlock(torch.nn.Module):
         cache = torch.zeros(cfg.num_blocks, cfg.block_size, cache_row_bytes(hd), dtype=torch.uint8, device=device)
         self.register_buffer("kv_cache", cache)
 
-    def forward(self, x, positions, slot_mapping, block_table, cu_seq_lens, req_of_token, num_tokens: int):
+    def rope(self, positions):
+        """cos, sin ``[T, rope_dim / 2]`` of each token's position."""
         cfg = self.cfg
-        t = x.shape[0]
-        inv = 1.0 / (10000 ** (torch.arange(0, cfg.rope_dim, 2, device=x.device).float() / cfg.rope_dim))
+        inv = 1.0 / (10000 ** (torch.arange(0, cfg.rope_dim, 2, device=positions.device).float() / cfg.rope_dim))
         ang = positions.float()[:, None] * inv[None, :]
-        cos, sin = ang.cos(), ang.sin()
-        # K: project, normalize, rotate, quantize and write into the paged cache
+        return ang.cos(), ang.sin()
+
+    eager_write = False
+    """Run the cache write (quant + store) eagerly, outside the graph: for stock Inductor, which
+    fails to lower it on some GPUs ("must be 1 to view Float as Byte")."""
+
+    def write_k(self, x, cos, sin, slot_mapping) -> None:
+        """K: project, normalize, rotate, quantize and write into the paged cache (the buffer)."""
         k = layer_norm_k(self.wk(x), self.k_norm_weight, self.k_norm_bias)
-        k = rotary(k, cos, sin, cfg.rope_dim)
-        write_indexer_k(k, self.kv_cache, slot_mapping, ue8m0=cfg.ue8m0)
-        # Q and head weights
+        k = rotary(k, cos, sin, self.cfg.rope_dim)
+        write = _eager_write_indexer_k if self.eager_write else write_indexer_k
+        write(k, self.kv_cache, slot_mapping, ue8m0=self.cfg.ue8m0)
+
+    def queries(self, x, cos, sin):
+        """Rotated queries ``[T, H, D]`` and float32 head weights ``[T, H]``."""
+        cfg, t = self.cfg, x.shape[0]
         q = rotary(self.wq(x).view(t, cfg.n_heads, cfg.head_dim), cos, sin, cfg.rope_dim)
         w = self.weights_proj(x).float() * (cfg.n_heads ** -0.5 * cfg.head_dim ** -0.5)
-        # prefill gather of every request's K, and the logits stand-in for fp8_mqa_logits
+        return q, w
+
+    def gather_k(self, block_table, cu_seq_lens, num_tokens, dtype):
+        """Every request's K out of the cache (the prefill gather), dequantized: ``[N, D]``."""
         values, scales = gather_indexer_k(self.kv_cache, block_table, cu_seq_lens, num_tokens)
-        kd = dequantize_k(values, scales).to(x.dtype)  # [N, D]
+        return dequantize_k(values, scales).to(dtype)
+
+    def forward(self, x, positions, slot_mapping, block_table, cu_seq_lens, req_of_token, num_tokens: int):
+        cfg = self.cfg
+        cos, sin = self.rope(positions)
+        self.write_k(x, cos, sin, slot_mapping)
+        q, w = self.queries(x, cos, sin)
+        # prefill gather of every request's K, and the logits stand-in for fp8_mqa_logits
+        kd = self.gather_k(block_table, cu_seq_lens, num_tokens, x.dtype)  # [N, D]
         scores = F.relu(torch.einsum("thd,nd->thn", q, kd).float())
         logits = (scores * w[:, :, None]).sum(dim=1)  # [T, N]
         # each query sees its own request's keys up to its position
@@ -129,6 +154,82 @@ def make_inputs(cfg: IndexerConfig, seq_lens, num_padding=0, device="cpu", seed=
     to = dict(device=device)
     return (x.to(**to), torch.tensor(positions, **to), torch.tensor(slots, **to), table.to(**to),
             cu.to(**to), torch.tensor(reqs, **to), n)
+
+
+@dataclass
+class StepInputs:
+    """One step of requests that each have ``context_lens[b]`` tokens, the last ``new_lens[b]``
+    of them new (decode: 1, spec decode: draft tokens + 1, prefill: all), in batch order.
+
+    ``x``, ``positions``, ``slot_mapping`` and ``req_of_token`` are per new token; ``cu_seq_lens``
+    (int32) over the contexts, ``block_table`` their blocks (block 0 is the null block);
+    ``ctx_positions`` each context token's position in its request (``N`` of them);
+    ``past_slots`` the slots of the tokens that were written before this step (fill them with
+    :func:`fill_past` before the step)."""
+
+    x: torch.Tensor
+    positions: torch.Tensor
+    slot_mapping: torch.Tensor
+    block_table: torch.Tensor
+    cu_seq_lens: torch.Tensor
+    req_of_token: torch.Tensor
+    ctx_positions: torch.Tensor
+    past_slots: torch.Tensor
+
+    @property
+    def num_ctx_tokens(self) -> int:
+        return self.ctx_positions.shape[0]
+
+
+def make_step_inputs(cfg: IndexerConfig, context_lens, new_lens, *, dim: int | None = None,
+                     device="cpu", seed=0, table_width: int | None = None) -> StepInputs:
+    """:class:`StepInputs` for requests with these context and new-token counts; the block
+    table ``table_width`` wide (default: as wide as the longest context needs)."""
+    if len(context_lens) != len(new_lens) or any(not 0 <= n <= c for c, n in zip(context_lens, new_lens)):
+        raise ValueError(f"new_lens must be 0 <= new <= context per request, got {list(context_lens)}, {list(new_lens)}")
+    g = torch.Generator().manual_seed(seed)
+    bs = cfg.block_size
+    blocks_per = [(c + bs - 1) // bs for c in context_lens]
+    if sum(blocks_per) >= cfg.num_blocks:
+        raise ValueError(f"cache too small: {sum(blocks_per)} blocks needed, num_blocks={cfg.num_blocks}")
+    perm = torch.randperm(cfg.num_blocks - 1, generator=g) + 1
+    width = max(1, max(blocks_per, default=1))
+    if table_width is not None:
+        if table_width < width:
+            raise ValueError(f"table_width={table_width} < {width} blocks of the longest context")
+        width = table_width
+    table = torch.zeros(len(context_lens), width, dtype=torch.int32)
+    used = 0
+    for b, nblk in enumerate(blocks_per):
+        table[b, :nblk] = perm[used : used + nblk]
+        used += nblk
+    positions, slots, reqs, past = [], [], [], []
+    for b, (c, n) in enumerate(zip(context_lens, new_lens)):
+        for p in range(c):
+            slot = int(table[b, p // bs]) * bs + p % bs
+            if p < c - n:
+                past.append(slot)
+            else:
+                positions.append(p)
+                slots.append(slot)
+                reqs.append(b)
+    cu = torch.zeros(len(context_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.cumsum(torch.tensor(list(context_lens), dtype=torch.int64), 0)
+    ctx_pos = [p for c in context_lens for p in range(c)]
+    x = torch.randn(len(slots), dim or cfg.dim, generator=g).to(torch.bfloat16)
+    to = dict(device=device)
+    as_i64 = lambda v: torch.tensor(v, dtype=torch.int64, **to)  # noqa: E731
+    return StepInputs(x.to(**to), as_i64(positions), as_i64(slots), table.to(**to), cu.to(**to),
+                      as_i64(reqs), torch.tensor(ctx_pos, dtype=torch.int32, **to), as_i64(past))
+
+
+def fill_past(block: IndexerBlock, past_slots: torch.Tensor, seed: int = 0) -> None:
+    """Write random K (quantized as the block writes it) for the tokens before this step."""
+    if past_slots.numel() == 0:
+        return
+    g = torch.Generator().manual_seed(seed + 7)
+    k = torch.randn(past_slots.shape[0], block.cfg.head_dim, generator=g).to(torch.bfloat16)
+    write_indexer_k(k.to(block.kv_cache.device), block.kv_cache, past_slots, ue8m0=block.cfg.ue8m0)
 
 
 def make_block(cfg: IndexerConfig, device="cpu", seed=0) -> IndexerBlock:

@@ -1,0 +1,574 @@
+"""One report of every rewrite and of the hybrid model, on a GPU: ``python -m benchmarks.report``.
+
+    python -m benchmarks.report                 # ~6 min on an H200, compiles included
+    python -m benchmarks.report --quick         # decode and prefill sizes only (~4 min)
+    python -m benchmarks.report --only model    # or: rewrites, or one rewrite's name
+    python -m benchmarks.report --smoke         # CPU, tiny sizes, fake-fast: checks the code paths
+
+Sections (progress lines on stderr as each row finishes; the final table printed last):
+
+* **rewrites**: each rewrite's benchmark (the ``bench_*.py`` functions) at a few token counts:
+  eager, stock ``torch.compile``, kda_inductor, the floor (bytes that must move over the
+  measured copy bandwidth) and, for ``gated_norm_merge``, flash-linear-attention's fused gated
+  RMSNorm (``rms_norm_gated`` after the two ``index_copy_``) where ``fla-core`` is installed.
+  Also at the hybrid model's own shapes (the GDN and the KDA layer's split, the model's gather).
+* **model**: the hybrid model (``examples/hybrid_model.py``, real dims, the fla core where
+  installed) for a T=256 spec-decode step and a 16K-token prefill step: eager, stock
+  ``torch.compile`` (with the cache write left eager where stock Inductor cannot compile it),
+  kda_inductor; compile times and our pass's own time; checked against eager first.
+* **targets**: per step, stock minus kda against the sum of the per-rewrite savings at the
+  step's sizes (target >= 80%), and the share of the step the rewritten regions take before
+  and after (region times from the isolated benchmarks at the step's shapes).
+
+All GPU times are CUDA-graph replay medians (``_timing``). Writes ``report.md``,
+``report.json``, ``report_rewrites.png`` and ``report_model.png`` to ``benchmarks/results/``
+(unless ``--no-record``) and to ``$OUT`` when set. Stops itself after ``--timeout`` seconds
+(default 540), writing what it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+_HERE = Path(__file__).resolve().parent
+for p in (str(_HERE), str(_HERE.parent / "examples"), str(_HERE.parent)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import _timing as T  # noqa: E402
+
+REWRITES = ("gdn_spec_split", "gated_norm_merge", "indexer_k_write", "indexer_k_gather")
+SIZES = (64, 256, 4096, 16384)
+QUICK_SIZES = (256, 16384)
+SMOKE_SIZES = (12, 24)
+STEPS = {"spec": 256, "prefill": 16384}
+SMOKE_STEPS = {"spec": 24, "prefill": 20}
+FILES = ("report.md", "report.json", "report_rewrites.png", "report_model.png")
+COLUMNS = (("rewrite", "rewrite", "s"), ("shape", "shape", "s"), ("T", "T / N", ","),
+           ("eager_us", "eager us", ".1f"), ("stock_us", "stock us", ".1f"), ("peer_us", "peer us", ".1f"),
+           ("kda_us", "kda us", ".1f"), ("floor_us", "floor us", ".1f"), ("stock_over_kda", "stock/kda", ".2f"),
+           ("kda_over_floor", "kda/floor", ".2f"))
+MODEL_COLUMNS = (("step", "step", "s"), ("T", "tokens", ","), ("core", "core", "s"), ("eager_us", "eager us", ",.0f"),
+                 ("stock_us", "stock us", ",.0f"), ("kda_us", "kda us", ",.0f"), ("stock_over_kda", "stock/kda", ".3f"),
+                 ("stock_compile_s", "stock compile s", ".1f"), ("kda_compile_s", "kda compile s", ".1f"),
+                 ("pass_s", "our pass s", ".2f"), ("compile_overhead", "compile +%", ".1%"))
+TARGET_COLUMNS = (("step", "step", "s"), ("saved_us", "stock - kda us", ",.1f"),
+                  ("sum_savings_us", "sum of rewrite savings us", ",.1f"), ("fraction", "fraction", ".0%"),
+                  ("meets_80pct", ">= 80%", "s"), ("region_share_before", "rewritten share before", ".1%"),
+                  ("region_share_after", "after", ".1%"))
+
+
+def log(msg: str) -> None:
+    print(f"[report {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+class Deadline(Exception):
+    """The report ran out of its time budget."""
+
+
+@contextlib.contextmanager
+def deadline(seconds: float):
+    """Raise :class:`Deadline` in the main thread after ``seconds`` (SIGALRM; POSIX)."""
+    if seconds <= 0 or not hasattr(signal, "SIGALRM"):
+        yield
+        return
+
+    def fire(signum, frame):
+        raise Deadline(f"time budget of {seconds:.0f} s spent")
+
+    old = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+# --------------------------------------------------------------------------- settings
+class Settings:
+    """What to run and how to time it (GPU: CUDA-graph replay; smoke: ``perf_counter``, or an
+    injected ``timer`` in tests)."""
+
+    def __init__(self, args: argparse.Namespace, timer: Callable[[Callable], float] | None = None):
+        self.smoke = args.smoke
+        self.device = "cpu" if args.smoke else "cuda"
+        self.sizes = SMOKE_SIZES if args.smoke else (QUICK_SIZES if args.quick else SIZES)
+        self.steps = {k: v for k, v in (SMOKE_STEPS if args.smoke else STEPS).items() if k in args.steps}
+        self.reps = args.reps or (1 if args.smoke else 30)
+        self.bandwidth = None
+        if timer is not None:
+            self.timer = timer
+        elif args.smoke:
+            self.timer = lambda fn: T.perf_counter_median_us(fn, self.reps)
+        else:
+            self.timer = lambda fn: T.graph_replay_median_us(fn, reps=self.reps, inner=5, calls=5)
+        self.model_timer = timer or ((lambda fn: T.perf_counter_median_us(fn, 1)) if args.smoke else
+                                     (lambda fn: T.graph_replay_median_us(fn, reps=10, inner=2)))
+
+
+# --------------------------------------------------------------------------- rewrites
+def _bench(name: str):
+    import importlib
+
+    return importlib.import_module(f"bench_{name}")
+
+
+def _ratios(row: dict) -> dict:
+    return T.add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"), ("kda_over_floor", "kda_us", "floor_us")))
+
+
+def rewrite_split(T_: int, s: Settings, *, conv_dim: int | None = None, g_dims=None, shape: str = "gdn") -> dict:
+    """The six gathers of a GDN (or, with ``g_dims``, KDA) layer's split at ``T_`` tokens."""
+    import gdn_layers as G
+
+    b = _bench("gdn_spec_split")
+    torch._dynamo.reset()
+    cfg = G.GDNConfig.tiny() if s.smoke else G.GDNConfig()
+    args = b.split_inputs(T_, conv_dim or cfg.conv_dim, cfg.num_v_heads, s.device, g_dims=g_dims)
+    stock = torch.compile(b.split, backend="inductor")
+    kda = _compile_kda(b.split, s)
+    want = b.split(*args)
+    b.check(f"split T={T_} stock", stock(*args), want)
+    b.check(f"split T={T_} kda", kda(*args), want)
+    row = {"rewrite": "gdn_spec_split", "shape": shape, "T": T_, "eager_us": s.timer(lambda: b.split(*args)),
+           "stock_us": s.timer(lambda: stock(*args)), "kda_us": s.timer(lambda: kda(*args))}
+    if s.bandwidth:
+        row["floor_us"] = b.bytes_moved(args) / s.bandwidth * 1e6
+    return _ratios(row)
+
+
+def _fla_norm_peer(args):
+    """flash-linear-attention's fused gated RMSNorm after the two ``index_copy_``, or None."""
+    import fla_core
+
+    if not fla_core.available() or not args[0].is_cuda:
+        return None
+    fla_core.fla()  # sets fla's tensor-cache switch
+    try:
+        from fla.modules.norm.fused_norm_gate import rms_norm_gated
+    except ImportError:  # pragma: no cover - older layouts
+        from fla.modules.fused_norm_gate import rms_norm_gated
+    o_s, o_ns, si, nsi, z, w = args
+    T_, H, D = z.shape
+
+    def peer():
+        out = torch.empty(1, T_, H, D, dtype=o_s.dtype, device=o_s.device)
+        out.index_copy_(1, si, o_s)
+        out.index_copy_(1, nsi, o_ns)
+        return rms_norm_gated(out.view(-1, D), z.reshape(-1, D), w, None, activation="swish", eps=1e-6)
+
+    return peer
+
+
+def rewrite_norm(T_: int, s: Settings) -> dict:
+    b = _bench("gated_norm_merge")
+    H, D = (2, 16) if s.smoke else (32, 128)
+    row = b.run(T_, smoke=s.smoke, reps=s.reps, bandwidth=s.bandwidth, H=H, D=D)
+    peer = _fla_norm_peer(b.tail_inputs(T_, H, D, s.device))
+    row.update(rewrite="gated_norm_merge", shape=f"H={H} D={D}",
+               peer_us=s.timer(peer) if peer is not None else None)
+    return _ratios(row)
+
+
+def rewrite_write(T_: int, s: Settings) -> dict:
+    b = _bench("indexer_k_write")
+    row = b.run_case(T_, s.device, s.timer, s.bandwidth)
+    row.update(rewrite="indexer_k_write", shape="LN+ue8m0, D=128")
+    if row.get("stock_us") is None:  # stock Inductor cannot compile it: it runs eager there
+        row["stock_fails"] = True
+    return _ratios(row)
+
+
+def rewrite_gather(seq_lens: list[int], s: Settings, label: str) -> dict:
+    b = _bench("indexer_k_gather")
+    case = b.prepare_case(label, seq_lens, s.device, 1)
+    timers = b.Timers(compiled=lambda fns: s.timer(fns[0]), eager=lambda fn: None, label="")
+    row = b.time_case(case, timers, s.bandwidth, skip_loop=True)
+    # eager: the vectorized torch form (what stock compiles), not the host-syncing loop
+    from kda_inductor.reference import gather_indexer_k
+
+    kv, table, cu = case.input_sets[0]
+    row.update(rewrite="indexer_k_gather", shape=label, T=case.num_tokens,
+               eager_us=s.timer(lambda: gather_indexer_k(kv, table, cu, case.num_tokens)))
+    return _ratios(row)
+
+
+def _compile_kda(fn, s: Settings):
+    return torch.compile(fn, backend="kda_inductor", options={"kda": {"force": True}} if s.smoke else None)
+
+
+def gather_lens(T_: int, s: Settings) -> list[int]:
+    """Context lengths of the model's step of ``T_`` tokens (the gather the step runs)."""
+    if s.smoke:
+        return [T_ // 2, 0, T_ - T_ // 2]
+    return [1000 + (b * 37) % 17 for b in range(max(1, T_ // 4))] if T_ <= 4096 else [T_ // 4] * 4
+
+
+def run_rewrites(s: Settings, only: set[str], rows: list[dict], errors: list[str]) -> None:
+    jobs: list[tuple[str, Callable[[], dict]]] = []
+    for T_ in s.sizes:
+        jobs += [("gdn_spec_split", lambda T_=T_: rewrite_split(T_, s)),
+                 ("gated_norm_merge", lambda T_=T_: rewrite_norm(T_, s)),
+                 ("indexer_k_write", lambda T_=T_: rewrite_write(T_, s)),
+                 ("indexer_k_gather", lambda T_=T_: rewrite_gather(gather_lens(T_, s), s, f"{T_} tok step"))]
+    if not s.smoke:  # the KDA layer's split: g per key channel
+        jobs += [("gdn_spec_split", lambda T_=T_: rewrite_split(T_, s, conv_dim=3 * 32 * 128, g_dims=(32, 128),
+                                                               shape="kda")) for T_ in STEPS.values()]
+    for name, job in jobs:
+        if name not in only:
+            continue
+        t0 = time.perf_counter()
+        try:
+            rows.append(job())
+            log(f"{name}: {_fmt(rows[-1])} ({time.perf_counter() - t0:.0f} s)")
+        except Deadline:
+            raise
+        except BaseException as e:  # noqa: BLE001 - a failing row must not lose the others
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            errors.append(f"{name}: {type(e).__name__}: {e}")
+            log(f"{name} FAILED: {errors[-1]}\n{traceback.format_exc(limit=3)}")
+
+
+def _fmt(row: dict) -> str:
+    keys = ("shape", "T", "eager_us", "stock_us", "peer_us", "kda_us", "floor_us")
+    return ", ".join(f"{k}={row[k]:.1f}" if isinstance(row.get(k), float) else f"{k}={row.get(k)}"
+                     for k in keys if row.get(k) is not None)
+
+
+# --------------------------------------------------------------------------- the model
+def run_model(s: Settings, rows: list[dict], errors: list[str]) -> None:
+    import hybrid_model as HM
+
+    from kda_inductor import pass_manager
+
+    cfg = HM.HybridConfig.tiny() if s.smoke else HM.HybridConfig()
+    model = HM.make_model(cfg, device=s.device)
+    core = "fla" if model.gdn.uses_fla(model.attn.kv_cache) else "torch"
+    for step, T_ in s.steps.items():
+        t0 = time.perf_counter()
+        if step == "prefill" and core == "torch" and not s.smoke:
+            errors.append("model prefill: skipped, the torch core would unroll a 4096-token loop "
+                          "(install fla-core for the real core)")
+            continue
+        try:
+            batch = HM.spec_decode_batch(model, T_) if step == "spec" else HM.prefill_batch(model, T_)
+            args, kwargs = batch.args(), batch.kwargs()
+            row = {"step": step, "T": T_, "core": core, "requests": len(batch.kinds),
+                   "ctx_tokens": batch.indexer.num_ctx_tokens,
+                   "ctx_lens": torch.diff(batch.indexer.cu_seq_lens).tolist()}
+            spent = []
+            orig = pass_manager.KdaPostGradPass.__call__
+
+            def timed(self, graph, _orig=orig):
+                t1 = time.perf_counter()
+                try:
+                    return _orig(self, graph)
+                finally:
+                    spent.append(time.perf_counter() - t1)
+
+            torch._dynamo.reset()
+            with torch._inductor.config.patch(force_disable_caches=True):
+                kda = _compile_kda(model, s)
+                pass_manager.KdaPostGradPass.__call__ = timed
+                try:
+                    t1 = time.perf_counter()
+                    HM.run_step(model, batch, kda)
+                    row["kda_compile_s"] = time.perf_counter() - t1
+                finally:
+                    pass_manager.KdaPostGradPass.__call__ = orig
+                row["pass_s"] = sum(spent)
+                log(f"model {step}: kda compiled in {row['kda_compile_s']:.0f} s (our pass {row['pass_s']:.2f} s)")
+                row["check"] = HM.check_against_eager(model, batch, kda)
+                stock, row["stock_note"] = _compile_stock(model, batch, row)
+            row["compile_overhead"] = (row["kda_compile_s"] / row["stock_compile_s"] - 1
+                                       if row.get("stock_compile_s") else None)
+            row["pass_share_of_compile"] = row["pass_s"] / row["kda_compile_s"]
+            with torch.no_grad():
+                cache = model.attn.kv_cache.clone()
+                row["eager_us"] = s.model_timer(lambda: model(*args, **kwargs))
+                row["stock_us"] = s.model_timer(lambda: stock(*args, **kwargs)) if stock is not None else None
+                row["kda_us"] = s.model_timer(lambda: kda(*args, **kwargs))
+                model.attn.kv_cache.copy_(cache)
+            rows.append(T.add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"),)))
+            log(f"model {step}: eager {row['eager_us']:.0f} us, stock {row['stock_us']} us, kda {row['kda_us']:.0f} us "
+                f"({time.perf_counter() - t0:.0f} s)")
+        except Deadline:
+            raise
+        except Exception as e:  # noqa: BLE001
+            errors.append(f"model {step}: {type(e).__name__}: {e}")
+            log(f"model {step} FAILED: {errors[-1]}\n{traceback.format_exc(limit=4)}")
+        finally:
+            model.attn.eager_write = False
+
+
+def _compile_stock(model, batch, row):
+    """Stock torch.compile of the model; where stock Inductor cannot compile the cache write,
+    again with the write run eagerly (a graph break around it)."""
+    import hybrid_model as HM
+
+    note = ""
+    for eager_write in (False, True):
+        model.attn.eager_write = eager_write
+        torch._dynamo.reset()
+        stock = torch.compile(model, backend="inductor")
+        t1 = time.perf_counter()
+        try:
+            HM.run_step(model, batch, stock)
+        except Exception as e:  # noqa: BLE001
+            if eager_write:
+                raise
+            note = f"stock fails to compile ({type(e).__name__}: {str(e).strip().splitlines()[0][:100]}); cache write run eagerly"
+            log(f"model: {note}")
+            continue
+        row["stock_compile_s"] = time.perf_counter() - t1
+        return stock, note
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------- targets
+def step_regions(step_row: dict, rewrite_rows: list[dict]) -> dict | None:
+    """Stock and kda time of the regions the rewrites replace in one model step, from the
+    isolated benchmarks at the step's sizes: the GDN and the KDA layer's split, two merges +
+    norms, the cache write (stock: eager where stock fails), the gather."""
+    T_ = step_row["T"]
+
+    def find(rewrite, shape=None, t=T_):
+        for r in rewrite_rows:
+            if r["rewrite"] == rewrite and r["T"] == t and (shape is None or r["shape"] == shape):
+                return r
+        return None
+
+    gather = next((r for r in rewrite_rows if r["rewrite"] == "indexer_k_gather"
+                   and r["shape"] == f"{T_} tok step"), None)
+    parts = {"gdn_spec_split (gdn)": find("gdn_spec_split", "gdn"), "gdn_spec_split (kda)": find("gdn_spec_split", "kda"),
+             "gated_norm_merge x2": find("gated_norm_merge"), "indexer_k_write": find("indexer_k_write"),
+             "indexer_k_gather": gather}
+    if parts["gdn_spec_split (kda)"] is None:  # smoke: the GDN shape stands in
+        parts["gdn_spec_split (kda)"] = parts["gdn_spec_split (gdn)"]
+    if any(p is None for p in parts.values()):
+        return None
+    before = after = 0.0
+    savings = {}
+    for name, r in parts.items():
+        n = 2 if name.endswith("x2") else 1
+        b = r["stock_us"] if r.get("stock_us") is not None else r["eager_us"]
+        before += n * b
+        after += n * r["kda_us"]
+        savings[name] = n * (b - r["kda_us"])
+    return {"before_us": before, "after_us": after, "savings_us": savings}
+
+
+def targets(model_rows: list[dict], rewrite_rows: list[dict]) -> list[dict]:
+    out = []
+    for m in model_rows:
+        reg = step_regions(m, rewrite_rows)
+        if reg is None or m.get("stock_us") is None:
+            continue
+        saved = m["stock_us"] - m["kda_us"]
+        total = sum(reg["savings_us"].values())
+        frac = saved / total if total > 0 else None
+        out.append({"step": m["step"], "saved_us": saved, "sum_savings_us": total, "fraction": frac,
+                    "meets_80pct": "yes" if frac is not None and frac >= 0.8 else "no",
+                    "region_share_before": reg["before_us"] / m["stock_us"],
+                    "region_share_after": reg["after_us"] / m["kda_us"],
+                    "region_before_us": reg["before_us"], "region_after_us": reg["after_us"],
+                    "savings_by_rewrite_us": reg["savings_us"]})
+    return out
+
+
+# --------------------------------------------------------------------------- output
+def plots(payload: dict, out_dir: Path) -> list[Path]:
+    """Time vs tokens per rewrite (log-log), and each model step as stacked bars (rewritten
+    regions vs the rest, stock vs kda). Needs matplotlib (``pip install 'kda-inductor[report]'``)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        log("matplotlib is not installed: no plots (pip install 'kda-inductor[report]')")
+        return []
+    written = []
+    env = payload["env"]
+    sub = f"{env['gpu'] or 'CPU'}, torch {env['torch']}, triton {env['triton']}, {env['date']}"
+    rows = [r for r in payload["rewrites"] if r.get("kda_us")]
+    if rows:
+        fig, axes = plt.subplots(1, len(REWRITES), figsize=(4.2 * len(REWRITES), 3.8))
+        for ax, name in zip(axes, REWRITES):
+            mine = sorted((r for r in rows if r["rewrite"] == name and r["shape"] != "kda"), key=lambda r: r["T"])
+            for key, style in (("eager_us", "o:"), ("stock_us", "s--"), ("peer_us", "^-."), ("kda_us", "D-"),
+                               ("floor_us", "k-")):
+                pts = [(r["T"], r[key]) for r in mine if r.get(key)]
+                if pts:
+                    ax.plot(*zip(*pts), style, label=key[:-3], lw=1.2, ms=4)
+            ax.set(xscale="log", yscale="log", title=name, xlabel="tokens (gather: context tokens)", ylabel="us")
+            ax.grid(True, which="both", alpha=0.3)
+            if mine:
+                ax.legend(fontsize=7)
+        fig.suptitle(f"kda_inductor rewrites: CUDA-graph replay medians ({sub})", fontsize=9)
+        fig.tight_layout()
+        path = out_dir / "report_rewrites.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    tg = {t["step"]: t for t in payload["targets"]}
+    steps = [m for m in payload["model"] if m["step"] in tg]
+    if steps:
+        fig, axes = plt.subplots(1, len(steps), figsize=(4.5 * len(steps), 4))
+        axes = [axes] if len(steps) == 1 else axes
+        for ax, m in zip(axes, steps):
+            t = tg[m["step"]]
+            rest = [m["stock_us"] - t["region_before_us"], m["kda_us"] - t["region_after_us"]]
+            region = [t["region_before_us"], t["region_after_us"]]
+            ax.bar(["stock", "kda"], rest, color="#bbbbbb", label="rest of the step")
+            ax.bar(["stock", "kda"], region, bottom=rest, color="#d62728", label="rewritten regions")
+            for i, (r0, r1) in enumerate(zip(rest, region)):
+                ax.text(i, r0 + r1, f"{r0 + r1:,.0f} us\n({r1 / (r0 + r1):.1%} rewritten)", ha="center",
+                        va="bottom", fontsize=7)
+            ax.set(title=f"{m['step']} step, {m['T']:,} tokens ({m['core']} core)", ylabel="us per step")
+            ax.legend(fontsize=7, loc="lower right")
+        fig.suptitle(f"hybrid model step: where the time goes ({sub})", fontsize=9)
+        fig.tight_layout()
+        path = out_dir / "report_model.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def markdown(payload: dict) -> str:
+    env = payload["env"]
+    parts = [f"# kda_inductor report\n\n{env['date']}; GPU: {env['gpu']}; torch {env['torch']}; "
+             f"triton {env['triton']}; fla {payload.get('fla') or '-'}\n",
+             payload["notes"] + "\n",
+             "## Rewrites\n", T.markdown_table(payload["rewrites"], COLUMNS),
+             "## Hybrid model\n", T.markdown_table(payload["model"], MODEL_COLUMNS),
+             "## Targets\n", T.markdown_table(payload["targets"], TARGET_COLUMNS)]
+    notes = [m.get("stock_note") for m in payload["model"] if m.get("stock_note")]
+    if notes:
+        parts.append("\n".join(f"- {n}" for n in dict.fromkeys(notes)) + "\n")
+    if payload["errors"]:
+        parts.append("## Errors\n\n" + "\n".join(f"- {e}" for e in payload["errors"]) + "\n")
+    parts.append("\n![rewrites](report_rewrites.png)\n\n![model](report_model.png)\n")
+    return "\n".join(parts)
+
+
+def write_outputs(payload: dict, out_dirs: list[Path]) -> list[Path]:
+    written = []
+    first, rest = out_dirs[0], out_dirs[1:]
+    first.mkdir(parents=True, exist_ok=True)
+    (first / "report.json").write_text(json.dumps(payload, indent=2, default=str) + "\n")
+    (first / "report.md").write_text(markdown(payload))
+    written += [first / "report.json", first / "report.md", *plots(payload, first)]
+    for d in rest:
+        d.mkdir(parents=True, exist_ok=True)
+        for p in list(written):
+            if p.parent == first:
+                shutil.copy(p, d / p.name)
+                written.append(d / p.name)
+    return written
+
+
+# --------------------------------------------------------------------------- main
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--only", default="rewrites,model",
+                   help="comma-separated: rewrites, model, or rewrite names (default: rewrites,model)")
+    p.add_argument("--steps", default="spec,prefill", help="model steps: spec, prefill")
+    p.add_argument("--quick", action="store_true", help=f"rewrites at T in {QUICK_SIZES} only")
+    p.add_argument("--reps", type=int, help="timed samples per number (default 30; smoke 1)")
+    p.add_argument("--timeout", type=float, default=540, help="stop after this many seconds, writing what ran")
+    p.add_argument("--no-record", action="store_true", help="do not write benchmarks/results/")
+    p.add_argument("--out", help="also write the files here (default: $OUT when set)")
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny sizes: the code paths, meaningless times")
+    args = p.parse_args(argv)
+    args.only = {x.strip() for x in args.only.split(",") if x.strip()}
+    if "rewrites" in args.only:
+        args.only |= set(REWRITES)
+    bad = args.only - set(REWRITES) - {"rewrites", "model"}
+    if bad:
+        p.error(f"unknown --only {sorted(bad)}; choose from rewrites, model, {', '.join(REWRITES)}")
+    args.steps = {x for x in args.steps.split(",") if x}
+    if args.steps - set(STEPS):
+        p.error(f"unknown --steps {sorted(args.steps - set(STEPS))}; choose from {list(STEPS)}")
+    return args
+
+
+def main(argv=None, *, timer=None) -> dict:
+    """Run the report; returns its payload (also written, see the module docstring)."""
+    args = parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (use --smoke on CPU to check the code paths)")
+    import kda_inductor  # noqa: F401  (the backend, when not pip-installed)
+
+    s = Settings(args, timer)
+    started = time.perf_counter()
+    rewrite_rows: list[dict] = []
+    model_rows: list[dict] = []
+    errors: list[str] = []
+    try:
+        with deadline(args.timeout):
+            if not s.smoke:
+                log("measuring copy bandwidth")
+                s.bandwidth = T.measure_copy_bandwidth("cuda", 1 << 30, reps=5)
+            if args.only & set(REWRITES):
+                log(f"rewrites at T = {s.sizes}")
+                run_rewrites(s, args.only, rewrite_rows, errors)
+            if "model" in args.only:
+                log(f"hybrid model: steps {s.steps}")
+                run_model(s, model_rows, errors)
+    except Deadline as e:
+        errors.append(f"stopped: {e}; the tables hold what finished")
+        log(errors[-1])
+    import fla_core
+
+    fla_version = None
+    if fla_core.available():
+        from importlib.metadata import PackageNotFoundError, version
+
+        with contextlib.suppress(PackageNotFoundError):
+            fla_version = version("fla-core")
+    notes = ("SMOKE run on CPU: times NOT meaningful. " if s.smoke else
+             f"CUDA-graph replay medians (per call). Copy bandwidth {s.bandwidth / 1e12:.2f} TB/s. ")
+    notes += ("stock: torch.compile(backend='inductor'); peer: flash-linear-attention's rms_norm_gated after "
+              "the two index_copy_; floor: bytes that must move / copy bandwidth. Model steps: a spec-decode "
+              "step (3/4 of the tokens speculative, ~1000 tokens of context per request) and a pure prefill "
+              "(4 prompts); rewritten-region times come from the isolated benchmarks at the step's shapes.")
+    payload = {"env": T.environment_info(), "fla": fla_version, "notes": notes, "settings": {
+        "sizes": list(s.sizes), "steps": s.steps, "reps": s.reps, "smoke": s.smoke},
+        "copy_bandwidth_bytes_per_s": s.bandwidth, "rewrites": rewrite_rows, "model": model_rows,
+        "targets": targets(model_rows, rewrite_rows), "errors": errors,
+        "seconds": time.perf_counter() - started}
+    dirs = [] if args.no_record else [_HERE / "results"]
+    out = args.out or os.environ.get("OUT")
+    if out:
+        dirs.append(Path(out))
+    if dirs:
+        for p in write_outputs(payload, dirs):
+            log(f"wrote {p}")
+    # the final tables, last, as markdown (readable in a log, never clipped to a terminal width)
+    print(f"\n{payload['env']}\n\nrewrites\n" + T.markdown_table(rewrite_rows, COLUMNS))
+    print("hybrid model\n" + T.markdown_table(model_rows, MODEL_COLUMNS))
+    print(f"targets ({payload['seconds']:.0f} s)\n" + T.markdown_table(payload["targets"], TARGET_COLUMNS))
+    for e in errors:
+        print(f"error: {e}")
+    return payload
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,393 @@
+"""examples/hybrid_model.py served under torch.compile, on CPU (tiny config).
+
+What must hold (issue 12): every rewrite fires the expected number of times in every compiled
+graph (``EXPECTED_MATCHES``, forced on CPU where the speed rules would leave the code to
+Inductor); outputs match eager; serving T = 2, 7, 64, 300, 4096 tokens with automatic dynamic
+shapes, ``mark_dynamic`` and ``dynamic=True`` costs no recompile after the first dynamic compile
+(one more for the batch whose spec set is empty: Dynamo specializes size 0); fp16 models;
+the default (unforced) options; all rewrites disabled = stock Inductor's code; a second process
+hits the FX graph cache and still runs our kernels; tensor parallel over two gloo ranks.
+
+Compiles here keep Inductor's kernel cache on and its FX graph cache off: our pass runs on every
+graph (nothing is served from the FX cache), while identical C++ kernels are built once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import kda_inductor
+from kda_inductor import pass_manager
+from kda_inductor.explain import GraphReport, Report
+from kda_inductor.testing import compile_for_test
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+import hybrid_model as H  # noqa: E402
+
+EXPECTED = H.EXPECTED_MATCHES
+SIZES = (2, 7, 64, 300, 4096)
+
+
+# --------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def kernel_cache_only():
+    """FX graph / AOT caches off (our pass runs on every graph), kernel caches on."""
+    torch._dynamo.reset()
+    patches = {"fx_graph_cache": False, "force_disable_caches": False}
+    try:
+        with torch._inductor.config.patch(patches), torch._functorch.config.patch(enable_autograd_cache=False):
+            yield
+    finally:
+        torch._dynamo.reset()
+
+
+def compile_model(model, **kw):
+    kw.setdefault("caches", True)
+    return compile_for_test(model, **kw)
+
+
+def graph_failures(records, expect=EXPECTED) -> list[str]:
+    """For every compiled graph whose matches differ from ``expect``: the counts and the
+    closest misses (``Report.misses_text``), to name what broke."""
+    out = []
+    for i, rec in enumerate(records):
+        got = {name: rec["matches"].get(name, 0) for name in expect}
+        if got != expect or rec["errors"]:
+            rep = Report(pass_manager.total_matches([rec]), [GraphReport(rec)], [], [])
+            out.append(f"graph {i}: matches {got} (expected {expect}); errors {rec['errors']}\n"
+                       + "\n".join(rep.misses_text()))
+    return out
+
+
+def assert_every_graph_rewritten(compiled, expect=EXPECTED):
+    assert compiled.records, "no graph was compiled"
+    failures = graph_failures(compiled.records, expect)
+    assert not failures, "\n\n".join(failures)
+
+
+def step(model, batch, fn):
+    """Run a step compiled and eager on the same cache; compare outputs and cache."""
+    msg = H.check_against_eager(model, batch, fn)
+    assert "within" in msg
+
+
+@pytest.fixture(scope="module")
+def model():
+    return H.make_model(H.HybridConfig.tiny(), core="torch")
+
+
+# --------------------------------------------------------------------------- eager
+@pytest.mark.parametrize("kind", ["spec", "prefill", "mixed"])
+def test_eager_model_matches_token_by_token_reference(model, kind):
+    """The split / merge / varlen paths of both recurrent layers against a token-by-token
+    recomputation; the indexer cache is written at the new tokens' slots only."""
+    torch.manual_seed(1)
+    batch = {"spec": lambda: H.spec_decode_batch(model, 24, seed=1),
+             "prefill": lambda: H.prefill_batch(model, 21, 3, seed=1),
+             "mixed": lambda: H.make_batch(model, 2, 3, [5, 1, 4], seed=1)}[kind]()
+    before = model.attn.kv_cache.clone()
+    out, cache = H.run_step(model, batch)
+    H.assert_step_close(out, H.reference_step(model, batch))
+    blocks = (cache != before).view(cache.shape[0], -1).any(-1).nonzero().flatten()  # blocked layout
+    written = batch.indexer.slot_mapping // model.cfg.indexer.block_size
+    assert blocks.numel() and set(blocks.tolist()) <= set(written.tolist())
+    if kind == "prefill":
+        assert batch.spec.spec_idx.numel() == 0 and out[1].shape[0] == 0
+
+
+def test_real_dims_by_default():
+    c = H.HybridConfig()
+    assert c.gdn.num_v_heads == 32 and c.gdn.conv_dim == 8192 and c.kda.num_heads == 32
+    assert c.indexer.n_heads == 64 and c.indexer.head_dim == 128 and c.indexer.block_size == 64
+    assert c.gdn.hidden_size == c.kda.hidden_size == c.indexer.dim == c.hidden_size
+
+
+def test_layer_widths_must_agree():
+    import dataclasses
+
+    with pytest.raises(ValueError, match="wide"):
+        H.HybridModel(dataclasses.replace(H.HybridConfig.tiny(), hidden_size=96))
+
+
+# --------------------------------------------------------------------------- compiled, static
+def test_spec_step_every_rewrite_fires_and_matches_eager(model):
+    """One compiled spec-decode step: the expected matches per layer, outputs within one bf16
+    step of eager, the cache's written slots within one fp8 step; our pass's own time."""
+    torch.manual_seed(2)
+    batch = H.spec_decode_batch(model, 24, seed=2)
+    spent = []
+    orig = pass_manager.KdaPostGradPass.__call__
+
+    def timed(self, graph):
+        t0 = time.perf_counter()
+        try:
+            return orig(self, graph)
+        finally:
+            spent.append(time.perf_counter() - t0)
+
+    with kernel_cache_only():
+        compiled = compile_model(model, dynamic=False)
+        pass_manager.KdaPostGradPass.__call__ = timed
+        try:
+            t0 = time.perf_counter()
+            step(model, batch, compiled)
+            total = time.perf_counter() - t0
+        finally:
+            pass_manager.KdaPostGradPass.__call__ = orig
+    assert_every_graph_rewritten(compiled)
+    assert len(compiled.records) == 1
+    # the pass (observed: it also snapshots the graphs for explain) against the whole first call
+    assert sum(spent) < 0.1 * total, (sum(spent), total)
+
+
+@pytest.mark.parametrize("kind", ["prefill", "mixed"])
+def test_prefill_steps_every_rewrite_fires_and_match_eager(model, kind):
+    """A pure-prefill step (empty spec set) and a mixed one (spec + decode + prefill: a varlen
+    non-spec set): the same rewrites, outputs as eager."""
+    torch.manual_seed(3)
+    batch = H.prefill_batch(model, 20, 4, seed=3) if kind == "prefill" else H.make_batch(model, 2, 2, [4, 3], seed=3)
+    with kernel_cache_only():
+        compiled = compile_model(model, dynamic=False)
+        step(model, batch, compiled)
+    assert_every_graph_rewritten(compiled)
+
+
+# --------------------------------------------------------------------------- dynamic shapes
+DYNAMIC_MODES = ["automatic", "mark_dynamic", "dynamic_true"]
+
+
+@pytest.mark.parametrize("mode", DYNAMIC_MODES)
+def test_dynamic_shapes_serve_every_size_without_recompiles(model, mode):
+    """Warm up until the first dynamic compile, then serve T = 2, 7, 64, 300, 4096 (requests and
+    spec tokens vary with T): no new compile, except at most one for T=2, whose spec set is
+    empty (size 0 is specialized); every graph gets every rewrite; every step matches eager."""
+    warmup = (64, 300) if mode == "automatic" else (64,)
+
+    def batch_for(T):
+        torch.manual_seed(T)
+        b = H.spec_decode_batch(model, T, seed=T)
+        if mode == "mark_dynamic":  # the token, request and context dims
+            for t, d in b.token_dim_tensors():
+                torch._dynamo.mark_dynamic(t, d)
+        return b
+
+    with kernel_cache_only():
+        compiled = compile_model(model, dynamic=True if mode == "dynamic_true" else None)
+        for T in warmup:
+            H.run_step(model, batch_for(T), compiled)
+        first = len(compiled.records)
+        assert first == len(warmup), f"{first} compiles to warm up {warmup}"
+        new = {}
+        for T in SIZES:
+            before = len(compiled.records)
+            b = batch_for(T)
+            step(model, b, compiled)
+            new[T] = len(compiled.records) - before
+    assert_every_graph_rewritten(compiled)
+    assert all(n == 0 for T, n in new.items() if T != 2) and new[2] <= 1, f"new compiles per T: {new}"
+
+
+# --------------------------------------------------------------------------- precision, defaults
+def test_float16_model(model):
+    torch.manual_seed(4)
+    m16 = H.make_model(H.HybridConfig.tiny(), dtype=torch.float16, core="torch")
+    batch = H.spec_decode_batch(m16, 24, seed=4)
+    assert batch.hidden.dtype == torch.float16
+    with kernel_cache_only():
+        compiled = compile_model(m16, dynamic=False)
+        step(m16, batch, compiled)
+    assert_every_graph_rewritten(compiled)
+
+
+def test_stock_inductor_is_as_far_from_eager(model):
+    """The tolerance of ``check_against_eager`` is what stock Inductor itself needs: with every
+    rewrite disabled the outputs need the same COMPILED_STEPS bf16 steps of eager."""
+    torch.manual_seed(2)
+    batch = H.spec_decode_batch(model, 24, seed=2)
+    with kernel_cache_only():
+        stock = torch.compile(model, backend="inductor", dynamic=False)
+        H.check_against_eager(model, batch, stock)
+
+
+def test_default_options_compile_and_run_on_cpu(model):
+    """What a CPU user gets (no force): compiles and matches eager; whatever the speed rules
+    leave to Inductor, explain says why (no rewrite errors)."""
+    torch.manual_seed(5)
+    batch = H.spec_decode_batch(model, 24, seed=5)
+    with kernel_cache_only():
+        compiled = compile_model(model, dynamic=False, force=False)
+        step(model, batch, compiled)
+    assert compiled.records and not any(r["errors"] for r in compiled.records)
+
+
+_NAMES = [
+    (re.compile(r"/[^\s'\"]*torchinductor[^\s'\"]*"), "<path>"),  # cache paths of kernels
+    (re.compile(r"\b[a-z0-9]{52}\b"), "<hash>"),  # cache keys in module names
+    (re.compile(r"AOT ID: \['\d+_inference'\]"), "AOT ID: [N]"),  # graph counter
+]
+
+
+def normalized_code(code: str) -> str:
+    """Output code without what legitimately differs between two compiles of one graph: cache
+    paths (kernels live under per-compile dirs), cache-key hashes, the AOT graph counter."""
+    for pattern, repl in _NAMES:
+        code = pattern.sub(repl, code)
+    return code
+
+
+def test_all_rewrites_disabled_is_stock_inductor_code(model):
+    from torch._inductor.utils import run_and_get_code
+
+    torch.manual_seed(6)
+    batch = H.spec_decode_batch(model, 24, seed=6)
+    codes = {}
+    for label, backend, options in (("stock", "inductor", None),
+                                    ("disabled", "kda_inductor",
+                                     {"kda": {"disable": list(kda_inductor.REWRITE_NAMES)}})):
+        with kernel_cache_only():
+            fn = torch.compile(model, backend=backend, options=options, dynamic=False)
+            _, code = run_and_get_code(lambda fn=fn: H.run_step(model, batch, fn))
+        codes[label] = [normalized_code(c) for c in code]
+    assert len(codes["stock"]) == len(codes["disabled"]) >= 1
+    for a, b in zip(codes["stock"], codes["disabled"]):
+        if a != b:
+            import difflib
+
+            diff = "\n".join(list(difflib.unified_diff(a.splitlines(), b.splitlines(), "stock", "disabled",
+                                                       lineterm=""))[:60])
+            pytest.fail(f"generated code differs:\n{diff}")
+
+
+# --------------------------------------------------------------------------- FX graph cache
+CACHE_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, {examples!r})
+    import torch
+    from torch._dynamo.utils import counters
+    import hybrid_model as H
+    from kda_inductor import pass_manager
+    options = json.loads(sys.argv[1])
+    model = H.make_model(H.HybridConfig.tiny(), core="torch")
+    torch.manual_seed(7)
+    batch = H.spec_decode_batch(model, 24, seed=7)
+    ran = []
+    orig = pass_manager.KdaPostGradPass.__call__
+    pass_manager.KdaPostGradPass.__call__ = lambda self, g: (ran.append(1), orig(self, g))[1]
+    compiled = torch.compile(model, backend="kda_inductor", options={{"kda": options}}, dynamic=False)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        msg = H.check_against_eager(model, batch, compiled)
+    kda_ops = sorted({{e.name for e in prof.events() if e.name.startswith("kda::")}})
+    print(json.dumps({{"hits": counters["inductor"]["fxgraph_cache_hit"],
+                      "misses": counters["inductor"]["fxgraph_cache_miss"],
+                      "pass_ran": len(ran), "kda_ops": kda_ops, "check": msg}}))
+""")
+
+
+def _run_cache_process(cache_dir: Path, options: dict, extra_path: Path | None = None) -> dict:
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(cache_dir), OMP_NUM_THREADS="1",
+               TORCHINDUCTOR_FX_GRAPH_CACHE="1", TORCHINDUCTOR_AUTOGRAD_CACHE="1")
+    if extra_path is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
+    script = CACHE_SCRIPT.format(examples=str(ROOT / "examples"))
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(options)], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_hits_fx_graph_cache_and_runs_our_kernels(tmp_path):
+    """Caches on in a temporary dir: process 1 compiles (miss), process 2 is served from the FX
+    graph cache (our pass does not run) and still calls kda:: ops; a changed kda option, or a
+    changed source file of ours (a copy of the package with one comment added), misses."""
+    import shutil
+
+    cache = tmp_path / "inductor"
+    first = _run_cache_process(cache, {"force": True})
+    assert first["misses"] >= 1 and first["hits"] == 0 and first["pass_ran"] >= 1, first
+    second = _run_cache_process(cache, {"force": True})
+    assert second["hits"] >= 1 and second["misses"] == 0 and second["pass_ran"] == 0, second
+    assert set(second["kda_ops"]) >= {f"kda::{n}" for n in ("indexer_k_write", "indexer_k_gather",
+                                                               "gdn_spec_split", "gated_norm_merge")}, second
+    option = _run_cache_process(cache, {"force": True, "strict": True})  # same code, other options
+    assert option["misses"] >= 1 and option["pass_ran"] >= 1, option
+    pkg = tmp_path / "src"
+    shutil.copytree(ROOT / "kda_inductor", pkg / "kda_inductor", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(pkg / "kda_inductor" / "patterns" / "gdn_spec_split.py", "a") as f:
+        f.write("\n# a change to our code\n")
+    changed = _run_cache_process(cache, {"force": True}, extra_path=pkg)
+    assert changed["misses"] >= 1 and changed["pass_ran"] >= 1, changed
+
+
+# --------------------------------------------------------------------------- tensor parallel
+TP_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    sys.path.insert(0, {examples!r})
+    import torch, torch.distributed as dist
+    import hybrid_model as H
+    from kda_inductor.testing import compile_for_test
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    full = H.make_model(H.HybridConfig.tiny(), core="torch")
+    torch.manual_seed(8)
+    batch = H.spec_decode_batch(full, 24, seed=8)
+    want, want_cache = H.run_step(full, batch)
+    tp = H.shard_model(full, rank, world, dist.group.WORLD)
+    gdn = H.shard_states("gdn", full.cfg.gdn, batch.gdn_states, rank, world)
+    kda = H.shard_states("kda", full.cfg.kda, batch.kda_states, rank, world)
+    args = list(batch.args())
+    args[3:7], args[7:11] = gdn, kda
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        compiled = compile_for_test(tp, caches=True, dynamic=False)
+        with torch.no_grad():
+            got = compiled(*args, **batch.kwargs())
+    want_states = [*H.shard_states("gdn", full.cfg.gdn, want[1:5], rank, world),
+                   *H.shard_states("kda", full.cfg.kda, want[5:9], rank, world)]
+    H.assert_step_close([got[0], *got[1:]], [want[0], *want_states], H.COMPILED_STEPS)
+    why = H.cache_mismatch(tp.attn.kv_cache, want_cache, batch.indexer.slot_mapping, 128)
+    print(json.dumps({{"rank": rank, "matches": [r["matches"] for r in compiled.records],
+                      "errors": [r["errors"] for r in compiled.records], "cache": why}}))
+    dist.destroy_process_group()
+""")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_tensor_parallel_two_ranks_each_graph_rewritten_and_output_matches():
+    """Heads (and MLP columns) split over 2 gloo ranks with the model's own all-reduces:
+    every rank's graph gets every rewrite, and the all-reduced output and each rank's states
+    match the unsplit eager model."""
+    port = _free_port()
+    script = TP_SCRIPT.format(examples=str(ROOT / "examples"))
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT))
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=900)
+        assert p.returncode == 0, err[-4000:]
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    for r in results:
+        assert r["matches"] and all({k: m[k] for k in EXPECTED} == EXPECTED for m in r["matches"]), r
+        assert not any(r["errors"]) and r["cache"] is None, r

@@ -1,0 +1,93 @@
+"""benchmarks/report.py on CPU: its code paths (rows, targets, markdown, JSON, plots, the time
+limit, $OUT) with tiny sizes and fake timers; the numbers are not meaningful. The GPU run is
+``python -m benchmarks.report`` (see .ci/gpu, stage report)."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+report = importlib.import_module("benchmarks.report")
+
+
+def fake_timer(fn):
+    fn()  # still runs (and so checks) what it times
+    return 7.0
+
+
+def test_rewrite_rows_and_files(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "SMOKE_SIZES", (12,))
+    monkeypatch.setenv("OUT", str(tmp_path / "out"))
+    payload = report.main(["--smoke", "--only", "gdn_spec_split", "--no-record"], timer=fake_timer)
+    assert not payload["errors"], payload["errors"]
+    (row,) = payload["rewrites"]
+    assert row["rewrite"] == "gdn_spec_split" and row["kda_us"] == 7.0 and row["stock_over_kda"] == 1.0
+    files = {p.name for p in (tmp_path / "out").iterdir()}
+    assert {"report.md", "report.json", "report_rewrites.png"} <= files
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["rewrites"][0]["T"] == 12
+
+
+def synthetic_payload():
+    rows = []
+    for T in (24, 20):
+        for name, shape in (("gdn_spec_split", "gdn"), ("gdn_spec_split", "kda"), ("gated_norm_merge", "H=2 D=16"),
+                            ("indexer_k_write", "x")):
+            rows.append({"rewrite": name, "shape": shape, "T": T, "eager_us": 30.0, "stock_us": 20.0, "kda_us": 10.0,
+                         "floor_us": 5.0, "peer_us": 12.0 if name == "gated_norm_merge" else None})
+        rows.append({"rewrite": "indexer_k_gather", "shape": f"{T} tok step", "T": 3 * T, "eager_us": 30.0,
+                     "stock_us": 20.0, "kda_us": 10.0})
+    rows[3]["stock_us"] = None  # a write stock cannot compile: eager stands in
+    model = [{"step": "spec", "T": 24, "core": "torch", "eager_us": 900.0, "stock_us": 500.0, "kda_us": 420.0},
+             {"step": "prefill", "T": 20, "core": "torch", "eager_us": 900.0, "stock_us": 500.0, "kda_us": 480.0}]
+    return rows, model
+
+
+def test_targets_count_every_region_of_a_step():
+    rows, model = synthetic_payload()
+    spec, prefill = report.targets(model, rows)
+    # spec: two splits, two norms, the write (eager 30 where stock fails), the gather
+    assert spec["sum_savings_us"] == 10 + 10 + 2 * 10 + 20 + 10 and spec["saved_us"] == 80
+    assert spec["fraction"] == pytest.approx(80 / 70) and spec["meets_80pct"] == "yes"
+    assert spec["region_share_before"] == pytest.approx((20 + 20 + 40 + 30 + 20) / 500)
+    assert prefill["fraction"] == pytest.approx(20 / 60) and prefill["meets_80pct"] == "no"
+
+
+def test_markdown_and_plots(tmp_path):
+    rows, model = synthetic_payload()
+    payload = {"env": {"date": "today", "gpu": None, "torch": "x", "triton": "y"}, "fla": None, "notes": "n",
+               "rewrites": rows, "model": model, "targets": report.targets(model, rows), "errors": ["e1"]}
+    written = report.write_outputs(payload, [tmp_path / "a", tmp_path / "b"])
+    names = sorted(p.name for p in written if p.parent == tmp_path / "b")
+    assert names == sorted(report.FILES)
+    md = (tmp_path / "a" / "report.md").read_text()
+    assert "| gated_norm_merge |" in md and "## Targets" in md and "- e1" in md and "rewritten share" in md
+    assert (tmp_path / "a" / "report_model.png").stat().st_size > 10_000
+
+
+def test_time_limit_stops_and_writes_what_ran(tmp_path, monkeypatch):
+    monkeypatch.setattr(report, "SMOKE_SIZES", (12, 24, 36))
+
+    def slow_timer(fn):
+        time.sleep(3)
+        return 1.0
+
+    t0 = time.perf_counter()
+    payload = report.main(["--smoke", "--only", "gdn_spec_split", "--no-record", "--out", str(tmp_path),
+                           "--timeout", "4"], timer=slow_timer)
+    assert time.perf_counter() - t0 < 60
+    assert any("stopped" in e for e in payload["errors"])
+    assert (tmp_path / "report.json").exists()
+
+
+def test_bad_arguments():
+    with pytest.raises(SystemExit):
+        report.parse_args(["--only", "nonsense"])
+    with pytest.raises(SystemExit):
+        report.parse_args(["--steps", "decode"])

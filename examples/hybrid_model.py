@@ -58,7 +58,23 @@ import gdn_layers as G  # noqa: E402
 import indexer_block as IB  # noqa: E402
 
 EXPECTED_MATCHES = {"indexer_k_write": 1, "indexer_k_gather": 1, "gdn_spec_split": 2, "gated_norm_merge": 2}
-"""What the backend rewrites in one compiled step of the model (every graph)."""
+"""What the backend rewrites in one compiled step of the model (every graph): the split and
+the merge + norm of each recurrent layer, the indexer's write and gather."""
+
+TORCH_CORE_VARLEN_SPLITS = 3
+"""Extra ``gdn_spec_split`` launches per recurrent layer in a step with a varlen (prefill)
+non-spec set on the plain-torch core: its varlen causal conv reads each token's window as
+row gathers of ``x`` by shifted token indices, which pair up by shared source (two index
+tensors per launch). The fla core has none of these (its kernels read the tokens)."""
+
+
+def expected_matches(varlen: bool = False, core: str = "torch") -> dict[str, int]:
+    """The rewrites of one compiled step: :data:`EXPECTED_MATCHES`, plus the torch core's
+    varlen conv gathers when the step has prefill requests."""
+    out = dict(EXPECTED_MATCHES)
+    if varlen and core == "torch":
+        out["gdn_spec_split"] += 2 * TORCH_CORE_VARLEN_SPLITS
+    return out
 
 
 # --------------------------------------------------------------------------- config

@@ -260,6 +260,11 @@ def _view(c: Canon, n: fx.Node, src: fx.Node, shape: list) -> Term:
         inner_src, folded = inner.args[0], inner.nodes
     else:
         inner_src, folded = inner, frozenset()
+    base = inner_src.node if isinstance(inner_src, Term) else None
+    if base is not None and val(base) is not None and list(val(base).shape) == list(shape):
+        # a view back to the source's own shape is the source (unsqueeze then squeeze, x[:n] of n
+        # rows): the same term, standing for the same values as its source node
+        return dataclasses.replace(inner_src, nodes=inner_src.nodes | folded | {n})
     return term("view", inner_src, node=n, nodes=folded | {n}, shape=tuple(shape))
 
 

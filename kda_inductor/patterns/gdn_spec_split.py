@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import operator
 
 import torch
 import torch.fx as fx
@@ -158,16 +159,22 @@ class GdnSpecSplit(Rewrite):
         return _RowGather(n, src, dim, idx)
 
     def replace(self, graph: fx.Graph, match: SplitMatch) -> None:
-        gathers = match.gathers
+        # a source or index may be the output of a gather an earlier launch replaced (a split of
+        # a split): read the launch's output instead
+        moved = getattr(self, "_moved", {})
+        gathers = [dataclasses.replace(g, src=moved.get(g.src, g.src), idx=moved.get(g.idx, g.idx))
+                   for g in match.gathers]
         pos = positions(graph)
         indices = list(dict.fromkeys(g.idx for g in gathers))
         last_input = max((n for g in gathers for n in (g.src, g.idx)), key=pos.__getitem__)
-        insert_fused(
+        fused = insert_fused(
             graph, torch.ops.kda.gdn_spec_split.default,
             ([g.src for g in gathers], indices, [g.dim for g in gathers], [indices.index(g.idx) for g in gathers]),
             before=last_input.next, routes=[Route(g.node, i) for i, g in enumerate(gathers)],
             region=match.nodes, origin=gathers[0].node,
         )
+        items = {u.args[1]: u for u in fused.users if u.target is operator.getitem}
+        self._moved = {**moved, **{g.node: items[i] for i, g in enumerate(gathers) if i in items}}
         # users of the old gathers that stood before the fused node move after it
         from torch._inductor.pattern_matcher import stable_topological_sort
 

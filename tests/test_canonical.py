@@ -123,6 +123,31 @@ def test_rule_unit_select_full_slice():
     assert shorter != a and shifted.args[0] != a.args[0]
 
 
+def test_rule_bitcast():
+    def f(x):
+        return x.view(torch.int32) + 1, x.view(torch.int32).view(torch.float32) * 2, x * 2
+
+    a, back, same = terms(f, X)
+    assert a.op == "add" and a.args[0].op == "bitcast" and back == same
+
+
+def test_rule_pow2_ceil_bits():
+    def f(s):
+        bits = s.view(torch.int32)
+        a = ((bits + 0x7FFFFF) & 0x7F800000).view(torch.float32)
+        e = ((bits >> 23) & 0xFF) - 127 + ((bits & 0x7FFFFF) != 0).to(torch.int32)
+        b = ((e + 127) << 23).view(torch.float32)
+        c = ((bits + 0x7FFFFE) & 0x7F800000).view(torch.float32)  # not the ceiling
+        return a * 2, b * 2, c * 2
+
+    a, b, c = terms(f, X.abs() + 0.1)
+    assert a == b and a.args[0].op == "pow2_ceil" and c != a
+    s = X.abs() + 0.1  # the trick is the exact ceiling
+    bits = s.view(torch.int32)
+    exact = torch.pow(2.0, torch.ceil(torch.log2(s.double()))).float()
+    assert torch.equal(((bits + 0x7FFFFF) & 0x7F800000).view(torch.float32), exact)
+
+
 def test_rule_square():
     def f(x):
         y = x.float()

@@ -26,7 +26,8 @@ The canonical vocabulary (``Term.op``):
   casts of index tensors disappear too: index values fit in both),
 * ``view`` (``shape``: any value-preserving reshape; nested views collapse to one),
 * ``square``, ``mean`` (``dims``, ``keepdim``; ``sum / n`` too), ``amax`` (``dims``,
-  ``keepdim``; ``max(dim)[0]`` too), ``rsqrt``, ``recip_sqrt`` (``1 / sqrt``, ``sqrt ** -1``,
+  ``keepdim``; ``max(dim)[0]`` too), ``bitcast`` (``x.view(dtype)``), ``pow2_ceil`` (the
+  exact power-of-two ceiling by bit tricks), ``rsqrt``, ``recip_sqrt`` (``1 / sqrt``, ``sqrt ** -1``,
   ``v ** -0.5``: rounds differently from ``rsqrt``), ``silu`` (``x * sigmoid(x)``,
   ``x / (1 + exp(-x))``), ``clamp`` (``lo``, ``hi``), ``exp2`` (``2 ** y``), ``mul``
   (float32 products flattened, factors in order, ``* 1`` dropped),
@@ -329,6 +330,65 @@ def rule_unit_select_full_slice(c: Canon, n: fx.Node) -> Term | None:
     return None
 
 
+def rule_bitcast(c: Canon, n: fx.Node) -> Term | None:
+    """``x.view(dtype)`` (a reinterpretation of the bits) -> ``bitcast`` (``dtype``); nested
+    bitcasts collapse, a bitcast back to the source's dtype is the source."""
+    if n.target is not aten.view.dtype:
+        return None
+    inner, dt = c(n.args[0]), n.args[1]
+    folded = {n}
+    if isinstance(inner, Term) and inner.op == "bitcast":
+        folded |= inner.nodes
+        inner = inner.args[0]
+    src = inner.node if isinstance(inner, Term) else None
+    if src is not None and _dtype(src) == dt and val(src).shape == val(n).shape:
+        return dataclasses.replace(inner, nodes=inner.nodes | folded)
+    return term("bitcast", inner, node=n, nodes=folded, dtype=dt)
+
+
+_MANTISSA, _EXPONENT = 0x7FFFFF, 0x7F800000
+
+
+def rule_pow2_ceil_bits(c: Canon, n: fx.Node) -> Term | None:
+    """The power of two at or above a positive float32 ``s``, by its bits -> ``pow2_ceil``
+    (exact, unlike ``exp2(ceil(log2(s)))``, whose float32 log2 can round down to an integer
+    just above a power of two): ``((bits + 0x7FFFFF) & 0x7F800000).view(float32)``, and
+    DeepSeek-V3.2's ``fast_pow2(fast_log2_ceil(s))``: ``((((bits >> 23) & 0xFF) - 127 +
+    ((bits & 0x7FFFFF) != 0)) + 127) << 23``, with ``bits = s.view(int32)``."""
+    if n.target is not aten.view.dtype or n.args[1] != torch.float32:
+        return None
+    t = c(n.args[0])
+
+    def bits_of(x):
+        return x.args[0] if isinstance(x, Term) and x.op == "bitcast" and x.attr("dtype") == torch.int32 else None
+
+    def is_(x, op, k):  # x == op(a, const k) -> a
+        if isinstance(x, Term) and x.op == op and len(x.args) == 2 and const_value(x.args[1]) == k:
+            return x.args[0]
+        return None
+
+    s = None
+    inner = is_(t, "bitwise_and", _EXPONENT)
+    if inner is not None:
+        s = bits_of(is_(inner, "add", _MANTISSA))
+    exp = is_(is_(t, "__lshift__", 23), "add", 127)
+    if s is None and exp is not None and isinstance(exp, Term) and exp.op == "add" and len(exp.args) == 2:
+        for a, b in (exp.args, exp.args[::-1]):
+            biased = is_(a, "sub", 127)
+            field = is_(biased, "bitwise_and", 0xFF)
+            bits = is_(field, "__rshift__", 23)
+            if not (isinstance(b, Term) and b.op == "cast" and b.attr("dtype") == torch.int32):
+                continue
+            ne = b.args[0]
+            man = is_(ne, "ne", 0)
+            if bits is not None and is_(man, "bitwise_and", _MANTISSA) == bits and bits_of(bits) is not None:
+                s = bits_of(bits)
+                break
+    if s is None or _dtype(s.node) != torch.float32:
+        return None
+    return term("pow2_ceil", s, nodes=c.region(t, stop=lambda x: x is s) | {n})
+
+
 def rule_square(c: Canon, n: fx.Node) -> Term | None:
     """``x * x`` / ``x ** 2`` / ``square(x)`` -> ``square``."""
     if is_op(n, aten.square):
@@ -515,6 +575,8 @@ RULES: tuple[Callable[[Canon, fx.Node], Term | None], ...] = (
     rule_cast,
     rule_as_strided_view,
     rule_keepdim_reduction,
+    rule_pow2_ceil_bits,
+    rule_bitcast,
     rule_view,
     rule_unit_select_full_slice,
     rule_square,

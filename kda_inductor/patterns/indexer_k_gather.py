@@ -174,7 +174,9 @@ class IndexerKGather(Rewrite):
             # 1-D flat byte indices, the bytes viewed back as [N, W]: read as the 2-D gather
             unflat = _unflattened(n, indices[0])
             if unflat is None:
-                return None
+                return self.miss(n, 1, "1-D flat byte indices that are not the gathered rows' [N, W] indices "
+                                       "flattened (e.g. one request's whole pages, cut to its length: no "
+                                       "cu_seq_lens or block table for the op)")
             node, index = unflat
             region = (n, node, indices[0])
             indices, out = [index], val(node)

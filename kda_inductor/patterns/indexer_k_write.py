@@ -278,16 +278,20 @@ def _read_quant(q: fx.Node, canon: Canon) -> _Quant | str:
             or val(xt.node).shape[-1] != QUANT_GROUP:
         return f"x is not float32 with groups of {QUANT_GROUP} in its last dim (another group size)"
     scale = canon.strip(st, "view")
-    ue8m0 = False
+    ue8m0 = exact = False
     plain = scale
     if plain.op == "exp2":
         inner = plain.args[0]
         if not (inner.op == "ceil" and inner.args[0].op == "log2"):
             return "scale is 2 ** (something other than ceil(log2(s)))"
         plain, ue8m0 = inner.args[0].args[0], True
+    elif plain.op == "pow2_ceil":  # the exact ceiling by bit tricks (DeepSeek-V3.2's fast_pow2)
+        plain, ue8m0, exact = plain.args[0], True, True
     divisor = plain.args[1] if plain.op == "div" and len(plain.args) == 2 else None
     fp8_max_input = divisor.attr("input") if isinstance(divisor, Term) and divisor.op == "lifted" else None
-    if const_value(divisor) != FP8_MAX and fp8_max_input is None:
+    times_inverse = (exact and plain.op == "mul" and len(plain.args) == 2
+                     and const_value(plain.args[1]) is not None and _f32(const_value(plain.args[1])) == _f32(1 / FP8_MAX))
+    if const_value(divisor) != FP8_MAX and fp8_max_input is None and not times_inverse:
         return f"scale is not max(amax, {SCALE_MIN:g}) / {FP8_MAX:g} (another scale formula)"
     floor = plain.args[0]
     if not (floor.op == "clamp" and floor.attr("hi") is None and floor.attr("lo") is not None
@@ -309,6 +313,11 @@ def _read_quant(q: fx.Node, canon: Canon) -> _Quant | str:
     if kv is None or kv.dim() != 2 or kv.dtype not in (torch.bfloat16, torch.float16, torch.float32) \
             or not known(kv.numel() == val(xt.node).numel()):
         return "k is not a [T, D] bfloat16/float16/float32 tensor quantized in groups of 128"
+    if exact and kv.dtype == torch.float32:
+        # the exact power-of-two ceiling equals 2 ** ceil(log2(s)) (what the op computes), and
+        # amax * (1 / 448) ties amax / 448 there, for every amax of 16-bit values (checked
+        # exhaustively over bf16 and fp16); float32 amax can differ just above a power of two
+        return "ue8m0 by bit tricks on float32 k (the exact ceiling differs from 2 ** ceil(log2(s)) there)"
     nodes = canon.region(t, stop=lambda s_: s_.node is k) | canon.region(st, stop=lambda s_: s_.node is k)
     return _Quant(q, scale, st.node, xt.node, k, ue8m0, nodes, fp8_max_input)
 
@@ -597,6 +606,9 @@ class IndexerKWrite(Rewrite):
         row_bytes = vv.shape[1] * esize
         if not isinstance(row_bytes, int):
             return "the stored rows have a symbolic width"
+        f32 = [v for v in [*views, src] if val(v) is not None and val(v).dtype == torch.float32]
+        if f32 and val(src).dtype != torch.float32:  # scales stored from a float32 view of their bits
+            src = f32[-1]
         if is_op(src, *_CASTS) and val(src).dtype == torch.float8_e4m3fn:
             kind = "values"
         elif val(src) is not None and val(src).dtype == torch.float32:

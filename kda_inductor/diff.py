@@ -233,14 +233,18 @@ def _fmt_ops(ops: dict[str, int]) -> str:
     return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in ops.items()) or "-"
 
 
-def rewrite_table(record: dict[str, Any], *, rows_only: bool = False) -> list[str]:
-    """Lines: rewrite, matches, nodes removed, nodes added (counts; ops unless ``rows_only``)."""
+def rewrite_table(record: dict[str, Any], *, rows_only: bool = False, active_only: bool = False) -> list[str]:
+    """Lines: rewrite, matches, nodes removed, nodes added (counts; ops unless ``rows_only``).
+    ``active_only``: only rewrites that matched, changed nodes or failed (a snapshot that does
+    not change when a rewrite is added)."""
     before = {r.name: r for r in record["before_nodes"]}
     after = {r.name: r for r in record["after_nodes"]}
     width = max(len(n) for n in record["matches"])
     lines = [f"{'rewrite':<{width}}  matches  removed  added"]
     for name, count in record["matches"].items():
         ch = record["changes"].get(name, {"removed": [], "added": []})
+        if active_only and not (count or ch["removed"] or ch["added"] or name in record["errors"]):
+            continue
         lines.append(f"{name:<{width}}  {count:>7}  {len(ch['removed']):>7}  {len(ch['added']):>5}")
         if not rows_only and (ch["removed"] or ch["added"]):
             removed = op_counts([before[n] for n in ch["removed"] if n in before])

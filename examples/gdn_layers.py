@@ -162,10 +162,18 @@ def make_spec_batch(num_spec_reqs: int, num_decode_reqs: int, num_spec_tokens: i
 
 # --------------------------------------------------------------------------- the core
 def causal_conv(x: torch.Tensor, state: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Depthwise causal conv + silu over ``x [R, L, C]`` continuing ``state [R, C, K-1]``."""
-    seq = torch.cat([state, x.transpose(1, 2)], dim=2)  # [R, C, K-1+L]
-    out = F.conv1d(seq.float(), weight.float().unsqueeze(1), groups=weight.shape[0])  # [R, C, L]
-    return F.silu(out).transpose(1, 2).to(x.dtype), seq[:, :, -(weight.shape[1] - 1):]
+    """Depthwise causal conv + silu over ``x [R, L, C]`` continuing ``state [R, C, K-1]``.
+
+    The K taps as a sum of shifted products (in float32, tap 0 first), not ``F.conv1d``,
+    whose shape checks guard on the batch size (``16 <= R`` on CPU) and would recompile a
+    dynamic-shape step whenever the number of requests crosses them."""
+    seq = torch.cat([state, x.transpose(1, 2)], dim=2).float()  # [R, C, K-1+L]
+    K, L = weight.shape[1], x.shape[1]
+    w = weight.float()
+    out = seq[:, :, 0:L] * w[:, 0:1]
+    for j in range(1, K):
+        out = out + seq[:, :, j:j + L] * w[:, j:j + 1]  # [R, C, L]
+    return F.silu(out).transpose(1, 2).to(x.dtype), seq[:, :, -(K - 1):].to(state.dtype)
 
 
 def varlen_positions(cu_seqlens: torch.Tensor, num_tokens) -> tuple[torch.Tensor, torch.Tensor]:

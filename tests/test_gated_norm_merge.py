@@ -612,3 +612,26 @@ def test_triton_kernel_padded_rows():
         assert_close_to_eager(y, want, exact=True)
     else:
         assert max_ulps(y.cpu(), want) <= 1
+
+
+@pytest.mark.skipif(not HAS_KERNEL_RUNNER or mod.triton is None, reason="no triton runner")
+def test_triton_kernel_copied_into_padded_rows():
+    """A tensor copied into the first rows of a padded output (no merge, vLLM Kimi's
+    core_attn_out[0, :n] = o[0, :n]): row p is token p, the padding rows are pad_value."""
+    from tests.test_lowering_indexer_k_gather import LAUNCHER_OK
+
+    if not LAUNCHER_OK:
+        pytest.skip("this Triton interpreter cannot run our kernels")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    _, x, _, _, z, w = (t.to(device) for t in _inputs(T=13, n_spec=0, seed=58, dtype=dtype, wdtype=dtype))
+    src, zz = x.reshape(13, -1), torch.cat([z, z[:3]]).reshape(-1, D)
+    want = torch.ops.kda.gated_norm_merge.default([src.cpu()], [], zz.cpu(), w.cpu(), 1e-6, "sigmoid", "fla", True,
+                                                  13, dtype, 0.0)
+    y = torch.full_like(zz, 7.0)  # poisoned
+    mod.norm_merge_triton([src], [], zz, w, y, eps=1e-6, activation="sigmoid", form="fla", rsqrt=True, num_tokens=13,
+                          pad_value=0.0)
+    if device == "cpu":
+        assert_close_to_eager(y, want, exact=True)
+    else:
+        assert max_ulps(y.cpu(), want) <= 1

@@ -303,8 +303,9 @@ def _run_cache_process(cache_dir: Path, options: dict, extra_path: Path | None =
     if extra_path is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(extra_path), env.get("PYTHONPATH", "")])
     script = CACHE_SCRIPT.format(examples=str(ROOT / "examples"))
+    # "python -c" puts the working directory first on sys.path: run from the copy when there is one
     proc = subprocess.run([sys.executable, "-c", script, json.dumps(options)], capture_output=True, text=True,
-                          env=env, timeout=900, cwd=ROOT)
+                          env=env, timeout=900, cwd=extra_path or ROOT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -322,8 +323,7 @@ def test_second_process_hits_fx_graph_cache_and_runs_our_kernels(tmp_path):
     assert second["hits"] >= 1 and second["misses"] == 0 and second["pass_ran"] == 0, second
     assert set(second["kda_ops"]) >= {f"kda::{n}" for n in ("indexer_k_write", "indexer_k_gather",
                                                                "gdn_spec_split", "gated_norm_merge")}, second
-    # same code, another option (compile_for_test makes strict True by default: turn it off)
-    option = _run_cache_process(cache, {"force": True, "strict": False})
+    option = _run_cache_process(cache, {"force": True, "strict": True})  # same code, other options
     assert option["misses"] >= 1 and option["pass_ran"] >= 1, option
     pkg = tmp_path / "src"
     shutil.copytree(ROOT / "kda_inductor", pkg / "kda_inductor", ignore=shutil.ignore_patterns("__pycache__"))

@@ -198,8 +198,8 @@ if triton is not None:
         h = tl.program_id(1)
         first = p < n0
         i = tl.where(first, p, p - n0).to(tl.int64)
-        if IDENTITY:
-            t = i
+        if IDENTITY:  # row p is token p (padding tokens too: they follow the source's rows)
+            t = p.to(tl.int64)
         else:
             t0 = tl.load(idx0 + i, mask=first, other=0).to(tl.int64)
             t1 = tl.load(idx1 + i, mask=(p >= n0) & (p < n0 + n1), other=0).to(tl.int64)

@@ -225,3 +225,23 @@ def test_speed_rule_cpu_and_narrow_rows(monkeypatch):
     assert c.matches["gdn_spec_split"] == 0
     assert "2 bytes per token" in str(c.records[0]["misses"]["gdn_spec_split"])
     assert_close_to_eager(out, narrow(rows, s, ns), exact=True)
+
+
+def test_speed_rule_gathers_that_only_feed_elementwise_code(monkeypatch):
+    """On CUDA (the match's device reported as cuda here), a launch whose gathers all feed
+    only elementwise code (a varlen conv's taps) stays with Inductor, which fuses the gathers
+    into that code as indirect loads; one whose gathers are materialized anyway is fused."""
+    from kda_inductor.patterns import gdn_spec_split as pattern
+
+    unforced = {"kda": {"strict": True, "force": False}}
+    monkeypatch.setattr(pattern.SplitMatch, "device", "cuda")
+    s, ns = _split(12, 9, "cpu", seed=6)
+    x, w = torch.randn(12, 64), torch.randn(64)
+
+    def taps(x, w, s, ns):  # x[idx] * w + x[idx2]: elementwise consumers only
+        return x.index_select(0, s) * w, (x.index_select(0, ns) + 1).sum(-1)
+
+    out, c = _run(taps, x, w, s, ns, options=unforced)
+    assert c.matches["gdn_spec_split"] == 0
+    assert "only feeds elementwise code" in str(c.records[0]["misses"]["gdn_spec_split"])
+    assert_close_to_eager(out, taps(x, w, s, ns))

@@ -393,3 +393,22 @@ def _assert_cache_close(got, ref, slots, head_dim):
     """Bytes outside the written slots identical; written values within one fp8 step."""
     why = written_cache_mismatch(got, ref, slots, head_dim)
     assert why is None, why
+
+
+def test_layer_norm_of_float32_k_is_fused():
+    """float32 k: its ``.float()`` is no op, so the norm has no cast to anchor on; the
+    pattern matcher's LayerNorm pattern for float32 input matches it (issue 11)."""
+    k, cache, slots, w, b = _inputs(128, 16, seed=4)
+    k = k.float()
+    expected = _reference(k, cache, slots, True, w, b)
+
+    def fn(k, w, b, c, s):
+        write_indexer_k(layer_norm_k(k, w, b), c, s, True)
+
+    with fresh_compile(), pass_manager.observe() as records:
+        _, code = run_and_get_code(torch.compile(fn, backend="kda_inductor", options=ON), k, w, b, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    assert "var_mean" not in records[0]["after"] and "weight: %arg1_1" in records[0]["after"]
+    _assert_in_place("\n".join(code))
+    why = written_cache_mismatch(cache, expected, slots, 128)
+    assert why is None, why

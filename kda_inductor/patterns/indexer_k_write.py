@@ -51,6 +51,7 @@ re-inplaces it, so the op writes the cache buffer itself: no clone, no copy.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from typing import Any
 
@@ -322,33 +323,53 @@ def _read_quant(q: fx.Node, canon: Canon) -> _Quant | str:
     return _Quant(q, scale, st.node, xt.node, k, ue8m0, nodes, fp8_max_input)
 
 
+def _layer_norm(x, w, b, eps):
+    return torch.nn.functional.layer_norm(x.float(), (x.shape[-1],), w, b, eps)
+
+
+def _layer_norm_rounded(x, w, b, eps):
+    return _layer_norm(x, w, b, eps).to(x.dtype)
+
+
+@functools.cache
+def _layer_norm_patterns() -> tuple:
+    """``(pattern, k dtype kind, rounded)`` for DeepSeek-V3.2's ``k_norm``:
+    ``F.layer_norm(k.float(), (D,), weight, bias, eps)`` cast back to ``k``'s dtype (16-bit k),
+    the same without the cast back (float32 k, or what torch 2.9-2.11's joint-graph pass leaves
+    of a bf16 round trip), traced into patterns by PyTorch's own pattern matcher with this
+    torch's decompositions (a fixed subgraph: ``var_mean``, ``rsqrt``, ``* weight + bias``), eps
+    a keyword argument of the match."""
+    from torch._inductor.pattern_matcher import fwd_only, gen_pattern
+
+    out = []
+    for dtype in (torch.bfloat16, torch.float32):
+        args = [torch.empty(4, 128, dtype=dtype), torch.empty(128), torch.empty(128), 1e-6]
+        for fn, rounded in ((_layer_norm_rounded, True), (_layer_norm, False)):
+            if dtype == torch.float32 and rounded:
+                continue  # the cast back to float32 is no op
+            out.append((gen_pattern(fn, args, fwd_only, scalar_workaround={"eps": 1e-6}), dtype, rounded))
+    return tuple(out)
+
+
 def _read_layer_norm(k: fx.Node):
     """``k = layer_norm(k0.float(), weight, bias, eps).to(k0.dtype)`` -> (k0, w, b, eps,
     rounded, nodes); ``rounded`` False for the same norm without the cast back (float32
-    ``k``): what Inductor's joint-graph pass leaves of the cast back and the quantization's
-    ``.float()`` on torch 2.9-2.11 (it drops float32 -> bf16 -> float32 round trips)."""
-    rounded = is_op(k, prims.convert_element_type)
-    out = k.args[0] if rounded else k
-
-    def split(n, op):  # commutative binary op -> (tensor operand set)
-        return list(n.args[:2]) if is_op(n, op) and n.target is not aten.add.Scalar else None
-
-    add_b = split(out, aten.add)
-    if add_b is None:
-        return None
-    for mul_w, bias in (add_b, add_b[::-1]):
-        mw = split(mul_w, aten.mul)
-        if mw is None:
+    ``k0``, or float32 ``k``: what Inductor's joint-graph pass leaves of the cast back and the
+    quantization's ``.float()`` on torch 2.9-2.11, which drop float32 -> bf16 -> float32 round
+    trips). Matched with ``torch._inductor.pattern_matcher`` (see ``_layer_norm_patterns``)."""
+    for pattern, dtype, rounded in _layer_norm_patterns():
+        m = pattern.match(k)
+        if not m:
             continue
-        for normed, weight in (mw, mw[::-1]):
-            m = split(normed, aten.mul)
-            if m is None:
-                continue
-            for centered, rstd in (m, m[::-1]):
-                r = _layer_norm_core(centered, rstd, k if rounded else None)
-                if r is not None and _is_param(weight, r[0]) and _is_param(bias, r[0]):
-                    k0, eps, nodes = r
-                    return k0, weight, bias, eps, rounded, nodes | {k, out, mul_w, normed}
+        k0, w, b, eps = (m.kwargs.get(name) for name in ("x", "w", "b", "eps"))
+        kv = val(k0)
+        if kv is None or kv.dim() != 2 or (dtype == torch.float32) != (kv.dtype == torch.float32):
+            continue
+        if rounded and val(k).dtype != kv.dtype:
+            continue  # cast back to another dtype than the input's
+        if not (_is_param(w, k0) and _is_param(b, k0)) or not isinstance(eps, float):
+            continue
+        return k0, w, b, eps, rounded or kv.dtype == torch.float32, set(m.nodes) - {k0, w, b}
     return None
 
 
@@ -356,30 +377,6 @@ def _is_param(p: Any, k0: fx.Node) -> bool:
     pv, kv = val(p), val(k0)
     return (isinstance(pv, torch.Tensor) and pv.dtype == torch.float32 and pv.dim() == 1
             and pv.shape[0] == kv.shape[1])
-
-
-def _layer_norm_core(centered, rstd, k):
-    if not (is_op(centered, aten.sub) and is_op(rstd, aten.rsqrt) and is_op(rstd.args[0], aten.add)):
-        return None
-    f0, mean = centered.args[:2]
-    var, eps = rstd.args[0].args[:2]
-    if isinstance(eps, fx.Node) or not isinstance(eps, float):
-        return None
-    if not (mean.target is operator.getitem and var.target is operator.getitem):
-        return None
-    vm = mean.args[0]
-    if vm is not var.args[0] or mean.args[1] != 1 or var.args[1] != 0 or vm.target is not aten.var_mean.correction:
-        return None
-    if vm.args[0] is not f0 or list(vm.args[1]) not in ([1], [-1]):
-        return None
-    if vm.kwargs.get("correction", 1) != 0 or not vm.kwargs.get("keepdim", False):
-        return None
-    if not (is_op(f0, *_CASTS) and val(f0).dtype == torch.float32 and val(f0).dim() == 2):
-        return None
-    k0 = f0.args[0]
-    if k is not None and val(k0).dtype != val(k).dtype:
-        return None  # cast back to another dtype than the input's
-    return k0, eps, {centered, rstd, rstd.args[0], mean, var, vm, f0}
 
 
 def _cache_layout(cv: torch.Tensor, head_dim: int) -> tuple[int, int, int] | None:

@@ -37,14 +37,17 @@ register_with_vllm()  # vLLM's InductorPass, when vLLM is what imports us
 
 _LAZY = {
     "backend": ("kda_inductor.backend", None),
-    "explain": ("kda_inductor.explain", "explain"),
-    "Explainer": ("kda_inductor.explain", "Explainer"),
-    "Report": ("kda_inductor.explain", "Report"),
+    # the implementation lives in a private module: a submodule named ``explain`` would be bound over the
+    # function as soon as anything imported it
+    "explain": ("kda_inductor._explain", "explain"),
+    "Explainer": ("kda_inductor._explain", "Explainer"),
+    "Report": ("kda_inductor._explain", "Report"),
+    "GraphReport": ("kda_inductor._explain", "GraphReport"),
     "KdaOptions": ("kda_inductor.options", "KdaOptions"),
     "REWRITE_NAMES": ("kda_inductor.patterns", "REWRITE_NAMES"),
 }
 
-__all__ = ["Explainer", "KdaOptions", "REWRITE_NAMES", "Report", "VllmPostGradPass", "__version__", "backend",
+__all__ = ["Explainer", "GraphReport", "KdaOptions", "REWRITE_NAMES", "Report", "VllmPostGradPass", "__version__", "backend",
            "explain", "post_grad_pass"]
 
 

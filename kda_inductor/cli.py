@@ -136,7 +136,7 @@ def graph_diff(argv: list[str]) -> int:
     import torch
 
     from kda_inductor.diff import readable_names, short_location
-    from kda_inductor.explain import Explainer
+    from kda_inductor._explain import Explainer
     from kda_inductor.progress import compile_progress
 
     mode, options = compile_settings(args.mode, args.rewrite, args.force)

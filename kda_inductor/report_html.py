@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from kda_inductor.diff import NodeRow, listing, op_counts, readable_names, short_location
 
 if TYPE_CHECKING:  # pragma: no cover
-    from kda_inductor.explain import Report
+    from kda_inductor._explain import Report
 
 CONTEXT = 2
 """Unchanged lines shown on each side of a change; longer unchanged runs are folded."""

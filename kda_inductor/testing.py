@@ -274,7 +274,7 @@ def assert_no_cudagraph_skips(fn: Callable[[], Any]) -> list[str]:
     also fails at once, where it happens."""
     from torch._dynamo.utils import counters
 
-    from kda_inductor.explain import CompileLogCapture
+    from kda_inductor._explain import CompileLogCapture
 
     patches = ({"triton.cudagraph_or_error": True}
                if hasattr(torch._inductor.config.triton, "cudagraph_or_error") else {})

@@ -32,6 +32,17 @@ def test_registered_through_entry_point():
     assert lookup_backend("kda_inductor") is kda_inductor.backend.kda_inductor
 
 
+def test_public_names_survive_imports_of_internal_modules():
+    """Importing the implementation modules (as the CLI and the HTML report do) leaves
+    ``kda_inductor.explain`` the function, whatever ran first."""
+    import importlib
+
+    for mod in ("kda_inductor._explain", "kda_inductor.report_html", "kda_inductor.cli", "kda_inductor.testing"):
+        importlib.import_module(mod)
+    assert callable(kda_inductor.explain) and kda_inductor.explain.__name__ == "explain"
+    assert isinstance(kda_inductor.Report, type) and isinstance(kda_inductor.GraphReport, type)
+
+
 def test_explain_reports_every_rewrite_and_both_graphs(inputs):
     cache, table, cu, n = inputs
     report = kda_inductor.explain(_gather_fn(n), cache, table, cu)

@@ -30,7 +30,7 @@ import torch
 
 import kda_inductor
 from kda_inductor import pass_manager
-from kda_inductor.explain import GraphReport, Report
+from kda_inductor import GraphReport, Report
 from kda_inductor.testing import compile_for_test
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -174,7 +174,9 @@ def test_dynamic_shapes_serve_every_size_without_recompiles(model, mode):
     """Warm up until the first dynamic compile, then serve T = 2, 7, 64, 300, 4096 (requests and
     spec tokens vary with T): no new compile, except at most one for T=2, whose spec set is
     empty (size 0 is specialized); every graph gets every rewrite; every step matches eager."""
-    warmup = (64, 300) if mode == "automatic" else (64,)
+    # a first dynamic compile at a T no model dim has: duck sizing gives equal sizes one symbol, so
+    # T = 64 = hidden_size would specialize T to 64 (a guard of the norm weight's broadcast)
+    warmup = (64, 300) if mode == "automatic" else (37,)
 
     def batch_for(T):
         torch.manual_seed(T)

@@ -197,6 +197,19 @@ def test_rule_clamp():
     assert other != a
 
 
+def test_rule_where_clamp():
+    def f(x):
+        return (x.clamp_min(1e-4), torch.where(x < 1e-4, 1e-4, x), torch.where(x <= 1e-4, 1e-4, x),
+                x.clamp_max(1e-4), torch.where(x > 1e-4, 1e-4, x),
+                torch.where(x > 1e-4, x, 1e-4),  # a NaN becomes 1e-4 here: not a clamp
+                torch.where(x < 1e-4, 2e-4, x))  # a different number
+
+    lo, a, b, hi, c, nan_differs, other = terms(f, X)
+    assert lo == a == b and lo.op == "clamp" and lo.attr("lo") == a.attr("lo")
+    assert hi == c and hi.op == "clamp" and hi.attr("hi") is not None
+    assert nan_differs.op == "where" and other.op == "where"
+
+
 def test_rule_exp2():
     def f(s):
         e = torch.ceil(torch.log2(s))

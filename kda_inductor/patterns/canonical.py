@@ -29,7 +29,7 @@ The canonical vocabulary (``Term.op``):
   ``keepdim``; ``max(dim)[0]`` too), ``bitcast`` (``x.view(dtype)``), ``pow2_ceil`` (the
   exact power-of-two ceiling by bit tricks), ``rsqrt``, ``recip_sqrt`` (``1 / sqrt``, ``sqrt ** -1``,
   ``v ** -0.5``: rounds differently from ``rsqrt``), ``silu`` (``x * sigmoid(x)``,
-  ``x / (1 + exp(-x))``), ``clamp`` (``lo``, ``hi``), ``exp2`` (``2 ** y``), ``mul``
+  ``x / (1 + exp(-x))``), ``clamp`` (``lo``, ``hi``; ``torch.where(x < c, c, x)`` too), ``exp2`` (``2 ** y``), ``mul``
   (float32 products flattened, factors in order, ``* 1`` dropped),
 * otherwise the op's own name (``abs``, ``div``, ``add``, ``log2``, ``ceil``, ``sigmoid``...)
   with canonical arguments.
@@ -517,6 +517,27 @@ def rule_clamp(c: Canon, n: fx.Node) -> Term | None:
     return _combine_clamp(c, n, x, lo, hi, {n})
 
 
+def rule_where_clamp(c: Canon, n: fx.Node) -> Term | None:
+    """``torch.where(x < c, c, x)`` (or ``<=``) -> ``clamp(lo=c)``; ``torch.where(x > c, c, x)``
+    (or ``>=``) -> ``clamp(hi=c)``. Only the forms whose NaN case picks ``x`` (as clamp does);
+    ``where(x > c, x, c)`` turns a NaN into ``c`` and stays what it is."""
+    if not (is_op(n, aten.where) and len(n.args) == 3):
+        return None
+    cond, picked, other = n.args
+    below, above = is_op(cond, aten.lt, aten.le), is_op(cond, aten.gt, aten.ge)
+    if not (below or above) or cond.args[0] is not other or not isinstance(other, fx.Node):
+        return None
+    bound, chosen = _const_operand(c, cond.args[1]), _const_operand(c, picked)
+    if bound is None or chosen is None:
+        return None
+    if _dtype(n) == torch.float32:
+        bound, chosen = _f32(bound), _f32(chosen)
+    if bound != chosen or val(other) is None or val(n) is None or val(n).shape != val(other).shape:
+        return None
+    folded = {n, cond} | ({picked} if isinstance(picked, fx.Node) else set())
+    return _combine_clamp(c, n, other, bound if below else None, bound if above else None, folded)
+
+
 def _combine_clamp(c: Canon, n, x, lo, hi, folded) -> Term:
     if _dtype(n) == torch.float32:
         lo = None if lo is None else _f32(lo)
@@ -584,6 +605,7 @@ RULES: tuple[Callable[[Canon, fx.Node], Term | None], ...] = (
     rule_rsqrt,
     rule_silu,
     rule_clamp,
+    rule_where_clamp,
     rule_exp2,
     rule_mul,
 )

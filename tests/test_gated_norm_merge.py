@@ -235,12 +235,28 @@ def test_intermediate_read_elsewhere_does_not_match():
     assert c.matches["gated_norm_merge"] == 0
 
 
-def test_merge_into_zeros_does_not_match():
+def test_merge_into_zeros_matches():
+    """A merge into ``torch.zeros`` whose indices cover every token: the fill is never read."""
     def fn(o_s, o_ns, s, ns, z, w):
         out = torch.zeros(1, 13, H, D, dtype=o_s.dtype)
         out.index_copy_(1, s, o_s)
         out.index_copy_(1, ns, o_ns)
         return fla(out.reshape(-1, D), z.reshape(-1, D), w)
+
+    args = _inputs(seed=10)
+    out, c = _run(fn, *args)
+    assert c.matches["gated_norm_merge"] == 1
+    assert_close_to_eager(out, fn(*args))
+
+
+def test_merge_into_zeros_with_uncovered_rows_does_not_match():
+    """Rows of the zeros no index covers would be normed as zero rows (signed zeros from the
+    gate): the op has no such path, so the merge is left alone."""
+    def fn(o_s, o_ns, s, ns, z, w):
+        out = torch.zeros(1, 14, H, D, dtype=o_s.dtype)
+        out.index_copy_(1, s, o_s)
+        out.index_copy_(1, ns, o_ns)
+        return fla(out.reshape(-1, D), torch.cat([z, z[:1]]).reshape(-1, D), w)
 
     args = _inputs(seed=10)
     out, c = _run(fn, *args)

@@ -466,7 +466,8 @@ def _rstds(factors: list):
         if not (isinstance(sq, Term) and sq.op == "square"):
             continue
         x32 = sq.args[0]
-        rank = val(mean.node.args[0]).dim() if mean.node is not None and mean.node.args else None
+        # a keepdim mean has its input's rank (its node may be the unsqueeze of a keepdim=False mean)
+        rank = val(mean.node).dim() if val(mean.node) is not None else None
         if rank is None or mean.attr("dims") != (rank - 1,):
             continue
         yield f, x32, eps, f.op == "rsqrt"

@@ -170,16 +170,17 @@ class IndexerKGather(Rewrite):
             return None
         out, node, region = val(n), n, ()
         indices = list(indices)
-        if out is not None and out.dim() == 1 and len(indices) == 1:
-            # 1-D flat byte indices, the bytes viewed back as [N, W]: read as the 2-D gather
-            unflat = _unflattened(n, indices[0])
+        if out is not None and out.dim() == 1 and len(indices) == lay.dim():
+            # 1-D flat byte indices (one per dim indexed), the bytes viewed back as [N, W]: read as
+            # the 2-D gather
+            unflat = _unflattened(n, indices)
             if unflat is None:
                 return self.miss(n, 1, "1-D flat byte indices that are not the gathered rows' [N, W] indices "
                                        "flattened (e.g. one request's whole pages, cut to its length: no "
                                        "cu_seq_lens or block table for the op)")
-            node, index = unflat
-            region = (n, node, indices[0])
-            indices, out = [index], val(node)
+            node, unflat_indices = unflat
+            region = (n, node, *indices)
+            indices, out = unflat_indices, val(node)
         if out is None or out.dim() != 2:
             return None
         syms = [algebra.interpret(i) for i in indices]
@@ -323,18 +324,21 @@ def _unclamped(g: _Gather, algebra: IndexAlgebra) -> _Gather:
     return dataclasses.replace(g, addr=drop_clamps(g.addr, in_range))
 
 
-def _unflattened(n: fx.Node, index: Any):
-    """``flat[idx.reshape(-1)].view(N, W)`` -> ``(the view, idx)`` when ``idx`` is ``[N, W]``:
-    the 1-D gather of flattened byte indices, viewed back, is the 2-D gather of ``idx``."""
+def _unflattened(n: fx.Node, indices: list[Any]):
+    """``flat[idx.reshape(-1), ...].view(N, W)`` -> ``(the view, [idx, ...])`` when every ``idx``
+    is ``[N, W]``: the 1-D gather of flattened indices, viewed back, is the 2-D gather of them."""
     users = [u for u in n.users]
-    if len(users) != 1 or not is_op(users[0], *VIEWS) or not is_op(index, *VIEWS):
+    if len(users) != 1 or not is_op(users[0], *VIEWS) or not all(is_op(i, *VIEWS) for i in indices):
         return None
-    view, idx = users[0], index.args[0]
-    iv, vv = val(idx), val(view)
-    if iv is None or vv is None or iv.dim() != 2 or vv.dim() != 2 or not all(
-            known(a == b) for a, b in zip(iv.shape, vv.shape)):
+    view, idxs = users[0], [i.args[0] for i in indices]
+    vv = val(view)
+    if vv is None or vv.dim() != 2:
         return None
-    return view, idx
+    for idx in idxs:
+        iv = val(idx)
+        if iv is None or iv.dim() != 2 or not all(known(a == b) for a, b in zip(iv.shape, vv.shape)):
+            return None
+    return view, idxs
 
 
 def _chain(copy: fx.Node) -> list[fx.Node]:

@@ -5,12 +5,14 @@ For every generated spelling: eager gives bit-identical results to the canonical
 eager (so the choices really are equivalent; a failure there is a bug of this file), the
 compiled spelling matches exactly like the canonical form does, and its compiled results
 are bit-identical to the compiled canonical form and to eager. Examples are derandomized
-(stable in CI), few (each costs a compile) and not shrunk (shrinking would recompile).
+(stable in CI), few (each costs a compile; KDA_PROPERTY_EXAMPLES=N for a longer search) and
+not shrunk (shrinking would recompile).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 
 import torch
 import torch.nn.functional as F
@@ -22,7 +24,7 @@ from kda_inductor.reference import random_indexer_cache
 from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile
 from tests.spellings._corpus import FORCED, gen, partition, poison, randn
 
-EXAMPLES = 6
+EXAMPLES = int(os.environ.get("KDA_PROPERTY_EXAMPLES", "6"))
 """Generated examples per property, on top of the two explicit ones (the issue's spellings)."""
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True, database=None,
                     phases=(Phase.explicit, Phase.generate), report_multiple_bugs=False)

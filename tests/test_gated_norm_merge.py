@@ -212,6 +212,11 @@ def test_other_norms_do_not_match(norm):
     out, c = _run(fn, *args)
     assert c.matches["gated_norm_merge"] == 0
     assert_close_to_eager(out, fn(*args))
+    misses = [str(m) for m in c.records[0]["misses"]["gated_norm_merge"]]
+    if norm is _gate_first:  # gated, but not a gated norm: said at the user's line
+        assert any("a gated norm that does not read as" in m and "test_gated_norm_merge.py:" in m for m in misses), misses
+    if norm is _no_gate:  # a plain RMSNorm is no candidate (every model has them)
+        assert not any("a gated norm" in m for m in misses), misses
 
 
 def test_merged_buffer_read_elsewhere_does_not_match():

@@ -181,13 +181,16 @@ class GatedNormMerge(Rewrite):
         for n in graph.nodes:
             if not is_op(n, aten.rsqrt, aten.reciprocal, aten.sqrt, aten.pow):
                 continue
-            found = None
-            for y in _elementwise_users(n):
+            found, users = None, _elementwise_users(n)
+            for y in users:
                 got = self._read_norm(canon, y)
                 if got is not None:
                     found = got
             if found is not None:
                 yield found
+            elif is_op(n, aten.rsqrt) and any(_gated(canon(y)) for y in users):
+                self.miss(n, 1, "a gated norm that does not read as x * rsqrt(mean(x^2, -1) + eps) * w * act(gate) "
+                                "(the mean over the last dim, one weight of that width, the gate after the norm)")
 
     def _read_norm(self, canon: Canon, y: fx.Node) -> Norm | None:
         t = canon(y)
@@ -416,6 +419,12 @@ def _elementwise_users(n: fx.Node, limit: int = 12) -> list[fx.Node]:
             stack.append(u)
     order = {x: i for i, x in enumerate(n.graph.nodes)}
     return sorted(out, key=order.__getitem__)
+
+
+def _gated(t: Term) -> bool:
+    """``t`` is a float32 product with a ``silu`` / ``sigmoid`` factor (a gate)."""
+    t = t.args[0] if t.op == "cast" else t
+    return t.op == "mul" and any(isinstance(f, Term) and f.op in ("silu", "sigmoid") for f in _expand_div(list(t.args)))
 
 
 def _expand_div(factors: list) -> list:

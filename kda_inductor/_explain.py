@@ -89,6 +89,8 @@ class Report:
     eager_frames: list[EagerFrame]
     cudagraph_skips: list[str] = dataclasses.field(default_factory=list)
     """Why Inductor did not use CUDA graphs (only with ``mode="reduce-overhead"`` etc.)."""
+    compiled: Callable[..., Any] | None = dataclasses.field(default=None, repr=False, compare=False)
+    """The compiled function ``explain`` ran: call it again (same guards) without compiling again."""
 
     @property
     def diff(self) -> str:
@@ -312,7 +314,7 @@ class Explainer:
             skips.append(f"{silent} graph(s) with no CUDA ops (CUDA graphs only apply to CUDA work)")
         graphs = [GraphReport(r) for r in records]
         matches = pass_manager.total_matches(records)
-        return Report(matches, graphs, breaks, frames, skips)
+        return Report(matches, graphs, breaks, frames, skips, compiled)
 
 
 def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:

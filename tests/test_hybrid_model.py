@@ -314,8 +314,9 @@ def _run_cache_process(cache_dir: Path, options: dict, extra_path: Path | None =
 
 def test_second_process_hits_fx_graph_cache_and_runs_our_kernels(tmp_path):
     """Caches on in a temporary dir: process 1 compiles (miss), process 2 is served from the FX
-    graph cache (our pass does not run) and still calls kda:: ops; a changed kda option, or a
-    changed source file of ours (a copy of the package with one comment added), misses."""
+    graph cache (our pass does not run) and still calls kda:: ops; a changed source file of ours
+    (a copy of the package with one comment added) misses. (A changed kda option misses too:
+    ``test_backend.test_fx_graph_cache_serves_same_options_and_never_stale``, in process.)"""
     import shutil
 
     cache = tmp_path / "inductor"
@@ -325,8 +326,6 @@ def test_second_process_hits_fx_graph_cache_and_runs_our_kernels(tmp_path):
     assert second["hits"] >= 1 and second["misses"] == 0 and second["pass_ran"] == 0, second
     assert set(second["kda_ops"]) >= {f"kda::{n}" for n in ("indexer_k_write", "indexer_k_gather",
                                                                "gdn_spec_split", "gated_norm_merge")}, second
-    option = _run_cache_process(cache, {"force": True, "strict": True})  # same code, other options
-    assert option["misses"] >= 1 and option["pass_ran"] >= 1, option
     pkg = tmp_path / "src"
     shutil.copytree(ROOT / "kda_inductor", pkg / "kda_inductor", ignore=shutil.ignore_patterns("__pycache__"))
     with open(pkg / "kda_inductor" / "patterns" / "gdn_spec_split.py", "a") as f:

@@ -29,6 +29,7 @@ Usage: ``python benchmarks/bench_indexer_k_write.py [--cases 1,64,2048,16384] [-
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import time
 from pathlib import Path
@@ -88,9 +89,10 @@ def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def write_step(k, weight, bias, kv_cache, slot_mapping):
-    """The benchmarked code: DeepSeek-V3.2's k_norm, then quant + write (masked padding)."""
-    write_indexer_k(layer_norm_k(k, weight, bias), kv_cache, slot_mapping, ue8m0=UE8M0)
+def write_step(k, weight, bias, kv_cache, slot_mapping, norm: bool = True):
+    """The benchmarked code: DeepSeek-V3.2's k_norm, then quant + write (masked padding);
+    ``norm=False``: quant + write only (V3.2's spelling, where the rotary sits between)."""
+    write_indexer_k(layer_norm_k(k, weight, bias) if norm else k, kv_cache, slot_mapping, ue8m0=UE8M0)
 
 
 def make_inputs(num_tokens: int, device, seed: int = 0) -> tuple:
@@ -107,9 +109,9 @@ def make_inputs(num_tokens: int, device, seed: int = 0) -> tuple:
     return tuple(x.to(device) for x in (k, weight, bias, cache, slots))
 
 
-def compile_write(backend: str, tag: str) -> Callable:
+def compile_write(backend: str, tag: str, norm: bool = True) -> Callable:
     def step(k, weight, bias, kv_cache, slot_mapping):
-        write_step(k, weight, bias, kv_cache, slot_mapping)
+        write_step(k, weight, bias, kv_cache, slot_mapping, norm)
 
     step.__code__ = step.__code__.replace(co_name=f"write_{tag}")
     return torch.compile(step, backend=backend, fullgraph=True, dynamic=False)
@@ -129,16 +131,17 @@ def check(label: str, fn: Callable, inputs: tuple, expected: torch.Tensor) -> No
         raise MismatchError(f"{label}: {why}")
 
 
-def run_case(num_tokens: int, device, timer: Callable[[Callable], float], bandwidth) -> dict:
+def run_case(num_tokens: int, device, timer: Callable[[Callable], float], bandwidth, norm: bool = True) -> dict:
+    """One row; ``norm=False`` times quant + write only (the hybrid model's spelling)."""
     inputs = make_inputs(num_tokens, device)
     k, w, b, cache, slots = inputs
     expected = cache.clone()
-    write_step(k, w, b, expected, slots)
+    write_step(k, w, b, expected, slots, norm)
     row: dict = {"T": num_tokens, "bytes": bytes_moved(num_tokens), "notes": ""}
-    fns = {"eager": write_step}
+    fns = {"eager": functools.partial(write_step, norm=norm)}
     for column, backend in BACKENDS.items():
         log(f"[T={num_tokens}] compiling {column} (backend={backend!r})")
-        fn = compile_write(backend, f"{column}_{num_tokens}")
+        fn = compile_write(backend, f"{column}_{num_tokens}{'' if norm else '_nonorm'}", norm)
         t0 = time.perf_counter()
         try:
             check(f"[T={num_tokens}] {column}", fn, inputs, expected)

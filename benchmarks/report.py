@@ -56,6 +56,8 @@ QUICK_SIZES = (256, 16384)
 SMOKE_SIZES = (12, 24)
 STEPS = {"spec": 256, "prefill": 16384}
 SMOKE_STEPS = {"spec": 24, "prefill": 20}
+WRITE_MODEL_SHAPE = "ue8m0 after rotary, D=128"
+"""The write as the hybrid model spells it: quant + write (its rotary keeps the norm out)."""
 FILES = ("report.md", "report.json", "report_rewrites.png", "report_model.png")
 COLUMNS = (("rewrite", "rewrite", "s"), ("shape", "shape", "s"), ("T", "T / N", ","),
            ("eager_us", "eager us", ".1f"), ("stock_us", "stock us", ".1f"), ("peer_us", "peer us", ".1f"),
@@ -184,10 +186,10 @@ def rewrite_norm(T_: int, s: Settings) -> dict:
     return _ratios(row)
 
 
-def rewrite_write(T_: int, s: Settings) -> dict:
+def rewrite_write(T_: int, s: Settings, norm: bool = True) -> dict:
     b = _bench("indexer_k_write")
-    row = b.run_case(T_, s.device, s.timer, s.bandwidth)
-    row.update(rewrite="indexer_k_write", shape="LN+ue8m0, D=128")
+    row = b.run_case(T_, s.device, s.timer, s.bandwidth, norm=norm)
+    row.update(rewrite="indexer_k_write", shape="LN+ue8m0, D=128" if norm else WRITE_MODEL_SHAPE)
     if row.get("stock_us") is None:  # stock Inductor cannot compile it: it runs eager there
         row["stock_fails"] = True
     return _ratios(row)
@@ -225,6 +227,8 @@ def run_rewrites(s: Settings, only: set[str], rows: list[dict], errors: list[str
                  ("gated_norm_merge", lambda T_=T_: rewrite_norm(T_, s)),
                  ("indexer_k_write", lambda T_=T_: rewrite_write(T_, s)),
                  ("indexer_k_gather", lambda T_=T_: rewrite_gather(gather_lens(T_, s), s, f"{T_} tok step"))]
+    # the model's write: quant + write (the rotary keeps the LayerNorm with Inductor)
+    jobs += [("indexer_k_write", lambda T_=T_: rewrite_write(T_, s, norm=False)) for T_ in s.steps.values()]
     if not s.smoke:  # the KDA layer's split: g per key channel
         jobs += [("gdn_spec_split", lambda T_=T_: rewrite_split(T_, s, conv_dim=3 * 32 * 128, g_dims=(32, 128),
                                                                shape="kda")) for T_ in STEPS.values()]
@@ -351,7 +355,8 @@ def _compile_stock(model, batch, row):
 def step_regions(step_row: dict, rewrite_rows: list[dict]) -> dict | None:
     """Stock and kda time of the regions the rewrites replace in one model step, from the
     isolated benchmarks at the step's sizes: the GDN and the KDA layer's split, two merges +
-    norms, the cache write (stock: eager where stock fails), the gather."""
+    norms, the cache write as the model spells it (quant + write; stock: eager where stock
+    fails), the gather."""
     T_ = step_row["T"]
 
     def find(rewrite, shape=None, t=T_):
@@ -363,7 +368,7 @@ def step_regions(step_row: dict, rewrite_rows: list[dict]) -> dict | None:
     gather = next((r for r in rewrite_rows if r["rewrite"] == "indexer_k_gather"
                    and r["shape"] == f"{T_} tok step"), None)
     parts = {"gdn_spec_split (gdn)": find("gdn_spec_split", "gdn"), "gdn_spec_split (kda)": find("gdn_spec_split", "kda"),
-             "gated_norm_merge x2": find("gated_norm_merge"), "indexer_k_write": find("indexer_k_write"),
+             "gated_norm_merge x2": find("gated_norm_merge"), "indexer_k_write": find("indexer_k_write", WRITE_MODEL_SHAPE),
              "indexer_k_gather": gather}
     if parts["gdn_spec_split (kda)"] is None:  # smoke: the GDN shape stands in
         parts["gdn_spec_split (kda)"] = parts["gdn_spec_split (gdn)"]
@@ -417,7 +422,8 @@ def plots(payload: dict, out_dir: Path) -> list[Path]:
     if rows:
         fig, axes = plt.subplots(1, len(REWRITES), figsize=(4.2 * len(REWRITES), 3.8))
         for ax, name in zip(axes, REWRITES):
-            mine = sorted((r for r in rows if r["rewrite"] == name and r["shape"] != "kda"), key=lambda r: r["T"])
+            mine = sorted((r for r in rows if r["rewrite"] == name and r["shape"] not in ("kda", WRITE_MODEL_SHAPE)),
+                          key=lambda r: r["T"])
             for key, style in (("eager_us", "o:"), ("stock_us", "s--"), ("peer_us", "^-."), ("kda_us", "D-"),
                                ("floor_us", "k-")):
                 pts = [(r["T"], r[key]) for r in mine if r.get(key)]

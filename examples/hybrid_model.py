@@ -10,7 +10,8 @@ Three pre-norm blocks, each ``x += mixer(norm(x)); x += mlp(norm(x))``:
 1. sparse attention: the indexer block writes every new token's K (LayerNorm, rotary, fp8
    quantization, the paged cache: a module buffer), gathers every request's K back out of
    the cache, scores each query against the ``window`` most recent keys of its own request
-   (the indexer's ``sum_h w * relu(q . k)``), keeps the top-k and, as a stand-in for the
+   (the indexer's ``sum_h w * relu(q . k)``, in the stand-in op for DeepGEMM's
+   ``fp8_mqa_logits``: opaque, it reads the gathered fp8 K), keeps the top-k and, as a stand-in for the
    sparse MLA that would follow, averages the selected keys' dequantized K, weighted by how
    far each logit is above the (k+1)-th (continuous in the logits); an output projection. (The window keeps a stand-in for DeepSeek's fused ``fp8_mqa_logits``
    kernel from costing ``T x N`` per step at real dims.)
@@ -148,14 +149,15 @@ class SparseIndexerAttention(IB.IndexerBlock):
         q, w = self.queries(x, cos, sin)  # [T, H, D], [T, H]
         # N, the number of context tokens, from a tensor's shape: a dynamic dim like T (an int
         # argument would be specialized on its first value and cost a recompile)
-        kd = self.gather_k(block_table, cu_seq_lens, ctx_positions.shape[0], x.dtype)  # [N, D]
+        values, scales = self.gather_k(block_table, cu_seq_lens, ctx_positions.shape[0])  # [N, D], [N, G]
         back = torch.arange(self.window, device=x.device)
         key_pos = positions[:, None] - back[None, :]  # [T, W]: this token, then older ones
         rows = cu_seq_lens[req_of_token][:, None] + key_pos.clamp(min=0)
         valid = (key_pos >= 0) & (ctx_positions[rows] == key_pos)
-        keys = kd[rows]  # [T, W, D]
-        scores = F.relu(torch.einsum("thd,twd->thw", q, keys).float())
-        logits = (scores * w[:, :, None]).sum(dim=1).masked_fill(~valid, float("-inf"))  # [T, W]
+        # the indexer's logits: DeepGEMM's fp8_mqa_logits in serving (an opaque kernel reading
+        # the gathered fp8 K), the example's stand-in op here
+        logits = IB.fp8_mqa_logits(q, values, scales, w, rows).masked_fill(~valid, float("-inf"))  # [T, W]
+        kd = IB.dequantize_k(values, scales).to(x.dtype)  # [N, D]: Inductor reads only the rows used
         # top-k, weighted by how far each logit is above the (k+1)-th: continuous in the logits,
         # so a compiled step agrees with eager where two keys swap places at the boundary (a
         # softmax over the top k would jump there)
@@ -163,7 +165,7 @@ class SparseIndexerAttention(IB.IndexerBlock):
             # every key of the window is picked (the tiny test config): a softmax over them is
             # continuous in the logits everywhere, so compiled and eager steps compare tightly
             wts = torch.softmax(logits, dim=-1)  # a token always sees itself: no row is all -inf
-            out = (wts[..., None] * keys.float()).sum(dim=1)
+            out = (wts[..., None] * kd[rows].float()).sum(dim=1)
             return self.o_proj(out.to(x.dtype))
         k = min(self.cfg.topk, self.window - 1)
         top = logits.topk(k + 1, dim=-1)
@@ -172,7 +174,7 @@ class SparseIndexerAttention(IB.IndexerBlock):
         tau = torch.where(finite[:, k:], vals[:, k:], below)  # a token always sees itself
         wts = torch.where(finite[:, :k], F.relu(vals[:, :k] - tau), torch.zeros_like(tau))
         wts = wts / wts.sum(-1, keepdim=True).clamp(min=1e-20)
-        picked = keys.gather(1, top.indices[:, :k, None].expand(-1, -1, keys.shape[-1]))
+        picked = kd[rows.gather(1, top.indices[:, :k])]  # the sparse attention's selected keys
         out = (wts[..., None] * picked.float()).sum(dim=1)
         return self.o_proj(out.to(x.dtype))
 

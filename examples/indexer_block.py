@@ -6,8 +6,10 @@
 Per step: ``k = wk(x)``, LayerNorm (float32 weight and bias, eps 1e-6), rotary on the first
 64 dims, fp8 quantization with ue8m0 scales and the write into the blocked paged cache (a
 module buffer) at ``slot_mapping`` (padding slots -1 masked out), then the prefill gather of
-every request's K out of the cache, a bf16 stand-in for ``fp8_mqa_logits``
-(``sum_h w[t, h] * relu(q[t, h] . k[s])`` over each query's own request, causal) and top-k.
+every request's K out of the cache, the logits (``sum_h w[t, h] * relu(q[t, h] . k[s])`` over
+each query's own request, causal; :func:`fp8_mqa_logits`, a stand-in op for DeepGEMM's kernel
+that reads the gathered fp8 values and scales, opaque to torch.compile as the real one is) and
+top-k.
 
 ``make_step_inputs`` lays out decode and spec-decode steps too (requests with a context in the
 cache and a few new tokens); ``examples/hybrid_model.py`` serves those. Compiled with
@@ -45,9 +47,31 @@ class IndexerConfig:
     block_size: int = 64
     num_blocks: int = 4096
     ue8m0: bool = True  # V3.2's scale format
+    max_positions: int = 32768  # rows of the rotary cos / sin cache
 
 
 _eager_write_indexer_k = torch.compiler.disable(write_indexer_k)
+
+
+@torch.library.custom_op("kda_examples::fp8_mqa_logits", mutates_args=())
+def fp8_mqa_logits(q: torch.Tensor, k_values: torch.Tensor, k_scales: torch.Tensor, weights: torch.Tensor,
+                   rows: torch.Tensor | None = None) -> torch.Tensor:
+    """A stand-in for DeepGEMM's ``fp8_mqa_logits``, opaque to torch.compile as the real
+    kernel is in serving: ``sum_h weights[t, h] * relu(q[t, h] . k)`` float32 for the keys
+    ``k`` of the fp8 values ``[N, D]`` and float32 group scales ``[N, G]`` the indexer
+    gather returns; every key (``[T, N]``) or each query's ``rows`` (``[T, W]``)."""
+    keys = dequantize_k(k_values, k_scales).to(q.dtype)  # [N, D]
+    if rows is None:
+        scores = torch.einsum("thd,nd->thn", q, keys)
+    else:
+        scores = torch.einsum("thd,twd->thw", q, keys[rows])
+    return (F.relu(scores.float()) * weights[:, :, None]).sum(dim=1)
+
+
+@fp8_mqa_logits.register_fake
+def _(q, k_values, k_scales, weights, rows=None):
+    width = k_values.shape[0] if rows is None else rows.shape[1]
+    return q.new_empty((q.shape[0], width), dtype=torch.float32)
 
 TINY = IndexerConfig(dim=64, n_heads=4, head_dim=128, rope_dim=64, topk=16, block_size=16, num_blocks=24)
 
@@ -74,13 +98,14 @@ class IndexerBlock(torch.nn.Module):
         self.k_norm_bias = torch.nn.Parameter(torch.zeros(hd, device=device))
         cache = torch.zeros(cfg.num_blocks, cfg.block_size, cache_row_bytes(hd), dtype=torch.uint8, device=device)
         self.register_buffer("kv_cache", cache)
+        # cos | sin of every position, computed once (vLLM's RotaryEmbedding.cos_sin_cache)
+        inv = 1.0 / (10000 ** (torch.arange(0, cfg.rope_dim, 2, device=device).float() / cfg.rope_dim))
+        ang = torch.arange(cfg.max_positions, device=device).float()[:, None] * inv[None, :]
+        self.register_buffer("cos_sin_cache", torch.cat([ang.cos(), ang.sin()], dim=-1), persistent=False)
 
     def rope(self, positions):
-        """cos, sin ``[T, rope_dim / 2]`` of each token's position."""
-        cfg = self.cfg
-        inv = 1.0 / (10000 ** (torch.arange(0, cfg.rope_dim, 2, device=positions.device).float() / cfg.rope_dim))
-        ang = positions.float()[:, None] * inv[None, :]
-        return ang.cos(), ang.sin()
+        """cos, sin ``[T, rope_dim / 2]`` of each token's position (a lookup in the cache)."""
+        return self.cos_sin_cache[positions].chunk(2, dim=-1)
 
     eager_write = False
     """Run the cache write (quant + store) eagerly, outside the graph: for stock Inductor, which
@@ -100,20 +125,19 @@ class IndexerBlock(torch.nn.Module):
         w = self.weights_proj(x).float() * (cfg.n_heads ** -0.5 * cfg.head_dim ** -0.5)
         return q, w
 
-    def gather_k(self, block_table, cu_seq_lens, num_tokens, dtype):
-        """Every request's K out of the cache (the prefill gather), dequantized: ``[N, D]``."""
-        values, scales = gather_indexer_k(self.kv_cache, block_table, cu_seq_lens, num_tokens)
-        return dequantize_k(values, scales).to(dtype)
+    def gather_k(self, block_table, cu_seq_lens, num_tokens):
+        """Every request's K out of the cache (the prefill gather): fp8 values ``[N, D]`` and
+        float32 scales ``[N, G]``, as ``fp8_mqa_logits`` takes them."""
+        return gather_indexer_k(self.kv_cache, block_table, cu_seq_lens, num_tokens)
 
     def forward(self, x, positions, slot_mapping, block_table, cu_seq_lens, req_of_token, num_tokens: int):
         cfg = self.cfg
         cos, sin = self.rope(positions)
         self.write_k(x, cos, sin, slot_mapping)
         q, w = self.queries(x, cos, sin)
-        # prefill gather of every request's K, and the logits stand-in for fp8_mqa_logits
-        kd = self.gather_k(block_table, cu_seq_lens, num_tokens, x.dtype)  # [N, D]
-        scores = F.relu(torch.einsum("thd,nd->thn", q, kd).float())
-        logits = (scores * w[:, :, None]).sum(dim=1)  # [T, N]
+        # prefill gather of every request's K, and the logits (DeepGEMM's kernel in serving)
+        values, scales = self.gather_k(block_table, cu_seq_lens, num_tokens)  # [N, D], [N, G]
+        logits = fp8_mqa_logits(q, values, scales, w)  # [T, N]
         # each query sees its own request's keys up to its position
         key = torch.arange(num_tokens, device=x.device)
         key_req = torch.searchsorted(cu_seq_lens, key, right=True) - 1

@@ -140,12 +140,13 @@ def test_hybrid_fla_core_reduce_overhead(model, kind):
 
 
 def test_hybrid_real_dims_spec_step_with_fla_core():
-    """The real-dims model (as the report runs it) compiles with every rewrite and matches eager."""
+    """The real-dims model, as the report runs it (default options: the CUDA speed rules
+    decide), compiles with every rewrite and matches eager."""
     torch.manual_seed(0)
     big = H.make_model(H.HybridConfig(), device="cuda", core="fla")
     b = H.spec_decode_batch(big, 256)
     with torch.no_grad(), fresh_compile():
-        compiled = compile_for_test(big)
+        compiled = compile_for_test(big, force=False)
         print(H.check_against_eager(big, b, compiled))
     for rec in compiled.records:
         assert {n: rec["matches"].get(n, 0) for n in H.EXPECTED_MATCHES} == H.EXPECTED_MATCHES

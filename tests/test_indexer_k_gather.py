@@ -148,6 +148,20 @@ def test_dst_copy_and_returned_uses_functional_op(device):
     assert_bytes_equal([as_u8(out), as_u8(dst_v), dst_s], [ref[0], ref[0], ref[1]])
 
 
+def test_index_arithmetic_shared_with_other_code():
+    """An ``arange`` the graph's CSE shares with other code (the cache write's columns, in the
+    hybrid model) stays for its other reader; the gather still matches, bit-exact."""
+    cache, table, cu, n = _inputs("cpu", seed=6)
+
+    def fn(c, t, s):
+        v, sc = gather_indexer_k(c, t, s, n)
+        return v, sc, torch.arange(128, device=c.device) * 3
+
+    out, matches = compile_and_run(fn, cache, table, cu)
+    assert matches["indexer_k_gather"] == 1
+    assert_bytes_equal(out, fn(cache, table, cu))
+
+
 @device_params
 def test_block_table_with_spare_rows(device):
     """A persistent batch's table has more rows than this step has requests."""

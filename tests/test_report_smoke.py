@@ -38,12 +38,13 @@ def synthetic_payload():
     rows = []
     for T in (24, 20):
         for name, shape in (("gdn_spec_split", "gdn"), ("gdn_spec_split", "kda"), ("gated_norm_merge", "H=2 D=16"),
-                            ("indexer_k_write", "x")):
+                            ("indexer_k_write", "LN+ue8m0, D=128"), ("indexer_k_write", report.WRITE_MODEL_SHAPE)):
             rows.append({"rewrite": name, "shape": shape, "T": T, "eager_us": 30.0, "stock_us": 20.0, "kda_us": 10.0,
                          "floor_us": 5.0, "peer_us": 12.0 if name == "gated_norm_merge" else None})
         rows.append({"rewrite": "indexer_k_gather", "shape": f"{T} tok step", "T": 3 * T, "eager_us": 30.0,
                      "stock_us": 20.0, "kda_us": 10.0})
-    rows[3]["stock_us"] = None  # a write stock cannot compile: eager stands in
+    rows[4]["stock_us"] = None  # the model's write, which stock cannot compile: eager stands in
+    rows[3]["kda_us"] = 1.0  # the write with its LayerNorm: not the model's region, never counted
     model = [{"step": "spec", "T": 24, "core": "torch", "eager_us": 900.0, "stock_us": 500.0, "kda_us": 420.0},
              {"step": "prefill", "T": 20, "core": "torch", "eager_us": 900.0, "stock_us": 500.0, "kda_us": 480.0}]
     return rows, model

@@ -25,6 +25,9 @@ aten = torch.ops.aten
 prims = torch.ops.prims
 VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
 """The reshaping ops of post-grad graphs (for ``is_op``): same elements, another shape."""
+SHAPE_VIEWS = (*VIEWS, aten.squeeze, aten.unsqueeze)
+"""The reshapes and the unit-dim views: every element keeps its value (the base of each
+rewrite's own view set)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,6 +136,27 @@ class Rewrite:
 def val(node: Any) -> Any:
     """The fake value recorded on a node (``None`` when absent or not a node)."""
     return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def fused_into_users(n: fx.Node) -> bool:
+    """Every (transitive, through views) user of ``n`` is elementwise or a gather: Inductor
+    reads ``n``'s elements inside those kernels (an indexed load) and never writes ``n`` out,
+    so an op that materializes ``n`` adds a copy (the speed rules of the gathers)."""
+    stack, seen = list(n.users), set()
+    while stack:
+        u = stack.pop()
+        if u in seen:
+            continue
+        seen.add(u)
+        if u.op != "call_function":
+            return False
+        if is_op(u, *SHAPE_VIEWS, aten.expand):
+            stack.extend(u.users)
+            continue
+        tags = getattr(u.target, "tags", ())
+        if not (torch.Tag.pointwise in tags or is_op(u, aten.index, aten.where)):
+            return False
+    return True
 
 
 def is_op(node: Any, *targets: Any) -> bool:

@@ -45,11 +45,11 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from kda_inductor.patterns.base import VIEWS, aten, is_op, prims, val
+from kda_inductor.patterns.base import SHAPE_VIEWS, VIEWS, aten, is_op, prims, val
 
 _INT = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _CASTS = (prims.convert_element_type, aten._to_copy, aten.to)
-_VALUE_VIEWS = (*VIEWS, aten.squeeze, aten.unsqueeze, aten.alias, aten.clone)
+_VALUE_VIEWS = (*SHAPE_VIEWS, aten.alias, aten.clone)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -70,6 +70,7 @@ import torch.fx as fx
 from kda_inductor.lowerings import gated_norm_merge as _lowering  # noqa: F401  (registers the op)
 from kda_inductor.patterns._index_algebra import known
 from kda_inductor.patterns.base import (
+    SHAPE_VIEWS,
     Match,
     Rewrite,
     Route,
@@ -86,7 +87,7 @@ from kda_inductor.patterns.canonical import Canon, Term, const_value
 
 _F32 = torch.float32
 _16BIT = (torch.bfloat16, torch.float16)
-_VIEW_OPS = (aten.view, aten.reshape, aten._unsafe_view, aten.squeeze, aten.unsqueeze, aten.alias)
+_VIEW_OPS = (*SHAPE_VIEWS, aten.alias)
 MERGE_FREE_MAX_VALUES = 256 * 32 * 128
 """Largest merge-free norm (rows x D) rewritten on CUDA. On the H200 (three runs; stock's own
 timing of this norm is noisy) the kernel won or tied up to 256 tokens of 32 heads x 128 in every

@@ -33,7 +33,11 @@ Speed rule ("never make a graph slower"), decided by measurement:
   consumers; so are launches whose gathers all feed only elementwise code (or other gathers),
   which Inductor fuses the gathers into as indirect loads without writing them out: measured
   on the hybrid model's 16K-token prefill, whose varlen causal conv reads its taps as such
-  gathers, the fused launches cost 19.5 ms against stock's 18.3 ms (2026-12-01);
+  gathers, the fused launches cost 19.5 ms against stock's 18.3 ms (2026-12-01). Leaving
+  only the elementwise-fed gathers out of a mixed launch (``mixed_qkv``'s, which feed the
+  conv, while ``g``/``beta`` feed the opaque recurrence) was measured and is slower: the
+  hybrid model with the fla core, T=256 spec step 1056.5 vs 1052.8 us, 16K prefill
+  26388 vs 26272 us (``benchmarks/profile_step.py``, alternating replays, 2026-12-01);
 * CPU: never. The op's CPU implementation is ``index_select`` per source, slower than the
   C++ Inductor generates for the six gathers (Qwen3-Next sizes, 2-core machine: T=16 466 vs
   56 us, T=512 808 vs 393 us).
@@ -52,7 +56,19 @@ import torch
 import torch.fx as fx
 
 from kda_inductor.lowerings import gdn_spec_split as _lowering  # registers the op
-from kda_inductor.patterns.base import VIEWS, Match, Rewrite, Route, aten, insert_fused, is_op, positions, reachable, val
+from kda_inductor.patterns.base import (
+    VIEWS,
+    Match,
+    Rewrite,
+    Route,
+    aten,
+    fused_into_users,
+    insert_fused,
+    is_op,
+    positions,
+    reachable,
+    val,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,26 +109,6 @@ MIN_ROW_BYTES = 64
 Inductor on CUDA (the narrowest rows measured faster: beta's 32 bf16 heads)."""
 
 
-def _fused_into_users(n: fx.Node) -> bool:
-    """Every (transitive, through views) user of ``n`` is elementwise or another gather:
-    Inductor reads ``n``'s rows inside those kernels and never writes them out."""
-    stack, seen = list(n.users), set()
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u.op != "call_function":
-            return False
-        if is_op(u, *VIEWS, aten.unsqueeze, aten.squeeze, aten.expand):
-            stack.extend(u.users)
-            continue
-        tags = getattr(u.target, "tags", ())
-        if not (torch.Tag.pointwise in tags or is_op(u, aten.index, aten.where)):
-            return False
-    return True
-
-
 def _row_bytes(g: _RowGather) -> int | None:
     v = val(g.src)
     width = math.prod(v.shape[g.dim + 1:])
@@ -131,7 +127,7 @@ class GdnSpecSplit(Rewrite):
         if all(w is not None for w in widths) and sum(widths) < MIN_ROW_BYTES:
             return (f"the gathered rows add up to {sum(widths)} bytes per token, fewer than the "
                     f"{MIN_ROW_BYTES} measured faster than Inductor's fused lookups")
-        if all(_fused_into_users(g.node) for g in match.gathers):
+        if all(fused_into_users(g.node) for g in match.gathers):
             return ("every gather only feeds elementwise code, which Inductor fuses the gather into as an "
                     "indirect load (no copy); the fused launch would add a copy (measured: the hybrid model's "
                     "16K-token prefill, whose varlen conv reads its taps so, 19.5 vs 18.3 ms)")

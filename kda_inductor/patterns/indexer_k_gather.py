@@ -22,8 +22,10 @@ preallocated buffers: only the gathers are replaced, the user's views and
 copies stay.
 
 Extra checks: both gathers present and reading the same cache, table and
-lengths; ``D`` a multiple of 128; every intermediate node used only by the
-gathers (a region whose intermediates are read elsewhere is left alone).
+lengths; ``D`` a multiple of 128; no lookup of the region (a gathered byte, the
+block ids) read elsewhere, where it would be computed twice (plain index
+arithmetic read elsewhere, e.g. an ``arange`` CSE'd with the cache write's,
+stays in the graph for its other readers).
 
 Replacement: ``torch.ops.kda.indexer_k_gather(kv_cache, block_table,
 cu_seq_lens, num_tokens, D)`` returning both byte tensors. When each gather's
@@ -31,6 +33,25 @@ only use is a copy (possibly through a dtype view) into a graph input (the
 preallocated ``dst_value``/``dst_scale`` of serving code), the in-place
 ``kda.indexer_k_gather_out`` writes there directly instead, as
 ``auto_functionalized``, which Inductor re-inplaces: no extra copy.
+
+Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement:
+
+* CUDA (an H200, torch 2.11, triton 3.6): where the gathered bytes are used, always: the
+  op is 3.8-4.1x faster than stock at 256 and 16384 tokens of context
+  (``benchmarks/results/report.md``: 4.1 vs 16.7 us, 2.5 vs 9.5 us), where the gathered
+  values and scales are written out (returned, copied into ``dst_value``/``dst_scale``, or
+  read by an opaque op such as DeepGEMM's ``fp8_mqa_logits``). When every use of both is
+  elementwise code or another gather (a dequantization in plain torch), Inductor fuses the
+  lookups into those kernels and never writes the fp8 bytes out; the op would add that
+  write and its read back: left to Inductor (measured on the hybrid model's T=256
+  spec-decode step with its former dequantize-then-window stand-in, 58K tokens of context:
+  the rewrite alone made the step 3.9 us slower, 962.8 vs 958.9 us, 2026-12-01);
+* CPU (this project's 2-core machine, torch 2.13, forced op vs the same graph left to
+  Inductor): only with a static count of at least ``CPU_MIN_TOKENS`` gathered tokens. The
+  op's CPU implementation wins from about 12K tokens (12000: 2343 vs 2483 us; 16000: 2832 vs
+  3560 us, 3284 vs 3740 with 32 requests; 32000: 4987 vs 7047 us) and loses below (8000:
+  1939 vs 1769 us; 200: 402 vs 234 us); symbolic counts are left to Inductor (the small
+  steps would lose).
 """
 
 from __future__ import annotations
@@ -51,6 +72,7 @@ from kda_inductor.patterns.base import (
     Route,
     aten,
     escaping,
+    fused_into_users,
     insert_fused,
     is_op,
     positions,
@@ -62,6 +84,9 @@ from kda_inductor.patterns._layout import byte_address, is_view_op, layout_from,
 from kda_inductor.reference import QUANT_GROUP
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
+
+CPU_MIN_TOKENS = 16384
+"""Gathered tokens (a static count) from which the op runs on CPU (see the speed rule)."""
 
 
 @dataclasses.dataclass
@@ -129,6 +154,24 @@ class IndexerKGather(Rewrite):
         "kda_inductor.reference.gather_indexer_k (sync-free: searchsorted + advanced "
         "indexing) traces into one graph and is rewritten by indexer_k_gather"
     )
+
+    def speed_rule(self, match: GatherMatch) -> str | None:
+        n = val(match.values).shape[0]
+        if match.device == "cpu":
+            if not isinstance(n, int):
+                return (f"on cpu the op is faster only from {CPU_MIN_TOKENS} gathered tokens, and this graph's "
+                        "token count is symbolic (measured, see patterns/indexer_k_gather.py)")
+            if n < CPU_MIN_TOKENS:
+                return (f"on cpu the op is slower than Inductor's code below {CPU_MIN_TOKENS} gathered tokens "
+                        f"(this gather: {n}; measured, see patterns/indexer_k_gather.py)")
+            return None
+        if match.device != "cuda":
+            return f"the op was never measured on {match.device} (see patterns/indexer_k_gather.py)"
+        if match.dst is None and fused_into_users(match.values) and fused_into_users(match.scales):
+            return ("the gathered values and scales only feed elementwise code, which Inductor fuses the "
+                    "lookups into without writing the bytes out; the op would add that write (measured, see "
+                    "patterns/indexer_k_gather.py)")
+        return None
 
     def find(self, graph: fx.Graph) -> list[Match]:
         algebra = IndexAlgebra()
@@ -249,7 +292,10 @@ class IndexerKGather(Rewrite):
                 scales.node,
                 *values.region, *scales.region,
             }
-            outside = escaping(region, [values.node, scales.node])
+            # index arithmetic shared with other code (an arange CSE'd with the cache write's)
+            # stays for its other readers; gathered bytes read elsewhere would be gathered twice
+            outside = [n for n in escaping(region, [values.node, scales.node])
+                       if is_op(n, aten.index) or n in values.region or n in scales.region]
             if outside:
                 self.miss(values.node, 6, f"intermediate {outside[0].name} is also read by "
                           f"{', '.join(u.name for u in outside[0].users if u not in region)}")

@@ -43,6 +43,20 @@ puts it (slot -1: the last row of the last block; every spelling the index algeb
 ``//``, ``>>``, ``%``, ``&``, floors the same way): it is replaced with ``wrap_negative=True``,
 which does exactly that. Clamped but unmasked code is not matched.
 
+Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement:
+
+* CUDA (an H200, torch 2.11, triton 3.6): always. Stock Inductor cannot compile the write
+  there ("must be 1 to view Float as Byte"), so the alternative is eager: LayerNorm + quant +
+  write 2.4 vs 71.8 us at T=256 and 4.1 vs 175.2 us at T=16384
+  (``benchmarks/results/report.md``); in the hybrid model's T=256 spec-decode step (quant +
+  write after the rotary) the rewrite alone saves 40 us of the step (918.7 vs 958.9 us,
+  2026-12-01);
+* CPU (this project's 2-core machine, torch 2.13, forced op vs the same graph left to
+  Inductor, which compiles it there): only with a static count of at least
+  ``CPU_MIN_TOKENS`` tokens. The op's CPU implementation wins from 512 tokens (512: 793 vs
+  925 us; 1024: 1198 vs 1661; 2048: 1679 vs 2954; 8192: 3814 vs 13010) and loses below (256:
+  671 vs 514; 16: 442 vs 145); symbolic counts are left to Inductor (decode steps would lose).
+
 Replacement: ``auto_functionalized(kda.indexer_k_write, kv_cache=<input>, ...)``, whose new
 cache feeds the user's ``copy_`` (and every reader of the written cache); Inductor
 re-inplaces it, so the op writes the cache buffer itself: no clone, no copy.
@@ -62,6 +76,7 @@ import torch.fx as fx
 from kda_inductor.lowerings import indexer_k_write as _lowering  # registers the op
 from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, Table, known, same
 from kda_inductor.patterns.base import (
+    SHAPE_VIEWS,
     VIEWS,
     Match,
     Rewrite,
@@ -77,7 +92,9 @@ from kda_inductor.patterns.canonical import Canon, Term, const_value
 from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
-_VALUE_VIEWS = (*VIEWS, aten.unsqueeze, aten.squeeze)
+CPU_MIN_TOKENS = 1024
+"""Tokens written (a static count) from which the op runs on CPU (see the speed rule)."""
+_VALUE_VIEWS = SHAPE_VIEWS
 _CASTS = (prims.convert_element_type, aten._to_copy)
 
 
@@ -427,6 +444,20 @@ class WriteMatch(Match):
 class IndexerKWrite(Rewrite):
     name = "indexer_k_write"
     summary = "DeepSeek-V3.2 indexer K norm + fp8 quant + paged-cache write -> kda::indexer_k_write"
+
+    def speed_rule(self, match: WriteMatch) -> str | None:
+        if match.device == "cuda":
+            return None
+        if match.device != "cpu":
+            return f"the op was never measured on {match.device} (see patterns/indexer_k_write.py)"
+        t = val(match.k).shape[0]
+        if not isinstance(t, int):
+            return (f"on cpu the op is faster only from {CPU_MIN_TOKENS} tokens, and this graph's token "
+                    "count is symbolic (measured, see patterns/indexer_k_write.py)")
+        if t < CPU_MIN_TOKENS:
+            return (f"on cpu the op is slower than Inductor's code below {CPU_MIN_TOKENS} tokens (this write: "
+                    f"{t}; measured, see patterns/indexer_k_write.py)")
+        return None
 
     def find(self, graph: fx.Graph) -> list[Match]:
         matches = []

@@ -1,0 +1,189 @@
+"""Where a hybrid-model step's time goes, stock vs kda_inductor, on a GPU.
+
+    python -m benchmarks.profile_step                    # the T=256 spec-decode step
+    python -m benchmarks.profile_step --step prefill     # the 16K-token prefill
+    python -m benchmarks.profile_step --only-each        # also: one rewrite enabled at a time
+
+For one step of the hybrid model (real dims, flash-linear-attention's core where installed):
+
+* **variants**: CUDA-graph replay medians of stock ``torch.compile`` (the cache write run
+  eagerly where stock Inductor cannot compile it, as ``benchmarks.report`` does), of
+  kda_inductor, and with ``--only-each`` of kda_inductor with only one rewrite enabled: the
+  step-level saving each rewrite buys in the model, to set against its isolated benchmark;
+* **kernels**: a ``torch.profiler`` trace of a few steps of stock and of kda, the GPU time
+  per step of every kernel name (Inductor's generated kernels are named after the ops they
+  fuse), both lists side by side and their totals; the kernel count per step.
+
+Writes ``profile_<step>.json`` to ``$OUT`` (or ``--out``) when set. Times are the GPU's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+_HERE = Path(__file__).resolve().parent
+for p in (str(_HERE), str(_HERE.parent / "examples"), str(_HERE.parent)):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+
+import _timing as T  # noqa: E402
+
+REWRITES = ("gdn_spec_split", "gated_norm_merge", "indexer_k_write", "indexer_k_gather")
+
+
+def log(msg: str) -> None:
+    print(f"[profile {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def compile_variant(model, batch, options: dict | None, eager_write: bool):
+    """A compiled model that has run one step (compiled, caches off)."""
+    import hybrid_model as HM
+
+    model.attn.eager_write = eager_write
+    torch._dynamo.reset()
+    backend = "inductor" if options is None else "kda_inductor"
+    fn = torch.compile(model, backend=backend, **({} if options is None else {"options": {"kda": options}}))
+    from kda_inductor import pass_manager
+
+    counts = pass_manager.counters[pass_manager.COUNTER_KEY]
+    before = dict(counts)
+    t0 = time.perf_counter()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        HM.run_step(model, batch, fn)
+    got = {k: v - before.get(k, 0) for k, v in counts.items() if v - before.get(k, 0)}
+    log(f"compiled {backend} {options or ''} in {time.perf_counter() - t0:.0f} s; rewrites {got}")
+    return fn
+
+
+def stock_needs_eager_write(model, batch) -> bool:
+    try:
+        compile_variant(model, batch, None, False)
+        return False
+    except Exception as e:  # noqa: BLE001 - stock Inductor's "view Float as Byte" on some GPUs
+        log(f"stock fails with the write in the graph ({type(e).__name__}); the write runs eagerly")
+        return True
+
+
+def capture(model, fn, args, kwargs):
+    """One step of ``fn`` captured in a CUDA graph (replayed later, alternating with the other
+    variants, so that clock drift over the run does not favour whichever ran first)."""
+    with torch.no_grad():
+        cache = model.attn.kv_cache.clone()
+        graph, out = T.capture_graph(lambda: fn(*args, **kwargs))
+        model.attn.kv_cache.copy_(cache)
+    return graph, out
+
+
+def kernel_times(model, fn, args, kwargs, steps: int = 5) -> dict[str, tuple[float, int]]:
+    """GPU microseconds and launches per step of each kernel name."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad():
+        cache = model.attn.kv_cache.clone()
+        for _ in range(2):
+            fn(*args, **kwargs)
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(steps):
+                fn(*args, **kwargs)
+            torch.cuda.synchronize()
+        model.attn.kv_cache.copy_(cache)
+    out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for e in prof.events():
+        if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
+            continue
+        dur = getattr(e, "device_time", None)
+        if dur is None:
+            dur = getattr(e, "cuda_time", 0.0)
+        out[e.name][0] += dur / steps
+        out[e.name][1] += 1
+    return {k: (v[0], v[1] // steps) for k, v in out.items()}
+
+
+def side_by_side(stock: dict, kda: dict, top: int) -> str:
+    def rows(d):
+        return sorted(d.items(), key=lambda kv: -kv[1][0])[:top]
+
+    lines = [f"{'stock kernel':70s} {'us':>8s} {'n':>3s} | {'kda kernel':70s} {'us':>8s} {'n':>3s}"]
+    a, b = rows(stock), rows(kda)
+    for i in range(max(len(a), len(b))):
+        left = f"{a[i][0][:70]:70s} {a[i][1][0]:8.1f} {a[i][1][1]:3d}" if i < len(a) else " " * 83
+        right = f"{b[i][0][:70]:70s} {b[i][1][0]:8.1f} {b[i][1][1]:3d}" if i < len(b) else ""
+        lines.append(f"{left} | {right}")
+    for label, d in (("stock", stock), ("kda", kda)):
+        lines.append(f"{label}: {sum(v[0] for v in d.values()):.1f} us of kernels per step, "
+                     f"{sum(v[1] for v in d.values())} launches")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--step", choices=("spec", "prefill"), default="spec")
+    p.add_argument("--T", type=int, help="tokens (default: 256 spec, 16384 prefill)")
+    p.add_argument("--only-each", action="store_true", help="also time kda with one rewrite enabled at a time")
+    p.add_argument("--rounds", type=int, default=3, help="alternating replay rounds per variant")
+    p.add_argument("--top", type=int, default=40, help="kernels listed per side")
+    p.add_argument("--out", help="write profile_<step>.json here (default: $OUT when set)")
+    args = p.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU")
+    import hybrid_model as HM
+
+    import kda_inductor  # noqa: F401
+
+    T_ = args.T or (256 if args.step == "spec" else 16384)
+    model = HM.make_model(HM.HybridConfig(), device="cuda")
+    batch = HM.spec_decode_batch(model, T_) if args.step == "spec" else HM.prefill_batch(model, T_)
+    a, kw = batch.args(), batch.kwargs()
+    HM.run_step(model, batch)  # eager first: fla's autotuning is not counted in a compile
+    eager_write = stock_needs_eager_write(model, batch)
+    variants = {"stock": (None, eager_write), "kda": ({}, False)}
+    if args.only_each:
+        for name in REWRITES:
+            variants[f"only {name}"] = ({"disable": [r for r in REWRITES if r != name]},
+                                        eager_write and name != "indexer_k_write")
+    result: dict = {"step": args.step, "T": T_, "env": T.environment_info(), "replay_us": {}, "kernels": {}}
+    graphs = {}
+    for label, (options, ew) in variants.items():
+        fn = compile_variant(model, batch, options, ew)
+        graphs[label] = capture(model, fn, a, kw)
+        result["kernels"][label] = kernel_times(model, fn, a, kw)
+    cache = model.attn.kv_cache.clone()
+    samples = collections.defaultdict(list)
+    for _ in range(args.rounds):
+        for label, (graph, _) in graphs.items():
+            samples[label].append(T.replay_median_us([graph], reps=10, inner=2))
+    model.attn.kv_cache.copy_(cache)
+    for label, xs in samples.items():
+        result["replay_us"][label] = statistics.median(xs)
+        log(f"{label}: {result['replay_us'][label]:.1f} us per step (replay rounds {[round(x, 1) for x in xs]})")
+    model.attn.eager_write = False
+    print(f"\n{result['env']}\n{args.step} step, T={T_}\n")
+    base = result["replay_us"]["stock"]
+    for label, us in result["replay_us"].items():
+        print(f"{label:28s} {us:9.1f} us   stock - this {base - us:8.1f} us")
+    print()
+    for label, ks in result["kernels"].items():
+        print(f"{label:28s} kernels {sum(v[0] for v in ks.values()):9.1f} us, {sum(v[1] for v in ks.values())} launches")
+    print()
+    print(side_by_side(result["kernels"]["stock"], result["kernels"]["kda"], args.top))
+    out = args.out or os.environ.get("OUT")
+    if out:
+        path = Path(out) / f"profile_{args.step}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1, default=str))
+        log(f"wrote {path}")
+    return result
+
+
+if __name__ == "__main__":
+    main()

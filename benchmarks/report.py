@@ -35,6 +35,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import sys
 import time
 import traceback
@@ -118,8 +119,34 @@ class Settings:
             self.timer = lambda fn: T.perf_counter_median_us(fn, self.reps)
         else:
             self.timer = lambda fn: T.graph_replay_median_us(fn, reps=self.reps, inner=5, calls=5)
-        self.model_timer = timer or ((lambda fn: T.perf_counter_median_us(fn, 1)) if args.smoke else
-                                     (lambda fn: T.graph_replay_median_us(fn, reps=10, inner=2)))
+        self.model_timer = timer or ((lambda fn: T.perf_counter_median_us(fn, 1)) if args.smoke else None)
+
+    def model_times(self, model, variants: dict[str, tuple[Callable, bool]], rounds: int = 3) -> dict[str, float]:
+        """Microseconds per step of each ``label: (step, eager_write)``, the model's write run
+        eagerly (a graph break) or not as that variant was compiled: switching it re-traces,
+        so each variant runs only with its own. On a GPU each step is captured in a CUDA graph
+        and the graphs are replayed in alternating rounds (median of the rounds), so that
+        clock drift over the run does not favour whichever is timed first."""
+        cache = model.attn.kv_cache.clone()
+        try:
+            if self.model_timer is not None:
+                out = {}
+                for label, (fn, eager_write) in variants.items():
+                    model.attn.eager_write = eager_write
+                    out[label] = self.model_timer(fn)
+                return out
+            graphs = {}
+            for label, (fn, eager_write) in variants.items():
+                model.attn.eager_write = eager_write
+                graphs[label] = T.capture_graph(fn)
+            samples: dict[str, list[float]] = {label: [] for label in graphs}
+            for _ in range(rounds):
+                for label, (graph, _) in graphs.items():
+                    samples[label].append(T.replay_median_us([graph], reps=10, inner=2))
+            return {label: statistics.median(xs) for label, xs in samples.items()}
+        finally:
+            model.attn.eager_write = False
+            model.attn.kv_cache.copy_(cache)
 
 
 # --------------------------------------------------------------------------- rewrites
@@ -275,16 +302,6 @@ def run_model(s: Settings, rows: list[dict], errors: list[str]) -> None:
             row = {"step": step, "T": T_, "core": core, "requests": len(batch.kinds),
                    "ctx_tokens": batch.indexer.num_ctx_tokens,
                    "ctx_lens": torch.diff(batch.indexer.cu_seq_lens).tolist()}
-            spent = []
-            orig = pass_manager.KdaPostGradPass.__call__
-
-            def timed(self, graph, _orig=orig):
-                t1 = time.perf_counter()
-                try:
-                    return _orig(self, graph)
-                finally:
-                    spent.append(time.perf_counter() - t1)
-
             # one eager step first: flash-linear-attention's autotuning and kernel builds (per
             # process, the same for both compiles) must not be counted against whichever compiles first
             with torch.no_grad():
@@ -294,13 +311,10 @@ def run_model(s: Settings, rows: list[dict], errors: list[str]) -> None:
             torch._dynamo.reset()
             with torch._inductor.config.patch(force_disable_caches=True):
                 kda = _compile_kda(model, s)
-                pass_manager.KdaPostGradPass.__call__ = timed
-                try:
+                with pass_manager.timed() as spent:
                     t1 = time.perf_counter()
                     HM.run_step(model, batch, kda)
                     row["kda_compile_s"] = time.perf_counter() - t1
-                finally:
-                    pass_manager.KdaPostGradPass.__call__ = orig
                 row["pass_s"] = sum(spent)
                 log(f"model {step}: kda compiled in {row['kda_compile_s']:.0f} s (our pass {row['pass_s']:.2f} s)")
                 row["check"] = HM.check_against_eager(model, batch, kda)
@@ -308,12 +322,13 @@ def run_model(s: Settings, rows: list[dict], errors: list[str]) -> None:
             row["compile_overhead"] = (row["kda_compile_s"] / row["stock_compile_s"] - 1
                                        if row.get("stock_compile_s") else None)
             row["pass_share_of_compile"] = row["pass_s"] / row["kda_compile_s"]
+            variants = {"eager_us": (lambda: model(*args, **kwargs), False),
+                        "kda_us": (lambda: kda(*args, **kwargs), False)}
+            if stock is not None:
+                variants["stock_us"] = (lambda: stock(*args, **kwargs), bool(row["stock_note"]))
             with torch.no_grad():
-                cache = model.attn.kv_cache.clone()
-                row["eager_us"] = s.model_timer(lambda: model(*args, **kwargs))
-                row["stock_us"] = s.model_timer(lambda: stock(*args, **kwargs)) if stock is not None else None
-                row["kda_us"] = s.model_timer(lambda: kda(*args, **kwargs))
-                model.attn.kv_cache.copy_(cache)
+                row["stock_us"] = None
+                row.update(s.model_times(model, variants))
             rows.append(T.add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"),)))
             log(f"model {step}: eager {row['eager_us']:.0f} us, stock {row['stock_us']} us, kda {row['kda_us']:.0f} us "
                 f"({time.perf_counter() - t0:.0f} s)")

@@ -15,7 +15,8 @@ top-k.
 cache and a few new tokens); ``examples/hybrid_model.py`` serves those. Compiled with
 ``backend="kda_inductor"`` it reports ``indexer_k_write`` (quant + write: the
 rotary between the norm and the quantization keeps the norm with Inductor) and
-``indexer_k_gather``. ``build()`` is what ``kda-inductor graph-diff examples/indexer_block.py``
+``indexer_k_gather`` (on a GPU; on CPU the speed rules leave small steps to Inductor).
+``build()`` is what ``kda-inductor graph-diff examples/indexer_block.py``
 compiles.
 """
 

@@ -12,6 +12,7 @@ import contextlib
 import functools
 import hashlib
 import pathlib
+import time
 import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -35,6 +36,8 @@ COUNTER_KEY = "kda_inductor"
 
 _observers: list[Callable[[dict[str, Any]], None]] = []
 """Callbacks that receive one record per graph the pass ran on (used by explain)."""
+_timers: list[list[float]] = []
+"""Lists that receive the seconds of each run of the pass (``timed``)."""
 
 
 @functools.cache
@@ -71,6 +74,16 @@ class KdaPostGradPass(CustomGraphPass):
         return h.hexdigest()
 
     def __call__(self, graph: fx.Graph) -> None:
+        if not _timers:
+            return self._run(graph)
+        t0 = time.perf_counter()
+        try:
+            return self._run(graph)
+        finally:
+            for spent in _timers:
+                spent.append(time.perf_counter() - t0)
+
+    def _run(self, graph: fx.Graph) -> None:
         tracing = _tracing_enabled()
         observed = bool(_observers) or tracing or logs.enabled()
         record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {},
@@ -199,6 +212,18 @@ def observe() -> Iterator[list[dict[str, Any]]]:
         yield records
     finally:
         _observers.remove(records.append)
+
+
+@contextlib.contextmanager
+def timed() -> Iterator[list[float]]:
+    """The seconds our pass takes on each graph it runs on while the block executes, one
+    entry per run (benchmarks: the pass's share of a compile; tests: that it ran)."""
+    spent: list[float] = []
+    _timers.append(spent)
+    try:
+        yield spent
+    finally:
+        _timers.remove(spent)
 
 
 def total_matches(records: list[dict[str, Any]]) -> dict[str, int]:

@@ -99,12 +99,14 @@ def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,
     to Inductor where our op is not faster, e.g. on CPU): tests check matching and
     numerics. ``force=False`` compiles what a user gets.
     """
-    if mode is not None and options is not None:
-        # torch.compile takes one or the other: spell the mode as the options it stands for
-        if not hasattr(torch._inductor, "list_mode_options"):  # pragma: no cover
+    if mode is not None:
+        # torch.compile takes one or the other: spell the mode as the options it stands for,
+        # so that ``strict`` and ``force`` reach our pass under a mode too
+        if hasattr(torch._inductor, "list_mode_options"):
+            options = {**torch._inductor.list_mode_options(mode), **(options or {})}
+            mode = None
+        elif options is not None:  # pragma: no cover
             raise ValueError("pass mode or options, not both (as torch.compile)")
-        options = {**torch._inductor.list_mode_options(mode), **options}
-        mode = None
     if mode is None:
         options = dict(options or {})
         kda = dict(options.get("kda", {}))

@@ -43,9 +43,13 @@ def test_public_names_survive_imports_of_internal_modules():
     assert isinstance(kda_inductor.Report, type) and isinstance(kda_inductor.GraphReport, type)
 
 
+FORCED = kda_inductor.Explainer(options={"kda": {"force": True}})
+"""``explain`` with the speed rules off: on CPU they leave these small gathers to Inductor."""
+
+
 def test_explain_reports_every_rewrite_and_both_graphs(inputs):
     cache, table, cu, n = inputs
-    report = kda_inductor.explain(_gather_fn(n), cache, table, cu)
+    report = FORCED(_gather_fn(n), cache, table, cu)
     assert report.matches == {name: (1 if name == "indexer_k_gather" else 0) for name in kda_inductor.REWRITE_NAMES}
     assert set(report.matches) == set(kda_inductor.REWRITE_NAMES)
     assert "aten.searchsorted" in report.before and "kda.indexer_k_gather" not in report.before
@@ -112,8 +116,12 @@ def test_other_options_go_to_inductor(inputs):
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead", "max-autotune-no-cudagraphs"])
-def test_modes_accepted(mode, inputs):
-    cache, table, cu, n = inputs
+def test_modes_accepted(mode):
+    """A mode and no options (the rewrite fires under the CPU speed rule: a gather of its
+    threshold's size)."""
+    from kda_inductor.patterns.indexer_k_gather import CPU_MIN_TOKENS
+
+    cache, table, cu, n = random_indexer_cache([CPU_MIN_TOKENS], 64, 128, generator=torch.Generator().manual_seed(3))
     with fresh_compile(), kda_inductor.pass_manager.observe() as records:
         out = torch.compile(_gather_fn(n), backend="kda_inductor", mode=mode)(cache, table, cu)
     assert sum(r["matches"]["indexer_k_gather"] for r in records) == 1
@@ -131,7 +139,7 @@ def test_failing_rewrite_falls_back_with_warning(inputs, monkeypatch):
         out, matches = compile_and_run(_gather_fn(n), cache, table, cu, strict=False)
     assert matches["indexer_k_gather"] == 0
     assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
-    report = kda_inductor.explain(_gather_fn(n), cache, table, cu)
+    report = FORCED(_gather_fn(n), cache, table, cu)
     assert "synthetic failure" in str(report)
 
 
@@ -140,6 +148,19 @@ def test_strict_option_raises(inputs, monkeypatch):
     cache, table, cu, n = inputs
     with pytest.raises(Exception, match="ZeroDivisionError"):
         compile_and_run(_gather_fn(n), cache, table, cu)
+
+
+def test_timed_sees_each_run_of_the_pass_inside_the_block_only():
+    from kda_inductor import pass_manager
+
+    fn = torch.compile(lambda x: x * 2 + 1, backend="kda_inductor")
+    with fresh_compile(), pass_manager.timed() as outer:
+        with pass_manager.timed() as inner:
+            fn(torch.randn(8))
+        torch.compile(lambda x: x - 3, backend="kda_inductor")(torch.randn(8))
+    torch.compile(lambda x: x / 5, backend="kda_inductor")(torch.randn(8))
+    assert len(inner) == 1 and len(outer) == 2 and all(t > 0 for t in outer)
+    assert not pass_manager._timers
 
 
 def test_uuid_tracks_options_and_is_stable():
@@ -203,8 +224,9 @@ def test_fx_graph_cache_serves_same_options_and_never_stale(inputs):
 
     counters.clear()
     with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=True, force_disable_caches=False):
-        assert compile_once({}) == [1]  # compiled: our pass ran
-        assert compile_once({}) == []  # served from the cache: our pass did not run
-        assert compile_once({"disable": ["indexer_k_gather"]}) == [0]  # other options: recompiled
+        assert compile_once({"force": True}) == [1]  # compiled: our pass ran
+        assert compile_once({"force": True}) == []  # served from the cache: our pass did not run
+        assert compile_once({"force": True, "disable": ["indexer_k_gather"]}) == [0]  # other options: recompiled
+        assert compile_once({}) == [0]  # the speed rules on: another key, recompiled (left to Inductor on CPU)
     assert counters["inductor"]["fxgraph_cache_bypass"] == 0
     torch._dynamo.reset()

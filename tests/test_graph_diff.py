@@ -18,6 +18,9 @@ from tests import graph_targets
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGETS = str(Path(__file__).with_name("graph_targets.py"))
+FORCED = kda_inductor.Explainer(options={"kda": {"force": True}})
+"""``explain`` with the speed rules off (``--force``): on CPU they leave these small gathers to
+Inductor, with nothing to diff."""
 
 
 class Snapshots(expecttest.TestCase):
@@ -25,7 +28,7 @@ class Snapshots(expecttest.TestCase):
 
     def test_example_file(self):
         fn, args, kwargs = cli.load_target(str(ROOT / "examples" / "indexer_k_gather_demo.py"))
-        report = kda_inductor.explain(fn, *args, **kwargs)
+        report = FORCED(fn, *args, **kwargs)
         self.assertExpectedInline(report.normalized(), """\
 graph 0
 rewrite           matches  removed  added
@@ -48,7 +51,7 @@ indices differ from block_table[req, pos // 16] and (pos % 16) * 128 + j (anothe
 
 def test_report_diff_names_are_readable_and_shared():
     fn, args = graph_targets.build()
-    diff = kda_inductor.explain(fn, *args).diff
+    diff = FORCED(fn, *args).diff
     assert "=== graph 0 ===" in diff and "indexer_k_gather        1" in diff
     # nodes the pass kept have the same readable name on both sides; new ones get their own
     assert "\n in2 = input" in diff and "\n+indexer_k_gather_0 = kda.indexer_k_gather.default(in0, " in diff
@@ -61,17 +64,17 @@ def _run_cli(capsys, *argv):
 
 
 def test_cli_plain_when_piped_and_colored_on_request(capsys, tmp_path):
-    out = _run_cli(capsys, TARGETS)
+    out = _run_cli(capsys, TARGETS, "--force")
     assert "\x1b[" not in out  # captured output is not a terminal
     assert "indexer_k_gather        1" in out and "+indexer_k_gather_0 = kda.indexer_k_gather" in out
     assert "graph breaks: 0" in out and "frames that fell back to eager: 0" in out
-    colored = _run_cli(capsys, TARGETS, "--color", "always")
+    colored = _run_cli(capsys, TARGETS, "--force", "--color", "always")
     assert "\x1b[32m+indexer_k_gather_0" in colored and "\x1b[31m-searchsorted_0" in colored
 
 
 def test_cli_html_and_rewrite_filter(capsys, tmp_path):
     page = tmp_path / "diff.html"
-    out = _run_cli(capsys, f"{TARGETS}:build", "--rewrite", "indexer_k_gather", "--html", str(page))
+    out = _run_cli(capsys, f"{TARGETS}:build", "--rewrite", "indexer_k_gather", "--force", "--html", str(page))
     assert f"wrote {page}" in out
     text = page.read_text()
     assert f"<title>kda_inductor report: {TARGETS}:build</title>" in text
@@ -146,8 +149,9 @@ def test_listing_names_functionalized_ops_and_open_slices():
 
 def test_cli_module_function_target(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
-    out = _run_cli(capsys, "tests.graph_targets:build")
-    assert "indexer_k_gather        1" in out
+    out = _run_cli(capsys, "tests.graph_targets:build", "--explain-misses")
+    assert "indexer_k_gather        0" in out and "left to Inductor: on cpu" in out  # the speed rules on
+    assert "indexer_k_gather        1" in _run_cli(capsys, "tests.graph_targets:build", "--force")
 
 
 def test_cli_bad_target_is_a_clear_error(tmp_path):

@@ -22,6 +22,7 @@ from kda_inductor.reference import (
 from torch._inductor.utils import run_and_get_code
 
 from kda_inductor import pass_manager
+from kda_inductor.testing import compile_for_test
 from tests.helpers import assert_bytes_equal, compile_and_run, device_params, fresh_compile
 
 SEQS = [5, 0, 70, 1, 130, 0]
@@ -118,7 +119,7 @@ def test_copy_into_preallocated_dst(device):
     dst_s = torch.full((n, 4), poison, dtype=torch.uint8, device=device)
     with fresh_compile(), pass_manager.observe() as records:
         _, code = run_and_get_code(
-            torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True}}),
+            torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True, "force": True}}),
             cache, table, cu, dst_v, dst_s,
         )
     assert [r["matches"]["indexer_k_gather"] for r in records] == [1]
@@ -160,6 +161,25 @@ def test_index_arithmetic_shared_with_other_code():
     out, matches = compile_and_run(fn, cache, table, cu)
     assert matches["indexer_k_gather"] == 1
     assert_bytes_equal(out, fn(cache, table, cu))
+
+
+def test_cpu_speed_rule_small_gathers_stay_with_inductor():
+    """What a CPU user gets (no force): below ``CPU_MIN_TOKENS`` gathered tokens the gather is
+    left to Inductor, whose C++ is faster there, and the record says why; at that count the op
+    runs. Both bit-exact."""
+    from kda_inductor.patterns.indexer_k_gather import CPU_MIN_TOKENS
+
+    g = torch.Generator().manual_seed(8)
+    for seqs, want in (([40, 0, 61], 0), ([CPU_MIN_TOKENS // 2] * 2, 1)):
+        cache, table, cu, n = random_indexer_cache(seqs, 64, 128, generator=g)
+        fn = lambda c, t, s, n=n: gather_indexer_k(c, t, s, n)  # noqa: E731
+        with fresh_compile():
+            compiled = compile_for_test(fn, force=False)
+            out = compiled(cache, table, cu)
+        assert compiled.matches["indexer_k_gather"] == want, (n, compiled.matches)
+        why = [m.check for r in compiled.records for m in r["misses"]["indexer_k_gather"]]
+        assert (want == 0) == any(f"below {CPU_MIN_TOKENS} gathered tokens (this gather: {n}" in w for w in why), why
+        assert_bytes_equal(out, fn(cache, table, cu))
 
 
 @device_params
@@ -270,7 +290,7 @@ def test_matches_when_token_count_and_batch_become_dynamic():
         return gather_indexer_k(c, t, s, like.shape[0])
 
     with fresh_compile(), pass_manager.observe() as records:
-        compiled = torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True}})
+        compiled = torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True, "force": True}})
         for seqs in ([5, 0, 70, 130], [9, 33, 1], [100, 2, 0, 0, 64]):
             _, table, cu, n = random_indexer_cache(seqs, 16, 128, generator=g)
             table = table % cache.shape[0]

@@ -31,7 +31,7 @@ from kda_inductor.reference import (
 from kda_inductor.testing import compile_for_test
 from tests.helpers import compile_and_run, fresh_compile
 
-ON = {"kda": {"strict": True}}
+ON = {"kda": {"strict": True, "force": True}}  # matching and numerics: the CPU speed rule aside
 
 
 def _inputs(head_dim=128, block_size=16, num_blocks=6, tokens=11, seed=0, padding=(), int32=False):
@@ -196,6 +196,16 @@ def test_negative_slots_do_what_the_code_does(form):
     assert torch.equal(cache, expected), f"{int((cache != expected).sum())} cache bytes differ"
 
 
+def _compile_norm_write_in_place(fn, k, w, b, cache, slots):
+    """Compiled ``fn`` on the cache: one match, the op writing the cache buffer itself;
+    returns the graph before and after our pass."""
+    with fresh_compile(), pass_manager.observe() as records:
+        _, code = run_and_get_code(torch.compile(fn, backend="kda_inductor", options=ON), k, w, b, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    _assert_in_place("\n".join(code))
+    return records[0]["before"], records[0]["after"]
+
+
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
 def test_layer_norm_is_fused(ue8m0):
     k, cache, slots, w, b = _inputs(128, 16, seed=3)
@@ -204,13 +214,9 @@ def test_layer_norm_is_fused(ue8m0):
     def fn(k, w, b, c, s):
         write_indexer_k(layer_norm_k(k, w, b), c, s, ue8m0)
 
-    with fresh_compile(), pass_manager.observe() as records:
-        _, code = run_and_get_code(torch.compile(fn, backend="kda_inductor", options=ON), k, w, b, cache, slots)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
-    after = records[0]["after"]
-    _assert_in_place("\n".join(code))
+    before, after = _compile_norm_write_in_place(fn, k, w, b, cache, slots)
     assert "var_mean" not in after and "weight: %arg1_1, bias: %arg2_1, eps: 1e-06" in after
-    if "torch.bfloat16)" not in records[0]["before"]:
+    if "torch.bfloat16)" not in before:
         # torch 2.9-2.11's Inductor drops the bf16 round trip after the norm before our
         # pass runs: the op then quantizes the float32 norm, as Inductor would (within one
         # fp8 step of eager, which rounds to bf16 first)
@@ -281,6 +287,28 @@ def test_normalized_k_read_elsewhere_is_not_fused():
     assert matches["indexer_k_write"] == 1
     torch.testing.assert_close(out, ref_out, rtol=1.6e-2, atol=1e-2)
     _assert_cache_close(cache, expected, slots, 128)
+
+
+def test_cpu_speed_rule_small_writes_stay_with_inductor():
+    """What a CPU user gets (no force): below ``CPU_MIN_TOKENS`` tokens the write is left to
+    Inductor, whose C++ is faster there, and the record says why; at that count the op runs.
+    The cache is what eager writes either way."""
+    from kda_inductor.patterns.indexer_k_write import CPU_MIN_TOKENS
+    from kda_inductor.testing import compile_for_test
+
+    def fn(k, c, s):
+        write_indexer_k(k, c, s, True)
+
+    for tokens, want in ((11, 0), (CPU_MIN_TOKENS, 1)):
+        k, cache, slots, _, _ = _inputs(tokens=tokens, num_blocks=tokens // 16 + 2, seed=9)
+        expected = _reference(k, cache, slots, True)
+        with fresh_compile():
+            compiled = compile_for_test(fn, force=False)
+            compiled(k, cache, slots)
+        assert compiled.matches["indexer_k_write"] == want, (tokens, compiled.matches)
+        why = [m.check for r in compiled.records for m in r["misses"]["indexer_k_write"]]
+        assert (want == 0) == any(f"below {CPU_MIN_TOKENS} tokens (this write: {tokens};" in w for w in why), why
+        _assert_cache_close(cache, expected, slots, 128)
 
 
 def test_dynamic_token_count():
@@ -405,10 +433,7 @@ def test_layer_norm_of_float32_k_is_fused():
     def fn(k, w, b, c, s):
         write_indexer_k(layer_norm_k(k, w, b), c, s, True)
 
-    with fresh_compile(), pass_manager.observe() as records:
-        _, code = run_and_get_code(torch.compile(fn, backend="kda_inductor", options=ON), k, w, b, cache, slots)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
-    assert "var_mean" not in records[0]["after"] and "weight: %arg1_1" in records[0]["after"]
-    _assert_in_place("\n".join(code))
+    _, after = _compile_norm_write_in_place(fn, k, w, b, cache, slots)
+    assert "var_mean" not in after and "weight: %arg1_1" in after
     why = written_cache_mismatch(cache, expected, slots, 128)
     assert why is None, why

@@ -178,7 +178,7 @@ def test_cpu_speed_rule_small_gathers_stay_with_inductor():
             out = compiled(cache, table, cu)
         assert compiled.matches["indexer_k_gather"] == want, (n, compiled.matches)
         why = [m.check for r in compiled.records for m in r["misses"]["indexer_k_gather"]]
-        assert (want == 0) == any(f"below {CPU_MIN_TOKENS} gathered tokens (this gather: {n}" in w for w in why), why
+        assert (want == 0) == any(f"below {CPU_MIN_TOKENS} gathered tokens (this one: {n};" in w for w in why), why
         assert_bytes_equal(out, fn(cache, table, cu))
 
 

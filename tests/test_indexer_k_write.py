@@ -307,7 +307,7 @@ def test_cpu_speed_rule_small_writes_stay_with_inductor():
             compiled(k, cache, slots)
         assert compiled.matches["indexer_k_write"] == want, (tokens, compiled.matches)
         why = [m.check for r in compiled.records for m in r["misses"]["indexer_k_write"]]
-        assert (want == 0) == any(f"below {CPU_MIN_TOKENS} tokens (this write: {tokens};" in w for w in why), why
+        assert (want == 0) == any(f"below {CPU_MIN_TOKENS} tokens written (this one: {tokens};" in w for w in why), why
         _assert_cache_close(cache, expected, slots, 128)
 
 

@@ -138,6 +138,18 @@ def val(node: Any) -> Any:
     return node.meta.get("val") if isinstance(node, fx.Node) else None
 
 
+def cpu_min_count_rule(count: Any, minimum: int, unit: str, pattern_file: str) -> str | None:
+    """The CPU speed rule of an op measured faster than Inductor's C++ only from ``minimum``
+    ``unit`` on: why a match of ``count`` is left to Inductor, or None. A symbolic count is
+    left to Inductor (the graph serves the small sizes too)."""
+    where = f"measured, see patterns/{pattern_file}"
+    if not isinstance(count, int):
+        return f"on cpu the op is faster only from {minimum} {unit}, and this graph's count is symbolic ({where})"
+    if count < minimum:
+        return f"on cpu the op is slower than Inductor's code below {minimum} {unit} (this one: {count}; {where})"
+    return None
+
+
 def fused_into_users(n: fx.Node) -> bool:
     """Every (transitive, through views) user of ``n`` is elementwise or a gather: Inductor
     reads ``n``'s elements inside those kernels (an indexed load) and never writes ``n`` out,

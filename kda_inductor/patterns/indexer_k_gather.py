@@ -71,6 +71,7 @@ from kda_inductor.patterns.base import (
     Rewrite,
     Route,
     aten,
+    cpu_min_count_rule,
     escaping,
     fused_into_users,
     insert_fused,
@@ -156,15 +157,9 @@ class IndexerKGather(Rewrite):
     )
 
     def speed_rule(self, match: GatherMatch) -> str | None:
-        n = val(match.values).shape[0]
         if match.device == "cpu":
-            if not isinstance(n, int):
-                return (f"on cpu the op is faster only from {CPU_MIN_TOKENS} gathered tokens, and this graph's "
-                        "token count is symbolic (measured, see patterns/indexer_k_gather.py)")
-            if n < CPU_MIN_TOKENS:
-                return (f"on cpu the op is slower than Inductor's code below {CPU_MIN_TOKENS} gathered tokens "
-                        f"(this gather: {n}; measured, see patterns/indexer_k_gather.py)")
-            return None
+            return cpu_min_count_rule(val(match.values).shape[0], CPU_MIN_TOKENS, "gathered tokens",
+                                      "indexer_k_gather.py")
         if match.device != "cuda":
             return f"the op was never measured on {match.device} (see patterns/indexer_k_gather.py)"
         if match.dst is None and fused_into_users(match.values) and fused_into_users(match.scales):

@@ -82,6 +82,7 @@ from kda_inductor.patterns.base import (
     Rewrite,
     Route,
     aten,
+    cpu_min_count_rule,
     insert_fused,
     is_op,
     positions,
@@ -450,14 +451,7 @@ class IndexerKWrite(Rewrite):
             return None
         if match.device != "cpu":
             return f"the op was never measured on {match.device} (see patterns/indexer_k_write.py)"
-        t = val(match.k).shape[0]
-        if not isinstance(t, int):
-            return (f"on cpu the op is faster only from {CPU_MIN_TOKENS} tokens, and this graph's token "
-                    "count is symbolic (measured, see patterns/indexer_k_write.py)")
-        if t < CPU_MIN_TOKENS:
-            return (f"on cpu the op is slower than Inductor's code below {CPU_MIN_TOKENS} tokens (this write: "
-                    f"{t}; measured, see patterns/indexer_k_write.py)")
-        return None
+        return cpu_min_count_rule(val(match.k).shape[0], CPU_MIN_TOKENS, "tokens written", "indexer_k_write.py")
 
     def find(self, graph: fx.Graph) -> list[Match]:
         matches = []

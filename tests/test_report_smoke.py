@@ -8,9 +8,11 @@ import importlib
 import json
 import sys
 import time
+import types
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -92,3 +94,22 @@ def test_bad_arguments():
         report.parse_args(["--only", "nonsense"])
     with pytest.raises(SystemExit):
         report.parse_args(["--steps", "decode"])
+
+
+def test_model_steps_timed_each_with_its_own_write_mode():
+    """Stock runs the cache write eagerly where it cannot compile it; switching the model's
+    write mode re-traces a compiled step, so each variant must be timed in its own mode (the
+    kda step was once timed re-traced with the eager write), and the model left as it was."""
+    model = types.SimpleNamespace(attn=types.SimpleNamespace(eager_write=False, kv_cache=torch.arange(4.0)))
+    seen = {}
+
+    def step(label):
+        def run():
+            seen[label] = model.attn.eager_write
+            model.attn.kv_cache.add_(1)  # a step writes the cache
+        return run
+
+    s = report.Settings(report.parse_args(["--smoke"]), timer=lambda fn: (fn(), 3.0)[1])
+    out = s.model_times(model, {"stock_us": (step("stock_us"), True), "kda_us": (step("kda_us"), False)})
+    assert seen == {"stock_us": True, "kda_us": False} and out == {"stock_us": 3.0, "kda_us": 3.0}
+    assert model.attn.eager_write is False and torch.equal(model.attn.kv_cache, torch.arange(4.0))

@@ -26,6 +26,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from kda_inductor.options import mode_as_options
 from kda_inductor.patterns import REWRITE_NAMES
 
 
@@ -96,13 +97,7 @@ def compile_settings(mode: str | None, rewrite: str | None, force: bool) -> tupl
         kda["force"] = True
     if not kda:
         return mode, None
-    options: dict[str, Any] = {}
-    if mode is not None and mode != "default":
-        import torch._inductor
-
-        options.update(torch._inductor.list_mode_options(mode))
-    options["kda"] = kda
-    return None, options
+    return None, mode_as_options(mode, {"kda": kda})
 
 
 def _parser() -> argparse.ArgumentParser:

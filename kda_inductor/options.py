@@ -84,3 +84,14 @@ def _names(raw: Mapping[str, Any], key: str) -> frozenset[str]:
             f"valid names are {list(REWRITE_NAMES)}"
         )
     return names
+
+
+def mode_as_options(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` for ``torch.compile`` with ``mode`` spelled as the Inductor options it
+    stands for (``"reduce-overhead"`` -> ``{"triton.cudagraphs": True}``): torch.compile takes
+    one or the other, and ``options["kda"]`` has no other way in. ``options`` win."""
+    if mode is None:
+        return options
+    import torch._inductor
+
+    return {**torch._inductor.list_mode_options(mode), **options}

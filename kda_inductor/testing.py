@@ -23,6 +23,7 @@ import torch
 
 from kda_inductor import logs, pass_manager
 from kda_inductor.diff import records_diff, short_location
+from kda_inductor.options import mode_as_options
 from kda_inductor.patterns import REWRITE_NAMES
 
 __all__ = [
@@ -52,11 +53,10 @@ def fresh_compile(caches: bool = False) -> Iterator[None]:
 class CompiledForTest:
     """A compiled callable that keeps what our pass did to every graph it compiled."""
 
-    def __init__(self, fn: Callable[..., Any], *, mode: str | None, options: dict[str, Any] | None,
-                 caches: bool, dynamic: bool | None):
+    def __init__(self, fn: Callable[..., Any], *, options: dict[str, Any], caches: bool, dynamic: bool | None):
         self.fn = fn
         self.caches = caches
-        self.compiled = torch.compile(fn, backend="kda_inductor", mode=mode, options=options, dynamic=dynamic)
+        self.compiled = torch.compile(fn, backend="kda_inductor", options=options, dynamic=dynamic)
         self.records: list[dict[str, Any]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -99,21 +99,13 @@ def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,
     to Inductor where our op is not faster, e.g. on CPU): tests check matching and
     numerics. ``force=False`` compiles what a user gets.
     """
-    if mode is not None:
-        # torch.compile takes one or the other: spell the mode as the options it stands for,
-        # so that ``strict`` and ``force`` reach our pass under a mode too
-        if hasattr(torch._inductor, "list_mode_options"):
-            options = {**torch._inductor.list_mode_options(mode), **(options or {})}
-            mode = None
-        elif options is not None:  # pragma: no cover
-            raise ValueError("pass mode or options, not both (as torch.compile)")
-    if mode is None:
-        options = dict(options or {})
-        kda = dict(options.get("kda", {}))
-        kda.setdefault("strict", strict)
-        kda.setdefault("force", force)
-        options["kda"] = kda
-    return CompiledForTest(fn, mode=mode, options=options, caches=caches, dynamic=dynamic)
+    options = dict(options or {})
+    kda = dict(options.get("kda", {}))
+    kda.setdefault("strict", strict)
+    kda.setdefault("force", force)
+    options["kda"] = kda
+    # a mode is spelled as its options, so that ``strict`` and ``force`` reach our pass under it
+    return CompiledForTest(fn, options=mode_as_options(mode, options), caches=caches, dynamic=dynamic)
 
 
 def check_expect(expect: dict[str, Any]) -> dict[str, int]:

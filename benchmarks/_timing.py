@@ -29,7 +29,7 @@ import os
 import statistics
 import time
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import torch
 
@@ -93,6 +93,18 @@ def replay_median_us(graphs: Sequence, *, reps: int = 100, inner: int = 20) -> f
         end.synchronize()
         samples.append(start.elapsed_time(end) * 1e3 / inner)
     return statistics.median(samples)
+
+
+def alternating_replay_us(graphs: dict[str, Any], *, rounds: int = 3, reps: int = 10,
+                          inner: int = 2) -> dict[str, list[float]]:
+    """Per label, the ``replay_median_us`` of its CUDA graph in each of ``rounds`` rounds that
+    replay every graph in turn: variants timed this way share the GPU's clock drift instead
+    of favouring whichever was timed first (whole model steps; take the median of the rounds)."""
+    samples: dict[str, list[float]] = {label: [] for label in graphs}
+    for _ in range(rounds):
+        for label, graph in graphs.items():
+            samples[label].append(replay_median_us([graph], reps=reps, inner=inner))
+    return samples
 
 
 def graph_replay_median_us(fns: Callable | Sequence[Callable], *, warmup: int = 3,

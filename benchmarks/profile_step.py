@@ -37,7 +37,7 @@ for p in (str(_HERE), str(_HERE.parent / "examples"), str(_HERE.parent)):
 
 import _timing as T  # noqa: E402
 
-REWRITES = ("gdn_spec_split", "gated_norm_merge", "indexer_k_write", "indexer_k_gather")
+from kda_inductor import REWRITE_NAMES  # noqa: E402
 
 
 def log(msg: str) -> None:
@@ -64,13 +64,14 @@ def compile_variant(model, batch, options: dict | None, eager_write: bool):
     return fn
 
 
-def stock_needs_eager_write(model, batch) -> bool:
+def compile_stock(model, batch):
+    """Stock torch.compile of the model and whether its cache write runs eagerly: where stock
+    Inductor cannot compile the write ("view Float as Byte" on some GPUs), behind a graph break."""
     try:
-        compile_variant(model, batch, None, False)
-        return False
-    except Exception as e:  # noqa: BLE001 - stock Inductor's "view Float as Byte" on some GPUs
+        return compile_variant(model, batch, None, False), False
+    except Exception as e:  # noqa: BLE001
         log(f"stock fails with the write in the graph ({type(e).__name__}); the write runs eagerly")
-        return True
+        return compile_variant(model, batch, None, True), True
 
 
 def capture(model, fn, args, kwargs):
@@ -138,30 +139,29 @@ def main(argv=None) -> dict:
         raise SystemExit("needs a CUDA GPU")
     import hybrid_model as HM
 
-    import kda_inductor  # noqa: F401
-
     T_ = args.T or (256 if args.step == "spec" else 16384)
     model = HM.make_model(HM.HybridConfig(), device="cuda")
     batch = HM.spec_decode_batch(model, T_) if args.step == "spec" else HM.prefill_batch(model, T_)
     a, kw = batch.args(), batch.kwargs()
     HM.run_step(model, batch)  # eager first: fla's autotuning is not counted in a compile
-    eager_write = stock_needs_eager_write(model, batch)
-    variants = {"stock": (None, eager_write), "kda": ({}, False)}
-    if args.only_each:
-        for name in REWRITES:
-            variants[f"only {name}"] = ({"disable": [r for r in REWRITES if r != name]},
-                                        eager_write and name != "indexer_k_write")
     result: dict = {"step": args.step, "T": T_, "env": T.environment_info(), "replay_us": {}, "kernels": {}}
-    graphs = {}
-    for label, (options, ew) in variants.items():
-        fn = compile_variant(model, batch, options, ew)
-        graphs[label] = capture(model, fn, a, kw)
+    captured = {}  # (graph, output): the output lives as long as its graph
+
+    def add(label, fn):  # captured right after its compile: the next compile resets Dynamo
+        captured[label] = capture(model, fn, a, kw)
         result["kernels"][label] = kernel_times(model, fn, a, kw)
+
+    stock, eager_write = compile_stock(model, batch)
+    add("stock", stock)
+    variants = {"kda": ({}, False)}
+    if args.only_each:
+        for name in REWRITE_NAMES:
+            variants[f"only {name}"] = ({"disable": [r for r in REWRITE_NAMES if r != name]},
+                                        eager_write and name != "indexer_k_write")
+    for label, (options, ew) in variants.items():
+        add(label, compile_variant(model, batch, options, ew))
     cache = model.attn.kv_cache.clone()
-    samples = collections.defaultdict(list)
-    for _ in range(args.rounds):
-        for label, (graph, _) in graphs.items():
-            samples[label].append(T.replay_median_us([graph], reps=10, inner=2))
+    samples = T.alternating_replay_us({label: g for label, (g, _) in captured.items()}, rounds=args.rounds)
     model.attn.kv_cache.copy_(cache)
     for label, xs in samples.items():
         result["replay_us"][label] = statistics.median(xs)

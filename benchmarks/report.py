@@ -135,14 +135,11 @@ class Settings:
                     model.attn.eager_write = eager_write
                     out[label] = self.model_timer(fn)
                 return out
-            graphs = {}
+            captured = {}  # (graph, output): the output lives as long as its graph
             for label, (fn, eager_write) in variants.items():
                 model.attn.eager_write = eager_write
-                graphs[label] = T.capture_graph(fn)
-            samples: dict[str, list[float]] = {label: [] for label in graphs}
-            for _ in range(rounds):
-                for label, (graph, _) in graphs.items():
-                    samples[label].append(T.replay_median_us([graph], reps=10, inner=2))
+                captured[label] = T.capture_graph(fn)
+            samples = T.alternating_replay_us({label: g for label, (g, _) in captured.items()}, rounds=rounds)
             return {label: statistics.median(xs) for label, xs in samples.items()}
         finally:
             model.attn.eager_write = False

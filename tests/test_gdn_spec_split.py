@@ -227,6 +227,33 @@ def test_speed_rule_cpu_and_narrow_rows(monkeypatch):
     assert_close_to_eager(out, narrow(rows, s, ns), exact=True)
 
 
+def test_speed_rule_one_sided_launch(monkeypatch):
+    """On CUDA (the match's device reported as cuda here), a launch whose other index is
+    statically empty (a pure prefill batch: no spec requests, size 0 specialized) stays with
+    Inductor with the reason; the same code with both sets non-empty is fused."""
+    from kda_inductor.patterns import gdn_spec_split as pattern
+
+    unforced = {"kda": {"strict": True, "force": False}}
+    monkeypatch.setattr(pattern.SplitMatch, "device", "cuda")
+    qkv, g = torch.randn(12, 64).bfloat16(), torch.randn(1, 12, 4)
+
+    def layer(q, g, s, ns):
+        return (q.index_select(0, s), q.index_select(0, ns), g.index_select(1, s), g.index_select(1, ns))
+
+    empty, everything = _split(12, 0, "cpu", seed=7)
+    out, c = _run(layer, qkv, g, empty, everything, options=unforced)
+    assert c.matches["gdn_spec_split"] == 0
+    assert "only one index gathers rows" in str(c.records[0]["misses"]["gdn_spec_split"])
+    assert_close_to_eager(out, layer(qkv, g, empty, everything), exact=True)
+    s, ns = _split(12, 4, "cpu", seed=7)
+    out, c = _run(layer, qkv, g, s, ns, options=unforced)
+    assert c.matches["gdn_spec_split"] == 1
+    assert_close_to_eager(out, layer(qkv, g, s, ns), exact=True)
+    monkeypatch.setattr(pattern, "ONE_SIDED_TO_INDUCTOR", False)  # the benchmark's switch
+    out, c = _run(layer, qkv, g, empty, everything, options=unforced)
+    assert c.matches["gdn_spec_split"] == 1
+
+
 def test_speed_rule_gathers_that_only_feed_elementwise_code(monkeypatch):
     """On CUDA (the match's device reported as cuda here), a launch whose gathers all feed
     only elementwise code (a varlen conv's taps) stays with Inductor, which fuses the gathers

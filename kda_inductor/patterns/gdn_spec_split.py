@@ -37,7 +37,18 @@ Speed rule ("never make a graph slower"), decided by measurement:
   only the elementwise-fed gathers out of a mixed launch (``mixed_qkv``'s, which feed the
   conv, while ``g``/``beta`` feed the opaque recurrence) was measured and is slower: the
   hybrid model with the fla core, T=256 spec step 1056.5 vs 1052.8 us, 16K prefill
-  26388 vs 26272 us (``benchmarks/profile_step.py``, alternating replays, 2026-12-01);
+  26388 vs 26272 us (``benchmarks/profile_step.py``, alternating replays, 2026-12-01).
+  A launch whose gathers all read one index (the other set statically empty: a pure prefill
+  or pure decode batch, Dynamo specializes size 0) is left to Inductor too: there each
+  gather is a plain row copy of a tensor that has one consumer, which Inductor fuses into
+  the producer (the gating that makes ``g``) and the consumer (the conv reading
+  ``mixed_qkv``) without writing it out. Measured on the hybrid model's 16K-token prefill
+  with the fla core (H200, ``profile_step --step prefill --twice --one-sided-split``, 5
+  alternating rounds, 2026-12-01): 21826.2 us with the one-sided launches left to Inductor
+  (a second compile: 21829.0) against 21914.9 us with them fused (the fused launches copy
+  ~1.9 GB: 469 us; the conv reading the copy saves ~420 us of it); stock 22011.5 us. The
+  kernels inside the replayed graphs agree: 21762.7 vs 21844.4 us. A one-sided launch at
+  decode sizes (a step with no spec request) was not measured; the rule leaves it too;
 * CPU: never. The op's CPU implementation is ``index_select`` per source, slower than the
   C++ Inductor generates for the six gathers (Qwen3-Next sizes, 2-core machine: T=16 466 vs
   56 us, T=512 808 vs 393 us).
@@ -115,6 +126,17 @@ def _row_bytes(g: _RowGather) -> int | None:
     return width * v.element_size() if isinstance(width, int) else None
 
 
+ONE_SIDED_TO_INDUCTOR = True
+"""Leave a launch with rows from one index only to Inductor on CUDA (see the speed rule;
+``benchmarks/profile_step.py --one-sided-split`` turns it off to measure it)."""
+
+
+def _sides(match: SplitMatch) -> set[fx.Node]:
+    """The index tensors of ``match`` that may gather rows (all but the statically empty: a
+    symbolic size may be anything, and is not compared, which would add a guard)."""
+    return {g.idx for g in match.gathers if not (isinstance(n := val(g.idx).shape[0], int) and n == 0)}
+
+
 class GdnSpecSplit(Rewrite):
     name = "gdn_spec_split"
     summary = "GDN/KDA spec / non-spec token gathers -> one kda::gdn_spec_split launch"
@@ -127,6 +149,11 @@ class GdnSpecSplit(Rewrite):
         if all(w is not None for w in widths) and sum(widths) < MIN_ROW_BYTES:
             return (f"the gathered rows add up to {sum(widths)} bytes per token, fewer than the "
                     f"{MIN_ROW_BYTES} measured faster than Inductor's fused lookups")
+        if ONE_SIDED_TO_INDUCTOR and len(_sides(match)) <= 1:
+            return ("only one index gathers rows here (the other set is empty: a pure prefill or decode "
+                    "batch), so the gathers are plain row copies that Inductor fuses into their producers "
+                    "and consumers; the fused launch would add the copies (measured, see "
+                    "patterns/gdn_spec_split.py)")
         if all(fused_into_users(g.node) for g in match.gathers):
             return ("every gather only feeds elementwise code, which Inductor fuses the gather into as an "
                     "indirect load (no copy); the fused launch would add a copy (measured: the hybrid model's "

@@ -3,6 +3,8 @@
     python -m benchmarks.profile_step                    # the T=256 spec-decode step
     python -m benchmarks.profile_step --step prefill     # the 16K-token prefill
     python -m benchmarks.profile_step --only-each        # also: one rewrite enabled at a time
+    python -m benchmarks.profile_step --without-each     # also: one rewrite disabled at a time
+    python -m benchmarks.profile_step --twice --without gdn_spec_split --one-sided-split
 
 For one step of the hybrid model (real dims, flash-linear-attention's core where installed):
 
@@ -10,6 +12,15 @@ For one step of the hybrid model (real dims, flash-linear-attention's core where
   eagerly where stock Inductor cannot compile it, as ``benchmarks.report`` does), of
   kda_inductor, and with ``--only-each`` of kda_inductor with only one rewrite enabled: the
   step-level saving each rewrite buys in the model, to set against its isolated benchmark;
+  with ``--without-each`` with one rewrite disabled: what each rewrite adds to the others
+  (the measurement behind a speed rule: a rewrite that fires must not make the step slower);
+  ``--without NAME`` for chosen ones; ``--twice``: kda compiled and timed a second time (the
+  spread between two compiles of the same code: differences under it are noise);
+  ``--one-sided-split``: kda with ``gdn_spec_split``'s one-sided launches fused (the rule
+  that leaves them to Inductor turned off);
+* **in the graph**: a ``torch.profiler`` trace of a few replays of each variant's CUDA
+  graph: the sum of its kernels' times and the span from the first kernel's start to the
+  last one's end (their difference: the gaps between kernels in the replay);
 * **kernels**: a ``torch.profiler`` trace of a few steps of stock and of kda, the GPU time
   per step of every kernel name (Inductor's generated kernels are named after the ops they
   fuse), both lists side by side and their totals; the kernel count per step.
@@ -110,6 +121,29 @@ def kernel_times(model, fn, args, kwargs, steps: int = 5) -> dict[str, tuple[flo
     return {k: (v[0], v[1] // steps) for k, v in out.items()}
 
 
+def replay_profile(graph, replays: int = 3) -> dict:
+    """Medians over ``replays`` single replays of ``graph`` under ``torch.profiler``: the sum of
+    its kernels' GPU times, the span from the first kernel's start to the last one's end, and
+    the kernel count (every kernel node of the graph is traced)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    graph.replay()
+    torch.cuda.synchronize()
+    busy, span, count = [], [], []
+    for _ in range(replays):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            graph.replay()
+            torch.cuda.synchronize()
+        ks = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        if not ks:
+            return {"kernels_us": float("nan"), "span_us": float("nan"), "launches": 0}
+        busy.append(sum(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) for e in ks))
+        span.append(max(e.time_range.end for e in ks) - min(e.time_range.start for e in ks))
+        count.append(len(ks))
+    return {"kernels_us": statistics.median(busy), "span_us": statistics.median(span),
+            "launches": int(statistics.median(count))}
+
+
 def side_by_side(stock: dict, kda: dict, top: int) -> str:
     def rows(d):
         return sorted(d.items(), key=lambda kv: -kv[1][0])[:top]
@@ -131,6 +165,12 @@ def main(argv=None) -> dict:
     p.add_argument("--step", choices=("spec", "prefill"), default="spec")
     p.add_argument("--T", type=int, help="tokens (default: 256 spec, 16384 prefill)")
     p.add_argument("--only-each", action="store_true", help="also time kda with one rewrite enabled at a time")
+    p.add_argument("--without-each", action="store_true", help="also time kda with one rewrite disabled at a time")
+    p.add_argument("--without", action="append", default=[], choices=REWRITE_NAMES, metavar="NAME",
+                   help="also time kda with this rewrite disabled (repeatable)")
+    p.add_argument("--twice", action="store_true", help="also time a second compile of kda")
+    p.add_argument("--one-sided-split", action="store_true",
+                   help="also time kda with gdn_spec_split's one-sided launches fused")
     p.add_argument("--rounds", type=int, default=3, help="alternating replay rounds per variant")
     p.add_argument("--top", type=int, default=40, help="kernels listed per side")
     p.add_argument("--out", help="write profile_<step>.json here (default: $OUT when set)")
@@ -158,9 +198,26 @@ def main(argv=None) -> dict:
         for name in REWRITE_NAMES:
             variants[f"only {name}"] = ({"disable": [r for r in REWRITE_NAMES if r != name]},
                                         eager_write and name != "indexer_k_write")
+    if args.twice:
+        variants["kda (2nd compile)"] = ({}, False)
+    for name in REWRITE_NAMES if args.without_each else args.without:
+        # without the write rewrite the write runs as stock runs it
+        variants[f"without {name}"] = ({"disable": [name]}, eager_write and name == "indexer_k_write")
+    if args.one_sided_split:
+        variants["kda, one-sided splits fused"] = ({}, False)
+    from kda_inductor.patterns import gdn_spec_split
+
     for label, (options, ew) in variants.items():
-        add(label, compile_variant(model, batch, options, ew))
+        rule = gdn_spec_split.ONE_SIDED_TO_INDUCTOR
+        gdn_spec_split.ONE_SIDED_TO_INDUCTOR = rule and label != "kda, one-sided splits fused"
+        try:
+            add(label, compile_variant(model, batch, options, ew))
+        finally:
+            gdn_spec_split.ONE_SIDED_TO_INDUCTOR = rule
     cache = model.attn.kv_cache.clone()
+    result["in_graph"] = {}
+    for label, (graph, _) in captured.items():
+        result["in_graph"][label] = replay_profile(graph)
     samples = T.alternating_replay_us({label: g for label, (g, _) in captured.items()}, rounds=args.rounds)
     model.attn.kv_cache.copy_(cache)
     for label, xs in samples.items():
@@ -171,6 +228,10 @@ def main(argv=None) -> dict:
     base = result["replay_us"]["stock"]
     for label, us in result["replay_us"].items():
         print(f"{label:28s} {us:9.1f} us   stock - this {base - us:8.1f} us")
+    print()
+    for label, g in result["in_graph"].items():
+        print(f"{label:28s} in the graph: kernels {g['kernels_us']:9.1f} us, span {g['span_us']:9.1f} us, "
+              f"gaps {g['span_us'] - g['kernels_us']:7.1f} us, {g['launches']} kernels")
     print()
     for label, ks in result["kernels"].items():
         print(f"{label:28s} kernels {sum(v[0] for v in ks.values()):9.1f} us, {sum(v[1] for v in ks.values())} launches")

@@ -308,10 +308,14 @@ def run_model(s: Settings, rows: list[dict], errors: list[str]) -> None:
             torch._dynamo.reset()
             with torch._inductor.config.patch(force_disable_caches=True):
                 kda = _compile_kda(model, s)
+                counts = pass_manager.counters[pass_manager.COUNTER_KEY]
+                seen = dict(counts)
                 with pass_manager.timed() as spent:
                     t1 = time.perf_counter()
                     HM.run_step(model, batch, kda)
                     row["kda_compile_s"] = time.perf_counter() - t1
+                # what fired in this step's graphs (the speed rules decide per step)
+                row["rewrites"] = {k: counts[k] - seen.get(k, 0) for k in counts if counts[k] - seen.get(k, 0)}
                 row["pass_s"] = sum(spent)
                 log(f"model {step}: kda compiled in {row['kda_compile_s']:.0f} s (our pass {row['pass_s']:.2f} s)")
                 row["check"] = HM.check_against_eager(model, batch, kda)
@@ -368,8 +372,10 @@ def step_regions(step_row: dict, rewrite_rows: list[dict]) -> dict | None:
     """Stock and kda time of the regions the rewrites replace in one model step, from the
     isolated benchmarks at the step's sizes: the GDN and the KDA layer's split, two merges +
     norms, the cache write as the model spells it (quant + write; stock: eager where stock
-    fails), the gather."""
+    fails), the gather; only those that fired in the step (``step_row["rewrites"]``, where
+    recorded: the speed rules leave some to Inductor at some steps)."""
     T_ = step_row["T"]
+    fired = step_row.get("rewrites")
 
     def find(rewrite, shape=None, t=T_):
         for r in rewrite_rows:
@@ -386,6 +392,8 @@ def step_regions(step_row: dict, rewrite_rows: list[dict]) -> dict | None:
         parts["gdn_spec_split (kda)"] = parts["gdn_spec_split (gdn)"]
     if any(p is None for p in parts.values()):
         return None
+    if fired is not None:
+        parts = {name: r for name, r in parts.items() if fired.get(name.split(" ")[0])}
     before = after = 0.0
     savings = {}
     for name, r in parts.items():
@@ -573,7 +581,7 @@ def main(argv=None, *, timer=None) -> dict:
     notes += ("stock: torch.compile(backend='inductor'); peer: flash-linear-attention's rms_norm_gated after "
               "the two index_copy_; floor: bytes that must move / copy bandwidth. Model steps: a spec-decode "
               "step (3/4 of the tokens speculative, ~1000 tokens of context per request) and a pure prefill "
-              "(4 prompts); rewritten-region times come from the isolated benchmarks at the step's shapes.")
+              "(4 prompts); rewritten-region times come from the isolated benchmarks at the step's shapes, for the rewrites that fired in that step.")
     payload = {"env": T.environment_info(), "fla": fla_version, "notes": notes, "settings": {
         "sizes": list(s.sizes), "steps": s.steps, "reps": s.reps, "smoke": s.smoke},
         "copy_bandwidth_bytes_per_s": s.bandwidth, "rewrites": rewrite_rows, "model": model_rows,

@@ -62,6 +62,17 @@ def test_targets_count_every_region_of_a_step():
     assert prefill["fraction"] == pytest.approx(20 / 60) and prefill["meets_80pct"] == "no"
 
 
+def test_targets_count_only_the_rewrites_that_fired_in_the_step():
+    """A step whose speed rules left a rewrite to Inductor (the prefill's one-sided split)
+    counts neither its saving nor its region."""
+    rows, model = synthetic_payload()
+    model[1]["rewrites"] = {"indexer_k_write": 1, "indexer_k_gather": 1, "gated_norm_merge": 2}
+    _, prefill = report.targets(model, rows)
+    assert prefill["sum_savings_us"] == 2 * 10 + 10 + 10  # at T=20 stock has the write
+    assert set(prefill["savings_by_rewrite_us"]) == {"gated_norm_merge x2", "indexer_k_write", "indexer_k_gather"}
+    assert prefill["region_share_before"] == pytest.approx((40 + 20 + 20) / 500)
+
+
 def test_markdown_and_plots(tmp_path):
     rows, model = synthetic_payload()
     payload = {"env": {"date": "today", "gpu": None, "torch": "x", "triton": "y"}, "fla": None, "notes": "n",

@@ -308,14 +308,11 @@ def run_model(s: Settings, rows: list[dict], errors: list[str]) -> None:
             torch._dynamo.reset()
             with torch._inductor.config.patch(force_disable_caches=True):
                 kda = _compile_kda(model, s)
-                counts = pass_manager.counters[pass_manager.COUNTER_KEY]
-                seen = dict(counts)
-                with pass_manager.timed() as spent:
+                # what fired in this step's graphs (the speed rules decide per step)
+                with pass_manager.timed() as spent, pass_manager.counted() as row["rewrites"]:
                     t1 = time.perf_counter()
                     HM.run_step(model, batch, kda)
                     row["kda_compile_s"] = time.perf_counter() - t1
-                # what fired in this step's graphs (the speed rules decide per step)
-                row["rewrites"] = {k: counts[k] - seen.get(k, 0) for k in counts if counts[k] - seen.get(k, 0)}
                 row["pass_s"] = sum(spent)
                 log(f"model {step}: kda compiled in {row['kda_compile_s']:.0f} s (our pass {row['pass_s']:.2f} s)")
                 row["check"] = HM.check_against_eager(model, batch, kda)

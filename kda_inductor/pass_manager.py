@@ -226,6 +226,18 @@ def timed() -> Iterator[list[float]]:
         _timers.remove(spent)
 
 
+@contextlib.contextmanager
+def counted() -> Iterator[dict[str, int]]:
+    """The replacements each rewrite makes while the block executes (``counters`` deltas,
+    filled in on exit, rewrites that fired only): what one compile rewrote, in benchmarks."""
+    before = dict(counters[COUNTER_KEY])
+    made: dict[str, int] = {}
+    try:
+        yield made
+    finally:
+        made.update({k: n - before.get(k, 0) for k, n in counters[COUNTER_KEY].items() if n > before.get(k, 0)})
+
+
 def total_matches(records: list[dict[str, Any]]) -> dict[str, int]:
     """Every registered rewrite -> replacements summed over ``observe`` records."""
     return {name: sum(r["matches"].get(name, 0) for r in records) for name in REWRITES}

@@ -163,6 +163,22 @@ def test_timed_sees_each_run_of_the_pass_inside_the_block_only():
     assert not pass_manager._timers
 
 
+def test_counted_sees_the_replacements_made_inside_the_block_only():
+    from kda_inductor import pass_manager
+
+    def split(x, s, ns):
+        return x.index_select(0, s), x.index_select(0, ns)
+
+    perm = torch.randperm(12)
+    args = (torch.randn(12, 64), perm[:5], perm[5:])
+    with fresh_compile():
+        with pass_manager.counted() as made:
+            torch.compile(split, backend="kda_inductor", options={"kda": {"force": True}})(*args)
+        with pass_manager.counted() as nothing:
+            torch.compile(lambda x: x * 2 + 1, backend="kda_inductor")(torch.randn(8))
+    assert made == {"gdn_spec_split": 1} and nothing == {}
+
+
 def test_uuid_tracks_options_and_is_stable():
     a, b = KdaPostGradPass(), KdaPostGradPass()
     c = KdaPostGradPass(KdaOptions.parse({"disable": ["indexer_k_gather"]}))

@@ -65,12 +65,9 @@ def compile_variant(model, batch, options: dict | None, eager_write: bool):
     fn = torch.compile(model, backend=backend, **({} if options is None else {"options": {"kda": options}}))
     from kda_inductor import pass_manager
 
-    counts = pass_manager.counters[pass_manager.COUNTER_KEY]
-    before = dict(counts)
     t0 = time.perf_counter()
-    with torch._inductor.config.patch(force_disable_caches=True):
+    with torch._inductor.config.patch(force_disable_caches=True), pass_manager.counted() as got:
         HM.run_step(model, batch, fn)
-    got = {k: v - before.get(k, 0) for k, v in counts.items() if v - before.get(k, 0)}
     log(f"compiled {backend} {options or ''} in {time.perf_counter() - t0:.0f} s; rewrites {got}")
     return fn
 
@@ -110,15 +107,21 @@ def kernel_times(model, fn, args, kwargs, steps: int = 5) -> dict[str, tuple[flo
             torch.cuda.synchronize()
         model.attn.kv_cache.copy_(cache)
     out: dict[str, list[float]] = collections.defaultdict(lambda: [0.0, 0])
+    for e, dur in _gpu_events(prof):
+        out[e.name][0] += dur / steps
+        out[e.name][1] += 1
+    return {k: (v[0], v[1] // steps) for k, v in out.items()}
+
+
+def _gpu_events(prof) -> list[tuple]:
+    """``(event, GPU microseconds)`` of each kernel (and copy) a profile traced."""
+    out = []
     for e in prof.events():
         if getattr(e, "device_type", None) != torch.autograd.DeviceType.CUDA:
             continue
         dur = getattr(e, "device_time", None)
-        if dur is None:
-            dur = getattr(e, "cuda_time", 0.0)
-        out[e.name][0] += dur / steps
-        out[e.name][1] += 1
-    return {k: (v[0], v[1] // steps) for k, v in out.items()}
+        out.append((e, getattr(e, "cuda_time", 0.0) if dur is None else dur))
+    return out
 
 
 def replay_profile(graph, replays: int = 3) -> dict:
@@ -134,11 +137,11 @@ def replay_profile(graph, replays: int = 3) -> dict:
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
             graph.replay()
             torch.cuda.synchronize()
-        ks = [e for e in prof.events() if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+        ks = _gpu_events(prof)
         if not ks:
             return {"kernels_us": float("nan"), "span_us": float("nan"), "launches": 0}
-        busy.append(sum(getattr(e, "device_time", None) or getattr(e, "cuda_time", 0.0) for e in ks))
-        span.append(max(e.time_range.end for e in ks) - min(e.time_range.start for e in ks))
+        busy.append(sum(dur for _, dur in ks))
+        span.append(max(e.time_range.end for e, _ in ks) - min(e.time_range.start for e, _ in ks))
         count.append(len(ks))
     return {"kernels_us": statistics.median(busy), "span_us": statistics.median(span),
             "launches": int(statistics.median(count))}

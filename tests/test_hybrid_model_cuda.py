@@ -140,30 +140,30 @@ def test_hybrid_fla_core_reduce_overhead(model, kind):
         assert_cudagraph_safe(lambda *a: plain(*a, **b.kwargs()), *b.args())
 
 
-def test_hybrid_real_dims_spec_step_with_fla_core():
-    """The real-dims model, as the report runs it (default options: the CUDA speed rules
-    decide), compiles with every rewrite and matches eager."""
+def _real_dims_step_records(make_batch) -> list[dict]:
+    """The real-dims model with the fla core, as the report runs it (default options: the
+    CUDA speed rules decide), compiled and checked against eager on ``make_batch(model)``;
+    the compile's records."""
     torch.manual_seed(0)
     big = H.make_model(H.HybridConfig(), device="cuda", core="fla")
-    b = H.spec_decode_batch(big, 256)
+    b = make_batch(big)
     with torch.no_grad(), fresh_compile():
         compiled = compile_for_test(big, force=False)
         print(H.check_against_eager(big, b, compiled))
-    for rec in compiled.records:
+    return compiled.records
+
+
+def test_hybrid_real_dims_spec_step_with_fla_core():
+    """The real-dims spec step compiles with every rewrite and matches eager."""
+    for rec in _real_dims_step_records(lambda m: H.spec_decode_batch(m, 256)):
         assert {n: rec["matches"].get(n, 0) for n in H.EXPECTED_MATCHES} == H.EXPECTED_MATCHES
 
 
 def test_hybrid_real_dims_prefill_leaves_the_one_sided_split_to_inductor():
-    """The real-dims model's pure prefill (default options): no spec set, so the split's
-    launches are one-sided and stay with Inductor (``patterns/gdn_spec_split.py``'s speed
-    rule, with the reason); every other rewrite fires; the step matches eager."""
-    torch.manual_seed(0)
-    big = H.make_model(H.HybridConfig(), device="cuda", core="fla")
-    b = H.prefill_batch(big, 2048)
-    with torch.no_grad(), fresh_compile():
-        compiled = compile_for_test(big, force=False)
-        print(H.check_against_eager(big, b, compiled))
+    """The real-dims pure prefill: no spec set, so the split's launches are one-sided and
+    stay with Inductor (``patterns/gdn_spec_split.py``'s speed rule, with the reason); every
+    other rewrite fires; the step matches eager."""
     want = {**H.EXPECTED_MATCHES, "gdn_spec_split": 0}
-    for rec in compiled.records:
+    for rec in _real_dims_step_records(lambda m: H.prefill_batch(m, 2048)):
         assert {n: rec["matches"].get(n, 0) for n in H.EXPECTED_MATCHES} == want
         assert "only one index gathers rows" in str(rec["misses"]["gdn_spec_split"])

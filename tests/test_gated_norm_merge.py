@@ -161,6 +161,47 @@ def test_reordered_spelling_within_two_bf16_ulps():
     assert max_ulps(out, fn(*args)) <= 2
 
 
+def _z_arg_targets(compiled) -> list[str]:
+    """The target of the node each ``kda.gated_norm_merge`` reads its gate from."""
+    out = []
+    for r in compiled.records:
+        rows = {row.name: row for row in r["after_nodes"]}
+        for row in r["after_nodes"]:
+            if row.target == "kda.gated_norm_merge.default":
+                z = row.args.split("], ")[2].split(",")[0].strip().lstrip("%")
+                out.append(rows[z].target)
+    return out
+
+
+def test_gate_split_from_the_projection_is_read_in_place():
+    """As the GDN layer writes it: the gate is a split of the projection that the user's
+    ``reshape`` copies (a contiguous clone); the op reads the split itself, viewed ``[T, H, D]``
+    (no copy left in the graph), and the result is eager's, bit for bit."""
+    o_s, o_ns, s, ns, z, w = _inputs(seed=14)
+    proj = torch.cat([torch.randn(13, 2 * H * D).bfloat16(), z.reshape(13, H * D)], dim=-1)
+
+    def fn(o_s, o_ns, s, ns, proj, w):
+        _, gate = proj.split([2 * H * D, H * D], dim=-1)
+        out = _merge(o_s, o_ns, s, ns)
+        return fla(out.reshape(-1, D), gate.reshape(-1, D), w)
+
+    out, c = _run(fn, o_s, o_ns, s, ns, proj, w)
+    assert c.matches["gated_norm_merge"] == 1
+    assert _z_arg_targets(c) == ["aten.view.default"]
+    assert not any(row.target == "aten.clone.default" for r in c.records for row in r["after_nodes"])
+    assert_close_to_eager(out, fn(o_s, o_ns, s, ns, proj, w), exact=True)
+    # the gate copied from a tensor the graph writes in place is read from the copy
+    def written(o_s, o_ns, s, ns, proj, w):
+        _, gate = proj.split([2 * H * D, H * D], dim=-1)
+        g = gate.reshape(-1, D)
+        proj.mul_(2)
+        return fla(_merge(o_s, o_ns, s, ns).reshape(-1, D), g, w)
+
+    out, c = _run(written, o_s, o_ns, s, ns, proj.clone(), w)
+    assert c.matches["gated_norm_merge"] == 1
+    assert_close_to_eager(out, written(o_s, o_ns, s, ns, proj.clone(), w), exact=True)
+
+
 def test_eps_is_a_parameter():
     args = _inputs(seed=5)
     outs = []
@@ -346,6 +387,41 @@ def test_triton_kernel_matches_the_cpu_op(form, act):
             assert_close_to_eager(y, want, exact=True)
         else:  # the GPU reduces in another order than torch's CPU mean
             assert max_ulps(y.cpu(), want) <= 1
+
+
+@pytest.mark.skipif(not HAS_KERNEL_RUNNER or mod.triton is None, reason="no triton runner")
+def test_triton_kernel_reads_a_strided_3d_gate():
+    """A gate ``[A, B, D]`` read where it lies: a split of a wider projection viewed
+    ``[T, H, D]`` (no copy), and a head-major one (``[H, T, D]`` transposed); the same as the
+    CPU op on the gate's rows in order."""
+    from tests.test_lowering_indexer_k_gather import LAUNCHER_OK
+
+    if not LAUNCHER_OK:
+        pytest.skip("this Triton interpreter cannot run our kernels")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float16
+    o_s, o_ns, s, ns, z, w = (t.to(device) for t in _inputs(seed=13, dtype=dtype, wdtype=dtype))
+    srcs, z2 = [o_s.reshape(8, -1), o_ns.reshape(5, -1)], z.reshape(-1, D)
+    wide = torch.randn(13, 3 * H * D, device=device).to(dtype)
+    wide[:, H * D:2 * H * D] = z2.view(13, H * D)
+    gates = {"split of a projection": wide[:, H * D:2 * H * D].view(13, H, D),
+             "head-major": z2.view(13, H, D).transpose(0, 1).contiguous().transpose(0, 1)}
+    want = torch.ops.kda.gated_norm_merge.default(
+        [t.cpu() for t in srcs], [s.cpu(), ns.cpu()], z2.cpu(), w.cpu(), 1e-6, "silu", "fla", True, 13, dtype)
+    for label, g in gates.items():
+        assert not g.is_contiguous() and torch.equal(g.reshape(-1, D), z2), label
+        y = torch.full_like(z2, 7.0)  # poisoned
+        mod.norm_merge_triton(srcs, [s, ns], g, w, y, eps=1e-6, activation="silu", form="fla", rsqrt=True,
+                              num_tokens=13, block_r=4)
+        if device == "cpu":
+            assert_close_to_eager(y, want, exact=True)
+        else:
+            assert max_ulps(y.cpu(), want) <= 1, label
+        # the CPU op takes the same 3-D gate
+        got = torch.ops.kda.gated_norm_merge.default(
+            [t.cpu() for t in srcs], [s.cpu(), ns.cpu()], g.cpu(), w.cpu(), 1e-6, "silu", "fla", True, 13, dtype)
+        assert got.shape == (13 * H, D)
+        assert_close_to_eager(got, want, exact=True)
 
 
 @device_params

@@ -3,12 +3,14 @@ RMSNorm of a GDN/KDA layer in one pass, with no merged buffer.
 
 ``sources[k]`` is ``[n_k, R * D]`` (token rows, ``R`` norm rows of ``D = weight.shape[0]``
 each per token), ``indices[k]`` ``[n_k]`` the token each row goes to (negative counts from
-the end, as ``out[:, idx] = ...`` does). ``merged`` has ``P = z.shape[0] // R`` tokens, all
+the end, as ``out[:, idx] = ...`` does). ``merged`` has ``P = rows(z) // R`` tokens, all
 ``pad_value`` at first (``torch.zeros`` / ``torch.full``; ``None``: ``torch.empty``, undefined,
 and then ``P == num_tokens``), then ``merged[indices[k][i]] = sources[k][i]`` for the first
 ``num_tokens`` of them: the tokens after those are the padding of a longer output the merge
 was copied into (``core_attn_out[:n] = merged.squeeze(0)``). Viewed as ``[P * R, D]``, the op
-returns ``y [P * R, D]`` (``out_dtype``)::
+returns ``y [P * R, D]`` (``out_dtype``). The gate ``z`` is ``[P * R, D]``, or ``[A, B, D]`` with
+``A * B = P * R`` and any strides: its rows in order, read where they lie (a strided split of
+a projection, ``[P, R * D]`` viewed ``[P, R, D]``, needs no copy)::
 
     x = merged.float(); r = rsqrt(mean(x * x, -1) + eps)        (or 1 / sqrt(...))
     form "fla": y = ((x * r) * weight.float()) * act(z.float())
@@ -52,18 +54,18 @@ def _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_v
         raise _err("activation", f"expected one of {ACTIVATIONS}, got {activation!r}")
     if form not in FORMS:
         raise _err("form", f"expected one of {FORMS}, got {form!r}")
-    if z.dim() != 2:
-        raise _err("z", f"expected [P * R, D], got shape {tuple(z.shape)}")
-    D = z.shape[1]
+    if z.dim() not in (2, 3):
+        raise _err("z", f"expected [P * R, D] or [A, B, D] (A * B = P * R), got shape {tuple(z.shape)}")
+    z_rows, D = gate_rows(z)
     if weight.dim() != 1 or weight.shape[0] != D:
         raise _err("weight", f"expected [D] = [{D}] (z's rows), got shape {tuple(weight.shape)}")
     if sources[0].dim() != 2 or sources[0].shape[1] % D or sources[0].shape[1] == 0:
         raise _err("sources[0]", f"expected [n, R * {D}] (R norm rows of D={D} per token), got "
                    f"{tuple(sources[0].shape)}")
     R = sources[0].shape[1] // D
-    if definitely(z.shape[0] % R != 0):
-        raise _err("z", f"{z.shape[0]} rows is not a multiple of R = {R} norm rows per token")
-    P = z.shape[0] // R
+    if definitely(z_rows % R != 0):
+        raise _err("z", f"{z_rows} rows is not a multiple of R = {R} norm rows per token")
+    P = z_rows // R
     if definitely(num_tokens < 0) or definitely(num_tokens > P) or (pad_value is None and definitely(num_tokens != P)):
         raise _err("num_tokens", f"expected {'' if pad_value is None else '<= '}{P} (z's tokens"
                    f"{'' if pad_value is None else '; the rest are padding'}), got {num_tokens}")
@@ -89,6 +91,11 @@ def _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_v
     if eps < 0:
         raise _err("eps", f"must be >= 0, got {eps}")
     return R, D, P
+
+
+def gate_rows(z: Tensor) -> tuple:
+    """``(rows, D)`` of the gate: ``[rows, D]``, or ``[A, B, D]`` with ``A * B`` rows."""
+    return (z.shape[0], z.shape[1]) if z.dim() == 2 else (z.shape[0] * z.shape[1], z.shape[2])
 
 
 def _hf_dtype(weight: Tensor, in_dtype: torch.dtype) -> torch.dtype:
@@ -123,6 +130,7 @@ def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, 
     """Eager's computation, op for op: the CPU kernel, and the CUDA path when the index
     lengths do not add up to the tokens (uncovered rows, or duplicates where the later
     write must win). ``check_range`` reads the indices on the host (CPU only: a sync)."""
+    z = z.reshape(-1, z.shape[-1])
     D = z.shape[1]
     R = sources[0].shape[1] // D
     P = z.shape[0] // R
@@ -158,7 +166,7 @@ def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, 
 def _gated_norm_merge_fake(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
                            pad_value=None, eps_input=None):
     _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
-    return z.new_empty(z.shape, dtype=out_dtype)
+    return z.new_empty(gate_rows(z), dtype=out_dtype)
 
 
 @gated_norm_merge.register_kernel("cuda")
@@ -169,7 +177,7 @@ def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, r
     if sum(s.shape[0] for s in sources) != num_tokens:  # not a partition (a symbolic T matched)
         return _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
                                 pad_value, check_range=False)
-    y = z.new_empty(z.shape, dtype=out_dtype)
+    y = z.new_empty(gate_rows(z), dtype=out_dtype)
     norm_merge_triton(sources, indices, z, weight, y, eps=eps, activation=activation, form=form,
                       rsqrt=rsqrt, num_tokens=num_tokens, pad_value=pad_value)
     return y
@@ -185,7 +193,7 @@ if triton is not None:
     @triton.jit(do_not_specialize=["n0", "n1", "T"], debug=True)
     def _gated_norm_merge_kernel(
         src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
-        z_ptr, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps, pad,
+        z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps, pad,
         SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
         HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IDENTITY: tl.constexpr,
         PADDED: tl.constexpr,
@@ -193,7 +201,8 @@ if triton is not None:
         """Program (p, h): row p of source 0 (p < n0) or p - n0 of source 1 -> rows
         h * BLOCK_R .. of its token's R norm rows. ``IDENTITY``: no merge, row p is token p.
         ``PADDED``: programs p >= n0 + n1 are the padding tokens T + (p - n0 - n1), whose
-        values are all ``pad``."""
+        values are all ``pad``. Gate row ``q`` lies at ``(q // z_rows_per_group) *
+        z_stride_group + (q % z_rows_per_group) * z_stride_row`` (a 2-D gate: groups of one row)."""
         p = tl.program_id(0)
         h = tl.program_id(1)
         first = p < n0
@@ -228,7 +237,8 @@ if triton is not None:
             r = 1.0 / tl.sqrt_rn(var)
         w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
         zrow = t * R + rr
-        g = tl.load(z_ptr + zrow * z_stride_row + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
+        zoff = (zrow // z_rows_per_group) * z_stride_group + (zrow % z_rows_per_group) * z_stride_row
+        g = tl.load(z_ptr + zoff + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
         if SIGMOID:
             act = tl.sigmoid(g)
         else:  # silu, as Inductor decomposes it
@@ -270,7 +280,7 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
         raise RuntimeError("gated_norm_merge: the Triton kernel needs triton, which is not installed")
     D = weight.shape[0]
     R = sources[0].shape[1] // D
-    pad_tokens = z.shape[0] // R - num_tokens
+    pad_tokens = gate_rows(z)[0] // R - num_tokens
     srcs = [_rows(s) for s in sources]
     n = [s.shape[0] for s in sources] + [0]
     if n[0] + n[1] + pad_tokens == 0:
@@ -288,13 +298,20 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
     extra = triton_launch_options() if y.is_cuda else {}
     _gated_norm_merge_kernel[(programs, triton.cdiv(R, block_r))](
         srcs[0][0], s1, idx0, idx1, n[0], n[1], srcs[0][1], st1,
-        z, z.stride(0), z.stride(1), weight, y, num_tokens, R, D, eps,
+        z, *_gate_strides(z), weight, y, num_tokens, R, D, eps,
         0.0 if pad_value is None else float(pad_value),
         SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
         HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_R=block_r, BLOCK_D=block_d, IDENTITY=identity,
         PADDED=pad_tokens > 0, num_warps=num_warps, **extra,
     )
     return y
+
+
+def _gate_strides(z: Tensor) -> tuple[int, int, int, int]:
+    """The kernel's ``z_rows_per_group, z_stride_group, z_stride_row, z_stride_col``."""
+    if z.dim() == 2:
+        return 1, z.stride(0), 0, z.stride(1)
+    return z.shape[1], z.stride(0), z.stride(1), z.stride(2)
 
 
 def aot_variants():
@@ -305,7 +322,8 @@ def aot_variants():
     from kda_inductor.lowerings import AotVariant, debug_options
 
     types = dict(src0="*bf16", src1="*bf16", idx0="*i64", idx1="*i64", n0="i32", n1="i32", src_stride0="i32",
-                 src_stride1="i32", z_ptr="*bf16", z_stride_row="i32", z_stride_col="i32", w_ptr="*fp32",
+                 src_stride1="i32", z_ptr="*bf16", z_rows_per_group="i32", z_stride_group="i32",
+                 z_stride_row="i32", z_stride_col="i32", w_ptr="*fp32",
                  y_ptr="*bf16", T="i32", R="i32", D="i32", eps="fp32", pad="fp32")
     base = dict(IN_DTYPE=tl.bfloat16, HF_DTYPE=tl.float32, BLOCK_R=8, BLOCK_D=128, IDENTITY=False, PADDED=False)
     for hf, sigmoid, rsqrt in itertools.product((False, True), repeat=3):

@@ -233,6 +233,24 @@ def reachable(nodes: Iterable[fx.Node], *, upstream: bool) -> set[fx.Node]:
     return seen
 
 
+def mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes whose storage the graph writes: ``copy_`` targets and mutable op arguments."""
+    out: set[fx.Node] = set()
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        schema = getattr(n.target, "_schema", None)
+        if schema is None:
+            continue
+        for arg, value in zip(schema.arguments, n.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, fx.Node):
+                out.add(value)
+        for arg in schema.arguments:
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(n.kwargs.get(arg.name), fx.Node):
+                out.add(n.kwargs[arg.name])
+    return out
+
+
 def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
     """Erase the given nodes that nothing live reads any more, with the dead nodes that
     read them (views Inductor left unused), users before producers."""

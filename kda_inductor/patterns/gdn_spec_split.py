@@ -76,6 +76,7 @@ from kda_inductor.patterns.base import (
     fused_into_users,
     insert_fused,
     is_op,
+    mutated_nodes,
     positions,
     reachable,
     val,
@@ -95,24 +96,6 @@ class SplitMatch(Match):
     """One launch: its row gathers, in input order."""
 
     gathers: list[_RowGather]
-
-
-def _mutated(graph: fx.Graph) -> set[fx.Node]:
-    """Nodes whose storage the graph writes: ``copy_`` targets and mutable op arguments."""
-    out: set[fx.Node] = set()
-    for n in graph.nodes:
-        if n.op != "call_function":
-            continue
-        schema = getattr(n.target, "_schema", None)
-        if schema is None:
-            continue
-        for arg, value in zip(schema.arguments, n.args):
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, fx.Node):
-                out.add(value)
-        for arg in schema.arguments:
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(n.kwargs.get(arg.name), fx.Node):
-                out.add(n.kwargs[arg.name])
-    return out
 
 
 MIN_ROW_BYTES = 64
@@ -162,7 +145,7 @@ class GdnSpecSplit(Rewrite):
 
     def find(self, graph: fx.Graph) -> list[Match]:
         pos = positions(graph)
-        mutated = _mutated(graph)
+        mutated = mutated_nodes(graph)
         groups: dict[fx.Node, list[_RowGather]] = {}
         for n in graph.nodes:
             g = self._row_gather(n, mutated)

@@ -470,6 +470,8 @@ def plots(payload: dict, out_dir: Path) -> list[Path]:
             for i, (r0, r1) in enumerate(zip(rest, region)):
                 ax.text(i, r0 + r1, f"{r0 + r1:,.0f} us\n({r1 / (r0 + r1):.1%} rewritten)", ha="center",
                         va="bottom", fontsize=7)
+            # headroom above the taller bar, so that its label stays clear of the title
+            ax.set_ylim(0, 1.2 * max(r0 + r1 for r0, r1 in zip(rest, region)))
             ax.set(title=f"{m['step']} step, {m['T']:,} tokens ({m['core']} core)", ylabel="us per step")
             ax.legend(fontsize=7, loc="lower right")
         fig.suptitle(f"hybrid model step: where the time goes ({sub})", fontsize=9)

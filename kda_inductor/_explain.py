@@ -50,6 +50,12 @@ class GraphReport:
         """Why our pass rewrote nothing in this graph (e.g. traced with grad enabled), or None."""
         return self.record.get("skipped")
 
+    @property
+    def note(self) -> str | None:
+        """Why the backend compiled this graph again (stock Inductor failed on code our speed
+        rules had left to it), or None."""
+        return self.record.get("note")
+
     def diff(self, *, color: bool = False, title: str = "graph") -> str:
         """Unified diff of the post-grad graph before/after our pass, readable node names."""
         return unified(self.record["before_nodes"], self.record["after_nodes"], title=title, color=color)
@@ -124,6 +130,8 @@ class Report:
         for i, g in enumerate(self.graphs):
             for name, err in g.errors.items():
                 lines.append(f"  graph {i}: {name} failed and was skipped: {err}")
+            if g.note:
+                lines.append(f"  graph {i}: {g.note}")
         skipped = list(dict.fromkeys(g.skipped for g in self.graphs if g.skipped))
         lines += [f"  not rewritten: {why}" for why in skipped]
         misses = self.misses_text()

@@ -8,6 +8,8 @@ the extra ``options["kda"]`` key holds :class:`~kda_inductor.options.KdaOptions`
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -46,10 +48,38 @@ def kda_inductor(
     kda_options = KdaOptions.parse(options.pop("kda", None))
     patches = _inductor_config_patches(mode, options)
     existing = patches.get(HOOK, getattr(inductor_config, HOOK))
-    ours = KdaPostGradPass(kda_options, grad=_traced_with_grad(example_inputs))
-    patches[HOOK] = combine_with(ours, existing)
-    with logs.cache_scope(ours.uuid):  # TORCH_LOGS=kda_inductor: says when a cache served the graph
-        return compile_fx(gm, example_inputs, config_patches=patches)
+    grad = _traced_with_grad(example_inputs)
+
+    def compile_with(ours: KdaPostGradPass):
+        patches[HOOK] = combine_with(ours, existing)
+        with logs.cache_scope(ours.uuid):  # TORCH_LOGS=kda_inductor: says when a cache served the graph
+            return compile_fx(gm, example_inputs, config_patches=patches)
+
+    ours = KdaPostGradPass(kda_options, grad=grad)
+    try:
+        return compile_with(ours)
+    except Exception as exc:  # noqa: BLE001 - only a failure on code our speed rules left is retried
+        left = sorted(ours.left_to_inductor)
+        if not left:
+            raise
+        failure = exc
+    # Stock Inductor cannot compile code that a speed rule left to it (torch 2.9's CPU lowering
+    # of the cache write's byte view, for example): our op is better than a failed compile.
+    note = (f"Inductor could not compile this graph with {', '.join(left)} left to it by the speed "
+            f"rules ({_one_line(failure)}); compiled again with every match rewritten")
+    warnings.warn(f"kda_inductor: {note}", RuntimeWarning, stacklevel=2)
+    ours.retract()
+    try:
+        return compile_with(KdaPostGradPass(dataclasses.replace(kda_options, force=True), grad=grad, note=note))
+    except Exception as again:  # noqa: BLE001
+        failure.add_note(f"kda_inductor: compiling again with every match rewritten failed too: {_one_line(again)}")
+        raise failure from None
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, at most 200 characters."""
+    lines = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:200]
 
 
 def _traced_with_grad(example_inputs: list[Any]) -> bool:

@@ -63,9 +63,25 @@ class KdaPostGradPass(CustomGraphPass):
     ``grad``: the graph belongs to a training compile (AOTAutograd's forward or backward):
     nothing is rewritten and the record says why (``record["skipped"]``)."""
 
-    def __init__(self, options: KdaOptions | None = None, *, grad: bool = False):
+    def __init__(self, options: KdaOptions | None = None, *, grad: bool = False, note: str | None = None):
         self.options = options or KdaOptions()
         self.grad = grad
+        self.note = note
+        """Why this compile runs, in each record (the backend's retry after Inductor failed)."""
+        self.left_to_inductor: set[str] = set()
+        """Rewrites whose matches a speed rule left to Inductor in this pass's runs."""
+        self._runs: list[tuple[dict[str, Any] | None, Counter[str]]] = []
+
+    def retract(self) -> None:
+        """Take back what this pass's runs reported, for a compile that failed and is done
+        again: their counter increments, and their records from the observers that keep them
+        (``observe``)."""
+        for record, matches in self._runs:
+            for name, n in matches.items():
+                counters[COUNTER_KEY][name] -= n
+            for observer in list(_observers) if record is not None else ():
+                getattr(observer, "retract", lambda _: None)(record)
+        self._runs.clear()
 
     def uuid(self) -> str:
         h = hashlib.sha256(_source_hash().encode())
@@ -87,7 +103,7 @@ class KdaPostGradPass(CustomGraphPass):
         tracing = _tracing_enabled()
         observed = bool(_observers) or tracing or logs.enabled()
         record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {},
-                                  "skipped": GRAD_SKIP if self.grad else None}
+                                  "skipped": GRAD_SKIP if self.grad else None, "note": self.note}
         if observed:
             record["before"] = str(graph)
             record["before_nodes"] = snapshot(graph)
@@ -101,6 +117,7 @@ class KdaPostGradPass(CustomGraphPass):
                     why = None if self.options.force else rewrite.speed_rule(match)
                     if why:
                         rewrite.miss(match.anchor, 9, f"left to Inductor: {why}")
+                        self.left_to_inductor.add(name)
                         continue
                     with transaction(graph):
                         rewrite.replace(graph, match)
@@ -125,6 +142,7 @@ class KdaPostGradPass(CustomGraphPass):
         for name, n in matches.items():
             if n:
                 counters[COUNTER_KEY][name] += n
+        self._runs.append((record if observed else None, +matches))
         graph.lint()
         if observed:
             record["matches"] = dict(matches)
@@ -203,15 +221,28 @@ def observe() -> Iterator[list[dict[str, Any]]]:
     ``before_nodes``/``after_nodes`` snapshots (:mod:`kda_inductor.diff`),
     ``changes`` (rewrite -> fx names removed / added), ``misses`` (rewrite
     -> its closest rejected candidates, :class:`~kda_inductor.patterns.base.Miss`, with the
-    user's source lines) and ``skipped`` (why no rewrite ran on the graph, or None). Only graphs
+    user's source lines), ``skipped`` (why no rewrite ran on the graph, or None) and ``note``
+    (why the backend compiled the graph again, or None). A compile that failed and was done
+    again leaves only the second one's record. Only graphs
     actually compiled are seen: disable Inductor's caches to see all.
     """
-    records: list[dict[str, Any]] = []
-    _observers.append(records.append)
+    records = _Records()
+    _observers.append(records)
     try:
         yield records
     finally:
-        _observers.remove(records.append)
+        _observers[:] = [o for o in _observers if o is not records]  # by identity: lists compare by value
+
+
+class _Records(list):
+    """An ``observe`` list: receives each record, and gives one back when its compile is
+    retracted (``KdaPostGradPass.retract``)."""
+
+    def __call__(self, record: dict[str, Any]) -> None:
+        self.append(record)
+
+    def retract(self, record: dict[str, Any]) -> None:
+        self[:] = [r for r in self if r is not record]
 
 
 @contextlib.contextmanager

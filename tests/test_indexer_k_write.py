@@ -311,6 +311,70 @@ def test_cpu_speed_rule_small_writes_stay_with_inductor():
         _assert_cache_close(cache, expected, slots, 128)
 
 
+def _failing_byte_view(monkeypatch):
+    """Inductor's lowering of a float32 -> uint8 view fails, as torch 2.9's does on the write's
+    scales ("self.stride(-1) must be 1 to view Float as Byte ..., but got 0")."""
+    from torch._inductor import lowering as L
+
+    aten, real = torch.ops.aten, L.lowerings[torch.ops.aten.view.dtype]
+
+    def lowering(x, dtype):
+        if dtype == torch.uint8 and x.get_dtype() == torch.float32:
+            raise RuntimeError("view Float as Byte (simulated)")
+        return real(x, dtype)
+
+    monkeypatch.setitem(L.lowerings, aten.view.dtype, lowering)
+
+
+def test_inductor_failing_on_code_left_to_it_compiles_again_with_the_op(monkeypatch):
+    """Where stock Inductor cannot lower the code a speed rule left to it, our op beats a failed
+    compile: the backend warns, compiles the graph again with every match rewritten, and
+    reports that compile alone (one record, with the reason as its note; counters counted
+    once). The cache is what eager writes."""
+    from torch._dynamo.utils import counters
+
+    from kda_inductor import explain
+
+    _failing_byte_view(monkeypatch)
+
+    def fn(k, c, s):
+        write_indexer_k(k, c, s, True)
+
+    k, cache, slots, _, _ = _inputs(tokens=11, seed=12)  # below CPU_MIN_TOKENS: left to Inductor
+    expected = _reference(k, cache, slots, True)
+    before = counters[pass_manager.COUNTER_KEY]["indexer_k_write"]
+    with fresh_compile(), pytest.warns(RuntimeWarning, match="Inductor could not compile this graph with "
+                                       "indexer_k_write left to it by the speed rules .*view Float as Byte"):
+        compiled = compile_for_test(fn, force=False)
+        compiled(k, cache, slots)
+    assert len(compiled.records) == 1 and compiled.matches["indexer_k_write"] == 1, compiled.records
+    assert "compiled again with every match rewritten" in compiled.records[0]["note"]
+    assert counters[pass_manager.COUNTER_KEY]["indexer_k_write"] - before == 1
+    _assert_cache_close(cache, expected, slots, 128)
+    with pytest.warns(RuntimeWarning):
+        report = explain(fn, *_inputs(tokens=11, seed=13)[:3])
+    assert "graph 0: Inductor could not compile this graph" in str(report), str(report)
+
+
+def test_inductor_failing_elsewhere_is_not_retried(monkeypatch):
+    """A lowering failure with nothing left to Inductor by a speed rule (here: forced) is the
+    user's error, raised as stock Inductor raises it, with no retry."""
+    import warnings
+
+    _failing_byte_view(monkeypatch)
+
+    def fn(k, c, s):
+        write_indexer_k(k, c, s, True)
+        return k.float().view(torch.uint8)  # no rewrite takes this byte view
+
+    k, cache, slots, _, _ = _inputs(tokens=11, seed=14)
+    with fresh_compile(), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no retry warning
+        compiled = compile_for_test(fn, force=True)
+        with pytest.raises(Exception, match="view Float as Byte"):
+            compiled(k, cache, slots)
+
+
 def test_dynamic_token_count():
     """Serving recompiles once with a symbolic number of tokens; still matched and exact."""
     with fresh_compile(), pass_manager.observe() as records:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,27 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 device_params = pytest.mark.parametrize(
     "device", [pytest.param(d, marks=[pytest.mark.cuda] if d == "cuda" else []) for d in DEVICES]
 )
+
+
+@functools.cache
+def stock_inductor_compiles_the_write() -> bool:
+    """Whether this torch's stock Inductor lowers the reference cache write on CPU. Torch 2.9's
+    cannot: its lowering of the scales' byte view raises "must be 1 to view Float as Byte"
+    (the backend then compiles such a graph again with the rewrites forced)."""
+    from kda_inductor.reference import cache_row_bytes, write_indexer_k
+
+    for ue8m0 in (True, False):
+        k, cache = torch.randn(3, 128), torch.zeros(2, 16, cache_row_bytes(128), dtype=torch.uint8)
+        fn = torch.compile(lambda k, c, s, u=ue8m0: write_indexer_k(k, c, s, u), backend="inductor",
+                           fullgraph=True, dynamic=False)
+        try:
+            with torch._inductor.config.patch(force_disable_caches=True):
+                fn(k, cache, torch.arange(3))
+        except torch._dynamo.exc.BackendCompilerFailed as exc:
+            if "view Float as Byte" not in str(exc):
+                raise
+            return False
+    return True
 
 
 def compile_and_run(fn, *args, options: dict[str, Any] | None = None, **compile_kw):

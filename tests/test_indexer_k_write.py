@@ -29,7 +29,7 @@ from kda_inductor.reference import (
     written_cache_mismatch,
 )
 from kda_inductor.testing import compile_for_test
-from tests.helpers import compile_and_run, fresh_compile
+from tests.helpers import compile_and_run, fresh_compile, stock_inductor_compiles_the_write
 
 ON = {"kda": {"strict": True, "force": True}}  # matching and numerics: the CPU speed rule aside
 
@@ -292,22 +292,30 @@ def test_normalized_k_read_elsewhere_is_not_fused():
 def test_cpu_speed_rule_small_writes_stay_with_inductor():
     """What a CPU user gets (no force): below ``CPU_MIN_TOKENS`` tokens the write is left to
     Inductor, whose C++ is faster there, and the record says why; at that count the op runs.
-    The cache is what eager writes either way."""
+    The cache is what eager writes either way. Where stock Inductor cannot compile the write
+    (torch 2.9), the small one runs the op too, compiled again (the record's note says why)."""
+    import warnings
+
     from kda_inductor.patterns.indexer_k_write import CPU_MIN_TOKENS
     from kda_inductor.testing import compile_for_test
 
     def fn(k, c, s):
         write_indexer_k(k, c, s, True)
 
+    stock_ok = stock_inductor_compiles_the_write()
     for tokens, want in ((11, 0), (CPU_MIN_TOKENS, 1)):
         k, cache, slots, _, _ = _inputs(tokens=tokens, num_blocks=tokens // 16 + 2, seed=9)
         expected = _reference(k, cache, slots, True)
-        with fresh_compile():
+        with fresh_compile(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "kda_inductor: Inductor could not compile", RuntimeWarning)
             compiled = compile_for_test(fn, force=False)
             compiled(k, cache, slots)
-        assert compiled.matches["indexer_k_write"] == want, (tokens, compiled.matches)
+        retried = want == 0 and not stock_ok
+        assert [bool(r["note"]) for r in compiled.records] == [retried], compiled.records
+        assert compiled.matches["indexer_k_write"] == (1 if retried else want), (tokens, compiled.matches)
         why = [m.check for r in compiled.records for m in r["misses"]["indexer_k_write"]]
-        assert (want == 0) == any(f"below {CPU_MIN_TOKENS} tokens written (this one: {tokens};" in w for w in why), why
+        assert (want == 0 and not retried) == any(
+            f"below {CPU_MIN_TOKENS} tokens written (this one: {tokens};" in w for w in why), why
         _assert_cache_close(cache, expected, slots, 128)
 
 

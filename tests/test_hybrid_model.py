@@ -268,7 +268,10 @@ def test_all_rewrites_disabled_is_stock_inductor_code(model):
     torch.manual_seed(6)
     batch = H.spec_decode_batch(model, 24, seed=6)
     codes = {}
-    for label, backend, options in (("stock", "inductor", None),
+    # A process's first Inductor compile of this model can lower it differently from later ones
+    # (seen on torch 2.9 and 2.13: the indexer's gather kernel realizes one more uint8 buffer).
+    # Compare two compiles that both follow a first one: the test passes run alone too.
+    for label, backend, options in (("first", "inductor", None), ("stock", "inductor", None),
                                     ("disabled", "kda_inductor",
                                      {"kda": {"disable": list(kda_inductor.REWRITE_NAMES)}})):
         with kernel_cache_only(), stock_write_mode(model):

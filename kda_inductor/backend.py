@@ -72,7 +72,8 @@ def kda_inductor(
     try:
         return compile_with(KdaPostGradPass(dataclasses.replace(kda_options, force=True), grad=grad, note=note))
     except Exception as again:  # noqa: BLE001
-        failure.add_note(f"kda_inductor: compiling again with every match rewritten failed too: {_one_line(again)}")
+        if hasattr(failure, "add_note"):  # Python 3.11+
+            failure.add_note(f"kda_inductor: compiling again with every match rewritten failed too: {_one_line(again)}")
         raise failure from None
 
 

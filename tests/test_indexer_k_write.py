@@ -11,6 +11,7 @@ eager by one fp8 step).
 from __future__ import annotations
 
 import re
+import traceback
 
 import pytest
 import torch
@@ -381,6 +382,24 @@ def test_inductor_failing_elsewhere_is_not_retried(monkeypatch):
         compiled = compile_for_test(fn, force=True)
         with pytest.raises(Exception, match="view Float as Byte"):
             compiled(k, cache, slots)
+
+
+def test_inductor_failing_again_raises_the_first_failure(monkeypatch):
+    """Where the compile with every match rewritten fails too (the failing code is outside any
+    rewrite), the first failure is raised, after the retry's warning."""
+    _failing_byte_view(monkeypatch)
+
+    def fn(k, c, s):
+        write_indexer_k(k, c, s, True)  # left to Inductor at 11 tokens, then forced
+        return k.float().view(torch.uint8)  # no rewrite takes this byte view
+
+    k, cache, slots, _, _ = _inputs(tokens=11, seed=15)
+    with fresh_compile(), pytest.warns(RuntimeWarning, match="Inductor could not compile this graph"):
+        compiled = compile_for_test(fn, force=False)
+        with pytest.raises(Exception, match="view Float as Byte") as got:
+            compiled(k, cache, slots)
+    assert "compiling again with every match rewritten failed too" in "".join(
+        traceback.format_exception(got.value)), got.value
 
 
 def test_dynamic_token_count():

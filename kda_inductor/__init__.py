@@ -31,9 +31,15 @@ from typing import Any
 __version__ = "0.1.0"
 
 # plain attributes (not lazy): vLLM looks them up in this module's __dict__; no torch import
-from kda_inductor.vllm_pass import VllmPostGradPass, post_grad_pass, register_with_vllm  # noqa: E402
+from kda_inductor.vllm_pass import (  # noqa: E402
+    VllmPostGradPass,
+    install_import_hook,
+    post_grad_pass,
+    register_with_vllm,
+    vllm_plugin,
+)
 
-register_with_vllm()  # vLLM's InductorPass, when vLLM is what imports us
+install_import_hook()  # vLLM's InductorPass: now if vLLM's pass module is loaded, else right after it loads
 
 _LAZY = {
     "backend": ("kda_inductor.backend", None),
@@ -48,7 +54,7 @@ _LAZY = {
 }
 
 __all__ = ["Explainer", "GraphReport", "KdaOptions", "REWRITE_NAMES", "Report", "VllmPostGradPass", "__version__", "backend",
-           "explain", "post_grad_pass"]
+           "explain", "post_grad_pass", "vllm_plugin"]
 
 
 def __getattr__(name: str) -> Any:

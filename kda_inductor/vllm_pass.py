@@ -20,15 +20,24 @@ and ``vllm/compilation/passes/inductor_pass.py`` / ``pass_manager.py``):
   versions: ``is_applicable(shape)``) before calling it on each graph, and hashes ``uuid()``
   with ``json.dumps``; the config hash (``normalize_value``) also calls ``uuid()``.
 
-The registration runs when ``kda_inductor`` is imported with vLLM's pass module already loaded
-(as during that resolution) and from vLLM's ``vllm.general_plugins`` entry point (every vLLM
-process calls it at start-up), so the order of imports does not matter.
+The registration does not depend on the order of imports. ``import kda_inductor`` registers at
+once when vLLM's pass module is already loaded; otherwise it leaves a small import hook
+(:class:`_RegisterAfterImport`, on ``sys.meta_path``) that registers right after vLLM's pass
+module has been executed, before vLLM's config can resolve the name, and then removes
+itself. vLLM's ``vllm.general_plugins`` entry point (``register_with_vllm``) and each
+:class:`VllmPostGradPass` made later register too. (vLLM builds its ``CompilationConfig`` in
+``LLM.__init__`` before it loads plugins, and ``import vllm`` does not load the pass module,
+so neither of those alone is early enough when kda_inductor was imported first.)
+
+Only the qualified-name route works: vLLM's config types ``inductor_passes`` as
+``dict[str, str]`` and rejects a pass object there.
 
 Nothing here imports torch until the pass runs or is hashed: ``import kda_inductor`` stays cheap.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import sys
 from typing import Any
 
@@ -39,13 +48,14 @@ class VllmPostGradPass:
     """The kda_inductor rewrites as a vLLM post-grad pass (``kda_inductor.post_grad_pass``).
 
     ``VllmPostGradPass(**kda_options)`` takes the options of ``options={"kda": {...}}``
-    (``disable``, ``enable``, ``strict``, ``force``); pass such an instance from Python as
-    ``CompilationConfig(inductor_passes={"post_grad_custom_post_pass": obj})``.
+    (``disable``, ``strict``, ``force``); make such an instance a top-level attribute of a
+    module of yours and name it in ``inductor_passes`` (``"my_passes.kda_pass"``).
     """
 
     def __init__(self, **kda_options: Any) -> None:
         self.kda_options = dict(kda_options)
         self._impl: Any = None
+        register_with_vllm()
 
     def _pass(self) -> Any:
         if self._impl is None:
@@ -83,8 +93,48 @@ class VllmPostGradPass:
         return f"kda_inductor.VllmPostGradPass({opts})"
 
 
-post_grad_pass = VllmPostGradPass()
-"""The default-options instance that ``"kda_inductor.post_grad_pass"`` names."""
+class _RegisterAfterImport(importlib.abc.MetaPathFinder):
+    """Calls :func:`register_with_vllm` right after one of vLLM's pass modules is executed.
+
+    It finds nothing itself: for those module names it asks the other finders for the spec
+    and wraps that spec's loader's ``exec_module`` (the loader keeps its type, so source
+    look-ups such as vLLM's ``inspect.getsource`` hashing are unchanged). It leaves
+    ``sys.meta_path`` once a registration has been made."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in _VLLM_PASS_MODULES:
+            return None
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = None if finder is self or find is None else find(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        exec_module = getattr(spec.loader, "exec_module", None)
+        if exec_module is not None:
+            def exec_then_register(module: Any) -> None:
+                exec_module(module)
+                sys.modules.setdefault(fullname, module)
+                if register_with_vllm():
+                    uninstall_import_hook()
+
+            spec.loader.exec_module = exec_then_register
+        return spec
+
+
+_hook = _RegisterAfterImport()
+
+
+def install_import_hook() -> None:
+    """Register now if vLLM's pass module is loaded, else once it is (idempotent)."""
+    if not register_with_vllm() and _hook not in sys.meta_path:
+        sys.meta_path.insert(0, _hook)
+
+
+def uninstall_import_hook() -> None:
+    while _hook in sys.meta_path:
+        sys.meta_path.remove(_hook)
 
 
 def register_with_vllm() -> bool:
@@ -100,3 +150,18 @@ def register_with_vllm() -> bool:
                 base.register(VllmPostGradPass)
             done = True
     return done
+
+
+def vllm_plugin() -> None:
+    """Our ``vllm.general_plugins`` entry point (vLLM calls it in every process at start-up):
+    registers the pass (:func:`register_with_vllm`) and, only when ``KDA_INDUCTOR_VLLM_OPS=1``
+    is set, puts vLLM's indexer cache ops on our kernels (:mod:`kda_inductor.vllm_ops`)."""
+    register_with_vllm()
+    from kda_inductor import vllm_ops
+
+    if vllm_ops.requested():
+        vllm_ops.install()
+
+
+post_grad_pass = VllmPostGradPass()
+"""The default-options instance that ``"kda_inductor.post_grad_pass"`` names."""

@@ -1,5 +1,6 @@
 """``kda_inductor.post_grad_pass`` taken the way vLLM takes a pass named in
-``CompilationConfig.inductor_passes`` (vLLM cannot be installed on CI).
+``CompilationConfig.inductor_passes``, against stand-ins for vLLM's pass module (fast; a real
+vLLM serves a model with our pass in ``integration/test_vllm_real.py``, run by ``.ci/run``).
 
 Reproduced from reading vLLM (main, 2026): ``vllm/config/compilation.py``
 (``CompilationConfig.__post_init__``: the qualified name is split at its last dot and resolved
@@ -80,37 +81,54 @@ class PostGradPassManager(CustomGraphPass):
     def uuid(self):
         return InductorPass.hash_dict({"passes": [p.uuid() for p in self.passes]})
 
+'''
+
+
+def _fake_vllm(root: Path) -> None:
+    """The stand-ins as an importable package: ``vllm.compilation.passes.inductor_pass``."""
+    pkg = root / "vllm" / "compilation" / "passes"
+    pkg.mkdir(parents=True)
+    for folder in (root / "vllm", root / "vllm" / "compilation", pkg):
+        (folder / "__init__.py").write_text("")
+    (pkg / "inductor_pass.py").write_text(FAKE_VLLM)
+
+
+PRELUDE = '''
+import sys, torch
+
 def resolve(qualname):
-    """CompilationConfig.__post_init__ on one inductor_passes value."""
+    """CompilationConfig.__post_init__ on one inductor_passes value (vLLM's config module
+    imports its pass module at the top)."""
+    from vllm.compilation.passes.inductor_pass import CallableInductorPass, InductorPass
     names = qualname.split(".")
     module, name = ".".join(names[:-1]), names[-1]
     obj = __import__(module).__dict__[name]
     return obj if isinstance(obj, InductorPass) else CallableInductorPass(obj)
-
-mod = types.ModuleType("vllm.compilation.passes.inductor_pass")
-mod.InductorPass, mod.CallableInductorPass = InductorPass, CallableInductorPass
-for name in ("vllm", "vllm.compilation", "vllm.compilation.passes"):
-    sys.modules[name] = types.ModuleType(name)
-sys.modules[mod.__name__] = mod
 '''
 
 
-def _run(body: str) -> str:
-    code = FAKE_VLLM + textwrap.dedent(body)
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+def _run(body: str, tmp_path: Path, env: dict | None = None) -> str:
+    import os
+
+    _fake_vllm(tmp_path)
+    code = PRELUDE + textwrap.dedent(body)
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]), **(env or {})}
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300,
+                          env=environ)
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
 
 
-def test_resolved_as_vllm_does_and_runs_in_its_pass_manager():
+def test_resolved_as_vllm_does_and_runs_in_its_pass_manager(tmp_path):
     out = _run('''
+        import vllm.compilation.passes.inductor_pass as vp  # vLLM's pass module first
         assert "kda_inductor" not in sys.modules          # vLLM's config is what imports us
         p = resolve("kda_inductor.post_grad_pass")
         import kda_inductor
         assert p is kda_inductor.post_grad_pass          # used as is, not wrapped in CallableInductorPass
         import kda_inductor.pass_manager as pm
         assert p.uuid() == pm.KdaPostGradPass().uuid()   # our content hash, not a hash of one class's source
-        manager = PostGradPassManager(); manager.add(p)
+        manager = vp.PostGradPassManager(); manager.add(p)
         json_uuid = manager.uuid()                       # JSON-hashable
         import pickle; assert pickle.loads(pickle.dumps(p)) is p   # configs travel to workers by pickle
 
@@ -118,7 +136,8 @@ def test_resolved_as_vllm_does_and_runs_in_its_pass_manager():
         from tests import graph_targets
         from torch._dynamo.utils import counters
         forced = kda_inductor.VllmPostGradPass(force=True)   # on CPU the speed rules leave code to Inductor
-        manager = PostGradPassManager(); manager.add(forced)
+        assert isinstance(forced, vp.InductorPass)
+        manager = vp.PostGradPassManager(); manager.add(forced)
         fn, args = graph_targets.build()
         torch._inductor.config.force_disable_caches = True
         with torch.inference_mode():
@@ -126,29 +145,49 @@ def test_resolved_as_vllm_does_and_runs_in_its_pass_manager():
             ref = fn(*args)
         assert all(torch.equal(a.view(torch.uint8), b.view(torch.uint8)) for a, b in zip(out, ref))
         print("matches", counters["kda_inductor"]["indexer_k_gather"])
-    ''')
+    ''', tmp_path)
     assert "matches 1" in out
 
 
-def test_imported_before_vllm_registered_by_the_plugin_hook():
-    """kda_inductor imported first: vLLM's ``vllm.general_plugins`` entry point
-    (``kda_inductor:register_with_vllm``) registers it, so the resolution still uses it as is."""
+@pytest.mark.parametrize("first", ["import kda_inductor", "TORCH_LOGS=kda_inductor"])
+def test_imported_before_vllm_is_still_used_as_is(first, tmp_path):
+    """kda_inductor imported before vLLM's pass module exists (``import kda_inductor`` first, or
+    ``TORCH_LOGS=kda_inductor``, which imports it with torch): the import hook registers the
+    pass as soon as vLLM's pass module has run, before vLLM's config resolves the name, then
+    leaves ``sys.meta_path``. The import order does not matter."""
     _run('''
-        del sys.modules["vllm.compilation.passes.inductor_pass"]
-        import kda_inductor                               # before vLLM's pass module exists
-        assert kda_inductor.register_with_vllm() is False
-        sys.modules[mod.__name__] = mod
-        assert not isinstance(kda_inductor.post_grad_pass, InductorPass)
-        assert kda_inductor.register_with_vllm() is True  # what vLLM calls at start-up
+        import kda_inductor                               # (already imported under TORCH_LOGS)
+        from kda_inductor import vllm_pass
+        assert "vllm.compilation.passes.inductor_pass" not in sys.modules
+        assert vllm_pass._hook in sys.meta_path
+        import vllm.compilation.passes.inductor_pass as vp
+        assert isinstance(kda_inductor.post_grad_pass, vp.InductorPass)
+        assert vllm_pass._hook not in sys.meta_path      # done: the hook removed itself
         assert resolve("kda_inductor.post_grad_pass") is kda_inductor.post_grad_pass
-    ''')
+        import inspect; inspect.getsource(vp.InductorPass)   # vLLM hashes its passes' sources: still readable
+    ''', tmp_path, env={"TORCH_LOGS": "kda_inductor"} if first.startswith("TORCH_LOGS") else None)
+
+
+def test_uuid_covers_sources_and_options(tmp_path):
+    """vLLM keys its compile cache on the pass's uuid: it changes with our options (and with our
+    sources: the pass manager's content hash)."""
+    _run('''
+        import vllm.compilation.passes.inductor_pass
+        import kda_inductor
+        from kda_inductor.options import KdaOptions
+        from kda_inductor.pass_manager import KdaPostGradPass
+        forced = kda_inductor.VllmPostGradPass(force=True)
+        assert forced.uuid() != kda_inductor.post_grad_pass.uuid()
+        assert forced.uuid() == KdaPostGradPass(KdaOptions.parse({"force": True})).uuid()
+        assert resolve("kda_inductor.post_grad_pass").uuid() == KdaPostGradPass().uuid()
+    ''', tmp_path)
 
 
 def test_plugin_entry_point_and_cheap_import():
     tomllib = pytest.importorskip("tomllib")
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert meta["project"]["entry-points"]["vllm.general_plugins"] == {"kda_inductor": "kda_inductor:register_with_vllm"}
+    assert meta["project"]["entry-points"]["vllm.general_plugins"] == {"kda_inductor": "kda_inductor:vllm_plugin"}
     code = ("import sys, kda_inductor; assert 'torch' not in sys.modules, 'import kda_inductor imported torch'; "
             "assert 'post_grad_pass' in vars(kda_inductor)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)

@@ -178,6 +178,8 @@ def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, r
         return _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
                                 pad_value, check_range=False)
     y = z.new_empty(gate_rows(z), dtype=out_dtype)
+    if not indices and pad_value is None:  # the merge-free norm: its own kernel
+        return norm_rows_triton(sources[0], z, weight, y, eps=eps, activation=activation, form=form, rsqrt=rsqrt)
     norm_merge_triton(sources, indices, z, weight, y, eps=eps, activation=activation, form=form,
                       rsqrt=rsqrt, num_tokens=num_tokens, pad_value=pad_value)
     return y
@@ -252,6 +254,43 @@ if triton is not None:
         tl.store(y_ptr + zrow * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
+    @triton.jit(do_not_specialize=["rows"])
+    def _gated_norm_rows_kernel(
+        x_ptr, x_rows_per_group, x_stride_group, x_stride_row, z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, y_ptr,
+        rows, D, eps,
+        SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
+        HF_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    ):
+        """The merge-free gated RMSNorm: program ``p`` normalizes rows ``p * BLOCK_M ..`` of
+        ``x`` with their gate rows into ``y [rows, D]``; ``x`` and ``z`` are addressed as groups
+        of rows (``_gated_norm_merge_kernel``'s gate addressing; a group of one row folds to a
+        plain row stride, Triton specializes the 1). No index, no assert: compiled without debug."""
+        rr = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
+        dd = tl.arange(0, BLOCK_D)[None, :]
+        m = (rr < rows) & (dd < D)
+        xoff = (rr // x_rows_per_group) * x_stride_group + (rr % x_rows_per_group) * x_stride_row
+        x = tl.load(x_ptr + xoff + dd, mask=m, other=0.0).to(tl.float32)
+        var = tl.sum(x * x, axis=1)[:, None] / D + eps
+        if RSQRT:
+            r = tl.math.rsqrt(var)
+        else:
+            r = 1.0 / tl.sqrt_rn(var)
+        w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
+        zoff = (rr // z_rows_per_group) * z_stride_group + (rr % z_rows_per_group) * z_stride_row
+        g = tl.load(z_ptr + zoff + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
+        if SIGMOID:
+            act = tl.sigmoid(g)
+        else:  # silu, as Inductor decomposes it
+            act = g / (1.0 + tl.exp(-g))
+        if not HF:
+            y = x * r * w.to(tl.float32) * act
+        else:
+            n = (x * r).to(IN_DTYPE)
+            wn = (w.to(tl.float32) * n.to(tl.float32)).to(HF_DTYPE)
+            y = wn.to(tl.float32) * act
+        tl.store(y_ptr + rr * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
+
+
 TARGET_PROGRAMS = 1024
 MAX_BLOCK_ELEMENTS = 1024
 
@@ -303,6 +342,45 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
         SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
         HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_R=block_r, BLOCK_D=block_d, IDENTITY=identity,
         PADDED=pad_tokens > 0, num_warps=num_warps, **extra,
+    )
+    return y
+
+
+def rows_config(rows: int, D: int = 128) -> tuple[int, int]:
+    """``(BLOCK_M, num_warps)`` of the merge-free kernel for ``rows`` norm rows of ``D``
+    (see ``benchmarks/results/gated_norm_symbolic.md`` for the sweep these come from)."""
+    block_d = triton.next_power_of_2(D)
+    block_m = max(1, min(ROWS_BLOCK_ELEMENTS // block_d, triton.next_power_of_2(max(1, rows))))
+    block_m = block_for_programs(block_m, lambda b: triton.cdiv(rows, b), ROWS_TARGET_PROGRAMS)
+    return block_m, max(1, min(8, block_m * block_d // ROWS_ELEMENTS_PER_WARP))
+
+
+ROWS_BLOCK_ELEMENTS = 2048
+ROWS_TARGET_PROGRAMS = 528
+ROWS_ELEMENTS_PER_WARP = 512
+
+
+def norm_rows_triton(x: Tensor, z: Tensor, weight: Tensor, y: Tensor, *, eps: float, activation: str,
+                     form: str, rsqrt: bool, block_m: int | None = None, num_warps: int | None = None) -> Tensor:
+    """The merge-free gated RMSNorm of ``x [n, R * D]`` (token-strided; ``R`` norm rows per
+    token) into ``y`` (fresh, contiguous ``[n * R, D]``): one launch, no sync, no allocation."""
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("gated_norm_merge: the Triton kernel needs triton, which is not installed")
+    D = weight.shape[0]
+    x, x_stride = _rows(x)
+    R = x.shape[1] // D
+    rows = x.shape[0] * R
+    if rows == 0:
+        return y
+    auto_m, auto_w = rows_config(rows, D)
+    block_m = block_m or auto_m
+    num_warps = num_warps or (auto_w if block_m == auto_m else max(1, min(8, block_m * D // ROWS_ELEMENTS_PER_WARP)))
+    in_dtype = x.dtype
+    _gated_norm_rows_kernel[(triton.cdiv(rows, block_m),)](
+        x, *((1, D, 0) if x_stride == R * D else (R, x_stride, D)), z, *_gate_strides(z), weight, y, rows, D, eps,
+        SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
+        HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(D),
+        num_warps=num_warps,
     )
     return y
 

@@ -1,0 +1,69 @@
+"""The merge-free gated RMSNorm's own Triton kernel (``norm_rows_triton``, what
+``kda::gated_norm_merge`` launches on CUDA with one source and no indices) against the CPU op:
+bit-exact under the interpreter, within 1 bf16 ulp on a GPU. Every form, gate, reciprocal,
+block shape, a token-strided source and strided 2-D / 3-D gates; poisoned outputs."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kda_inductor.lowerings import gated_norm_merge as mod
+from tests.test_gated_norm_merge import assert_kernel_matches_cpu_op
+
+HAS_RUNNER = mod.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+pytestmark = pytest.mark.skipif(not HAS_RUNNER, reason="needs a GPU or TRITON_INTERPRET=1 with triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# the interpreter truncates float32 -> bfloat16 instead of rounding: float16 there
+DTYPE = torch.bfloat16 if DEVICE == "cuda" else torch.float16
+
+
+def _case(T, H, D, seed, *, x_pad=0, gate="contiguous"):
+    g = torch.Generator().manual_seed(seed)
+    wide = torch.randn(T, H * D + x_pad, generator=g).to(DTYPE).to(DEVICE)
+    x = wide[:, x_pad:]  # token-strided when x_pad > 0
+    zt = torch.randn(T, 3 * H * D, generator=g).to(DTYPE).to(DEVICE)
+    z = {"contiguous": zt[:, :H * D].contiguous().view(-1, D),
+         "split of a projection": zt[:, H * D:2 * H * D].view(T, H, D),
+         "head-major": zt[:, :H * D].reshape(T, H, D).transpose(0, 1).contiguous().transpose(0, 1)}[gate]
+    w = (1 + 0.1 * torch.randn(D, generator=g)).to(DEVICE)
+    return x, z, w
+
+
+def _check(x, z, w, *, act="silu", form="fla", rsqrt=True, block_m=None):
+    D = w.shape[0]
+    rows = x.shape[0] * (x.shape[1] // D)
+    want = torch.ops.kda.gated_norm_merge.default([x.cpu()], [], z.cpu(), w.cpu(), 1e-6, act, form, rsqrt,
+                                                  x.shape[0], DTYPE)
+    y = torch.full((rows, D), 7.0, dtype=DTYPE, device=x.device)  # poisoned
+    mod.norm_rows_triton(x, z, w, y, eps=1e-6, activation=act, form=form, rsqrt=rsqrt, block_m=block_m)
+    assert_kernel_matches_cpu_op(y, want, f"{act} {form} rsqrt={rsqrt} block_m={block_m}")
+
+
+@pytest.mark.parametrize("form", ["fla", "hf"])
+@pytest.mark.parametrize("act", ["silu", "sigmoid"])
+def test_triton_kernel_rows_matches_the_cpu_op(form, act):
+    x, z, w = _case(T=7, H=3, D=16, seed=1)
+    for rsqrt, block_m in ((True, None), (False, None), (True, 4), (True, 1)):
+        _check(x, z, w, act=act, form=form, rsqrt=rsqrt, block_m=block_m)
+
+
+@pytest.mark.parametrize("gate", ["split of a projection", "head-major"])
+def test_triton_kernel_rows_strided_source_and_gate(gate):
+    """A source whose token rows are strided (a slice of a wider buffer) and a gate read where
+    it lies; D not a power of two (masked columns)."""
+    x, z, w = _case(T=5, H=2, D=24, seed=2, x_pad=8, gate=gate)
+    assert x.stride(0) != x.shape[1] and not z.is_contiguous()
+    _check(x, z, w, block_m=2)
+    _check(x, z, w)
+
+
+def test_triton_kernel_rows_config_covers_every_row():
+    """The launch heuristic: a power-of-two block, at most ROWS_BLOCK_ELEMENTS values, every
+    row covered, at least one warp; one row, a prime count and a large count."""
+    for rows in (1, 7, 96, 4099, 16384 * 32):
+        block_m, warps = mod.rows_config(rows, 128)
+        assert block_m & (block_m - 1) == 0 and 1 <= block_m * 128 <= max(128, mod.ROWS_BLOCK_ELEMENTS)
+        assert -(-rows // block_m) * block_m >= rows and 1 <= warps <= 8

@@ -85,7 +85,8 @@ def _compiled(backend: str, options=None):
     return call
 
 
-def run_h(H: int, t_values, *, smoke: bool, reps: int, bandwidth, blocks, warps, D: int) -> list[dict]:
+def run_h(H: int, t_values, *, smoke: bool, reps: int, bandwidth, blocks, warps, D: int,
+          profile: bool = False) -> list[dict]:
     from kda_inductor.lowerings import gated_norm_merge as L
     from kda_inductor.pass_manager import counted
     from kda_inductor.testing import max_ulps
@@ -127,7 +128,25 @@ def run_h(H: int, t_values, *, smoke: bool, reps: int, bandwidth, blocks, warps,
         add_ratios(row, (("kda_over_stock", "kda_us", "stock_us"),))
         rows.append(row)
         progress({k: v for k, v in row.items() if k != "sweep"})
+        if profile and T == max(t_values):
+            for label, f in (("stock", stock), ("kda", kda)):
+                print(f"H={H} T={T} {label}: {kernel_times(lambda: f(x, z, w))}", flush=True)
     return rows
+
+
+def kernel_times(fn, calls: int = 5) -> list[tuple[str, float]]:
+    """The GPU kernels one call of ``fn`` launches, with their mean microseconds (profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out = [(e.key[:60], round(e.device_time_total / calls, 2)) for e in prof.key_averages()
+           if e.device_time_total > 0]
+    return sorted(out, key=lambda kv: -kv[1])[:6]
 
 
 def main(argv=None) -> list[dict]:
@@ -139,6 +158,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
+    p.add_argument("--profile", action="store_true", help="print the kernels of stock and kda at the largest T")
     args = p.parse_args(argv)
     ints = lambda s: tuple(int(v) for v in s.split(","))  # noqa: E731
     if args.smoke:
@@ -160,7 +180,7 @@ def main(argv=None) -> list[dict]:
     with torch.inference_mode():
         for H in h_values:
             rows += run_h(H, t_values, smoke=args.smoke, reps=reps, bandwidth=bandwidth, blocks=blocks,
-                          warps=warps, D=D)
+                          warps=warps, D=D, profile=args.profile and not args.smoke)
     notes = ("NOT meaningful (CPU smoke run)" if args.smoke else
              f"CUDA-graph replay medians, 10 calls per graph, per call; copy bandwidth {bandwidth / 1e12:.2f} TB/s; "
              f"vLLM's RMSNormGated.forward_native spelling, D={D}, bf16, gate a strided view of the projection; "

@@ -15,12 +15,11 @@ What vLLM's ops compute (read in vLLM's ``csrc/libtorch_stable/cache_kernels.cu`
 domain we take over:
 
 * ``indexer_k_quant_and_cache(k, kv_cache, slot_mapping, quant_block_size, kv_cache_dtype)``:
-  for token ``t`` with slot ``s = slot_mapping[t] >= 0`` (``-1``: padding, skipped), per group
+  for token ``t`` of ``k`` (bf16) with slot ``s = slot_mapping[t] >= 0`` (``-1``: padding, skipped), per group
   of 128 values ``scale = max(amax, 1e-4) / 448`` (``kv_cache_dtype == "ue8m0"``: rounded up
   to a power of two; any other string: plain), ``fp8_e4m3(x / scale)`` saturated, values at
   ``block * block_size * stride + offset * head_dim``, float32 scales after the block's values
-  (our blocked layout). Ours where: CUDA tensors on one device; ``k`` 2-D bf16 / fp16 / fp32,
-  contiguous, ``head_dim`` a multiple of 128; ``quant_block_size == 128`` (vLLM's warp
+  (our blocked layout). Ours where: CUDA tensors on one device; ``k`` 2-D bf16, contiguous, ``head_dim`` a multiple of 128; ``quant_block_size == 128`` (vLLM's warp
   reduction spans 128 values); ``kv_cache`` uint8 ``[blocks, block_size, head_dim + 4 *
   head_dim / 128]`` contiguous; ``slot_mapping`` int64, 1-D, contiguous, one slot per token.
   A slot past the cache traps (a device-side assert) where vLLM's kernel writes out of bounds.
@@ -60,7 +59,10 @@ QUANT_BLOCK = 128
 DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 """Devices whose tensors the door takes (the tests add "cpu" to run our kernels under Triton's
 interpreter)."""
-_K_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+_K_DTYPES = (torch.bfloat16,)
+"""vLLM's kernel reads ``k`` four 16-bit values at a time and takes their ``float()``: right
+for bf16 (DeepSeek-V3.2's dtype); for fp16 its dispatch passes raw ``uint16_t`` bits to that
+``float()``, and fp32 rows are read as 16-bit pairs: not a computation to reproduce."""
 _log = logging.getLogger("kda_inductor")
 _logged: set[str] = set()
 _originals: dict[str, Callable[..., Any]] = {}
@@ -130,7 +132,7 @@ def write_unsupported(k, kv_cache, slot_mapping, quant_block_size, kv_cache_dtyp
     if why:
         return why
     if k.dim() != 2 or k.dtype not in _K_DTYPES or k.shape[1] == 0 or k.shape[1] % QUANT_BLOCK:
-        return f"k is {k.dim()}-D {k.dtype} {tuple(k.shape)}, not [T, 128 * G] bf16/fp16/fp32"
+        return f"k is {k.dim()}-D {k.dtype} {tuple(k.shape)}, not bf16 [T, 128 * G]"
     if quant_block_size != QUANT_BLOCK:
         return f"quant_block_size is {quant_block_size}, not {QUANT_BLOCK}"
     if not isinstance(kv_cache_dtype, str):

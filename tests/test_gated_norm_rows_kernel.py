@@ -60,10 +60,9 @@ def test_triton_kernel_rows_strided_source_and_gate(gate):
     _check(x, z, w)
 
 
-def test_triton_kernel_rows_config_covers_every_row():
-    """The launch heuristic: a power-of-two block, at most ROWS_BLOCK_ELEMENTS values, every
-    row covered, at least one warp; one row, a prime count and a large count."""
-    for rows in (1, 7, 96, 4099, 16384 * 32):
-        block_m, warps = mod.rows_config(rows, 128)
-        assert block_m & (block_m - 1) == 0 and 1 <= block_m * 128 <= max(128, mod.ROWS_BLOCK_ELEMENTS)
-        assert -(-rows // block_m) * block_m >= rows and 1 <= warps <= 8
+def test_triton_kernel_rows_config_is_the_measured_table():
+    """The launch table: each size band gets its measured (BLOCK_M, warps), the bands meet, the
+    last one is open; other D keep BLOCK_M * D (at least one row)."""
+    assert [mod.rows_config(r) for r in (1, 1024, 1025, 8192, 8193, 262144, 262145, 1 << 24)] == [
+        (1, 1), (1, 1), (16, 8), (16, 8), (16, 4), (16, 4), (8, 1), (8, 1)]
+    assert mod.rows_config(5000, 64) == (32, 8) and mod.rows_config(5000, 4096) == (1, 8)

@@ -89,6 +89,7 @@ def test_outside_the_domain_goes_to_vllms_own_op(door):
     slots = torch.zeros(3, dtype=torch.int64, device=DEVICE)
     writes = {
         "quant_block_size is 64": (k, kv, slots, 64, "ue8m0"),
+        "k is 2-D torch.float16": (k.half(), kv, slots, 128, "ue8m0"),
         "k is not contiguous": (torch.zeros(128, 3, dtype=torch.bfloat16, device=DEVICE).t(), kv, slots, 128, ""),
         "slot_mapping is 1-D torch.int32": (k, kv, slots.int(), 128, ""),
         "kv_cache is 3-D torch.uint8 (4, 16, 68)": (k, kv[..., :68].contiguous(), slots, 128, ""),

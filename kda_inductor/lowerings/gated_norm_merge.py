@@ -346,18 +346,20 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
     return y
 
 
+ROWS_CONFIGS = ((1024, 1, 1), (8192, 16, 8), (262144, 16, 4), (None, 8, 1))
+"""``(up to rows, BLOCK_M, num_warps)`` of the merge-free kernel, for D = 128: the fastest of
+every ``(BLOCK_M, num_warps)`` in {1, 2, 4, 8, 16} x {1, 2, 4, 8} at each size, read off the
+sweep in ``benchmarks/results/gated_norm_symbolic.md`` (H200, 2026-12-02; the time depends
+on the rows ``T * H``, not on ``H``). Other ``D`` keep ``BLOCK_M * D``."""
+
+
 def rows_config(rows: int, D: int = 128) -> tuple[int, int]:
-    """``(BLOCK_M, num_warps)`` of the merge-free kernel for ``rows`` norm rows of ``D``
-    (see ``benchmarks/results/gated_norm_symbolic.md`` for the sweep these come from)."""
+    """``(BLOCK_M, num_warps)`` of the merge-free kernel for ``rows`` norm rows of ``D``."""
     block_d = triton.next_power_of_2(D)
-    block_m = max(1, min(ROWS_BLOCK_ELEMENTS // block_d, triton.next_power_of_2(max(1, rows))))
-    block_m = block_for_programs(block_m, lambda b: triton.cdiv(rows, b), ROWS_TARGET_PROGRAMS)
-    return block_m, max(1, min(8, block_m * block_d // ROWS_ELEMENTS_PER_WARP))
-
-
-ROWS_BLOCK_ELEMENTS = 2048
-ROWS_TARGET_PROGRAMS = 528
-ROWS_ELEMENTS_PER_WARP = 512
+    for limit, block_m, warps in ROWS_CONFIGS:
+        if limit is None or rows <= limit:
+            return max(1, block_m * 128 // block_d), warps
+    raise AssertionError("unreachable")
 
 
 def norm_rows_triton(x: Tensor, z: Tensor, weight: Tensor, y: Tensor, *, eps: float, activation: str,
@@ -373,8 +375,7 @@ def norm_rows_triton(x: Tensor, z: Tensor, weight: Tensor, y: Tensor, *, eps: fl
     if rows == 0:
         return y
     auto_m, auto_w = rows_config(rows, D)
-    block_m = block_m or auto_m
-    num_warps = num_warps or (auto_w if block_m == auto_m else max(1, min(8, block_m * D // ROWS_ELEMENTS_PER_WARP)))
+    block_m, num_warps = block_m or auto_m, num_warps or auto_w
     in_dtype = x.dtype
     _gated_norm_rows_kernel[(triton.cdiv(rows, block_m),)](
         x, *((1, D, 0) if x_stride == R * D else (R, x_stride, D)), z, *_gate_strides(z), weight, y, rows, D, eps,

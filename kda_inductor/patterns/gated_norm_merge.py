@@ -49,10 +49,20 @@ Speed rule (``speed_rule``), measured on an H200 (torch 2.11, triton 3.6;
   2.9 us vs stock 9.5; T=16384 1.06x the floor vs stock 1.72x; merged into vLLM's padded
   output (``bench_gated_norm_merge.py --case vllm``, 2026-12-01): T=64 / 256 / 4096 / 16384
   2.2 / 3.2 / 27.7 / 103.1 us vs stock 6.5 / 5.9 / 45.9 / 189.2 us (1.09x the floor);
-* CUDA, merge-free (also a tensor copied into a padded output): static sizes with
-  ``rows * D <= MERGE_FREE_MAX_VALUES`` (the kernel beat or tied Inductor's own fusion up to
-  256 x 32 x 128 in every run, lost once at 1024 and at 4096, and at 16384); larger or
-  symbolic sizes are left to Inductor;
+* CUDA, merge-free, symbolic row count (how vLLM compiles ``RMSNormGated.forward_native``:
+  one graph for every token count): always. The merge-free kernel (``norm_rows_triton``) was
+  measured against the code Inductor emits for the same graph with ``T`` dynamic, vLLM's
+  spelling, T = 1 ... 16384 and H = 16 / 32 / 64 heads of D = 128
+  (``benchmarks/bench_gated_norm_symbolic.py``; ``benchmarks/results/gated_norm_symbolic.md``,
+  H200, 2026-12-02): never slower beyond the timing noise of a ~1.5 us launch (at most 0.09 us
+  behind at 2-64 tokens, where stock's own time moved by 0.5 us between runs), 0.94-1.0x
+  stock's time at H = 32 from 512 tokens, and about a third of it where Inductor's symbolic
+  code runs at 3x the floor (H = 16 / 64 in that run: 51 vs 159 us, 200 vs 632 us at 16384);
+* CUDA, merge-free with static sizes (also a tensor copied into a padded output, static or
+  symbolic): ``rows * D <= MERGE_FREE_MAX_VALUES``. Inductor's code for a static size
+  reaches the floor at the largest sizes (KDA's 4-D norm at 16384 x 32 x 128: 93.6 us; our
+  kernel took 102 us for that many rows at a symbolic T); the threshold sits below every loss
+  measured;
 * CPU: never. The op's CPU implementation is eager's ops, 3-13x slower than the C++ Inductor
   generates for the same graph (T=16 / 512 tokens x 32 x 128: 599 vs 133 us and 34 vs 2.7 ms
   with the merge; 334 vs 125 us and 10.6 vs 2.3 ms merge-free).
@@ -177,7 +187,10 @@ class GatedNormMerge(Rewrite):
         if match.plain:
             rows_d = val(match.norm.x).numel()
             if not isinstance(rows_d, int):
-                return "a merge-free gated norm with a symbolic row count (Inductor's fusion is faster at the largest sizes)"
+                if match.pad_value is None:  # the merge-free kernel: never slower at a symbolic T (module docstring)
+                    return None
+                return ("a gated norm of a tensor copied into a padded output, with a symbolic row count (not "
+                        "measured against Inductor's symbolic code)")
             if rows_d > MERGE_FREE_MAX_VALUES:
                 return f"a merge-free gated norm of {rows_d} values (Inductor's fusion is faster above {MERGE_FREE_MAX_VALUES})"
         return None
@@ -604,6 +617,17 @@ def _gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
                 v = graph.call_function(aten.view.default, (base, shape))
                 set_fake_vals(graph, v)
                 return v
+    return _in_place_gate(graph, z, D)
+
+
+def _in_place_gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
+    """``z`` as the op reads it without a copy where its strides allow: a 2-D ``[N, D]`` or
+    3-D ``[A, B, D]`` gate with unit column stride as it is (vLLM's gate, a ``[T, H, D]`` view
+    of the projection's split, with a symbolic ``T``); else ``reshape`` to ``[-1, D]`` (a copy
+    only where no view exists)."""
+    zv = val(z)
+    if zv is not None and zv.dim() in (2, 3) and zv.shape[-1] == D and (zv.stride(-1) == 1 or D == 1):
+        return z
     return _reshape(graph, z, [-1, D])
 
 

@@ -61,6 +61,21 @@ def test_explain_reports_every_rewrite_and_both_graphs(inputs):
     assert "frames that fell back to eager: 0" in text
 
 
+def test_explain_takes_mode_and_options_and_passes_other_keywords_to_fn(inputs):
+    cache, table, cu, n = inputs
+    seen = []
+
+    def fn(c, t, s, *, tokens):
+        seen.append(tokens)
+        return gather_indexer_k(c, t, s, tokens)
+
+    report = kda_inductor.explain(fn, cache, table, cu, tokens=n, options={"kda": {"force": True}})
+    assert report.matches["indexer_k_gather"] == 1 and seen == [n]  # forced: the CPU speed rule is off
+    # a keyword of fn's own named like explain's goes through Explainer, which passes every keyword to fn
+    report = kda_inductor.Explainer()(lambda x, mode, options: x * mode + options, torch.ones(3), mode=2.0, options=1.0)
+    assert report.matches == dict.fromkeys(kda_inductor.REWRITE_NAMES, 0) and len(report.graphs) == 1
+
+
 def test_explain_loop_form_points_to_vectorized_form(inputs):
     cache, table, cu, n = inputs
     dv = torch.empty(n, 128, dtype=torch.uint8)

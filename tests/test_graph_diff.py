@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -207,8 +208,14 @@ def test_cli_load_error_exit_status_and_traceback_on_request(tmp_path):
     assert done.returncode == 1 and "Traceback (most recent call last)" in done.stderr, done.stderr
 
 
-def test_torch_trace_artifacts(tmp_path):
-    """Under TORCH_TRACE our before/after graphs land next to Inductor's, for tlparse."""
+ARTIFACTS = ("kda_inductor_post_grad_before", "kda_inductor_post_grad_after", "kda_inductor_rewrites",
+             "kda_inductor_graph_diff")
+
+
+@pytest.fixture(scope="module")
+def torch_trace(tmp_path_factory):
+    """A TORCH_TRACE folder of one forced compile of the gather (one log file)."""
+    folder = tmp_path_factory.mktemp("trace")
     code = (
         "import sys; sys.path.insert(0, %r)\n"
         "import torch; from tests import graph_targets\n"
@@ -216,9 +223,28 @@ def test_torch_trace_artifacts(tmp_path):
         "torch._inductor.config.force_disable_caches = True\n"
         "torch.compile(fn, backend='kda_inductor')(*args)\n" % str(ROOT)
     )
-    env = {**os.environ, "TORCH_TRACE": str(tmp_path)}
+    env = {**os.environ, "TORCH_TRACE": str(folder)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT, timeout=300)
-    logs = "".join(p.read_text() for p in tmp_path.iterdir())
-    for name in ("kda_inductor_post_grad_before", "kda_inductor_post_grad_after",
-                 "kda_inductor_rewrites", "kda_inductor_graph_diff"):
+    return folder
+
+
+def test_torch_trace_artifacts(torch_trace):
+    """Under TORCH_TRACE our before/after graphs land next to Inductor's, for tlparse."""
+    logs = "".join(p.read_text() for p in torch_trace.iterdir())
+    for name in ARTIFACTS:
         assert f'"name": "{name}"' in logs, name
+
+
+TLPARSE = shutil.which("tlparse", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+@pytest.mark.skipif(TLPARSE is None, reason="tlparse is not installed (pip install tlparse)")
+def test_tlparse_shows_our_artifacts(torch_trace, tmp_path):
+    """The README's command: tlparse on the log file writes a page per artifact, ours included."""
+    (log,) = torch_trace.glob("*.log")
+    subprocess.run([TLPARSE, str(log), "-o", str(tmp_path / "html"), "--no-browser"], check=True, timeout=300,
+                   capture_output=True)
+    pages = {p.name for p in (tmp_path / "html").rglob("*")}
+    for name in ARTIFACTS:
+        assert any(page.startswith(f"{name}_") for page in pages), (name, sorted(pages))
+    assert "index.html" in pages

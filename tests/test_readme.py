@@ -101,10 +101,12 @@ def test_directives_are_read(tmp_path):
     (tmp_path / "R.md").write_text("x\n<!-- readme-test: skip (needs a GPU) -->\n```bash\nnvidia-smi\n```\n"
                                    "<!-- readme-test: setup\nmodel = 1\n-->\n```python\nprint(model)\n```\n"
                                    "```text\nnot code\n```\n")
-    (tmp_path / "N.md").write_text("<!-- readme-test: needs no-such-command-kda (pip install it) -->\n```bash\n"
-                                   "no-such-command-kda\n```\n<!-- readme-test: needs bash -->\n```bash\nbash -c true\n```\n")
+    (tmp_path / "N.md").write_text("<!-- readme-test: needs no-such-command-kda (pip install it) -->\n"
+                                   "```bash\nno-such-command-kda\n```\n"
+                                   "<!-- readme-test: needs bash -->\n```bash\nbash -c true\n```\n")
     missing, present = blocks(tmp_path / "N.md")
-    assert (missing.needs, missing.skip) == ("no-such-command-kda", "no-such-command-kda is not installed (pip install it)")
+    assert missing.needs == "no-such-command-kda"
+    assert missing.skip == "no-such-command-kda is not installed (pip install it)"
     assert (present.needs, present.skip) == ("bash", None)
     skip, setup = blocks(tmp_path / "R.md")
     assert (skip.line, skip.skip, skip.code) == (3, "(needs a GPU)", "nvidia-smi\n")

@@ -19,9 +19,11 @@ Three pre-norm blocks, each ``x += mixer(norm(x)); x += mlp(norm(x))``:
 3. the KDA layer (the same with a per-channel decay and a sigmoid output gate).
 
 Compiled with ``backend="kda_inductor"`` (on a GPU; on CPU the speed rules leave the graph to
-Inductor unless ``force``), per step: ``indexer_k_write`` 1, ``indexer_k_gather`` 1,
-``gdn_spec_split`` 2 and ``gated_norm_merge`` 2 (one each per recurrent layer)
-(:data:`EXPECTED_MATCHES`).
+Inductor unless ``force``), a spec-decode step gets ``indexer_k_write`` 1, ``indexer_k_gather``
+1, ``gdn_spec_split`` 2 and ``gated_norm_merge`` 2 (one each per recurrent layer)
+(:data:`EXPECTED_MATCHES`); a step with prefill requests gets ``gdn_spec_split`` 8 forced (the
+varlen conv's gathers: :data:`VARLEN_CONV_SPLITS`, :func:`expected_matches`), and by default on
+CUDA 2 (mixed) or 0 (a pure prefill: one-sided splits).
 
 **Batches.** :func:`make_batch` lays out one serving step: spec-decode requests (draft tokens
 + 1 new tokens each), decode requests (one) and prefill requests (many), in a random order,

@@ -14,8 +14,8 @@ Public surface: ``backend`` (the module; ``backend.kda_inductor`` is the compile
 function that the ``torch_dynamo_backends`` entry point names), ``post_grad_pass`` (the
 pass alone, a plain attribute: vLLM resolves the name as
 ``__import__("kda_inductor").__dict__["post_grad_pass"]``) and ``VllmPostGradPass`` (the
-same with options), ``explain`` (and
-``Explainer`` for mode/options) and its ``Report``, ``KdaOptions``,
+same with options), ``explain`` (with
+``mode=``/``options=``; ``Explainer`` passes every keyword to fn) and its ``Report``, ``KdaOptions``,
 ``REWRITE_NAMES`` and ``__version__``; ``kda_inductor.testing`` and the pytest
 plugin for tests; the ``kda-inductor`` command.
 

@@ -288,13 +288,14 @@ class Explainer:
     """``explain`` with compile settings: ``Explainer(mode="reduce-overhead")(fn, *args)``.
 
     ``mode`` and ``options`` are those of ``torch.compile`` (``options["kda"]`` holds
-    ours). Without them, ``kda_inductor.explain(fn, *args, **kwargs)`` is the same call.
+    ours). The call passes every keyword argument to ``fn``: the way to give ``fn`` a keyword
+    named ``mode`` or ``options``, which :func:`explain` takes itself.
     """
 
     mode: str | None = None
     options: dict[str, Any] | None = None
 
-    def __call__(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
+    def __call__(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Report:
         """Compile ``fn`` with ``backend="kda_inductor"`` on these inputs and report.
 
         Resets Dynamo first (like ``torch._dynamo.explain``) and compiles with
@@ -325,9 +326,13 @@ class Explainer:
         return Report(matches, graphs, breaks, frames, skips, compiled)
 
 
-def explain(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Report:
-    """``Explainer()(fn, *args, **kwargs)``: compile ``fn`` with the backend and report.
+def explain(fn: Callable[..., Any], /, *args: Any, mode: str | None = None,
+            options: dict[str, Any] | None = None, **kwargs: Any) -> Report:
+    """Compile ``fn`` with the backend, call it once as ``fn(*args, **kwargs)`` and report.
 
-    For ``mode=``/``options=``, use :class:`Explainer`.
+    ``mode`` and ``options`` are explain's own, those of ``torch.compile`` (``options["kda"]``
+    holds ours: ``explain(fn, x, options={"kda": {"force": True}})``); every other keyword
+    argument goes to ``fn``. To give ``fn`` a keyword argument named ``mode`` or ``options``,
+    call ``Explainer(mode=..., options=...)(fn, *args, **kwargs)``, which passes them all to ``fn``.
     """
-    return Explainer()(fn, *args, **kwargs)
+    return Explainer(mode=mode, options=options)(fn, *args, **kwargs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -44,9 +45,12 @@ def kda_inductor(
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
-    options = dict(options or {})
-    kda_options = KdaOptions.parse(options.pop("kda", None))
-    patches = _inductor_config_patches(mode, options)
+    try:
+        options = dict(options or {})
+        kda_options = KdaOptions.parse(options.pop("kda", None))
+        patches = _inductor_config_patches(mode, options)
+    except (TypeError, ValueError, RuntimeError) as exc:  # the settings' own errors, not the graph's
+        return _raises(exc)
     existing = patches.get(HOOK, getattr(inductor_config, HOOK))
     grad = _traced_with_grad(example_inputs)
 
@@ -75,6 +79,22 @@ def kda_inductor(
         if hasattr(failure, "add_note"):  # Python 3.11+
             failure.add_note(f"kda_inductor: compiling again with every match rewritten failed too: {_one_line(again)}")
         raise failure from None
+
+
+def _raises(exc: Exception) -> Callable[..., Any]:
+    """A compiled function that raises ``exc`` (its type and message) at every call.
+
+    A bad ``mode=``/``options=`` (a typo, an unknown rewrite name) reaches the backend only at
+    the first call, inside Dynamo, which wraps whatever a backend raises in
+    ``BackendCompilerFailed`` with its "reporting a bug to PyTorch" text (torch 2.9-2.14; no hook
+    sees the options at ``torch.compile`` time). Raised by the compiled code instead, it reaches
+    the caller as itself, at every call, since the settings stay wrong.
+    """
+
+    def bad_settings(*_: Any) -> Any:
+        raise exc.with_traceback(None)
+
+    return bad_settings
 
 
 def _one_line(exc: BaseException) -> str:

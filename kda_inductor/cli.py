@@ -2,6 +2,7 @@
 
     kda-inductor graph-diff TARGET [--rewrite NAME] [--mode MODE] [--force] [--grad]
                                    [--explain-misses] [--html FILE] [--color auto|always|never]
+                                   [--traceback]
 
 TARGET names a function that builds what to compile:
 
@@ -47,22 +48,77 @@ def _builders(module: Any) -> list[str]:
     return sorted(found, key=lambda n: (not n.startswith(("build", "make")), n))
 
 
+class TargetError(SystemExit):
+    """TARGET could not be loaded or built: the message says why in a few lines (exit status 1);
+    ``error`` is the user code's exception, if any (``--traceback`` prints it)."""
+
+    error: BaseException | None = None
+
+
+def _where(exc: BaseException, files: set[str]) -> str:
+    """``"  at file.py:12 in build: <code>"`` for the innermost frame of ``exc``'s traceback in
+    one of ``files`` (the target's), else its innermost frame outside this module and
+    importlib; "" without one."""
+    import traceback
+
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if not f.filename.startswith("<frozen") and f.filename != __file__]
+    ours = [f for f in frames if str(Path(f.filename).resolve()) in files] or frames[-1:]
+    if not ours:
+        return ""
+    f = ours[-1]
+    code = f": {f.line.strip()}" if f.line else ""
+    return f"\n  at {_short(f.filename)}:{f.lineno} in {f.name}{code}"
+
+
+def _short(filename: str) -> str:
+    try:
+        return os.path.relpath(filename)
+    except ValueError:  # pragma: no cover - another drive on Windows
+        return filename
+
+
+def _failed(what: str, exc: BaseException, files: set[str]) -> TargetError:
+    lines = str(exc).strip().splitlines()
+    message = f"{type(exc).__name__}: {lines[0] if lines else ''}" + (" ..." if len(lines) > 1 else "")
+    err = TargetError(f"graph-diff: {what} raised {message}{_where(exc, files)}\n"
+                      f"  (--traceback shows the whole traceback)")
+    err.error = exc
+    return err
+
+
 def load_target(spec: str) -> tuple[Any, tuple, dict]:
-    """Import TARGET and call its builder; returns ``(fn, args, kwargs)``."""
+    """Import TARGET and call its builder; returns ``(fn, args, kwargs)``. Every failure (no
+    such file, an import that fails, no such builder, a builder that needs arguments, raises
+    or returns something else) is a :class:`TargetError` with a short message."""
     path, _, func = spec.partition(":")
     if path.endswith(".py") or os.sep in path or Path(path).is_file():
         file = Path(path)
         if not file.is_file():
-            raise SystemExit(f"graph-diff: no such file: {path}")
+            raise TargetError(f"graph-diff: no such file: {path}")
         name = f"_kda_target_{file.stem}"
         module_spec = importlib.util.spec_from_file_location(name, file)
         module = importlib.util.module_from_spec(module_spec)
         sys.modules[name] = module
         sys.path.insert(0, str(file.resolve().parent))
-        module_spec.loader.exec_module(module)
+        files = {str(file.resolve())}
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:  # noqa: BLE001 - the user's module: say what failed, briefly
+            sys.modules.pop(name, None)
+            raise _failed(f"importing {path}", exc, files) from None
     else:
         sys.path.insert(0, os.getcwd())
-        module = importlib.import_module(path)
+        try:
+            module = importlib.import_module(path)
+        except Exception as exc:  # noqa: BLE001
+            missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+            if missing and f"{path}.".startswith(f"{missing}."):
+                raise TargetError(f"graph-diff: no module named {missing!r} (TARGET {spec}: file.py[:builder], or "
+                                  "package.module:builder importable from the current directory or sys.path)"
+                                  ) from None
+            raise _failed(f"importing {path}", exc, set()) from None
+        files = {str(Path(module.__file__).resolve())} if getattr(module, "__file__", None) else set()
     func = func or "build"
     builder = getattr(module, func, None)
     if not callable(builder):
@@ -70,11 +126,23 @@ def load_target(spec: str) -> tuple[Any, tuple, dict]:
         hint = (f"; its functions that take no arguments: {', '.join(candidates)} (e.g. "
                 f"kda-inductor graph-diff {path}:{candidates[0]})" if candidates else
                 "; it has no function that takes no arguments")
-        raise SystemExit(f"graph-diff: {path} has no function {func}(){hint}. See --help for the convention.")
-    built = builder()
+        raise TargetError(f"graph-diff: {path} has no function {func}(){hint}. See --help for the convention.")
+    try:
+        inspect.signature(builder).bind()
+    except TypeError:
+        others = [b for b in _builders(module) if b != func]
+        hint = f" ({path}'s functions that take none: {', '.join(others)})" if others else ""
+        raise TargetError(f"graph-diff: {func}{inspect.signature(builder)} needs arguments; TARGET names a "
+                          f"function that takes none{hint}. See --help for the convention.") from None
+    except ValueError:  # pragma: no cover - no signature (a builtin): call it and see
+        pass
+    try:
+        built = builder()
+    except Exception as exc:  # noqa: BLE001
+        raise _failed(f"{func}()", exc, files) from None
     if not isinstance(built, tuple) or len(built) not in (2, 3):
-        raise SystemExit(f"graph-diff: {func}() must return (fn, args) or (fn, args, kwargs), "
-                         f"got {type(built).__name__}")
+        raise TargetError(f"graph-diff: {func}() must return (fn, args) or (fn, args, kwargs), "
+                          f"got {type(built).__name__}")
     fn, args, kwargs = (*built, {}) if len(built) == 2 else built
     return fn, tuple(args), dict(kwargs)
 
@@ -120,6 +188,8 @@ def _parser() -> argparse.ArgumentParser:
                         "and the check that rejected them")
     p.add_argument("--html", metavar="FILE", help="also write the report as one HTML page")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    p.add_argument("--traceback", action="store_true",
+                   help="when importing or building the target fails, print the whole traceback")
     return p
 
 
@@ -138,11 +208,20 @@ def graph_diff(argv: list[str]) -> int:
     grad = "grad mode on (--grad)" if args.grad else "torch.inference_mode() (--grad keeps grad)"
     settings = [f"mode={args.mode}" if args.mode else None, f"only {args.rewrite}" if args.rewrite else None,
                 "force (speed rules off)" if args.force else None]
+    title = f"graph-diff {Path(args.target.partition(':')[0]).name}"
+    with compile_progress(title) as step:
+        step("building the target")
+        try:
+            fn, fargs, fkwargs = load_target(args.target)
+        except TargetError as err:
+            if args.traceback and err.error is not None:
+                import traceback
+
+                traceback.print_exception(type(err.error), err.error, err.error.__traceback__)
+            raise
     print(f"graph-diff {args.target}: compiled with backend='kda_inductor'"
           f"{''.join(f', {s}' for s in settings if s)}; run under {grad}")
-    with compile_progress(f"graph-diff {Path(args.target.partition(':')[0]).name}") as step:
-        step("building the target")
-        fn, fargs, fkwargs = load_target(args.target)
+    with compile_progress(title) as step:
         step("compiling (Dynamo, AOTAutograd, our pass, Inductor)")
         ctx = contextlib.nullcontext() if args.grad else torch.inference_mode()
         with ctx:
@@ -155,7 +234,8 @@ def graph_diff(argv: list[str]) -> int:
         out += [_bold(f"=== graph {i} ===", color), *g.table(), ""]
         if g.skipped:
             out += [f"not rewritten: {g.skipped}", ""]
-        out.append(g.diff(color=color, title=f"graph {i}") or "(our pass changed nothing)")
+        diff = g.diff(color=color, title=f"graph {i}")
+        out += [diff] if diff else _unchanged(g, shown, listed=args.explain_misses)
         out.append("")
         if args.explain_misses and not g.skipped:
             names = readable_names(g.record["before_nodes"], g.record["after_nodes"])
@@ -183,6 +263,27 @@ def graph_diff(argv: list[str]) -> int:
                                    encoding="utf-8")
         print(f"\nwrote {args.html}")
     return 0
+
+
+LEFT = "left to Inductor: "
+"""How a speed rule's miss reads (``pass_manager``)."""
+
+
+def _unchanged(g: Any, shown: list[str], *, listed: bool) -> list[str]:
+    """Why a graph's diff is empty: the speed rules' reasons, per rewrite and source line (unless
+    ``--explain-misses`` lists them), or where to look."""
+    from kda_inductor.diff import short_location
+
+    left = {(name, m.location, m.check): m for name in shown for m in g.misses.get(name, [])
+            if m.check.startswith(LEFT)}
+    if not left:
+        return ["(our pass changed nothing" + ("" if listed or g.skipped else "; --explain-misses says why") + ")"]
+    lines = ["(our pass changed nothing: the speed rules left these matches to Inductor, whose code is faster "
+             "here; --force rewrites them anyway)"]
+    for (name, location, check) in ([] if listed else left):
+        where = f"{short_location(location)}: " if location else ""
+        lines.append(f"  {name}: {where}{check}")
+    return lines
 
 
 def _bold(text: str, color: bool) -> str:

@@ -3,7 +3,8 @@
 * ``TORCH_LOGS=kda_inductor`` (INFO): for each graph our pass runs on, its rewrite table
   (matches, nodes removed and added, by op), or the one-line reason it rewrote nothing; a
   graph whose compiled code was served from Inductor's FX graph cache (or AOTAutograd's
-  cache) says so, since our pass does not run again then.
+  cache) says so, since our pass does not run again then (no table, no misses), and how to
+  see them (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``).
 * ``TORCH_LOGS=+kda_inductor`` (DEBUG) adds, per rewrite, the closest candidates it rejected,
   at the user's source line (``model.py:123: not rewritten: <why>``), and that line's code.
 * ``torch._logging.set_logs(modules={"kda_inductor": logging.DEBUG})`` does the same from Python.
@@ -109,8 +110,9 @@ def cache_scope(uuid: Any = None) -> Iterator[None]:
     if served:
         tag = f" (our pass's uuid {str(uuid())[:12]}...)" if callable(uuid) else ""
         log.info("kda_inductor: this graph was served from %s: the code our pass produced when it was "
-                 "compiled earlier with the same kda_inductor sources and options%s; its rewrite table "
-                 "was logged then. TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 recompiles it.",
+                 "compiled earlier with the same kda_inductor sources and options%s. Our pass did not run "
+                 "again, so its rewrite table and its misses (TORCH_LOGS=+kda_inductor) were logged then, "
+                 "not now; TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 recompiles the graph and logs them.",
                  " and ".join(served), tag)
 
 

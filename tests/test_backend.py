@@ -61,6 +61,21 @@ def test_explain_reports_every_rewrite_and_both_graphs(inputs):
     assert "frames that fell back to eager: 0" in text
 
 
+def test_explain_takes_mode_and_options_and_passes_other_keywords_to_fn(inputs):
+    cache, table, cu, n = inputs
+    seen = []
+
+    def fn(c, t, s, *, tokens):
+        seen.append(tokens)
+        return gather_indexer_k(c, t, s, tokens)
+
+    report = kda_inductor.explain(fn, cache, table, cu, tokens=n, options={"kda": {"force": True}})
+    assert report.matches["indexer_k_gather"] == 1 and seen == [n]  # forced: the CPU speed rule is off
+    # a keyword of fn's own named like explain's goes through Explainer, which passes every keyword to fn
+    report = kda_inductor.Explainer()(lambda x, mode, options: x * mode + options, torch.ones(3), mode=2.0, options=1.0)
+    assert report.matches == dict.fromkeys(kda_inductor.REWRITE_NAMES, 0) and len(report.graphs) == 1
+
+
 def test_explain_loop_form_points_to_vectorized_form(inputs):
     cache, table, cu, n = inputs
     dv = torch.empty(n, 128, dtype=torch.uint8)
@@ -95,19 +110,23 @@ def test_disable_option(inputs):
     ],
 )
 def test_bad_kda_options_are_clear_errors(kda, message, inputs):
-    with pytest.raises(Exception, match=message):
+    with pytest.raises(Exception, match=message) as parsed:
         KdaOptions.parse(kda)
     cache, table, cu, n = inputs
-    with fresh_compile(), pytest.raises(Exception, match=message):
-        torch.compile(_gather_fn(n), backend="kda_inductor", options={"kda": kda})(cache, table, cu)
+    with fresh_compile():
+        compiled = torch.compile(_gather_fn(n), backend="kda_inductor", options={"kda": kda})
+        for _ in range(2):  # plainly, at every call: not wrapped in BackendCompilerFailed, no "report a bug"
+            with pytest.raises(parsed.type, match=message) as called:
+                compiled(cache, table, cu)
+            assert type(called.value) is parsed.type and str(called.value) == str(parsed.value)
 
 
 def test_other_options_go_to_inductor(inputs):
     cache, table, cu, n = inputs
-    with fresh_compile(), pytest.raises(Exception, match="not_an_inductor_option"):
-        torch.compile(_gather_fn(n), backend="kda_inductor", options={"not_an_inductor_option": 1})(
-            cache, table, cu
-        )
+    for settings in ({"options": {"not_an_inductor_option": 1}}, {"mode": "no-such-mode"}):
+        with fresh_compile(), pytest.raises(RuntimeError, match="not_an_inductor_option|no-such-mode") as called:
+            torch.compile(_gather_fn(n), backend="kda_inductor", **settings)(cache, table, cu)
+        assert type(called.value) is RuntimeError and "TORCHDYNAMO_VERBOSE" not in str(called.value)
     # a real Inductor option is accepted and our rewrite still runs
     out, matches = compile_and_run(
         _gather_fn(n), cache, table, cu, options={"kda": {"strict": True}, "size_asserts": False}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -162,8 +163,59 @@ def test_cli_bad_target_is_a_clear_error(tmp_path):
         cli.main(["graph-diff", f"{tmp_path / 't.py'}:nope"])
 
 
-def test_torch_trace_artifacts(tmp_path):
-    """Under TORCH_TRACE our before/after graphs land next to Inductor's, for tlparse."""
+def test_cli_says_the_speed_rules_left_the_code_to_inductor(capsys):
+    out = _run_cli(capsys, TARGETS)  # on CPU the rule leaves this small gather to Inductor
+    assert "indexer_k_gather        0" in out
+    assert ("(our pass changed nothing: the speed rules left these matches to Inductor, whose code is faster "
+            "here; --force rewrites them anyway)") in out
+    assert re.search(r"\n  indexer_k_gather: \S*reference\.py:\d+: left to Inductor: on cpu the op is slower", out), out
+
+
+@pytest.mark.parametrize("files, target, message", [
+    ({"t.py": "def helper():\n    raise ValueError('no weights at /x')\n\ndef build():\n    return helper()\n"},
+     "t.py", r"^graph-diff: build\(\) raised ValueError: no weights at /x\n  at \S*t\.py:2 in helper: "
+             r"raise ValueError\('no weights at /x'\)\n  \(--traceback shows the whole traceback\)$"),
+    ({"t.py": "import no_such_dependency\n"},
+     "t.py", r"^graph-diff: importing \S*t\.py raised ModuleNotFoundError: No module named 'no_such_dependency'\n"
+             r"  at \S*t\.py:1 in <module>: import no_such_dependency\n"),
+    ({"t.py": "def build(n, device='cpu'):\n    pass\n\ndef make_small():\n    pass\n"},
+     "t.py", r"^graph-diff: build\(n, device='cpu'\) needs arguments; TARGET names a function that takes none "
+             r"\(\S*t\.py's functions that take none: make_small\)"),
+    ({"pkg_t/__init__.py": "", "pkg_t/m.py": "x = 1 / 0\n"},
+     "pkg_t.m:build", r"^graph-diff: importing pkg_t.m raised ZeroDivisionError: division by zero\n  at \S*m\.py:1"),
+    ({}, "no_such_pkg_t.models:build", r"^graph-diff: no module named 'no_such_pkg_t' \(TARGET no_such_pkg_t"),
+])
+def test_cli_load_errors_are_short_messages_without_header(files, target, message, tmp_path, capsys, monkeypatch):
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["graph-diff", str(tmp_path / target) if target.endswith(".py") else target])
+    assert re.search(message, str(exited.value.code)), exited.value.code
+    assert "Traceback" not in str(exited.value.code) and len(str(exited.value.code).splitlines()) <= 3
+    assert capsys.readouterr().out == ""  # no "compiled with backend=..." header: nothing compiled
+
+
+def test_cli_load_error_exit_status_and_traceback_on_request(tmp_path):
+    (tmp_path / "t.py").write_text("def build():\n    raise RuntimeError('boom')\n")
+    cmd = [sys.executable, "-m", "kda_inductor.cli", "graph-diff", str(tmp_path / "t.py")]
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.startswith("graph-diff: build() raised RuntimeError: boom\n") and "Traceback" not in done.stderr
+    done = subprocess.run([*cmd, "--traceback"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 1 and "Traceback (most recent call last)" in done.stderr, done.stderr
+
+
+ARTIFACTS = ("kda_inductor_post_grad_before", "kda_inductor_post_grad_after", "kda_inductor_rewrites",
+             "kda_inductor_graph_diff")
+
+
+@pytest.fixture(scope="module")
+def torch_trace(tmp_path_factory):
+    """A TORCH_TRACE folder of one forced compile of the gather (one log file)."""
+    folder = tmp_path_factory.mktemp("trace")
     code = (
         "import sys; sys.path.insert(0, %r)\n"
         "import torch; from tests import graph_targets\n"
@@ -171,9 +223,28 @@ def test_torch_trace_artifacts(tmp_path):
         "torch._inductor.config.force_disable_caches = True\n"
         "torch.compile(fn, backend='kda_inductor')(*args)\n" % str(ROOT)
     )
-    env = {**os.environ, "TORCH_TRACE": str(tmp_path)}
+    env = {**os.environ, "TORCH_TRACE": str(folder)}
     subprocess.run([sys.executable, "-c", code], check=True, env=env, cwd=ROOT, timeout=300)
-    logs = "".join(p.read_text() for p in tmp_path.iterdir())
-    for name in ("kda_inductor_post_grad_before", "kda_inductor_post_grad_after",
-                 "kda_inductor_rewrites", "kda_inductor_graph_diff"):
+    return folder
+
+
+def test_torch_trace_artifacts(torch_trace):
+    """Under TORCH_TRACE our before/after graphs land next to Inductor's, for tlparse."""
+    logs = "".join(p.read_text() for p in torch_trace.iterdir())
+    for name in ARTIFACTS:
         assert f'"name": "{name}"' in logs, name
+
+
+TLPARSE = shutil.which("tlparse", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
+@pytest.mark.skipif(TLPARSE is None, reason="tlparse is not installed (pip install tlparse)")
+def test_tlparse_shows_our_artifacts(torch_trace, tmp_path):
+    """The README's command: tlparse on the log file writes a page per artifact, ours included."""
+    (log,) = torch_trace.glob("*.log")
+    subprocess.run([TLPARSE, str(log), "-o", str(tmp_path / "html"), "--no-browser"], check=True, timeout=300,
+                   capture_output=True)
+    pages = {p.name for p in (tmp_path / "html").rglob("*")}
+    for name in ARTIFACTS:
+        assert any(page.startswith(f"{name}_") for page in pages), (name, sorted(pages))
+    assert "index.html" in pages

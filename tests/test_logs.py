@@ -47,6 +47,9 @@ def test_torch_logs_tables_misses_and_cache_hits(tmp_path):
     assert "graph_targets.py:" in line, line
     info = _run("kda_inductor", tmp_path)  # same code, same cache: Inductor serves the compiled graph
     assert "served from" in info and "the code our pass produced when it was compiled earlier" in info
+    # at INFO: why no table and no misses, and how to see them
+    assert ("so its rewrite table and its misses (TORCH_LOGS=+kda_inductor) were logged then, not now; "
+            "TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 recompiles the graph and logs them") in info
     assert "rewrites in this post-grad graph" not in info and "closest candidates" not in info
 
 

@@ -131,6 +131,68 @@ def test_close_to_eager_fp8_and_exact_are_bitwise():
         assert_close_to_eager(torch.ones(4), torch.ones(4) + 1e-7, exact=True)
 
 
+def test_close_to_eager_compares_nans_by_bytes():
+    """float32 scales read from random cache bytes hold NaNs: the same bytes pass."""
+    bits = torch.randint(-2**31, 2**31 - 1, (64,), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
+    bits[[3, 9, 40]] = torch.tensor([0x7FC00000, 0x7F800001, -1], dtype=torch.int32)  # three NaN payloads
+    scales = bits.view(torch.float32)
+    assert scales.isnan().sum() >= 3
+    assert_close_to_eager((scales, scales.to(torch.bfloat16)), (scales.clone(), scales.to(torch.bfloat16)))
+    number = scales.clone()
+    number[9] = 1.0
+    with pytest.raises(AssertionError, match=r"output 0: torch.float32: NaN where eager has a number at 1 of 64 "
+                                             r"position\(s\); first at index \(9,\): got nan, eager 1.0"):
+        assert_close_to_eager((scales, scales), (number, scales))
+    with pytest.raises(AssertionError, match=r"a number where eager has NaN at 1 of 64 position\(s\); first at "
+                                             r"index \(9,\): got 1.0, eager nan"):
+        assert_close_to_eager(number, scales)
+    payload = bits.clone()
+    payload[40] = 0x7FC00000
+    with pytest.raises(AssertionError, match=r"1 of \d+ NaN\(s\) have other bit patterns than eager's"):
+        assert_close_to_eager(payload.view(torch.float32), scales)
+
+
+class _SmallBf16Model(torch.nn.Module):
+    """RMSNorm, SwiGLU MLP, residual: a transformer block's MLP half."""
+
+    def __init__(self, d: int = 64):
+        super().__init__()
+        self.norm = torch.nn.RMSNorm(d)
+        self.up = torch.nn.Linear(d, 2 * d, bias=False)
+        self.down = torch.nn.Linear(d, d, bias=False)
+
+    def forward(self, x):
+        a, b = self.up(self.norm(x)).chunk(2, -1)
+        return x + self.down(torch.nn.functional.silu(a) * b)
+
+
+def test_close_to_eager_default_bf16_tolerance_passes_stock_inductor():
+    """Inductor keeps fused intermediates in float32 where eager rounds each op to bf16:
+    torch.testing's bf16 atol (1e-5) fails this; one bf16 step at the output's scale does not."""
+    torch.manual_seed(0)
+    model = _SmallBf16Model().to(torch.bfloat16).eval()
+    x = torch.randn(32, 64, dtype=torch.bfloat16)
+    torch._dynamo.reset()
+    with torch.no_grad(), torch._inductor.config.patch(force_disable_caches=True):
+        got, want = torch.compile(model, backend="inductor")(x), model(x)
+    torch._dynamo.reset()
+    assert not torch.equal(got, want)  # the two round differently
+    with pytest.raises(AssertionError, match="not close"):
+        torch.testing.assert_close(got, want)
+    assert_close_to_eager(got, want)
+    # real errors still fail: an indexing bug, an element near 0 off by 2% of the scale, the
+    # largest off by 8 bf16 steps (3.4%; torch.testing's rtol alone allows up to 4 near 3.75)
+    with pytest.raises(AssertionError, match="not close"):
+        assert_close_to_eager(got.roll(1, 0), want)
+    near_zero = got.clone().view(-1)
+    near_zero[want.abs().argmin()] += 0.02 * float(want.abs().max())
+    steps = got.clone().view(-1).view(torch.int16)
+    steps[want.abs().argmax()] += 8  # 8 representable values away from 0
+    for bad in (near_zero, steps.view(torch.bfloat16)):
+        with pytest.raises(AssertionError, match="not close"):
+            assert_close_to_eager(bad.view_as(want), want)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_max_ulps_counts_representable_steps(dtype):
     x = torch.randn(64).to(dtype).abs() + 1

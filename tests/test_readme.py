@@ -11,8 +11,10 @@ Extracts the fenced blocks of README.md (and of ``README_*.md`` drafts beside it
 * ``python`` blocks run in a fresh namespace after ``tests/readme_standins/snippets.py``
   (stand-ins for placeholder names such as ``model``, ``fn``, ``args``).
 
-A block opts out with ``<!-- readme-test: skip (why) -->`` on the line before its fence, and
-gets extra stand-ins with ``<!-- readme-test: setup`` ... ``-->`` (Python code run first).
+A block opts out with ``<!-- readme-test: skip (why) -->`` on the line before its fence, runs
+only where a command is installed with ``<!-- readme-test: needs COMMAND (why) -->`` (skipped,
+saying so, where it is not), and gets extra stand-ins with ``<!-- readme-test: setup`` ...
+``-->`` (Python code run first).
 Both are HTML comments: invisible on the rendered page.
 """
 
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 STANDINS = Path(__file__).with_name("readme_standins")
 SHELLS = {"bash", "sh", "shell", "console"}
 _FENCE = re.compile(r"^```(\w*)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
-_DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*(skip|setup)\b(.*?)-->\s*$", re.S)
+_DIRECTIVE = re.compile(r"<!--\s*readme-test:\s*(skip|setup|needs)\b(.*?)-->\s*$", re.S)
 _LEFT_OUT = re.compile(r"^\s*(pip3?|python3? -m pip|uv pip) install\b|^\s*(python3? -m )?pytest\b")
 
 
@@ -46,6 +48,8 @@ class Block:
     code: str
     skip: str | None = None
     setup: str = ""
+    needs: str | None = None
+    """A command the block runs that is installed separately (``needs`` directive)."""
 
     @property
     def id(self) -> str:
@@ -64,10 +68,20 @@ def blocks(path: Path) -> list[Block]:
         if (d := re.search(r"<!--[^<]*?-->\s*\Z", before, re.S)) and (dm := _DIRECTIVE.search(d.group(0))):
             if dm.group(1) == "skip":
                 block.skip = dm.group(2).strip() or "opted out"
+            elif dm.group(1) == "needs":
+                command, _, why = dm.group(2).strip().partition(" ")
+                if shutil.which(command, path=_search_path()) is None:
+                    block.skip = f"{command} is not installed {why.strip()}".strip()
+                block.needs = command
             else:
                 block.setup = dm.group(2)
         found.append(block)
     return found
+
+
+def _search_path() -> str:
+    """PATH as the shell blocks get it: this Python's scripts first."""
+    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
 def _all_blocks() -> list[Block]:
@@ -87,6 +101,13 @@ def test_directives_are_read(tmp_path):
     (tmp_path / "R.md").write_text("x\n<!-- readme-test: skip (needs a GPU) -->\n```bash\nnvidia-smi\n```\n"
                                    "<!-- readme-test: setup\nmodel = 1\n-->\n```python\nprint(model)\n```\n"
                                    "```text\nnot code\n```\n")
+    (tmp_path / "N.md").write_text("<!-- readme-test: needs no-such-command-kda (pip install it) -->\n"
+                                   "```bash\nno-such-command-kda\n```\n"
+                                   "<!-- readme-test: needs bash -->\n```bash\nbash -c true\n```\n")
+    missing, present = blocks(tmp_path / "N.md")
+    assert missing.needs == "no-such-command-kda"
+    assert missing.skip == "no-such-command-kda is not installed (pip install it)"
+    assert (present.needs, present.skip) == ("bash", None)
     skip, setup = blocks(tmp_path / "R.md")
     assert (skip.line, skip.skip, skip.code) == (3, "(needs a GPU)", "nvidia-smi\n")
     assert setup.skip is None and setup.setup.strip() == "model = 1" and setup.code == "print(model)\n"
@@ -154,7 +175,7 @@ def test_shell_block_runs(block: Block, tmp_path):
     if not script.strip():
         return
     work = _scratch(tmp_path)
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    env = {**os.environ, "PATH": _search_path(),
            "OMP_NUM_THREADS": "1", "NO_PROGRESS": "1", "PYTHONPATH": str(work)}
     done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=work, env=env, capture_output=True,
                           text=True, timeout=900)

@@ -98,7 +98,7 @@ def test_plugin_door_signatures_are_vllms():
     done = _python(
         "import inspect, vllm._custom_ops as ops, kda_inductor.vllm_ops as door\n"
         "for name in ('indexer_k_quant_and_cache', 'cp_gather_indexer_k_quant_cache'):\n"
-        "    a, b = inspect.signature(getattr(ops, name)), inspect.signature(getattr(door, name))\n"
+        "    a, b = (inspect.signature(getattr(m, name), eval_str=True) for m in (ops, door))\n"
         "    assert [(p.name, p.kind, p.default, str(p.annotation)) for p in a.parameters.values()] == "
         "[(p.name, p.kind, p.default, str(p.annotation)) for p in b.parameters.values()], (name, a, b)\n"
         "    assert str(a.return_annotation) == str(b.return_annotation), (name, a, b)\n"

@@ -415,6 +415,42 @@ def test_dynamic_token_count():
     assert len(records) >= 2 and all(r["matches"]["indexer_k_write"] == 1 for r in records)
 
 
+def _compile_dynamic(mode):
+    return torch.compile(lambda k, c, s: _masked(k, c, s, False), backend="kda_inductor",
+                         dynamic=True if mode.startswith("dynamic") else None, options={"kda": {"force": True}})
+
+
+@pytest.mark.parametrize("mode", ["automatic", "mark_dynamic", "dynamic_true_rows_static", "dynamic_true"])
+def test_dynamic_token_and_block_counts(mode):
+    """Token count and block count vary (automatic dynamic recompiles once; ``mark_dynamic``
+    on the token dim; ``dynamic=True`` with the block size and row width marked static):
+    every graph keeps the rewrite, byte-exact against the reference. Plain ``dynamic=True``
+    makes the block size symbolic too: not matched, and the miss says why and what to do."""
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = _compile_dynamic(mode)
+        for tokens, blocks in ((5, 6), (7, 8), (9, 10)):
+            k, cache, slots, _, _ = _inputs(128, 16, num_blocks=blocks, tokens=tokens, seed=tokens, padding=(1,))
+            if mode == "mark_dynamic":
+                torch._dynamo.mark_dynamic(k, 0)
+                torch._dynamo.mark_dynamic(slots, 0)
+            if mode == "dynamic_true_rows_static":
+                for t, d in ((cache, 1), (cache, 2), (k, 1)):
+                    torch._dynamo.mark_static(t, d)
+            expected = _reference(k, cache, slots, False)
+            compiled(k, cache, slots)
+            assert torch.equal(cache, expected)
+    counts = [r["matches"]["indexer_k_write"] for r in records]
+    if mode == "dynamic_true":
+        assert counts == [0]
+        (miss,) = records[0]["misses"]["indexer_k_write"]
+        assert "block size or row width is symbolic" in miss.check and "mark_static" in miss.check, miss
+        assert miss.location.endswith("reference.py:175"), miss
+    else:
+        assert counts == ([1] if mode.startswith("dynamic") else [1, 1]), counts
+        assert re.fullmatch(r"uint8\[s\d+, 16, 132\]", next(
+            r.meta for r in records[-1]["before_nodes"] if r.meta.startswith("uint8["))), records[-1]
+
+
 def test_round_trip_through_the_gather():
     """LayerNorm + write, then indexer_k_gather and dequantize: within half a quantization step."""
     seqs, bs = [9, 0, 20], 16

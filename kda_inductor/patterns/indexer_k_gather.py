@@ -81,7 +81,7 @@ from kda_inductor.patterns.base import (
     set_fake_vals,
     val,
 )
-from kda_inductor.patterns._layout import byte_address, is_view_op, layout_from, meta_like, view_root
+from kda_inductor.patterns._layout import SYMBOLIC_ROW, byte_address, is_view_op, symbolic_layout_from, symbolic_row, view_root
 from kda_inductor.reference import QUANT_GROUP
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
@@ -201,11 +201,11 @@ class IndexerKGather(Rewrite):
         if cache is None or not _is_cache(cache):
             return None
         try:
-            lay = layout_from(src, cache, meta_like(val(cache)))
+            lay = symbolic_layout_from(src, cache)
         except ValueError:
             return None
         if lay is None:
-            return None
+            return self.miss(n, 1, SYMBOLIC_ROW) if symbolic_row(val(cache)) else None
         out, node, region = val(n), n, ()
         indices = list(indices)
         if out is not None and out.dim() == 1 and len(indices) == lay.dim():

@@ -75,6 +75,7 @@ import torch.fx as fx
 
 from kda_inductor.lowerings import indexer_k_write as _lowering  # registers the op
 from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, Table, known, same
+from kda_inductor.patterns._layout import SYMBOLIC_ROW, concrete_args, meta_like, same_addressing, symbolic_row
 from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
     VIEWS,
@@ -124,12 +125,13 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class _Chain:
-    """Reads the functional write chain of one graph-input cache."""
+    """Reads the functional write chain of one graph-input cache. Symbolic sizes (a block
+    count that varies) take their example values plus ``shift`` (see ``_same_addressing``)."""
 
-    def __init__(self, cache: fx.Node):
-        cv = val(cache)
+    def __init__(self, cache: fx.Node, shift: int = 0):  # ValueError: a size without an example value
         self.cache = cache
-        self.root = torch.empty_strided(tuple(cv.shape), tuple(cv.stride()), dtype=torch.uint8, device="meta")
+        self.shift = shift
+        self.root = meta_like(val(cache), shift)
         self.memo: dict[fx.Node, _State | None] = {}
 
     def state(self, n: Any) -> _State | None:
@@ -146,9 +148,9 @@ class _Chain:
     def _state(self, n: fx.Node) -> _State | None:
         if n is self.cache:
             return _State((), self.root)
-        a = n.args
-        if not a or not all(isinstance(x, int) for x in _flat_ints(a[1:])):
+        if not n.args:
             return None
+        a = (n.args[0], *fx.node.map_aggregate(n.args[1:], self._leaf))
         if is_op(n, *VIEWS) and n.target is not aten.view.dtype:
             s = self.state(a[0])
             if s is None:
@@ -177,16 +179,14 @@ class _Chain:
             return _State(src.writes, base.layout)
         return None
 
-
-def _flat_ints(args) -> list:
-    """The non-node, non-dtype leaves of ``args`` (shapes, dims, bounds): must be ints."""
-    out = []
-    for x in args:
-        if isinstance(x, (list, tuple)):
-            out.extend(_flat_ints(x))
-        elif not isinstance(x, (fx.Node, torch.dtype)):
-            out.append(x)
-    return out
+    def _leaf(self, x: Any) -> Any:
+        """A tensor node as it is; a size (int or symbolic) as an int; anything else: not ours."""
+        if isinstance(x, (bool, torch.dtype)) or isinstance(x, fx.Node) and isinstance(val(x), torch.Tensor):
+            return x
+        got = concrete_args(x, self.shift)
+        if got is None and x is not None:
+            raise ValueError(f"not a size: {x!r}")
+        return got
 
 
 # --------------------------------------------------------------------------- slot algebra
@@ -238,6 +238,19 @@ def _through_views(n: Any, views=_VALUE_VIEWS) -> tuple[Any, list[fx.Node]]:
         seen.append(n)
         n = n.args[0]
     return n, seen
+
+
+def _sizes_do_not_matter(copy: fx.Node, final: _State) -> bool:
+    """The chain addresses the cache alike with every symbolic size one larger (a block count
+    that varies moves no byte the writes address): ``final``'s writes and result read again."""
+    try:
+        chain = _Chain(copy.args[0], shift=1)
+    except ValueError:  # a size without an example value
+        return False
+    other = chain.state(copy.args[1])
+    import sys; cv = val(copy.args[0]); e = cv.shape[1].node if hasattr(cv.shape[1], "node") else None; print("DBG", cv.shape, type(cv.shape[1]), e and (e._expr, e.expr, e.shape_env.replacements, e.shape_env.var_to_range.get(e._expr)), file=sys.stderr)
+    return (other is not None and _same_layout(other.layout, chain.root) and len(other.writes) == len(final.writes)
+            and all(same_addressing(w.layout, o.layout) for w, o in zip(final.writes, other.writes)))
 
 
 def _flat_pair(indices: list, values: Any) -> tuple[fx.Node, fx.Node] | None:
@@ -469,12 +482,18 @@ class IndexerKWrite(Rewrite):
 
     def _match(self, copy: fx.Node, canon: Canon) -> Match | None:
         cache = copy.args[0]
-        chain = _Chain(cache)
+        try:
+            chain = _Chain(cache)
+        except ValueError:
+            return self.miss(copy, 1, "the cache has a size without an example value (an unbacked size)")
         final = chain.state(copy.args[1])
         if final is None or not _same_layout(final.layout, chain.root):
             return self.miss(copy, 1, "not a chain of index_put / slice_scatter / views of the copied cache")
         if len(final.writes) != 2:
             return self.miss(copy, 1, f"the cache is written {len(final.writes)} times, not twice (values and scales)")
+        if not _sizes_do_not_matter(copy, final):
+            return self.miss(copy, 1, SYMBOLIC_ROW if symbolic_row(val(cache)) else
+                             "the writes' byte addresses depend on the cache's symbolic sizes")
         region: set[fx.Node] = {copy}
         reads: set[fx.Node] = set()
         found = {}

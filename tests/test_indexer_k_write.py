@@ -27,6 +27,7 @@ from kda_inductor.reference import (
     quantize_k,
     write_indexer_k,
     write_indexer_k_loop,
+    write_indexer_k_racy,
     written_cache_mismatch,
 )
 from kda_inductor.testing import compile_for_test
@@ -415,6 +416,60 @@ def test_dynamic_token_count():
     assert len(records) >= 2 and all(r["matches"]["indexer_k_write"] == 1 for r in records)
 
 
+def _slot0_inputs(seed=31):
+    """A real token on slot 0 next to padding (clamped to slot 0 by the masked spellings)."""
+    k, cache, slots, _, _ = _inputs(128, 16, num_blocks=4, tokens=4, seed=seed)
+    return k, cache, torch.tensor([0, -1, 17, -1])
+
+
+@pytest.mark.parametrize("force", [True, False], ids=["rewritten", "stock"])
+def test_race_free_reference_keeps_slot_0(force):
+    """reference.write_indexer_k adds where(valid, new - old, 0) with accumulate=True: padding
+    clamped to slot 0 adds nothing, so the real token on slot 0 keeps its bytes. Eager, the
+    rewrite and (CPU, below the speed rule's token count) stock Inductor all equal the
+    token-by-token reference byte for byte, with no note about a race."""
+    k, cache, slots = _slot0_inputs()
+    expected = _reference(k, cache, slots, False)
+    eager = cache.clone()
+    write_indexer_k(k, eager, slots)
+    assert torch.equal(eager, expected)
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = torch.compile(lambda k, c, s: write_indexer_k(k, c, s), backend="kda_inductor",
+                                 options={"kda": {"force": force}})
+        compiled(k, cache, slots)
+    assert torch.equal(cache, expected)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [int(force)]
+    assert "undefined" not in (records[0]["note"] or "")
+
+
+def test_racy_masked_spelling_is_matched_with_a_note():
+    """The old masked spelling (plain index_put_ of where(valid, new, old), padding clamped to
+    slot 0) writes slot 0 twice with different bytes when a real token uses it: eager's
+    result is undefined (CPU eager keeps padding's old bytes). The rewrite still matches
+    (it is exact wherever eager is defined), stores the real token, and notes the race at
+    the user's line."""
+    k, cache, slots = _slot0_inputs()
+    expected = _reference(k, cache, slots, False)
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = torch.compile(lambda k, c, s: write_indexer_k_racy(k, c, s), backend="kda_inductor", options=ON)
+        compiled(k, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    assert torch.equal(cache, expected)
+    note = records[0]["note"]
+    assert re.search(r"indexer_k_write at \S*reference\.py:\d+: matched, but .*eager's result is undefined", note), note
+    assert "kda_inductor.reference.write_indexer_k" in note
+
+
+def test_write_forms_without_collisions_agree():
+    """Where no real token shares padding's slot the racy spelling is well defined: eager
+    racy, eager race-free and the reference agree byte for byte."""
+    k, cache, slots, _, _ = _inputs(128, 16, tokens=11, seed=32, padding=(1, 4))
+    a, b = cache.clone(), cache.clone()
+    write_indexer_k(k, a, slots)
+    write_indexer_k_racy(k, b, slots)
+    assert torch.equal(a, _reference(k, cache, slots, False)) and torch.equal(b, a)
+
+
 def _compile_dynamic(mode):
     return torch.compile(lambda k, c, s: _masked(k, c, s, False), backend="kda_inductor",
                          dynamic=True if mode.startswith("dynamic") else None, options={"kda": {"force": True}})
@@ -444,7 +499,7 @@ def test_dynamic_token_and_block_counts(mode):
         assert counts == [0]
         (miss,) = records[0]["misses"]["indexer_k_write"]
         assert "block size or row width is symbolic" in miss.check and "mark_static" in miss.check, miss
-        assert miss.location.endswith("reference.py:175"), miss
+        assert miss.location.endswith("reference.py:180"), miss
     else:
         assert counts == ([1] if mode.startswith("dynamic") else [1, 1]), counts
         assert re.fullmatch(r"uint8\[s\d+, 16, 132\]", next(

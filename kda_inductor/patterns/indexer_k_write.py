@@ -86,6 +86,7 @@ from kda_inductor.patterns.base import (
     cpu_min_count_rule,
     insert_fused,
     is_op,
+    source_location,
     positions,
     prims,
     val,
@@ -98,6 +99,11 @@ CPU_MIN_TOKENS = 1024
 """Tokens written (a static count) from which the op runs on CPU (see the speed rule)."""
 _VALUE_VIEWS = SHAPE_VIEWS
 _CASTS = (prims.convert_element_type, aten._to_copy)
+RACY_NOTE = ("matched, but the masked write stores padding's old bytes with a plain index_put_: where a real "
+             "token shares the slot padding lands on (slot 0 when clamped, the last slot for -1), two writes of "
+             "different bytes hit one address and eager's result is undefined (CPU eager keeps the old bytes); "
+             "kda.indexer_k_write stores the real token. Race-free spelling: kda_inductor.reference.write_indexer_k "
+             "(index_put_(..., torch.where(valid, new - old, 0), accumulate=True))")
 
 
 # --------------------------------------------------------------------------- cache versions
@@ -108,6 +114,7 @@ class _Write:
     node: fx.Node  # aten.index_put
     layout: torch.Tensor  # meta tensor: the base's view of the cache bytes
     version: int  # writes before this one
+    accumulate: bool = False  # index_put(..., accumulate=True): must add where(valid, new - old, 0)
 
 
 @dataclasses.dataclass
@@ -165,11 +172,11 @@ class _Chain:
             if s is None:
                 return None
             return _State(s.writes, aten.slice.Tensor(s.layout, *a[1:]))
-        if n.target is aten.index_put.default and not (len(a) > 3 and a[3]):
+        if n.target is aten.index_put.default:  # accumulate: checked as a masked delta (_read_write)
             s = self.state(a[0])
             if s is None:
                 return None
-            return _State(s.writes + (_Write(n, s.layout, len(s.writes)),), s.layout)
+            return _State(s.writes + (_Write(n, s.layout, len(s.writes), bool(len(a) > 3 and a[3])),), s.layout)
         if n.target is aten.slice_scatter.default:
             base, src = self.state(a[0]), self.state(a[1])
             if base is None or src is None or src.writes[: len(base.writes)] != base.writes:
@@ -251,6 +258,17 @@ def _sizes_do_not_matter(copy: fx.Node, final: _State) -> bool:
     import sys; cv = val(copy.args[0]); e = cv.shape[1].node if hasattr(cv.shape[1], "node") else None; print("DBG", cv.shape, type(cv.shape[1]), e and (e._expr, e.expr, e.shape_env.replacements, e.shape_env.var_to_range.get(e._expr)), file=sys.stderr)
     return (other is not None and _same_layout(other.layout, chain.root) and len(other.writes) == len(final.writes)
             and all(same_addressing(w.layout, o.layout) for w, o in zip(final.writes, other.writes)))
+
+
+def _masked_delta(values: Any) -> tuple[fx.Node, fx.Node, fx.Node, set[fx.Node]] | None:
+    """``where(mask, new - old, 0)`` -> (mask, new, old, its nodes), else None."""
+    if not (isinstance(values, fx.Node) and values.target is aten.where.self):
+        return None
+    mask, diff, zero = values.args
+    if not (is_op(diff, aten.sub) and diff.target is aten.sub.Tensor and not diff.kwargs
+            and isinstance(zero, fx.Node) and zero.target is aten.scalar_tensor.default and zero.args[0] == 0):
+        return None
+    return mask, diff.args[0], diff.args[1], {values, diff, zero}
 
 
 def _flat_pair(indices: list, values: Any) -> tuple[fx.Node, fx.Node] | None:
@@ -459,6 +477,15 @@ class IndexerKWrite(Rewrite):
     name = "indexer_k_write"
     summary = "DeepSeek-V3.2 indexer K norm + fp8 quant + paged-cache write -> kda::indexer_k_write"
 
+    def note(self, node: fx.Node, text: str) -> None:
+        """A note on a match at the user's line (``pass_manager`` adds it to the graph's note)."""
+        where, _ = source_location(node)
+        self.notes.append(f"{self.name} at {where or node.name}: {text}")
+
+    def find(self, graph: fx.Graph) -> list[Match]:
+        self.notes: list[str] = []
+        return self._find(graph)
+
     def speed_rule(self, match: WriteMatch) -> str | None:
         if match.device == "cuda":
             return None
@@ -466,7 +493,7 @@ class IndexerKWrite(Rewrite):
             return f"the op was never measured on {match.device} (see patterns/indexer_k_write.py)"
         return cpu_min_count_rule(val(match.k).shape[0], CPU_MIN_TOKENS, "tokens written", "indexer_k_write.py")
 
-    def find(self, graph: fx.Graph) -> list[Match]:
+    def _find(self, graph: fx.Graph) -> list[Match]:
         matches = []
         canon = Canon(graph)
         for n in graph.nodes:
@@ -509,6 +536,7 @@ class IndexerKWrite(Rewrite):
         if sorted(found) != ["scales", "values"] or any(len(v) != 1 for v in found.values()):
             return self.miss(copy, 3, "not one values write and one scales write")
         (wv, q, mv, addr_v, hd), = found["values"]
+        racy = mv and not (wv.accumulate and found["scales"][0][0].accumulate)
         (ws, s_src, ms, addr_s, scale_row), = found["scales"]
         layout = _cache_layout(val(cache), hd)
         if layout is None:
@@ -569,6 +597,8 @@ class IndexerKWrite(Rewrite):
                 readers.append(n)
         region |= set(versions) | reads
         region -= {cache, copy}  # the user's copy_ stays: it copies the op's new cache
+        if racy:
+            self.note(wv.node, RACY_NOTE)
         return WriteMatch(
             nodes=sorted(region, key=positions(copy.graph).__getitem__),
             copy=copy, cache=cache, k=k, slot_mapping=slot, weight=weight, bias=bias, eps=float(eps),
@@ -591,7 +621,14 @@ class IndexerKWrite(Rewrite):
                 and _flat_pair(indices, values) is None):
             nodes |= {values}  # one token: x[i] = v strips v's leading 1s ([1, B] -> [B])
             values = values.args[0]
-        if is_op(values, aten.where) and values.target is aten.where.self:
+        if w.accumulate:  # the race-free masked spelling: add where(valid, new - old, 0)
+            delta = _masked_delta(values)
+            if delta is None:
+                return "accumulating write that does not add where(slot_mapping >= 0, new - old, 0)"
+            mask, new, old, delta_nodes = delta
+            masked, values = (mask, old), new
+            nodes |= delta_nodes
+        elif is_op(values, aten.where) and values.target is aten.where.self:
             mask, new, old = values.args
             masked = (mask, old)
             nodes |= {values}

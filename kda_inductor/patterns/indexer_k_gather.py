@@ -52,6 +52,11 @@ Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement
   3560 us, 3284 vs 3740 with 32 requests; 32000: 4987 vs 7047 us) and loses below (8000:
   1939 vs 1769 us; 200: 402 vs 234 us); symbolic counts are left to Inductor (the small
   steps would lose).
+
+Symbolic sizes: the token count and the cache's block count may be symbolic (an automatic-
+dynamic recompile): the cache's views are replayed with their example sizes and again with
+every symbol one larger (``_layout.symbolic_layout_from``) and read only where both address
+alike. A symbolic block size or row width (``dynamic=True``) is a miss naming ``mark_static``.
 """
 
 from __future__ import annotations

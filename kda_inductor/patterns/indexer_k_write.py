@@ -33,15 +33,34 @@ runs; the norm without the cast back is fused too, with ``round_norm=False``, wh
 the graph we are handed computes. One token (``T == 1``): ``x[i] = v`` reshapes ``v`` from
 ``[1, B]`` to ``[B]`` before storing; that is matched too.
 
-Padding slots: if each write is masked as ``torch.where(slot_mapping >= 0, new, old)`` with
-``old`` read from the same addresses (``index_put_`` and ``view[blk, off] =`` forms; a masked
-flat ``index_copy_`` is not recognized) (the slot may then be clamped to 0 for the indexing:
-``slot_mapping.clamp(min=0)``), padding tokens write their old bytes back; the op skips them,
-which is the same wherever eager is well defined (no real token shares the clamped slot,
-as with vLLM's reserved block 0). Unmasked code writes a negative slot where Python indexing
-puts it (slot -1: the last row of the last block; every spelling the index algebra accepts,
-``//``, ``>>``, ``%``, ``&``, floors the same way): it is replaced with ``wrap_negative=True``,
-which does exactly that. Clamped but unmasked code is not matched.
+Padding slots (< 0), race-free: each write adds ``torch.where(slot_mapping >= 0, new - old, 0)``
+with ``index_put_(..., accumulate=True)``, ``old`` read from the same addresses and the slot
+clamped to 0 for the indexing (``kda_inductor.reference.write_indexer_k``): padding adds 0
+wherever it lands, so a real token that shares the clamped slot keeps its bytes, in eager
+too. The op skips padding: byte-exact against eager.
+
+Padding slots, racy: a plain ``index_put_`` / ``view[blk, off] =`` of ``torch.where(slot_mapping
+>= 0, new, old)`` (a masked flat ``index_copy_`` is not recognized), clamped to 0 or not,
+writes padding's old bytes back to slot 0 (or, unclamped, to where -1 lands: the last slot).
+Where a real token targets that slot too, one write stores two different byte strings at one
+address: PyTorch leaves the winner undefined (CPU eager keeps the old bytes, losing the real
+token's K). This is still matched (it equals eager wherever eager is defined, e.g. vLLM's
+reserved block 0); the op stores the real token, and the graph's note (``explain()``,
+``TORCH_LOGS=kda_inductor``) says so at the user's line (``RACY_NOTE``). Two real tokens on
+one slot are the caller's error in every spelling: eager's result is undefined (plain) or
+the sum of both deltas (accumulate), the op stores one of them.
+
+Unmasked code writes a negative slot where Python indexing puts it (slot -1: the last row of
+the last block; every spelling the index algebra accepts, ``//``, ``>>``, ``%``, ``&``, floors
+the same way): it is replaced with ``wrap_negative=True``, which does exactly that. Clamped
+but unmasked code is not matched; nor is an accumulating write that does not add a masked
+delta.
+
+Symbolic sizes: the block count and the token count may be symbolic (automatic dynamic,
+``mark_dynamic``): the cache's views are replayed with their example sizes and again with
+every symbol one larger, and match only where the byte addresses agree. A symbolic block
+size or row width (``dynamic=True``) is a miss that names ``mark_static``: the op needs them
+static.
 
 Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement:
 

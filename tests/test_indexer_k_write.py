@@ -416,6 +416,78 @@ def test_dynamic_token_count():
     assert len(records) >= 2 and all(r["matches"]["indexer_k_write"] == 1 for r in records)
 
 
+def _unclamped_write(divisor=448.0, floor=True):
+    """The write with the quantization spelled without a clamp: fp8(x / scale)."""
+    def fn(k, cache, slots, ue8m0):
+        nb, bs, row = cache.shape
+        t, d = k.shape
+        x = k.float().view(t, d // QUANT_GROUP, QUANT_GROUP)
+        amax = x.abs().amax(dim=-1, keepdim=True)
+        scale = (amax.clamp(min=1e-4) if floor else amax) / divisor
+        if ue8m0:
+            scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
+        q = (x / scale).to(torch.float8_e4m3fn).view(t, d)
+        blk, off = (slots // bs)[:, None], slots % bs
+        flat = cache.view(nb, -1)
+        flat[blk, off[:, None] * d + torch.arange(d)] = q.view(torch.uint8)
+        flat[blk, bs * d + off[:, None] * 4 + torch.arange(4)] = scale.view(t, 1).view(torch.uint8)
+    return fn
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
+def test_unclamped_quantization_with_the_bounding_scale_matches(ue8m0):
+    """fp8(x / scale) with scale = max(amax, 1e-4) / 448 (or its ue8m0 ceiling) needs no clamp:
+    |x / scale| <= 448 up to rounding. Matched, and byte-exact against the clamped reference
+    (eager's unclamped cast agrees with it too: the clamp was a no-op)."""
+    k, cache, slots, _, _ = _inputs(128, 16, tokens=11, seed=33)
+    k[2, 7] = 1e4  # one group dominated by a single value: x / scale = 448 exactly there
+    expected = _reference(k, cache, slots, ue8m0)
+    eager = cache.clone()
+    _unclamped_write()(k, eager, slots, ue8m0)
+    assert torch.equal(eager, expected)
+    _, matches = compile_and_run(lambda k, c, s: _unclamped_write()(k, c, s, ue8m0), k, cache, slots, options=ON)
+    assert matches["indexer_k_write"] == 1
+    assert torch.equal(cache, expected)
+
+
+@pytest.mark.parametrize("divisor, floor, why", [
+    (240.0, True, "another scale formula"),
+    (448.0, False, "another floor"),
+], ids=["divisor_240", "no_eps_floor"])
+def test_unclamped_quantization_without_the_bound_is_refused(divisor, floor, why):
+    """Without the clamp only the exact scale proves the cast safe: another divisor or no eps
+    floor is refused, the miss saying the clamp is missing too."""
+    k, cache, slots, _, _ = _inputs(128, 16, tokens=11, seed=34)
+    fn = _unclamped_write(divisor, floor)
+    with fresh_compile(), pass_manager.observe() as records:
+        torch.compile(lambda k, c, s: fn(k, c, s, False), backend="kda_inductor", options=ON)(k, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [0]
+    (miss,) = records[0]["misses"]["indexer_k_write"]
+    assert why in miss.check and "not clamped to [-448, 448]" in miss.check, miss
+
+
+def test_quantization_clamped_to_other_bounds_is_refused():
+    """A clamp to other bounds than +-448 changes the values: not matched, and the miss says so."""
+    k, cache, slots, _, _ = _inputs(128, 16, tokens=11, seed=35)
+
+    def fn(k, cache, slots):
+        nb, bs, row = cache.shape
+        t, d = k.shape
+        x = k.float().view(t, 1, d)
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4) / 448.0
+        q = (x / scale).clamp(-240.0, 240.0).to(torch.float8_e4m3fn).view(t, d)
+        blk, off = (slots // bs)[:, None], slots % bs
+        flat = cache.view(nb, -1)
+        flat[blk, off[:, None] * d + torch.arange(d)] = q.view(torch.uint8)
+        flat[blk, bs * d + off[:, None] * 4 + torch.arange(4)] = scale.view(t, 1).view(torch.uint8)
+
+    with fresh_compile(), pass_manager.observe() as records:
+        torch.compile(fn, backend="kda_inductor", options=ON)(k, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [0]
+    (miss,) = records[0]["misses"]["indexer_k_write"]
+    assert "not clamped to [-448, 448]" in miss.check, miss
+
+
 def _slot0_inputs(seed=31):
     """A real token on slot 0 next to padding (clamped to slot 0 by the masked spellings)."""
     k, cache, slots, _, _ = _inputs(128, 16, num_blocks=4, tokens=4, seed=seed)

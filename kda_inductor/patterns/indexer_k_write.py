@@ -18,7 +18,9 @@ and ``scale = max(amax(|x|), 1e-4) / 448`` (plain), or that rounded up to a powe
 derived from the views' strides and read symbolically (``_index_algebra``), so the three
 spellings, int32/int64, ``%`` or ``slot - blk * bs`` all match, while another layout (the
 per-token interleaved one), block size, group size or scale formula (another floor, another
-divisor, ``* (1 / 448)``, no saturation) does not.
+divisor, ``* (1 / 448)``) does not. The clamp to +-448 may be left out: this scale
+bounds ``|x / scale|`` to 448 up to rounding, so the cast rounds exactly as after the clamp
+(proof in ``_read_scaled``); with another scale an unclamped cast is refused, saying so.
 
 LayerNorm: when ``k`` is ``F.layer_norm(k0.float(), (D,), weight, bias, eps).to(k0.dtype)``
 (post-grad: ``var_mean``, ``rsqrt``, ``* weight + bias``) and nothing else reads the
@@ -337,9 +339,26 @@ def _read_quant(q: fx.Node, canon: Canon) -> _Quant | str:
     if not (t.op == "cast" and t.attr("dtype") == torch.float8_e4m3fn):
         return "values are not an fp8 e4m3 cast"
     c = t.args[0]
+    if isinstance(c, Term) and c.op == "div":  # no clamp: proven unneeded below (_UNCLAMPED)
+        got = _read_scaled(q, t, c, canon)
+        return got if not isinstance(got, str) else f"{got} {_UNCLAMPED}"
     if not (isinstance(c, Term) and c.op == "clamp" and c.attr("lo") == -FP8_MAX and c.attr("hi") == FP8_MAX):
         return f"values are not clamped to [-{FP8_MAX:g}, {FP8_MAX:g}] before the fp8 cast"
-    d = c.args[0]
+    return _read_scaled(q, t, c.args[0], canon)
+
+
+_UNCLAMPED = (f"(the values are not clamped to [-{FP8_MAX:g}, {FP8_MAX:g}] before the fp8 cast: that is "
+              f"only safe with exactly this scale, which bounds them)")
+
+
+def _read_scaled(q: fx.Node, t: Term, d: Any, canon: Canon) -> _Quant | str:
+    """The rest of :func:`_read_quant`: ``d`` is ``x / scale``. Without the clamp (``t``'s
+    input is ``d`` itself) the same checks prove it a no-op: with ``|x| <= amax`` and
+    ``scale = max(amax, 1e-4) / 448`` (float32, or its ue8m0 power-of-two ceiling, which only
+    grows it; a lifted divisor is checked to be 448 at launch), ``|x / scale| <= 448`` up to
+    two float32 roundings, far below 464, the midpoint between 448 and the next e4m3 step
+    (480, not finite in e4m3fn): the cast rounds it to 448 as the clamp would, and NaN/inf
+    pass through both alike. Another scale, divisor or floor is no proof: refused."""
     if not (isinstance(d, Term) and d.op == "div" and len(d.args) == 2 and isinstance(d.args[1], Term)):
         return "values are not x / scale"
     xt, st = d.args

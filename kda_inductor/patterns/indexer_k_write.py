@@ -120,10 +120,11 @@ CPU_MIN_TOKENS = 1024
 """Tokens written (a static count) from which the op runs on CPU (see the speed rule)."""
 _VALUE_VIEWS = SHAPE_VIEWS
 _CASTS = (prims.convert_element_type, aten._to_copy)
-RACY_NOTE = ("matched, but the masked write stores padding's old bytes with a plain index_put_: where a real "
+RACY_NOTE = ("this masked write stores padding's old bytes with a plain index_put_: where a real "
              "token shares the slot padding lands on (slot 0 when clamped, the last slot for -1), two writes of "
              "different bytes hit one address and eager's result is undefined (CPU eager keeps the old bytes); "
-             "kda.indexer_k_write stores the real token. Race-free spelling: kda_inductor.reference.write_indexer_k "
+             "rewritten, kda.indexer_k_write stores the real token. Race-free spelling: "
+             "kda_inductor.reference.write_indexer_k "
              "(index_put_(..., torch.where(valid, new - old, 0), accumulate=True))")
 
 
@@ -276,7 +277,6 @@ def _sizes_do_not_matter(copy: fx.Node, final: _State) -> bool:
     except ValueError:  # a size without an example value
         return False
     other = chain.state(copy.args[1])
-    import sys; cv = val(copy.args[0]); e = cv.shape[1].node if hasattr(cv.shape[1], "node") else None; print("DBG", cv.shape, type(cv.shape[1]), e and (e._expr, e.expr, e.shape_env.replacements, e.shape_env.var_to_range.get(e._expr)), file=sys.stderr)
     return (other is not None and _same_layout(other.layout, chain.root) and len(other.writes) == len(final.writes)
             and all(same_addressing(w.layout, o.layout) for w, o in zip(final.writes, other.writes)))
 

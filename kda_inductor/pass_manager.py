@@ -139,6 +139,9 @@ class KdaPostGradPass(CustomGraphPass):
                     "added": sorted(names_after - names_before),
                 }
                 record["misses"][name] = rewrite.closest_misses()
+                notes = getattr(rewrite, "notes", ())  # notes on matches (indexer_k_write's racy spelling)
+                if notes:
+                    record["note"] = "; ".join([*filter(None, [record["note"]]), *notes])
         for name, n in matches.items():
             if n:
                 counters[COUNTER_KEY][name] += n

@@ -156,8 +156,13 @@ def write_indexer_k(k, kv_cache, slot_mapping, ue8m0: bool = False, weight=None,
     the form ``indexer_k_write`` matches (``index_put_`` into a flat view).
 
     Token ``t`` goes to slot ``s = slot_mapping[t]`` (block ``s // block_size``, offset
-    ``s % block_size``); slots < 0 are padding: masked out (their bytes are written back
-    unchanged), so they never touch the cache.
+    ``s % block_size``); slots < 0 are padding and leave the cache unchanged. Race-free and
+    sync-free: padding is clamped to slot 0 for the indexing and every token *adds*
+    ``where(valid, new - old, 0)`` (uint8, wrapping) with ``accumulate=True``, so a padding
+    token adds 0 wherever it lands and a real token that shares slot 0 still gets its bytes
+    (a plain ``index_put_`` of ``where(valid, new, old)`` would write slot 0 twice with
+    different bytes: duplicate indices, an undefined winner). Distinct real slots are the
+    caller's contract (two real tokens on one slot add their deltas: garbage).
     """
     if weight is not None:
         k = layer_norm_k(k, weight, bias, eps)
@@ -170,8 +175,27 @@ def write_indexer_k(k, kv_cache, slot_mapping, ue8m0: bool = False, weight=None,
     blk, off = (slot // bs)[:, None], slot % bs
     flat = kv_cache.view(nb, -1)
     cols = off[:, None] * d + torch.arange(d, device=k.device)
-    flat[blk, cols] = torch.where(valid, q.view(torch.uint8), flat[blk, cols])
+    flat.index_put_((blk, cols), torch.where(valid, q.view(torch.uint8) - flat[blk, cols], 0), accumulate=True)
     scols = bs * d + off[:, None] * sb + torch.arange(sb, device=k.device)
+    flat.index_put_((blk, scols), torch.where(valid, scale.view(torch.uint8) - flat[blk, scols], 0), accumulate=True)
+
+
+def write_indexer_k_racy(k, kv_cache, slot_mapping, ue8m0: bool = False):
+    """The masked spelling that races (kept to test what the rewrite does with it): padding
+    clamped to slot 0 writes slot 0's old bytes back with a plain ``index_put_``, in the same
+    write as a real token that targets slot 0 (duplicate indices: which write wins is
+    undefined; CPU eager keeps the padding's old bytes). Well defined, and equal to
+    :func:`write_indexer_k`, wherever no real token uses slot 0 (vLLM reserves block 0)."""
+    nb, bs, row = kv_cache.shape
+    t, d = k.shape
+    q, scale = quantize_k(k, ue8m0)
+    valid = (slot_mapping >= 0)[:, None]
+    slot = slot_mapping.clamp(min=0)
+    blk, off = (slot // bs)[:, None], slot % bs
+    flat = kv_cache.view(nb, -1)
+    cols = off[:, None] * d + torch.arange(d, device=k.device)
+    flat[blk, cols] = torch.where(valid, q.view(torch.uint8), flat[blk, cols])
+    scols = bs * d + off[:, None] * (row - d) + torch.arange(row - d, device=k.device)
     flat[blk, scols] = torch.where(valid, scale.view(torch.uint8), flat[blk, scols])
 
 

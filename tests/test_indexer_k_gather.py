@@ -300,3 +300,60 @@ def test_matches_when_token_count_and_batch_become_dynamic():
     # one of the graphs passes a symbolic num_tokens (a graph node, not a literal) to the op
     symbolic = re.compile(r"kda\.indexer_k_gather\.default\]\(args = \((%\w+, ){4}128\)")
     assert any(symbolic.search(r["after"]) for r in records), [r["after"] for r in records]
+
+
+def test_matches_when_the_block_count_becomes_dynamic():
+    """A second cache with another block count recompiles with a symbolic num_blocks (automatic
+    dynamic): still matched, bit-exact, and a bad block id gets the op's error naming
+    block_table (stock Inductor's C++ bounds check would abort the process)."""
+    g = torch.Generator().manual_seed(22)
+
+    def fn(c, t, s, like):
+        return gather_indexer_k(c, t, s, like.shape[0])
+
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True, "force": True}})
+        for seqs, extra in (([5, 0, 70], 3), ([9, 33, 1, 4], 5), ([20, 2], 7)):
+            cache, table, cu, n = random_indexer_cache(seqs, 16, 128, extra_blocks=extra, generator=g)
+            out = compiled(cache, table, cu, torch.empty(n, 0))
+            assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
+        assert [r["matches"]["indexer_k_gather"] for r in records] == [1, 1]
+        assert re.fullmatch(r"uint8\[s\d+, 16, 132\]", val_shape(records[-1]["before_nodes"], "uint8[")), records[-1]
+        table[0, 0] = cache.shape[0] + 5
+        with pytest.raises(IndexError, match="block_table: block id"):
+            compiled(cache, table, cu, torch.empty(n, 0))
+
+
+def val_shape(rows, prefix):
+    """The meta column of the first node row whose meta starts with ``prefix``."""
+    return next(r.meta for r in rows if r.meta.startswith(prefix))
+
+
+def test_dynamic_true_says_the_block_size_must_be_static():
+    """dynamic=True makes the cache's block size and row width symbolic: the op needs them
+    static, and the miss says so at the user's gather line; mark_static on them (block
+    count and token count still dynamic) brings the rewrite back."""
+    g = torch.Generator().manual_seed(23)
+
+    def fn(c, t, s, like):
+        return gather_indexer_k(c, t, s, like.shape[0])
+
+    for static in (False, True):
+        with fresh_compile(), pass_manager.observe() as records:
+            compiled = torch.compile(fn, backend="kda_inductor", dynamic=True,
+                                     options={"kda": {"force": True}})
+            for seqs, extra in (([5, 0, 70], 3), ([9, 33, 1, 4], 5)):
+                cache, table, cu, n = random_indexer_cache(seqs, 16, 128, extra_blocks=extra, generator=g)
+                if static:
+                    torch._dynamo.mark_static(cache, 1)
+                    torch._dynamo.mark_static(cache, 2)
+                out = compiled(cache, table, cu, torch.empty(n, 0))
+                assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
+        assert [r["matches"]["indexer_k_gather"] for r in records] == [int(static)]
+        misses = records[0]["misses"]["indexer_k_gather"]
+        if static:
+            assert misses == []
+        else:
+            assert misses and all("block size or row width is symbolic" in m.check for m in misses), misses
+            assert all(m.location.endswith("reference.py:80") or m.location.endswith("reference.py:82")
+                       for m in misses), misses

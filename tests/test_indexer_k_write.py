@@ -27,6 +27,7 @@ from kda_inductor.reference import (
     quantize_k,
     write_indexer_k,
     write_indexer_k_loop,
+    write_indexer_k_racy,
     written_cache_mismatch,
 )
 from kda_inductor.testing import compile_for_test
@@ -413,6 +414,168 @@ def test_dynamic_token_count():
             compiled(k, cache, slots)
             assert torch.equal(cache, expected)
     assert len(records) >= 2 and all(r["matches"]["indexer_k_write"] == 1 for r in records)
+
+
+def _unclamped_write(divisor=448.0, floor=True):
+    """The write with the quantization spelled without a clamp: fp8(x / scale)."""
+    def fn(k, cache, slots, ue8m0):
+        nb, bs, row = cache.shape
+        t, d = k.shape
+        x = k.float().view(t, d // QUANT_GROUP, QUANT_GROUP)
+        amax = x.abs().amax(dim=-1, keepdim=True)
+        scale = (amax.clamp(min=1e-4) if floor else amax) / divisor
+        if ue8m0:
+            scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
+        q = (x / scale).to(torch.float8_e4m3fn).view(t, d)
+        blk, off = (slots // bs)[:, None], slots % bs
+        flat = cache.view(nb, -1)
+        flat[blk, off[:, None] * d + torch.arange(d)] = q.view(torch.uint8)
+        flat[blk, bs * d + off[:, None] * 4 + torch.arange(4)] = scale.view(t, 1).view(torch.uint8)
+    return fn
+
+
+@pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
+def test_unclamped_quantization_with_the_bounding_scale_matches(ue8m0):
+    """fp8(x / scale) with scale = max(amax, 1e-4) / 448 (or its ue8m0 ceiling) needs no clamp:
+    |x / scale| <= 448 up to rounding. Matched, and byte-exact against the clamped reference
+    (eager's unclamped cast agrees with it too: the clamp was a no-op)."""
+    k, cache, slots, _, _ = _inputs(128, 16, tokens=11, seed=33)
+    k[2, 7] = 1e4  # one group dominated by a single value: x / scale = 448 exactly there
+    expected = _reference(k, cache, slots, ue8m0)
+    eager = cache.clone()
+    _unclamped_write()(k, eager, slots, ue8m0)
+    assert torch.equal(eager, expected)
+    _, matches = compile_and_run(lambda k, c, s: _unclamped_write()(k, c, s, ue8m0), k, cache, slots, options=ON)
+    assert matches["indexer_k_write"] == 1
+    assert torch.equal(cache, expected)
+
+
+@pytest.mark.parametrize("divisor, floor, why", [
+    (240.0, True, "another scale formula"),
+    (448.0, False, "another floor"),
+], ids=["divisor_240", "no_eps_floor"])
+def test_unclamped_quantization_without_the_bound_is_refused(divisor, floor, why):
+    """Without the clamp only the exact scale proves the cast safe: another divisor or no eps
+    floor is refused, the miss saying the clamp is missing too."""
+    k, cache, slots, _, _ = _inputs(128, 16, tokens=11, seed=34)
+    fn = _unclamped_write(divisor, floor)
+    with fresh_compile(), pass_manager.observe() as records:
+        torch.compile(lambda k, c, s: fn(k, c, s, False), backend="kda_inductor", options=ON)(k, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [0]
+    (miss,) = records[0]["misses"]["indexer_k_write"]
+    assert why in miss.check and "not clamped to [-448, 448]" in miss.check, miss
+
+
+def test_quantization_clamped_to_other_bounds_is_refused():
+    """A clamp to other bounds than +-448 changes the values: not matched, and the miss says so."""
+    k, cache, slots, _, _ = _inputs(128, 16, tokens=11, seed=35)
+
+    def fn(k, cache, slots):
+        nb, bs, row = cache.shape
+        t, d = k.shape
+        x = k.float().view(t, 1, d)
+        scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=1e-4) / 448.0
+        q = (x / scale).clamp(-240.0, 240.0).to(torch.float8_e4m3fn).view(t, d)
+        blk, off = (slots // bs)[:, None], slots % bs
+        flat = cache.view(nb, -1)
+        flat[blk, off[:, None] * d + torch.arange(d)] = q.view(torch.uint8)
+        flat[blk, bs * d + off[:, None] * 4 + torch.arange(4)] = scale.view(t, 1).view(torch.uint8)
+
+    with fresh_compile(), pass_manager.observe() as records:
+        torch.compile(fn, backend="kda_inductor", options=ON)(k, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [0]
+    (miss,) = records[0]["misses"]["indexer_k_write"]
+    assert "not clamped to [-448, 448]" in miss.check, miss
+
+
+def _slot0_inputs(seed=31):
+    """A real token on slot 0 next to padding (clamped to slot 0 by the masked spellings)."""
+    k, cache, slots, _, _ = _inputs(128, 16, num_blocks=4, tokens=4, seed=seed)
+    return k, cache, torch.tensor([0, -1, 17, -1])
+
+
+@pytest.mark.parametrize("force", [True, False], ids=["rewritten", "stock"])
+def test_race_free_reference_keeps_slot_0(force):
+    """reference.write_indexer_k adds where(valid, new - old, 0) with accumulate=True: padding
+    clamped to slot 0 adds nothing, so the real token on slot 0 keeps its bytes. Eager, the
+    rewrite and (CPU, below the speed rule's token count) stock Inductor all equal the
+    token-by-token reference byte for byte, with no note about a race."""
+    k, cache, slots = _slot0_inputs()
+    expected = _reference(k, cache, slots, False)
+    eager = cache.clone()
+    write_indexer_k(k, eager, slots)
+    assert torch.equal(eager, expected)
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = torch.compile(lambda k, c, s: write_indexer_k(k, c, s), backend="kda_inductor",
+                                 options={"kda": {"force": force}})
+        compiled(k, cache, slots)
+    assert torch.equal(cache, expected)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [int(force)]
+    assert "undefined" not in (records[0]["note"] or "")
+
+
+def test_racy_masked_spelling_is_matched_with_a_note():
+    """The old masked spelling (plain index_put_ of where(valid, new, old), padding clamped to
+    slot 0) writes slot 0 twice with different bytes when a real token uses it: eager's
+    result is undefined (CPU eager keeps padding's old bytes). The rewrite still matches
+    (it is exact wherever eager is defined), stores the real token, and notes the race at
+    the user's line."""
+    k, cache, slots = _slot0_inputs()
+    expected = _reference(k, cache, slots, False)
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = torch.compile(lambda k, c, s: write_indexer_k_racy(k, c, s), backend="kda_inductor", options=ON)
+        compiled(k, cache, slots)
+    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    assert torch.equal(cache, expected)
+    note = records[0]["note"]
+    assert re.search(r"indexer_k_write at \S*reference\.py:\d+: this masked write .*eager's result is undefined", note), note
+    assert "kda_inductor.reference.write_indexer_k" in note
+
+
+def test_write_forms_without_collisions_agree():
+    """Where no real token shares padding's slot the racy spelling is well defined: eager
+    racy, eager race-free and the reference agree byte for byte."""
+    k, cache, slots, _, _ = _inputs(128, 16, tokens=11, seed=32, padding=(1, 4))
+    a, b = cache.clone(), cache.clone()
+    write_indexer_k(k, a, slots)
+    write_indexer_k_racy(k, b, slots)
+    assert torch.equal(a, _reference(k, cache, slots, False)) and torch.equal(b, a)
+
+
+def _compile_dynamic(mode):
+    return torch.compile(lambda k, c, s: _masked(k, c, s, False), backend="kda_inductor",
+                         dynamic=True if mode.startswith("dynamic") else None, options={"kda": {"force": True}})
+
+
+@pytest.mark.parametrize("mode", ["automatic", "mark_dynamic", "dynamic_true_rows_static", "dynamic_true"])
+def test_dynamic_token_and_block_counts(mode):
+    """Token count and block count vary (automatic dynamic recompiles once; ``mark_dynamic``
+    on the token dim; ``dynamic=True`` with the block size and row width marked static):
+    every graph keeps the rewrite, byte-exact against the reference. Plain ``dynamic=True``
+    makes the block size symbolic too: not matched, and the miss says why and what to do."""
+    with fresh_compile(), pass_manager.observe() as records:
+        compiled = _compile_dynamic(mode)
+        for tokens, blocks in ((5, 6), (7, 8), (9, 10)):
+            k, cache, slots, _, _ = _inputs(128, 16, num_blocks=blocks, tokens=tokens, seed=tokens, padding=(1,))
+            if mode == "mark_dynamic":
+                torch._dynamo.mark_dynamic(k, 0)
+                torch._dynamo.mark_dynamic(slots, 0)
+            if mode == "dynamic_true_rows_static":
+                for t, d in ((cache, 1), (cache, 2), (k, 1)):
+                    torch._dynamo.mark_static(t, d)
+            expected = _reference(k, cache, slots, False)
+            compiled(k, cache, slots)
+            assert torch.equal(cache, expected)
+    counts = [r["matches"]["indexer_k_write"] for r in records]
+    if mode == "dynamic_true":
+        assert counts == [0]
+        (miss,) = records[0]["misses"]["indexer_k_write"]
+        assert "block size or row width is symbolic" in miss.check and "mark_static" in miss.check, miss
+        assert miss.location.endswith("reference.py:180"), miss
+    else:
+        assert counts == ([1] if mode.startswith("dynamic") else [1, 1]), counts
+        assert re.fullmatch(r"uint8\[s\d+, 16, 132\]", next(
+            r.meta for r in records[-1]["before_nodes"] if r.meta.startswith("uint8["))), records[-1]
 
 
 def test_round_trip_through_the_gather():

@@ -52,6 +52,11 @@ Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement
   3560 us, 3284 vs 3740 with 32 requests; 32000: 4987 vs 7047 us) and loses below (8000:
   1939 vs 1769 us; 200: 402 vs 234 us); symbolic counts are left to Inductor (the small
   steps would lose).
+
+Symbolic sizes: the token count and the cache's block count may be symbolic (an automatic-
+dynamic recompile): the cache's views are replayed with their example sizes and again with
+every symbol one larger (``_layout.symbolic_layout_from``) and read only where both address
+alike. A symbolic block size or row width (``dynamic=True``) is a miss naming ``mark_static``.
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ from kda_inductor.patterns.base import (
     set_fake_vals,
     val,
 )
-from kda_inductor.patterns._layout import byte_address, is_view_op, layout_from, meta_like, view_root
+from kda_inductor.patterns._layout import SYMBOLIC_ROW, byte_address, is_view_op, symbolic_layout_from, symbolic_row, view_root
 from kda_inductor.reference import QUANT_GROUP
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
@@ -201,11 +206,11 @@ class IndexerKGather(Rewrite):
         if cache is None or not _is_cache(cache):
             return None
         try:
-            lay = layout_from(src, cache, meta_like(val(cache)))
+            lay = symbolic_layout_from(src, cache)
         except ValueError:
             return None
         if lay is None:
-            return None
+            return self.miss(n, 1, SYMBOLIC_ROW) if symbolic_row(val(cache)) else None
         out, node, region = val(n), n, ()
         indices = list(indices)
         if out is not None and out.dim() == 1 and len(indices) == lay.dim():

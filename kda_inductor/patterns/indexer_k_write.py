@@ -18,7 +18,9 @@ and ``scale = max(amax(|x|), 1e-4) / 448`` (plain), or that rounded up to a powe
 derived from the views' strides and read symbolically (``_index_algebra``), so the three
 spellings, int32/int64, ``%`` or ``slot - blk * bs`` all match, while another layout (the
 per-token interleaved one), block size, group size or scale formula (another floor, another
-divisor, ``* (1 / 448)``, no saturation) does not.
+divisor, ``* (1 / 448)``) does not. The clamp to +-448 may be left out: this scale
+bounds ``|x / scale|`` to 448 up to rounding, so the cast rounds exactly as after the clamp
+(proof in ``_read_scaled``); with another scale an unclamped cast is refused, saying so.
 
 LayerNorm: when ``k`` is ``F.layer_norm(k0.float(), (D,), weight, bias, eps).to(k0.dtype)``
 (post-grad: ``var_mean``, ``rsqrt``, ``* weight + bias``) and nothing else reads the
@@ -33,15 +35,34 @@ runs; the norm without the cast back is fused too, with ``round_norm=False``, wh
 the graph we are handed computes. One token (``T == 1``): ``x[i] = v`` reshapes ``v`` from
 ``[1, B]`` to ``[B]`` before storing; that is matched too.
 
-Padding slots: if each write is masked as ``torch.where(slot_mapping >= 0, new, old)`` with
-``old`` read from the same addresses (``index_put_`` and ``view[blk, off] =`` forms; a masked
-flat ``index_copy_`` is not recognized) (the slot may then be clamped to 0 for the indexing:
-``slot_mapping.clamp(min=0)``), padding tokens write their old bytes back; the op skips them,
-which is the same wherever eager is well defined (no real token shares the clamped slot,
-as with vLLM's reserved block 0). Unmasked code writes a negative slot where Python indexing
-puts it (slot -1: the last row of the last block; every spelling the index algebra accepts,
-``//``, ``>>``, ``%``, ``&``, floors the same way): it is replaced with ``wrap_negative=True``,
-which does exactly that. Clamped but unmasked code is not matched.
+Padding slots (< 0), race-free: each write adds ``torch.where(slot_mapping >= 0, new - old, 0)``
+with ``index_put_(..., accumulate=True)``, ``old`` read from the same addresses and the slot
+clamped to 0 for the indexing (``kda_inductor.reference.write_indexer_k``): padding adds 0
+wherever it lands, so a real token that shares the clamped slot keeps its bytes, in eager
+too. The op skips padding: byte-exact against eager.
+
+Padding slots, racy: a plain ``index_put_`` / ``view[blk, off] =`` of ``torch.where(slot_mapping
+>= 0, new, old)`` (a masked flat ``index_copy_`` is not recognized), clamped to 0 or not,
+writes padding's old bytes back to slot 0 (or, unclamped, to where -1 lands: the last slot).
+Where a real token targets that slot too, one write stores two different byte strings at one
+address: PyTorch leaves the winner undefined (CPU eager keeps the old bytes, losing the real
+token's K). This is still matched (it equals eager wherever eager is defined, e.g. vLLM's
+reserved block 0); the op stores the real token, and the graph's note (``explain()``,
+``TORCH_LOGS=kda_inductor``) says so at the user's line (``RACY_NOTE``). Two real tokens on
+one slot are the caller's error in every spelling: eager's result is undefined (plain) or
+the sum of both deltas (accumulate), the op stores one of them.
+
+Unmasked code writes a negative slot where Python indexing puts it (slot -1: the last row of
+the last block; every spelling the index algebra accepts, ``//``, ``>>``, ``%``, ``&``, floors
+the same way): it is replaced with ``wrap_negative=True``, which does exactly that. Clamped
+but unmasked code is not matched; nor is an accumulating write that does not add a masked
+delta.
+
+Symbolic sizes: the block count and the token count may be symbolic (automatic dynamic,
+``mark_dynamic``): the cache's views are replayed with their example sizes and again with
+every symbol one larger, and match only where the byte addresses agree. A symbolic block
+size or row width (``dynamic=True``) is a miss that names ``mark_static``: the op needs them
+static.
 
 Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement:
 
@@ -75,6 +96,7 @@ import torch.fx as fx
 
 from kda_inductor.lowerings import indexer_k_write as _lowering  # registers the op
 from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, Table, known, same
+from kda_inductor.patterns._layout import SYMBOLIC_ROW, concrete_args, meta_like, same_addressing, symbolic_row
 from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
     VIEWS,
@@ -85,6 +107,7 @@ from kda_inductor.patterns.base import (
     cpu_min_count_rule,
     insert_fused,
     is_op,
+    source_location,
     positions,
     prims,
     val,
@@ -97,6 +120,12 @@ CPU_MIN_TOKENS = 1024
 """Tokens written (a static count) from which the op runs on CPU (see the speed rule)."""
 _VALUE_VIEWS = SHAPE_VIEWS
 _CASTS = (prims.convert_element_type, aten._to_copy)
+RACY_NOTE = ("this masked write stores padding's old bytes with a plain index_put_: where a real "
+             "token shares the slot padding lands on (slot 0 when clamped, the last slot for -1), two writes of "
+             "different bytes hit one address and eager's result is undefined (CPU eager keeps the old bytes); "
+             "rewritten, kda.indexer_k_write stores the real token. Race-free spelling: "
+             "kda_inductor.reference.write_indexer_k "
+             "(index_put_(..., torch.where(valid, new - old, 0), accumulate=True))")
 
 
 # --------------------------------------------------------------------------- cache versions
@@ -107,6 +136,7 @@ class _Write:
     node: fx.Node  # aten.index_put
     layout: torch.Tensor  # meta tensor: the base's view of the cache bytes
     version: int  # writes before this one
+    accumulate: bool = False  # index_put(..., accumulate=True): must add where(valid, new - old, 0)
 
 
 @dataclasses.dataclass
@@ -124,12 +154,13 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 class _Chain:
-    """Reads the functional write chain of one graph-input cache."""
+    """Reads the functional write chain of one graph-input cache. Symbolic sizes (a block
+    count that varies) take their example values plus ``shift`` (see ``_same_addressing``)."""
 
-    def __init__(self, cache: fx.Node):
-        cv = val(cache)
+    def __init__(self, cache: fx.Node, shift: int = 0):  # ValueError: a size without an example value
         self.cache = cache
-        self.root = torch.empty_strided(tuple(cv.shape), tuple(cv.stride()), dtype=torch.uint8, device="meta")
+        self.shift = shift
+        self.root = meta_like(val(cache), shift)
         self.memo: dict[fx.Node, _State | None] = {}
 
     def state(self, n: Any) -> _State | None:
@@ -146,9 +177,9 @@ class _Chain:
     def _state(self, n: fx.Node) -> _State | None:
         if n is self.cache:
             return _State((), self.root)
-        a = n.args
-        if not a or not all(isinstance(x, int) for x in _flat_ints(a[1:])):
+        if not n.args:
             return None
+        a = (n.args[0], *fx.node.map_aggregate(n.args[1:], self._leaf))
         if is_op(n, *VIEWS) and n.target is not aten.view.dtype:
             s = self.state(a[0])
             if s is None:
@@ -163,11 +194,11 @@ class _Chain:
             if s is None:
                 return None
             return _State(s.writes, aten.slice.Tensor(s.layout, *a[1:]))
-        if n.target is aten.index_put.default and not (len(a) > 3 and a[3]):
+        if n.target is aten.index_put.default:  # accumulate: checked as a masked delta (_read_write)
             s = self.state(a[0])
             if s is None:
                 return None
-            return _State(s.writes + (_Write(n, s.layout, len(s.writes)),), s.layout)
+            return _State(s.writes + (_Write(n, s.layout, len(s.writes), bool(len(a) > 3 and a[3])),), s.layout)
         if n.target is aten.slice_scatter.default:
             base, src = self.state(a[0]), self.state(a[1])
             if base is None or src is None or src.writes[: len(base.writes)] != base.writes:
@@ -177,16 +208,14 @@ class _Chain:
             return _State(src.writes, base.layout)
         return None
 
-
-def _flat_ints(args) -> list:
-    """The non-node, non-dtype leaves of ``args`` (shapes, dims, bounds): must be ints."""
-    out = []
-    for x in args:
-        if isinstance(x, (list, tuple)):
-            out.extend(_flat_ints(x))
-        elif not isinstance(x, (fx.Node, torch.dtype)):
-            out.append(x)
-    return out
+    def _leaf(self, x: Any) -> Any:
+        """A tensor node as it is; a size (int or symbolic) as an int; anything else: not ours."""
+        if isinstance(x, (bool, torch.dtype)) or isinstance(x, fx.Node) and isinstance(val(x), torch.Tensor):
+            return x
+        got = concrete_args(x, self.shift)
+        if got is None and x is not None:
+            raise ValueError(f"not a size: {x!r}")
+        return got
 
 
 # --------------------------------------------------------------------------- slot algebra
@@ -240,6 +269,29 @@ def _through_views(n: Any, views=_VALUE_VIEWS) -> tuple[Any, list[fx.Node]]:
     return n, seen
 
 
+def _sizes_do_not_matter(copy: fx.Node, final: _State) -> bool:
+    """The chain addresses the cache alike with every symbolic size one larger (a block count
+    that varies moves no byte the writes address): ``final``'s writes and result read again."""
+    try:
+        chain = _Chain(copy.args[0], shift=1)
+    except ValueError:  # a size without an example value
+        return False
+    other = chain.state(copy.args[1])
+    return (other is not None and _same_layout(other.layout, chain.root) and len(other.writes) == len(final.writes)
+            and all(same_addressing(w.layout, o.layout) for w, o in zip(final.writes, other.writes)))
+
+
+def _masked_delta(values: Any) -> tuple[fx.Node, fx.Node, fx.Node, set[fx.Node]] | None:
+    """``where(mask, new - old, 0)`` -> (mask, new, old, its nodes), else None."""
+    if not (isinstance(values, fx.Node) and values.target is aten.where.self):
+        return None
+    mask, diff, zero = values.args
+    if not (is_op(diff, aten.sub) and diff.target is aten.sub.Tensor and not diff.kwargs
+            and isinstance(zero, fx.Node) and zero.target is aten.scalar_tensor.default and zero.args[0] == 0):
+        return None
+    return mask, diff.args[0], diff.args[1], {values, diff, zero}
+
+
 def _flat_pair(indices: list, values: Any) -> tuple[fx.Node, fx.Node] | None:
     """``flat.index_copy_(0, idx.reshape(-1), v.reshape(-1))`` with ``idx`` and ``v`` of one
     2-D shape -> ``(idx, v)``; else None."""
@@ -287,9 +339,26 @@ def _read_quant(q: fx.Node, canon: Canon) -> _Quant | str:
     if not (t.op == "cast" and t.attr("dtype") == torch.float8_e4m3fn):
         return "values are not an fp8 e4m3 cast"
     c = t.args[0]
+    if isinstance(c, Term) and c.op == "div":  # no clamp: proven unneeded below (_UNCLAMPED)
+        got = _read_scaled(q, t, c, canon)
+        return got if not isinstance(got, str) else f"{got} {_UNCLAMPED}"
     if not (isinstance(c, Term) and c.op == "clamp" and c.attr("lo") == -FP8_MAX and c.attr("hi") == FP8_MAX):
         return f"values are not clamped to [-{FP8_MAX:g}, {FP8_MAX:g}] before the fp8 cast"
-    d = c.args[0]
+    return _read_scaled(q, t, c.args[0], canon)
+
+
+_UNCLAMPED = (f"(the values are not clamped to [-{FP8_MAX:g}, {FP8_MAX:g}] before the fp8 cast: that is "
+              f"only safe with exactly this scale, which bounds them)")
+
+
+def _read_scaled(q: fx.Node, t: Term, d: Any, canon: Canon) -> _Quant | str:
+    """The rest of :func:`_read_quant`: ``d`` is ``x / scale``. Without the clamp (``t``'s
+    input is ``d`` itself) the same checks prove it a no-op: with ``|x| <= amax`` and
+    ``scale = max(amax, 1e-4) / 448`` (float32, or its ue8m0 power-of-two ceiling, which only
+    grows it; a lifted divisor is checked to be 448 at launch), ``|x / scale| <= 448`` up to
+    two float32 roundings, far below 464, the midpoint between 448 and the next e4m3 step
+    (480, not finite in e4m3fn): the cast rounds it to 448 as the clamp would, and NaN/inf
+    pass through both alike. Another scale, divisor or floor is no proof: refused."""
     if not (isinstance(d, Term) and d.op == "div" and len(d.args) == 2 and isinstance(d.args[1], Term)):
         return "values are not x / scale"
     xt, st = d.args
@@ -446,6 +515,15 @@ class IndexerKWrite(Rewrite):
     name = "indexer_k_write"
     summary = "DeepSeek-V3.2 indexer K norm + fp8 quant + paged-cache write -> kda::indexer_k_write"
 
+    def note(self, node: fx.Node, text: str) -> None:
+        """A note on a match at the user's line (``pass_manager`` adds it to the graph's note)."""
+        where, _ = source_location(node)
+        self.notes.append(f"{self.name} at {where or node.name}: {text}")
+
+    def find(self, graph: fx.Graph) -> list[Match]:
+        self.notes: list[str] = []
+        return self._find(graph)
+
     def speed_rule(self, match: WriteMatch) -> str | None:
         if match.device == "cuda":
             return None
@@ -453,7 +531,7 @@ class IndexerKWrite(Rewrite):
             return f"the op was never measured on {match.device} (see patterns/indexer_k_write.py)"
         return cpu_min_count_rule(val(match.k).shape[0], CPU_MIN_TOKENS, "tokens written", "indexer_k_write.py")
 
-    def find(self, graph: fx.Graph) -> list[Match]:
+    def _find(self, graph: fx.Graph) -> list[Match]:
         matches = []
         canon = Canon(graph)
         for n in graph.nodes:
@@ -469,12 +547,18 @@ class IndexerKWrite(Rewrite):
 
     def _match(self, copy: fx.Node, canon: Canon) -> Match | None:
         cache = copy.args[0]
-        chain = _Chain(cache)
+        try:
+            chain = _Chain(cache)
+        except ValueError:
+            return self.miss(copy, 1, "the cache has a size without an example value (an unbacked size)")
         final = chain.state(copy.args[1])
         if final is None or not _same_layout(final.layout, chain.root):
             return self.miss(copy, 1, "not a chain of index_put / slice_scatter / views of the copied cache")
         if len(final.writes) != 2:
             return self.miss(copy, 1, f"the cache is written {len(final.writes)} times, not twice (values and scales)")
+        if not _sizes_do_not_matter(copy, final):
+            return self.miss(copy, 1, SYMBOLIC_ROW if symbolic_row(val(cache)) else
+                             "the writes' byte addresses depend on the cache's symbolic sizes")
         region: set[fx.Node] = {copy}
         reads: set[fx.Node] = set()
         found = {}
@@ -490,6 +574,7 @@ class IndexerKWrite(Rewrite):
         if sorted(found) != ["scales", "values"] or any(len(v) != 1 for v in found.values()):
             return self.miss(copy, 3, "not one values write and one scales write")
         (wv, q, mv, addr_v, hd), = found["values"]
+        racy = mv and not (wv.accumulate and found["scales"][0][0].accumulate)
         (ws, s_src, ms, addr_s, scale_row), = found["scales"]
         layout = _cache_layout(val(cache), hd)
         if layout is None:
@@ -550,6 +635,8 @@ class IndexerKWrite(Rewrite):
                 readers.append(n)
         region |= set(versions) | reads
         region -= {cache, copy}  # the user's copy_ stays: it copies the op's new cache
+        if racy:
+            self.note(wv.node, RACY_NOTE)
         return WriteMatch(
             nodes=sorted(region, key=positions(copy.graph).__getitem__),
             copy=copy, cache=cache, k=k, slot_mapping=slot, weight=weight, bias=bias, eps=float(eps),
@@ -572,7 +659,14 @@ class IndexerKWrite(Rewrite):
                 and _flat_pair(indices, values) is None):
             nodes |= {values}  # one token: x[i] = v strips v's leading 1s ([1, B] -> [B])
             values = values.args[0]
-        if is_op(values, aten.where) and values.target is aten.where.self:
+        if w.accumulate:  # the race-free masked spelling: add where(valid, new - old, 0)
+            delta = _masked_delta(values)
+            if delta is None:
+                return "accumulating write that does not add where(slot_mapping >= 0, new - old, 0)"
+            mask, new, old, delta_nodes = delta
+            masked, values = (mask, old), new
+            nodes |= delta_nodes
+        elif is_op(values, aten.where) and values.target is aten.where.self:
             mask, new, old = values.args
             masked = (mask, old)
             nodes |= {values}

@@ -133,7 +133,12 @@ def main(argv=None) -> list[dict]:
         if not torch.cuda.is_available():
             raise SystemExit("needs a CUDA GPU (use --smoke on CPU)")
         Ts, reps = [int(t) for t in args.T.split(",")], args.reps or 100
-    torch._inductor.config.force_disable_caches = True
+    # our pass runs on every graph: the graph caches off (the kernel caches may serve the kernels
+    # of the second of two identical compiles, such as stock and kda on CPU in --smoke)
+    import torch._functorch.config
+
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
     import kda_inductor  # noqa: F401  (the backend, when not pip-installed)
 
     bandwidth = None if args.smoke else measure_copy_bandwidth("cuda")

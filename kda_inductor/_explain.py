@@ -299,7 +299,8 @@ class Explainer:
         """Compile ``fn`` with ``backend="kda_inductor"`` on these inputs and report.
 
         Resets Dynamo first (like ``torch._dynamo.explain``) and compiles with
-        Inductor's caches off so that every graph really goes through our pass.
+        Inductor's graph caches off so that every graph really goes through our pass
+        (``pass_manager.graph_caches_off``: kernel caches stay on).
         ``fn`` is called once; its result is discarded.
         """
         import torch._dynamo
@@ -310,7 +311,7 @@ class Explainer:
         with (
             CompileLogCapture().attached() as capture,
             pass_manager.observe() as records,
-            torch._inductor.config.patch(force_disable_caches=True),
+            pass_manager.graph_caches_off(),
             logs.quiet_trace_log(),
             warnings.catch_warnings(),
         ):

@@ -275,3 +275,19 @@ def counted() -> Iterator[dict[str, int]]:
 def total_matches(records: list[dict[str, Any]]) -> dict[str, int]:
     """Every registered rewrite -> replacements summed over ``observe`` records."""
     return {name: sum(r["matches"].get(name, 0) for r in records) for name in REWRITES}
+
+
+@contextlib.contextmanager
+def graph_caches_off() -> Iterator[None]:
+    """Inductor's FX graph cache and AOTAutograd's cache off: the caches that serve a whole
+    graph's code without running our pass (``explain``, test compiles: every graph goes through
+    it). Kernel caches stay on: they are keyed on a kernel's source, which our pass has already
+    shaped, so a hit skips only the C++ / Triton compile of a kernel seen before (on CPU most of a
+    compile's time; ``torch._inductor.config.force_disable_caches`` recompiles every kernel, in a
+    fresh directory each time)."""
+    import torch._functorch.config as aot_config
+    import torch._inductor.config as inductor_config
+
+    aot = {"enable_autograd_cache": False} if hasattr(aot_config, "enable_autograd_cache") else {}
+    with inductor_config.patch(fx_graph_cache=False, force_disable_caches=False), aot_config.patch(aot):
+        yield

@@ -83,7 +83,7 @@ class _Compiler:
 
 @pytest.fixture
 def kda_compile() -> Any:
-    """Compile with ``backend="kda_inductor"`` (caches off, strict) and keep the reports."""
+    """Compile with ``backend="kda_inductor"`` (graph caches off, strict) and keep the reports."""
     import torch
 
     torch._dynamo.reset()

@@ -42,13 +42,20 @@ __all__ = [
 
 @contextlib.contextmanager
 def fresh_compile(caches: bool = False) -> Iterator[None]:
-    """Dynamo reset before and after; Inductor's caches off unless ``caches``."""
+    """Dynamo reset before and after; Inductor's graph caches off unless ``caches``
+    (``pass_manager.graph_caches_off``: kernel caches stay on)."""
     torch._dynamo.reset()
     try:
-        with torch._inductor.config.patch(force_disable_caches=not caches):
+        with _caches(caches):
             yield
     finally:
         torch._dynamo.reset()
+
+
+def _caches(on: bool):
+    """Every Inductor cache on (``on``), or the graph caches off: a graph compiled for a test
+    goes through our pass; its kernels may come from the kernel caches."""
+    return torch._inductor.config.patch(force_disable_caches=False) if on else pass_manager.graph_caches_off()
 
 
 class CompiledForTest:
@@ -61,9 +68,7 @@ class CompiledForTest:
         self.records: list[dict[str, Any]] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        with pass_manager.observe() as records, torch._inductor.config.patch(
-            force_disable_caches=not self.caches
-        ), quiet_compile():
+        with pass_manager.observe() as records, _caches(self.caches), quiet_compile():
             try:
                 return self.compiled(*args, **kwargs)
             finally:
@@ -94,7 +99,7 @@ def compile_for_test(fn: Callable[..., Any], *, mode: str | None = None,
                      strict: bool = True, force: bool = True, dynamic: bool | None = None) -> CompiledForTest:
     """``torch.compile(fn, backend="kda_inductor")`` for tests.
 
-    Caches are off by default (a cache hit would skip our pass and leave nothing
+    Graph caches are off by default (a cache hit would skip our pass and leave nothing
     to check); ``strict`` makes a failing rewrite raise instead of warning; ``force``
     rewrites wherever a pattern matches, ignoring the speed rules (which leave code
     to Inductor where our op is not faster, e.g. on CPU): tests check matching and

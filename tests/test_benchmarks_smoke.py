@@ -4,7 +4,22 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+@pytest.fixture(autouse=True)
+def _restore_compile_config():
+    """The benchmarks' ``main`` sets Inductor's config for their process (caches off): give the
+    tests after them in this worker the config they started with."""
+    import torch._functorch.config as aot_config
+    import torch._inductor.config as inductor_config
+
+    saved = inductor_config.save_config(), aot_config.save_config()
+    yield
+    inductor_config.load_config(saved[0])
+    aot_config.load_config(saved[1])
 
 
 def _load(name: str):

@@ -212,6 +212,57 @@ def test_gate_split_from_the_projection_is_read_in_place():
     assert_close_to_eager(out, written(o_s, o_ns, s, ns, proj.clone(), w), exact=True)
 
 
+def _one_key_head(x, proj, w):
+    """transformers' Qwen3-Next with one key head and two value heads (issue 21): the
+    projection viewed ``[B, S, 1, W]``, the gate split ``[B, S, 1, 2 * D]``, reshaped
+    ``[B, S, 2, D]`` (a view) and then ``[-1, D]`` (a copy: no view merges S with the heads)."""
+    B, S = proj.shape[:2]
+    _, z = torch.split(proj.view(B, S, 1, -1), [proj.shape[-1] - 2 * D, 2 * D], dim=3)
+    z = z.reshape(B, S, -1, D)
+    return hf(x.reshape(-1, D), z.reshape(-1, z.shape[-1]), w)
+
+
+def test_gate_copied_from_a_reshape_of_the_split_one_key_head():
+    """The copied gate ``[B, S, 2, D]`` cannot be viewed as rows; the split it was reshaped
+    from can: the op reads that in place (before, a fake ``view`` raised ValueError and the
+    rewrite was skipped with a warning)."""
+    g = torch.Generator().manual_seed(21)
+    x = torch.randn(1, 5, 2, D, generator=g).bfloat16()
+    proj = torch.randn(1, 5, 3 * D, generator=g).bfloat16()
+    w = (1 + 0.1 * torch.randn(D, generator=g))
+    out, c = _run(_one_key_head, x, proj, w)
+    assert c.matches["gated_norm_merge"] == 1
+    assert _z_arg_targets(c) == ["aten.view.default"]
+    assert not any(row.target == "aten.clone.default" for r in c.records for row in r["after_nodes"])
+    assert_close_to_eager(out, _one_key_head(x, proj, w), exact=True)
+
+
+def test_transformers_qwen3_next_one_key_head(monkeypatch):
+    """transformers' own ``Qwen3NextGatedDeltaNet`` with one key head and two value heads
+    (issue 21), its torch paths (not fla's kernels, which need a GPU), under inference mode:
+    the gated norm is rewritten and the layer matches eager."""
+    pytest.importorskip("transformers")
+    M = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                 "causal_conv1d_update"):  # the hub / fla wrappers keep the torch function as __wrapped__
+        f = getattr(M, name)
+        monkeypatch.setattr(M, name, getattr(f, "__wrapped__", f))
+    cfg = M.Qwen3NextConfig(hidden_size=32, linear_num_key_heads=1, linear_num_value_heads=2,
+                            linear_key_head_dim=8, linear_value_head_dim=D, linear_conv_kernel_dim=4,
+                            num_hidden_layers=1, layer_types=["linear_attention"])
+    torch.manual_seed(0)
+    layer = M.Qwen3NextGatedDeltaNet(cfg, 0).to(torch.bfloat16).eval()
+    with torch.no_grad():
+        layer.norm.weight.copy_(1 + 0.1 * torch.randn(D))
+    x = torch.randn(1, 5, 32, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        out, c = _run(layer, x)
+        eager = layer(x)
+    assert c.matches["gated_norm_merge"] == 1
+    assert _z_arg_targets(c) == ["aten.view.default"]
+    assert_close_in_range(out, eager)  # the recurrence and projections are compiled too
+
+
 def test_eps_is_a_parameter():
     args = _inputs(seed=5)
     outs = []

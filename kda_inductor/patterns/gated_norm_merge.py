@@ -588,23 +588,34 @@ def _gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
     tensor (``reshape`` of a split of the projection: a contiguous ``clone`` then views), the
     tensor itself viewed ``[A, B, D]`` in place: the kernel reads any strides, and the copy,
     which stock Inductor fuses into its norm, would otherwise be written out for the op
-    (measured: 62 us of the hybrid model's 16K prefill)."""
+    (measured: 62 us of the hybrid model's 16K prefill). The copied tensor may itself be a
+    reshape that no view gives as rows (transformers' Qwen3-Next with one key head: the split
+    ``[B, S, 1, 2 * Dv]`` reshaped ``[B, S, 2, Dv]``): then a reshape it was made from is viewed."""
     src = _copy_chain(z)[-1]
-    if is_op(src, aten.clone) and src.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format:
-        base = src.args[0]
-        bv = val(base)
-        if (isinstance(base, fx.Node) and bv is not None and bv.dim() >= 1 and isinstance(bv.shape[-1], int)
-                and bv.shape[-1] % D == 0 and base not in mutated_nodes(graph)):
-            shape = [-1, bv.shape[-1] // D, D]
-            try:
-                bv.view(shape)  # a view of it (splitting its last dim; the leading ones merge)
-            except RuntimeError:
-                pass
-            else:
-                v = graph.call_function(aten.view.default, (base, shape))
-                set_fake_vals(graph, v)
-                return v
+    if not (is_op(src, aten.clone)
+            and src.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format):
+        return _reshape(graph, z, [-1, D])
+    mutated = mutated_nodes(graph)
+    for base in _copy_chain(src.args[0]):  # the copied tensor, then the reshapes it came from
+        shape = _rows_view(val(base), D) if isinstance(base, fx.Node) else None
+        if shape is not None and base not in mutated:
+            v = graph.call_function(aten.view.default, (base, shape))
+            set_fake_vals(graph, v)
+            return v
     return _reshape(graph, z, [-1, D])
+
+
+def _rows_view(v: Any, D: int) -> list | None:
+    """``[-1, C // D, D]`` where ``v`` (last dim ``C``, a multiple of ``D``) can be viewed so,
+    else None: a stride computation (never a view that may raise): the last dim always splits,
+    the leading dims merge into one where each non-unit dim's stride is the next one's stride
+    times its size."""
+    if not isinstance(v, torch.Tensor) or v.dim() < 1 or not isinstance(v.shape[-1], int) or v.shape[-1] % D:
+        return None
+    lead = [(s, st) for s, st in zip(v.shape[:-1], v.stride()[:-1]) if not known(s == 1)]
+    if all(known(st0 == st1 * s1) for (_, st0), (s1, st1) in zip(lead, lead[1:])):
+        return [-1, v.shape[-1] // D, D]
+    return None
 
 
 def _sym_rows(graph: fx.Graph, src: fx.Node) -> fx.Node:

@@ -196,9 +196,10 @@ class GatedNormMerge(Rewrite):
                     found = got
             if found is not None:
                 yield found
-            elif is_op(n, aten.rsqrt) and any(_gated(canon(y)) for y in users):
-                self.miss(n, 1, "a gated norm that does not read as x * rsqrt(mean(x^2, -1) + eps) * w * act(gate) "
-                                "(the mean over the last dim, one weight of that width, the gate after the norm)")
+            elif users and is_op(n, aten.rsqrt, aten.reciprocal):
+                why = _why_not_a_gated_norm(canon(users[-1]))
+                if why is not None:
+                    self.miss(n, 1, why)
 
     def _read_norm(self, canon: Canon, y: fx.Node) -> Norm | None:
         t = canon(y)
@@ -431,10 +432,74 @@ def _elementwise_users(n: fx.Node, limit: int = 12) -> list[fx.Node]:
     return sorted(out, key=order.__getitem__)
 
 
-def _gated(t: Term) -> bool:
-    """``t`` is a float32 product with a ``silu`` / ``sigmoid`` factor (a gate)."""
-    t = t.args[0] if t.op == "cast" else t
-    return t.op == "mul" and any(isinstance(f, Term) and f.op in ("silu", "sigmoid") for f in _expand_div(list(t.args)))
+_OTHER_ACTS = {"gelu": "gelu", "erf": "gelu", "tanh": "tanh (or the tanh gelu)", "relu": "relu",
+               "softplus": "softplus", "elu": "elu", "mish": "mish", "hardswish": "hardswish",
+               "hardsigmoid": "hardsigmoid", "leaky_relu": "leaky_relu"}
+"""Activations (and the ops their decompositions leave: gelu's ``erf``) the op does not take."""
+_GENERIC = ("a gated norm that does not read as x * rsqrt(mean(x^2, -1) + eps) * w * act(gate) "
+            "(the mean over the last dim, one weight of that width, the gate after the norm)")
+_PRECISION = "precision differs from the fused op's float32 math, so it is not rewritten"
+
+
+def _why_not_a_gated_norm(t: Term) -> str | None:
+    """Why the products around an RMSNorm's ``rsqrt`` (``t``, the outermost of them) are a gated
+    norm the op does not compute, naming what differs; None where nothing gates it (a plain
+    RMSNorm: every model has them, no candidate)."""
+    terms = _all_subterms(t)
+    acts = [f for f in terms if f.op in ("silu", "sigmoid") or f.op in _OTHER_ACTS]
+    if not acts:
+        return None
+    rstd = next(_rstds(terms), None)
+    x32 = rstd[1] if rstd is not None else None
+    inside = _all_subterms(x32) if x32 is not None else []
+    if any(_gates(f, acts) for f in inside):
+        return ("the gate is applied before the norm (norm_before_gate=False: the gate inside the mean), "
+                "a different function from the fused op's norm-then-gate")
+    if x32 is not None and _dtype_of(x32) in _16BIT:
+        return (f"the norm is computed in {_name(_dtype_of(x32))} (no float32 upcast of x before the mean of squares): "
+                f"{_PRECISION}; write x.float()")
+    other = [f for f in acts if f.op in _OTHER_ACTS and f not in inside]
+    if other and not any(f.op in ("silu", "sigmoid") for f in acts if f not in inside):
+        return f"the gate's activation is {_OTHER_ACTS[other[0].op]}; the fused op takes silu or sigmoid"
+    gate16 = [f for f in terms if f.op == "cast" and f.attr("dtype") in _16BIT and f.args[0] in acts]
+    if gate16:
+        return (f"the gate's activation is rounded to {_name(gate16[0].attr('dtype'))} (F.silu / sigmoid of a 16-bit gate) "
+                f"where the fused op keeps it in float32: {_PRECISION}; write F.silu(z.float())")
+    if any(_gates(f, acts) and f.attr("dtype") in _16BIT for f in terms):
+        return f"the gate is multiplied in 16 bits (both factors 16-bit): {_PRECISION}"
+    if any(f.op == "cast" and f.attr("dtype") in _16BIT and rstd[0] in _subterms([f.args[0]], 2)
+           for f in terms if rstd is not None):
+        return ("the norm is rounded to 16 bits after its weight and before the gate (nn.RMSNorm / F.rms_norm "
+                "of a 16-bit tensor): the fused op rounds before the weight (transformers) or not at all (fla): "
+                f"{_PRECISION}")
+    return _GENERIC
+
+
+def _gates(f: Term, acts: list[Term]) -> bool:
+    """``f`` is a product with an activation (or its cast) among its factors."""
+    return f.op == "mul" and any((a.args[0] if isinstance(a, Term) and a.op == "cast" else a) in acts for a in f.args)
+
+
+def _all_subterms(t: Any, limit: int = 256) -> list[Term]:
+    """Every term below ``t`` (``t`` included), each once, leaves and constants left out."""
+    out, seen, stack = [], set(), [t]
+    while stack and len(out) < limit:
+        x = stack.pop()
+        if not isinstance(x, Term) or x.op in ("leaf", "const") or id(x) in seen:
+            continue
+        seen.add(id(x))
+        out.append(x)
+        stack.extend(x.args)
+    return out
+
+
+def _name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype_of(t: Term) -> torch.dtype | None:
+    v = val(t.node) if t.node is not None else None
+    return getattr(v, "dtype", None)
 
 
 def _expand_div(factors: list) -> list:

@@ -597,6 +597,27 @@ def test_merge_free_norm_is_fused(norm, kw):
     assert_close_to_eager(out, fn(x, z, w), exact=True)
 
 
+def test_rewrite_table_says_which_part_fired():
+    """A merge by cat + argsort is a gather, not index_put writes: only the norm is fused, and
+    the rewrite table (explain's, TORCH_LOGS', graph-diff's) says so; an index_copy_ merge is
+    fused with its norm."""
+    from kda_inductor.diff import rewrite_table
+
+    def by_argsort(o_s, o_ns, s, ns, z, w):
+        merged = torch.cat([o_s, o_ns], dim=1)[:, torch.argsort(torch.cat([s, ns]))]
+        return fla(merged.reshape(-1, D), z.reshape(-1, D), w)
+
+    args = _inputs(seed=42)
+    for fn, part in ((by_argsort, "norm alone"), (_layer_tail(fla), "merge + norm")):
+        out, c = _run(fn, *args)
+        assert c.matches["gated_norm_merge"] == 1
+        assert c.records[0]["parts"] == {"gated_norm_merge": {part: 1}}
+        table = rewrite_table(c.records[0])
+        row = next(i for i, line in enumerate(table) if line.startswith("gated_norm_merge "))
+        assert table[row + 1].split() == ["fused:", *part.split(), "1"], table
+        assert_close_to_eager(out, fn(*args), exact=True)
+
+
 def test_merge_free_norm_left_to_inductor_when_large_or_symbolic(monkeypatch):
     """The speed rule (unforced): on CUDA, above MERGE_FREE_MAX_VALUES (Inductor's fusion
     measured faster) or with a symbolic row count, the merge-free norm stays with Inductor,

@@ -89,6 +89,14 @@ class Match:
         return (traced or self.nodes)[-1]
 
     @property
+    def part(self) -> str | None:
+        """Which part of its rewrite this match fuses, where a rewrite fuses more or less of the
+        code it finds (``gated_norm_merge``: ``"merge + norm"`` or ``"norm alone"``); the pass
+        counts each in its record (``record["parts"]``) and the rewrite table shows them.
+        None where a rewrite has one part."""
+        return None
+
+    @property
     def device(self) -> str:
         """The device type the matched code runs on ("cuda", "cpu", ...)."""
         for n in self.nodes:

@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.fx as fx
@@ -151,6 +151,11 @@ class NormMatch(Match):
     @property
     def anchor(self) -> fx.Node:
         return self.norm.y
+
+    @property
+    def part(self) -> Literal["merge + norm", "norm alone"]:
+        """The norm alone where no merge wrote its input (or a gather did: ``cat`` + ``argsort``)."""
+        return "norm alone" if self.plain else "merge + norm"
 
 
 class GatedNormMerge(Rewrite):

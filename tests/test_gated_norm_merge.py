@@ -263,6 +263,34 @@ def test_transformers_qwen3_next_one_key_head(monkeypatch):
     assert_close_in_range(out, eager)  # the recurrence and projections are compiled too
 
 
+def test_transformers_kimi_linear_and_qwen3_5_gated_norms():
+    """transformers' own gated norms: Kimi Linear's ``o_norm`` (sigmoid, weight in float32) on
+    its 4-D ``[B, T, H, D]`` output with the gate viewed 4-D, and Qwen3.5's (silu, weight after
+    the cast back) on rows: each is rewritten (the norm alone: no merge) and bit-exact."""
+    kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
+    qwen = pytest.importorskip("transformers.models.qwen3_5.modeling_qwen3_5")
+    torch.manual_seed(1)
+    o_norm, q_norm = kimi.KimiLinearRMSNormGated(D).eval(), qwen.Qwen3_5RMSNormGated(D).eval()
+    with torch.no_grad():
+        for m in (o_norm, q_norm):
+            m.weight.copy_(1 + 0.1 * torch.randn(D))
+    x, gate = torch.randn(2, 5, H, D).bfloat16(), torch.randn(2, 5, H * D).bfloat16()
+
+    def kimi_tail(x, gate):
+        return o_norm(x, gate.view(2, 5, H, D)).reshape(2, 5, -1)
+
+    def qwen_tail(x, gate):
+        return q_norm(x.reshape(-1, D), gate.reshape(-1, D))
+
+    for fn in (kimi_tail, qwen_tail):
+        with torch.inference_mode():
+            out, c = _run(fn, x, gate)
+            eager = fn(x, gate)
+        assert c.matches["gated_norm_merge"] == 1, fn.__name__
+        assert c.records[0]["parts"] == {"gated_norm_merge": {"norm alone": 1}}
+        assert_close_to_eager(out, eager, exact=True)
+
+
 def test_eps_is_a_parameter():
     args = _inputs(seed=5)
     outs = []

@@ -354,6 +354,12 @@ def _no_upcast(x, z, w, eps=1e-6):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w.to(x.dtype) * F.silu(z)
 
 
+def _norm_of_silu(x, z, w, eps=1e-6):
+    """A plain RMSNorm of an activation's output (no gate after it): no candidate."""
+    xf = F.silu(x).float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * w.float()).to(x.dtype)
+
+
 _RMSNORM = torch.nn.RMSNorm(D, eps=1e-6).requires_grad_(False)  # a graph with grad is not rewritten
 
 
@@ -381,9 +387,9 @@ _PRECISION_ONLY = {"bf16_silu_gate", "no_upcast", "nn_rmsnorm_bf16", "nn_rmsnorm
 
 
 @pytest.mark.parametrize("norm", [_gate_first, _no_gate, _gelu_gate, _bf16_silu_gate, _gate_first_bf16, _no_upcast,
-                                  _nn_rmsnorm_bf16, _nn_rmsnorm_f32_gate],
+                                  _nn_rmsnorm_bf16, _nn_rmsnorm_f32_gate, _norm_of_silu],
                          ids=["gate_first", "no_gate", "gelu", "bf16_silu_gate", "gate_first_bf16", "no_upcast",
-                              "nn_rmsnorm_bf16", "nn_rmsnorm_f32_gate"])
+                              "nn_rmsnorm_bf16", "nn_rmsnorm_f32_gate", "norm_of_silu"])
 def test_other_norms_do_not_match(norm, request):
     """Each is a gated norm a user would recognize, and not what the op computes: not rewritten,
     and the miss names what differs (only precision, where that is all), at this file's line
@@ -399,7 +405,7 @@ def test_other_norms_do_not_match(norm, request):
     else:
         assert_close_to_eager(out, fn(*args))
     misses = [str(m) for m in c.records[0]["misses"]["gated_norm_merge"]]
-    if norm is _no_gate:  # a plain RMSNorm is no candidate (every model has them)
+    if norm in (_no_gate, _norm_of_silu):  # a plain RMSNorm is no candidate (every model has them)
         assert not any("gate" in m for m in misses), misses
         return
     assert [m.split(": not rewritten")[0].rsplit("/", 1)[-1].split(":")[0] for m in misses] == ["test_gated_norm_merge.py"], misses

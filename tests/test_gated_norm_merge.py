@@ -408,7 +408,8 @@ def test_other_norms_do_not_match(norm, request):
     if norm in (_no_gate, _norm_of_silu):  # a plain RMSNorm is no candidate (every model has them)
         assert not any("gate" in m for m in misses), misses
         return
-    assert [m.split(": not rewritten")[0].rsplit("/", 1)[-1].split(":")[0] for m in misses] == ["test_gated_norm_merge.py"], misses
+    files = [m.split(": not rewritten")[0].rsplit("/", 1)[-1].split(":")[0] for m in misses]
+    assert files == ["test_gated_norm_merge.py"], misses
     assert _WHY[case] in misses[0], misses
     assert ("precision differs" in misses[0]) == (case in _PRECISION_ONLY), misses
 

@@ -475,8 +475,8 @@ def _why_not_a_gated_norm(t: Term) -> str | None:
         return f"the gate's activation is {_OTHER_ACTS[acts[0].op]}; the fused op takes silu or sigmoid"
     gate16 = [f for f in outside if f.op == "cast" and f.attr("dtype") in _16BIT and f.args[0] in acts]
     if gate16:
-        return (f"the gate's activation is rounded to {_name(gate16[0].attr('dtype'))} (F.silu / sigmoid of a 16-bit gate) "
-                f"where the fused op keeps it in float32: {_PRECISION}; write F.silu(z.float())")
+        return (f"the gate's activation is rounded to {_name(gate16[0].attr('dtype'))} "
+                f"(F.silu / sigmoid of a 16-bit gate) where the fused op keeps it in float32: {_PRECISION}; write F.silu(z.float())")
     if any(_gates(f, acts) and f.attr("dtype") in _16BIT for f in outside):
         return f"the gate is multiplied in 16 bits (both factors 16-bit): {_PRECISION}"
     if rstd is not None and any(f.op == "cast" and f.attr("dtype") in _16BIT and rstd[0] in _subterms([f.args[0]], 2)

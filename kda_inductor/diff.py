@@ -246,6 +246,9 @@ def rewrite_table(record: dict[str, Any], *, rows_only: bool = False, active_onl
         if active_only and not (count or ch["removed"] or ch["added"] or name in record["errors"]):
             continue
         lines.append(f"{name:<{width}}  {count:>7}  {len(ch['removed']):>7}  {len(ch['added']):>5}")
+        parts = record.get("parts", {}).get(name)
+        if parts:  # which part fired, where a rewrite fuses more or less (Match.part)
+            lines.append(f"{'':<{width}}    fused: " + ", ".join(f"{p} {n}" for p, n in sorted(parts.items())))
         if not rows_only and (ch["removed"] or ch["added"]):
             removed = op_counts([before[n] for n in ch["removed"] if n in before])
             added = op_counts([after[n] for n in ch["added"] if n in after])

@@ -102,7 +102,7 @@ class KdaPostGradPass(CustomGraphPass):
     def _run(self, graph: fx.Graph) -> None:
         tracing = _tracing_enabled()
         observed = bool(_observers) or tracing or logs.enabled()
-        record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {},
+        record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {}, "parts": {},
                                   "skipped": GRAD_SKIP if self.grad else None, "note": self.note}
         if observed:
             record["before"] = str(graph)
@@ -122,6 +122,9 @@ class KdaPostGradPass(CustomGraphPass):
                     with transaction(graph):
                         rewrite.replace(graph, match)
                     matches[name] += 1
+                    if match.part is not None:
+                        parts = record["parts"].setdefault(name, {})
+                        parts[match.part] = parts.get(match.part, 0) + 1
             except Exception as exc:  # noqa: BLE001 - any failure falls back
                 if self.options.strict:
                     raise
@@ -224,7 +227,8 @@ def observe() -> Iterator[list[dict[str, Any]]]:
     ``before_nodes``/``after_nodes`` snapshots (:mod:`kda_inductor.diff`),
     ``changes`` (rewrite -> fx names removed / added), ``misses`` (rewrite
     -> its closest rejected candidates, :class:`~kda_inductor.patterns.base.Miss`, with the
-    user's source lines), ``skipped`` (why no rewrite ran on the graph, or None) and ``note``
+    user's source lines), ``parts`` (rewrite -> {part -> count} for the matches whose
+    :attr:`~kda_inductor.patterns.base.Match.part` says how much they fused), ``skipped`` (why no rewrite ran on the graph, or None) and ``note``
     (why the backend compiled the graph again, or None). A compile that failed and was done
     again leaves only the second one's record. Only graphs
     actually compiled are seen: disable Inductor's caches to see all.

@@ -272,3 +272,54 @@ def test_speed_rule_gathers_that_only_feed_elementwise_code(monkeypatch):
     assert c.matches["gdn_spec_split"] == 0
     assert "only feeds elementwise code" in str(c.records[0]["misses"]["gdn_spec_split"])
     assert_close_to_eager(out, taps(x, w, s, ns))
+
+
+def _bailing_per_set_views(q, k, v, g1, beta, spec_idx, non_spec_idx, n: int):
+    """vLLM BailingMoeV3 KDA's ten gathers, each set slicing its own ``x[:n]`` (one view node
+    per set: Inductor does not CSE before our pass)."""
+    outs = []
+    for idx in (spec_idx, non_spec_idx):
+        outs += [q[:n].index_select(0, idx), k[:n].index_select(0, idx), v[:n].index_select(0, idx),
+                 g1[:, :n].index_select(1, idx), beta[:, :n].index_select(1, idx)]
+    return outs
+
+
+def test_ten_gathers_two_sets_one_launch(monkeypatch):
+    """Ten gathers over two index sets are one launch of ten, also where each set gathers its
+    own copy of a view (the sets pair by the value of their sources, not the node): forced,
+    and by the CUDA speed rule (the match's device reported as cuda here), which before left
+    each set to Inductor as a one-sided launch ("the other set is empty", though it was not)."""
+    from kda_inductor.patterns import gdn_spec_split as pattern
+    from tests.spellings.cases_gdn import _bailing_split_inputs, bailing_kda_split
+
+    args = _bailing_split_inputs(3)
+    for fn in (bailing_kda_split, _bailing_per_set_views):
+        out, c = _run(fn, *args, options=ON)
+        assert c.matches["gdn_spec_split"] == 1 and _fused_sources(c) == [10], fn.__name__
+        assert_close_to_eager(out, fn(*args), exact=True)
+    monkeypatch.setattr(pattern.SplitMatch, "device", "cuda")
+    out, c = _run(_bailing_per_set_views, *args, options={"kda": {"strict": True, "force": False}})
+    assert c.matches["gdn_spec_split"] == 1 and _fused_sources(c) == [10]
+    assert c.records[0]["misses"]["gdn_spec_split"] == []
+
+
+def test_one_sided_launch_of_an_unpaired_index_says_so(monkeypatch):
+    """A set no other index shares sources with is one-sided: on CUDA left to Inductor, with
+    that reason (not "the other set is empty") at the user's line; forced, one launch."""
+    from kda_inductor.patterns import gdn_spec_split as pattern
+
+    s, ns = _split(12, 4, "cpu", seed=8)
+    a, b, c_ = torch.randn(12, 64).bfloat16(), torch.randn(1, 12, 8), torch.randn(12, 32)
+
+    def fn(a, b, c_, s, ns):
+        return a.index_select(0, s), b.index_select(1, s), c_.index_select(0, ns)
+
+    out, c = _run(fn, a, b, c_, s, ns, options=ON)
+    assert c.matches["gdn_spec_split"] == 1 and _fused_sources(c) == [2]
+    monkeypatch.setattr(pattern.SplitMatch, "device", "cuda")
+    out, c = _run(fn, a, b, c_, s, ns, options={"kda": {"strict": True, "force": False}})
+    assert c.matches["gdn_spec_split"] == 0
+    misses = [str(m) for m in c.records[0]["misses"]["gdn_spec_split"]]
+    why = "no other index gathers the same tensors"
+    assert any("test_gdn_spec_split.py:" in m and why in m for m in misses), misses
+    assert_close_to_eager(out, fn(a, b, c_, s, ns), exact=True)

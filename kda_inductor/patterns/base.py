@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import operator
+import os
 import re
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
@@ -54,16 +55,22 @@ class Miss:
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)\n(?P<code>[^\n]*)')
 
 
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+
+
 def source_location(node: fx.Node) -> tuple[str | None, str | None]:
     """``("file.py:123", "the line's code")`` of the innermost user frame that made ``node``
-    (from ``node.meta["stack_trace"]``), or ``(None, None)``."""
+    (from ``node.meta["stack_trace"]``), or ``(None, None)``. Frames in torch's own files
+    (``nn.RMSNorm``'s ``torch/nn/functional.py``) are not the user's: the innermost frame
+    outside torch is, where the trace has one."""
     trace = node.meta.get("stack_trace") if isinstance(node, fx.Node) else None
     if not trace:
         return None, None
     frames = list(_FRAME.finditer(trace + "\n"))
     if not frames:
         return None, None
-    last = frames[-1]
+    users = [f for f in frames if not os.path.abspath(f["file"]).startswith(_TORCH_DIR)]
+    last = (users or frames)[-1]
     return f"{last['file']}:{last['line']}", (last["code"].strip() or None)
 
 
@@ -80,6 +87,14 @@ class Match:
         """The node a miss of this match is reported at (the last one with a source line)."""
         traced = [n for n in self.nodes if n.meta.get("stack_trace")]
         return (traced or self.nodes)[-1]
+
+    @property
+    def part(self) -> str | None:
+        """Which part of its rewrite this match fuses, where a rewrite fuses more or less of the
+        code it finds (``gated_norm_merge``: ``"merge + norm"`` or ``"norm alone"``); the pass
+        counts each in its record (``record["parts"]``) and the rewrite table shows them.
+        None where a rewrite has one part."""
+        return None
 
     @property
     def device(self) -> str:

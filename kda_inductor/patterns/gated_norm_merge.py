@@ -39,7 +39,13 @@ another activation, a norm over a group of a head (the reduced dim is not the we
 merged buffer (or any intermediate of the norm) read elsewhere, a merge into zeros or other
 data (uncovered rows would have to keep it), one index tensor used twice, index lengths that
 provably do not add up to the tokens, a padded output that is a graph input (its merged rows
-must be stored), a graph traced with grad enabled (the pass manager).
+must be stored), a graph traced with grad enabled (the pass manager). Each gated norm a user
+would recognize and the op does not compute gets a miss naming what differs
+(``_why_not_a_gated_norm``): the gate before the norm, another activation, and, where only
+precision differs, a 16-bit gate activation (``F.silu(z)`` of a bf16 ``z``: eager rounds the
+gate to bf16, the op keeps it in float32; one bf16 ulp apart in 27% of 4096 x 128 outputs,
+so not rewritten), a gate multiplied in 16 bits, a norm with no float32 upcast, and
+``nn.RMSNorm``'s rounding after its weight.
 
 Speed rule (``speed_rule``), measured on an H200 (torch 2.11, triton 3.6;
 ``benchmarks/results/gated_norm_merge.md``) and on this project's 2-core CPU machine:
@@ -76,7 +82,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Literal
 
 import torch
 import torch.fx as fx
@@ -162,6 +168,11 @@ class NormMatch(Match):
     def anchor(self) -> fx.Node:
         return self.norm.y
 
+    @property
+    def part(self) -> Literal["merge + norm", "norm alone"]:
+        """The norm alone where no merge wrote its input (or a gather did: ``cat`` + ``argsort``)."""
+        return "norm alone" if self.plain else "merge + norm"
+
 
 class GatedNormMerge(Rewrite):
     name = "gated_norm_merge"
@@ -209,9 +220,10 @@ class GatedNormMerge(Rewrite):
                     found = got
             if found is not None:
                 yield found
-            elif is_op(n, aten.rsqrt) and any(_gated(canon(y)) for y in users):
-                self.miss(n, 1, "a gated norm that does not read as x * rsqrt(mean(x^2, -1) + eps) * w * act(gate) "
-                                "(the mean over the last dim, one weight of that width, the gate after the norm)")
+            elif users and is_op(n, aten.rsqrt, aten.reciprocal):
+                why = _why_not_a_gated_norm(canon(users[-1]))
+                if why is not None:
+                    self.miss(n, 1, why)
 
     def _read_norm(self, canon: Canon, y: fx.Node) -> Norm | None:
         t = canon(y)
@@ -444,10 +456,75 @@ def _elementwise_users(n: fx.Node, limit: int = 12) -> list[fx.Node]:
     return sorted(out, key=order.__getitem__)
 
 
-def _gated(t: Term) -> bool:
-    """``t`` is a float32 product with a ``silu`` / ``sigmoid`` factor (a gate)."""
-    t = t.args[0] if t.op == "cast" else t
-    return t.op == "mul" and any(isinstance(f, Term) and f.op in ("silu", "sigmoid") for f in _expand_div(list(t.args)))
+_OTHER_ACTS = {"gelu": "gelu", "erf": "gelu", "tanh": "tanh (or the tanh gelu)", "relu": "relu",
+               "softplus": "softplus", "elu": "elu", "mish": "mish", "hardswish": "hardswish",
+               "hardsigmoid": "hardsigmoid", "leaky_relu": "leaky_relu"}
+"""Activations (and the ops their decompositions leave: gelu's ``erf``) the op does not take."""
+_GENERIC = ("a gated norm that does not read as x * rsqrt(mean(x^2, -1) + eps) * w * act(gate) "
+            "(the mean over the last dim, one weight of that width, the gate after the norm)")
+_PRECISION = "precision differs from the fused op's float32 math, so it is not rewritten"
+
+
+def _why_not_a_gated_norm(t: Term) -> str | None:
+    """Why the products around an RMSNorm's ``rsqrt`` (``t``, the outermost of them) are a gated
+    norm the op does not compute, naming what differs; None where nothing gates it (a plain
+    RMSNorm, also of an activation's output: every model has them, no candidate)."""
+    terms = _all_subterms(t)
+    rstd = next(_rstds(terms), None)
+    x32 = rstd[1] if rstd is not None else None
+    inside = _all_subterms(x32) if x32 is not None else []
+    acts = [f for f in terms if f.op in ("silu", "sigmoid") or f.op in _OTHER_ACTS]
+    if any(_gates(f, acts) for f in inside):
+        return ("the gate is applied before the norm (norm_before_gate=False: the gate inside the mean), "
+                "a different function from the fused op's norm-then-gate")
+    outside = [f for f in terms if f not in inside]
+    acts = [f for f in acts if f in outside]
+    if not acts:
+        return None
+    if x32 is not None and _dtype_of(x32) in _16BIT:
+        return (f"the norm is computed in {_name(_dtype_of(x32))} (no float32 upcast of x before the mean of squares): "
+                f"{_PRECISION}; write x.float()")
+    if not any(f.op in ("silu", "sigmoid") for f in acts):
+        return f"the gate's activation is {_OTHER_ACTS[acts[0].op]}; the fused op takes silu or sigmoid"
+    gate16 = [f for f in outside if f.op == "cast" and f.attr("dtype") in _16BIT and f.args[0] in acts]
+    if gate16:
+        return (f"the gate's activation is rounded to {_name(gate16[0].attr('dtype'))} "
+                f"(F.silu / sigmoid of a 16-bit gate) where the fused op keeps it in float32: {_PRECISION}; write F.silu(z.float())")
+    if any(_gates(f, acts) and f.attr("dtype") in _16BIT for f in outside):
+        return f"the gate is multiplied in 16 bits (both factors 16-bit): {_PRECISION}"
+    if rstd is not None and any(f.op == "cast" and f.attr("dtype") in _16BIT and rstd[0] in _subterms([f.args[0]], 2)
+                                for f in outside):
+        return ("the norm is rounded to 16 bits after its weight and before the gate (nn.RMSNorm / F.rms_norm "
+                "of a 16-bit tensor): the fused op rounds before the weight (transformers) or not at all (fla): "
+                f"{_PRECISION}")
+    return _GENERIC
+
+
+def _gates(f: Term, acts: list[Term]) -> bool:
+    """``f`` is a product with an activation (or its cast) among its factors."""
+    return f.op == "mul" and any((a.args[0] if isinstance(a, Term) and a.op == "cast" else a) in acts for a in f.args)
+
+
+def _all_subterms(t: Any, limit: int = 256) -> list[Term]:
+    """Every term below ``t`` (``t`` included), each once, leaves and constants left out."""
+    out, seen, stack = [], set(), [t]
+    while stack and len(out) < limit:
+        x = stack.pop()
+        if not isinstance(x, Term) or x.op in ("leaf", "const") or id(x) in seen:
+            continue
+        seen.add(id(x))
+        out.append(x)
+        stack.extend(x.args)
+    return out
+
+
+def _name(dtype: torch.dtype | None) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _dtype_of(t: Term) -> torch.dtype | None:
+    v = val(t.node) if t.node is not None else None
+    return getattr(v, "dtype", None)
 
 
 def _expand_div(factors: list) -> list:
@@ -601,22 +678,20 @@ def _gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
     tensor (``reshape`` of a split of the projection: a contiguous ``clone`` then views), the
     tensor itself viewed ``[A, B, D]`` in place: the kernel reads any strides, and the copy,
     which stock Inductor fuses into its norm, would otherwise be written out for the op
-    (measured: 62 us of the hybrid model's 16K prefill)."""
+    (measured: 62 us of the hybrid model's 16K prefill). The copied tensor may itself be a
+    reshape that no view gives as rows (transformers' Qwen3-Next with one key head: the split
+    ``[B, S, 1, 2 * Dv]`` reshaped ``[B, S, 2, Dv]``): then a reshape it was made from is viewed."""
     src = _copy_chain(z)[-1]
-    if is_op(src, aten.clone) and src.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format:
-        base = src.args[0]
-        bv = val(base)
-        if (isinstance(base, fx.Node) and bv is not None and bv.dim() >= 1 and isinstance(bv.shape[-1], int)
-                and bv.shape[-1] % D == 0 and base not in mutated_nodes(graph)):
-            shape = [-1, bv.shape[-1] // D, D]
-            try:
-                bv.view(shape)  # a view of it (splitting its last dim; the leading ones merge)
-            except RuntimeError:
-                pass
-            else:
-                v = graph.call_function(aten.view.default, (base, shape))
-                set_fake_vals(graph, v)
-                return v
+    if not (is_op(src, aten.clone)
+            and src.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format):
+        return _in_place_gate(graph, z, D)
+    mutated = mutated_nodes(graph)
+    for base in _copy_chain(src.args[0]):  # the copied tensor, then the reshapes it came from
+        shape = _rows_view(val(base), D) if isinstance(base, fx.Node) else None
+        if shape is not None and base not in mutated:
+            v = graph.call_function(aten.view.default, (base, shape))
+            set_fake_vals(graph, v)
+            return v
     return _in_place_gate(graph, z, D)
 
 
@@ -629,6 +704,19 @@ def _in_place_gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
     if zv is not None and zv.dim() in (2, 3) and zv.shape[-1] == D and (zv.stride(-1) == 1 or D == 1):
         return z
     return _reshape(graph, z, [-1, D])
+
+
+def _rows_view(v: Any, D: int) -> list | None:
+    """``[-1, C // D, D]`` where ``v`` (last dim ``C``, a multiple of ``D``) can be viewed so,
+    else None: a stride computation (never a view that may raise): the last dim always splits,
+    the leading dims merge into one where each non-unit dim's stride is the next one's stride
+    times its size."""
+    if not isinstance(v, torch.Tensor) or v.dim() < 1 or not isinstance(v.shape[-1], int) or v.shape[-1] % D:
+        return None
+    lead = [(s, st) for s, st in zip(v.shape[:-1], v.stride()[:-1]) if not known(s == 1)]
+    if all(known(st0 == st1 * s1) for (_, st0), (s1, st1) in zip(lead, lead[1:])):
+        return [-1, v.shape[-1] // D, D]
+    return None
 
 
 def _sym_rows(graph: fx.Graph, src: fx.Node) -> fx.Node:

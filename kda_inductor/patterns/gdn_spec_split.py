@@ -81,6 +81,7 @@ from kda_inductor.patterns.base import (
     reachable,
     val,
 )
+from kda_inductor.patterns.canonical import Canon
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,6 +121,10 @@ def _sides(match: SplitMatch) -> set[fx.Node]:
     return {g.idx for g in match.gathers if not (isinstance(n := val(g.idx).shape[0], int) and n == 0)}
 
 
+def _indices(match: SplitMatch) -> set[fx.Node]:
+    return {g.idx for g in match.gathers}
+
+
 class GdnSpecSplit(Rewrite):
     name = "gdn_spec_split"
     summary = "GDN/KDA spec / non-spec token gathers -> one kda::gdn_spec_split launch"
@@ -133,10 +138,11 @@ class GdnSpecSplit(Rewrite):
             return (f"the gathered rows add up to {sum(widths)} bytes per token, fewer than the "
                     f"{MIN_ROW_BYTES} measured faster than Inductor's fused lookups")
         if ONE_SIDED_TO_INDUCTOR and len(_sides(match)) <= 1:
-            return ("only one index gathers rows here (the other set is empty: a pure prefill or decode "
-                    "batch), so the gathers are plain row copies that Inductor fuses into their producers "
-                    "and consumers; the fused launch would add the copies (measured, see "
-                    "patterns/gdn_spec_split.py)")
+            other = ("the other set is empty: a pure prefill or decode batch" if len(_indices(match)) > 1
+                     else "no other index gathers the same tensors")
+            return (f"only one index gathers rows here ({other}), so the gathers are plain row copies that "
+                    "Inductor fuses into their producers and consumers; the fused launch would add the copies "
+                    "(measured, see patterns/gdn_spec_split.py)")
         if all(fused_into_users(g.node) for g in match.gathers):
             return ("every gather only feeds elementwise code, which Inductor fuses the gather into as an "
                     "indirect load (no copy); the fused launch would add a copy (measured: the hybrid model's "
@@ -152,12 +158,13 @@ class GdnSpecSplit(Rewrite):
             if g is not None:
                 groups.setdefault(g.idx, []).append(g)
         matches, done = [], set()
+        value = _source_values(graph)
         for idx, members in groups.items():
             if idx in done:
                 continue
             done.add(idx)
-            sources = {g.src for g in members}
-            overlap = {j: len(sources & {g.src for g in other})
+            sources = {value(g.src) for g in members}
+            overlap = {j: len(sources & {value(g.src) for g in other})
                        for j, other in groups.items() if j not in done}
             partner = max(overlap, key=overlap.__getitem__, default=None)
             if partner is not None and overlap[partner] > 0:
@@ -212,6 +219,24 @@ class GdnSpecSplit(Rewrite):
         from torch._inductor.pattern_matcher import stable_topological_sort
 
         stable_topological_sort(graph)
+
+
+def _source_values(graph: fx.Graph):
+    """``node -> key``: equal keys for sources that compute the same value (canonical terms),
+    so that the two sets pair up where each gathers its own copy of a view: Inductor does not
+    CSE before our pass, and ``q[:n].index_select(0, idx)`` written per set makes one ``q[:n]``
+    node per set (the pairing compared nodes, and left each set a one-sided launch)."""
+    canon = Canon(graph)
+
+    def value(n: fx.Node):
+        t = canon(n)
+        try:
+            hash(t)
+        except TypeError:  # a term holding an unhashable constant: the node itself
+            return n
+        return t
+
+    return functools.cache(value)
 
 
 def _legal_launches(members: list[_RowGather], pos: dict[fx.Node, int]) -> list[list[_RowGather]]:

@@ -192,6 +192,28 @@ _TL_DTYPES = {}
 if triton is not None:
     _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
+    @triton.jit
+    def _gated_rms_norm(x, g, w, D, eps, SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr,
+                        IN_DTYPE: tl.constexpr, HF_DTYPE: tl.constexpr):
+        """``y`` (float32) of rows ``x`` (float32, masked columns 0), gate ``g`` (float32) and
+        weight ``w``, in the order of the module docstring's two forms: both kernels' math."""
+        var = tl.sum(x * x, axis=1)[:, None] / D + eps
+        if RSQRT:
+            r = tl.math.rsqrt(var)
+        else:
+            r = 1.0 / tl.sqrt_rn(var)
+        if SIGMOID:
+            act = tl.sigmoid(g)
+        else:  # silu, as Inductor decomposes it
+            act = g / (1.0 + tl.exp(-g))
+        if not HF:
+            y = x * r * w.to(tl.float32) * act
+        else:
+            n = (x * r).to(IN_DTYPE)
+            wn = (w.to(tl.float32) * n.to(tl.float32)).to(HF_DTYPE)
+            y = wn.to(tl.float32) * act
+        return y
+
     @triton.jit(do_not_specialize=["n0", "n1", "T"], debug=True)
     def _gated_norm_merge_kernel(
         src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
@@ -232,32 +254,18 @@ if triton is not None:
             x = tl.where(real, x, tl.where(m, pad, 0.0))
         else:
             x = tl.load(row + col, mask=m, other=0.0).to(tl.float32)
-        var = tl.sum(x * x, axis=1)[:, None] / D + eps
-        if RSQRT:
-            r = tl.math.rsqrt(var)
-        else:
-            r = 1.0 / tl.sqrt_rn(var)
         w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
         zrow = t * R + rr
         zoff = (zrow // z_rows_per_group) * z_stride_group + (zrow % z_rows_per_group) * z_stride_row
         g = tl.load(z_ptr + zoff + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
-        if SIGMOID:
-            act = tl.sigmoid(g)
-        else:  # silu, as Inductor decomposes it
-            act = g / (1.0 + tl.exp(-g))
-        if not HF:
-            y = x * r * w.to(tl.float32) * act
-        else:
-            n = (x * r).to(IN_DTYPE)
-            wn = (w.to(tl.float32) * n.to(tl.float32)).to(HF_DTYPE)
-            y = wn.to(tl.float32) * act
+        y = _gated_rms_norm(x, g, w, D, eps, SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE)
         tl.store(y_ptr + zrow * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
     @triton.jit(do_not_specialize=["rows"])
     def _gated_norm_rows_kernel(
-        x_ptr, x_rows_per_group, x_stride_group, x_stride_row, z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, y_ptr,
-        rows, D, eps,
+        x_ptr, x_rows_per_group, x_stride_group, x_stride_row,
+        z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, y_ptr, rows, D, eps,
         SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
         HF_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
     ):
@@ -270,24 +278,10 @@ if triton is not None:
         m = (rr < rows) & (dd < D)
         xoff = (rr // x_rows_per_group) * x_stride_group + (rr % x_rows_per_group) * x_stride_row
         x = tl.load(x_ptr + xoff + dd, mask=m, other=0.0).to(tl.float32)
-        var = tl.sum(x * x, axis=1)[:, None] / D + eps
-        if RSQRT:
-            r = tl.math.rsqrt(var)
-        else:
-            r = 1.0 / tl.sqrt_rn(var)
         w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
         zoff = (rr // z_rows_per_group) * z_stride_group + (rr % z_rows_per_group) * z_stride_row
         g = tl.load(z_ptr + zoff + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
-        if SIGMOID:
-            act = tl.sigmoid(g)
-        else:  # silu, as Inductor decomposes it
-            act = g / (1.0 + tl.exp(-g))
-        if not HF:
-            y = x * r * w.to(tl.float32) * act
-        else:
-            n = (x * r).to(IN_DTYPE)
-            wn = (w.to(tl.float32) * n.to(tl.float32)).to(HF_DTYPE)
-            y = wn.to(tl.float32) * act
+        y = _gated_rms_norm(x, g, w, D, eps, SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE)
         tl.store(y_ptr + rr * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
 
 

@@ -166,18 +166,22 @@ def write_indexer_k(k, kv_cache, slot_mapping, ue8m0: bool = False, weight=None,
     """
     if weight is not None:
         k = layer_norm_k(k, weight, bias, eps)
-    nb, bs, row = kv_cache.shape
-    t, d = k.shape
-    sb = row - d
     q, scale = quantize_k(k, ue8m0)
+    flat, valid, blk, cols, scols = _masked_slots(kv_cache, slot_mapping, k.shape[1])
+    flat.index_put_((blk, cols), torch.where(valid, q.view(torch.uint8) - flat[blk, cols], 0), accumulate=True)
+    flat.index_put_((blk, scols), torch.where(valid, scale.view(torch.uint8) - flat[blk, scols], 0), accumulate=True)
+
+
+def _masked_slots(kv_cache, slot_mapping, d: int):
+    """The flat cache view, the padding mask and the value / scale byte addresses of each
+    token's slot (padding clamped to slot 0), as the masked spellings index them."""
+    nb, bs, row = kv_cache.shape
     valid = (slot_mapping >= 0)[:, None]
     slot = slot_mapping.clamp(min=0)
     blk, off = (slot // bs)[:, None], slot % bs
-    flat = kv_cache.view(nb, -1)
-    cols = off[:, None] * d + torch.arange(d, device=k.device)
-    flat.index_put_((blk, cols), torch.where(valid, q.view(torch.uint8) - flat[blk, cols], 0), accumulate=True)
-    scols = bs * d + off[:, None] * sb + torch.arange(sb, device=k.device)
-    flat.index_put_((blk, scols), torch.where(valid, scale.view(torch.uint8) - flat[blk, scols], 0), accumulate=True)
+    cols = off[:, None] * d + torch.arange(d, device=kv_cache.device)
+    scols = bs * d + off[:, None] * (row - d) + torch.arange(row - d, device=kv_cache.device)
+    return kv_cache.view(nb, -1), valid, blk, cols, scols
 
 
 def write_indexer_k_racy(k, kv_cache, slot_mapping, ue8m0: bool = False):
@@ -186,16 +190,9 @@ def write_indexer_k_racy(k, kv_cache, slot_mapping, ue8m0: bool = False):
     write as a real token that targets slot 0 (duplicate indices: which write wins is
     undefined; CPU eager keeps the padding's old bytes). Well defined, and equal to
     :func:`write_indexer_k`, wherever no real token uses slot 0 (vLLM reserves block 0)."""
-    nb, bs, row = kv_cache.shape
-    t, d = k.shape
     q, scale = quantize_k(k, ue8m0)
-    valid = (slot_mapping >= 0)[:, None]
-    slot = slot_mapping.clamp(min=0)
-    blk, off = (slot // bs)[:, None], slot % bs
-    flat = kv_cache.view(nb, -1)
-    cols = off[:, None] * d + torch.arange(d, device=k.device)
+    flat, valid, blk, cols, scols = _masked_slots(kv_cache, slot_mapping, k.shape[1])
     flat[blk, cols] = torch.where(valid, q.view(torch.uint8), flat[blk, cols])
-    scols = bs * d + off[:, None] * (row - d) + torch.arange(row - d, device=k.device)
     flat[blk, scols] = torch.where(valid, scale.view(torch.uint8), flat[blk, scols])
 
 

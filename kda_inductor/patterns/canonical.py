@@ -64,6 +64,15 @@ class Term:
     node: fx.Node | None = dataclasses.field(default=None, compare=False, repr=False)
     nodes: frozenset = dataclasses.field(default=frozenset(), compare=False, repr=False)
 
+    def __hash__(self) -> int:
+        """Computed once per term: a term is a DAG whose shared sub-terms the derived hash
+        would hash once per path (exponential in the depth of a real model's graph)."""
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.op, self.args, self.attrs))
+            object.__setattr__(self, "_hash", h)
+        return h
+
     def attr(self, name: str, default: Any = None) -> Any:
         return dict(self.attrs).get(name, default)
 

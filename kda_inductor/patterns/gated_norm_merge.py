@@ -285,7 +285,7 @@ class GatedNormMerge(Rewrite):
             if not (inner.op == "cast" and inner.attr("dtype") in _16BIT and inner.args[0].op == "mul"):
                 continue
             prod = list(inner.args[0].args)
-            if sorted(map(repr, prod)) == sorted(map(repr, [x32, rstd])):
+            if _same_terms(prod, [x32, rstd]):
                 rest = list(body)
                 rest.remove(n)
                 w = _weight(rest)
@@ -654,6 +654,18 @@ def _fill(base: fx.Node):
     if is_op(base, aten.zeros):
         return 0.0
     return _NO_FILL
+
+
+def _same_terms(a: list, b: list) -> bool:
+    """``a`` and ``b`` hold equal terms, in any order (equality, never ``repr``: a term's text
+    spells out every path through its DAG, exponential in a real model's graph depth)."""
+    rest = list(b)
+    for t in a:
+        i = next((i for i, u in enumerate(rest) if t is u or t == u), None)
+        if i is None:
+            return False
+        del rest[i]
+    return not rest
 
 
 def _reshape(graph: fx.Graph, n: fx.Node, shape: list) -> fx.Node:

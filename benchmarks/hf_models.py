@@ -153,6 +153,8 @@ def config_for(family: Family, config_cls, *, tiny: bool):
     kw = dict(family.dims)
     if tiny:
         kw.update({k: v for k, v in TINY.items() if k in defaults and (k != "q_lora_rank" or defaults[k])})
+        if "kv_lora_rank" in defaults:  # MLA: one KV head per query head
+            kw["num_key_value_heads"] = kw["num_attention_heads"]
     kw["num_hidden_layers"] = N_LAYERS
     kw["vocab_size"] = TINY_VOCAB if tiny else VOCAB
     for key in ("num_experts", "n_routed_experts"):
@@ -188,7 +190,8 @@ def use_torch_cores(modeling) -> None:
     ``use_kernel_func_from_hub_with_fallback`` wraps, reachable as ``__wrapped__``): on CPU the
     fla / causal-conv1d Triton kernels transformers picks when installed cannot run."""
     for name, fn in list(vars(modeling).items()):
-        if name.startswith(("torch_", "causal_conv1d", "fused_")) and callable(getattr(fn, "__wrapped__", None)):
+        code = getattr(fn, "__code__", None)
+        if callable(getattr(fn, "__wrapped__", None)) and code is not None and "hub_kernels" in code.co_filename:
             setattr(modeling, name, fn.__wrapped__)
 
 
@@ -251,11 +254,14 @@ def decode_case(model, config, *, batch: int, context: int, device: str):
     snapshot = _cache_tensors(cache)
     position = torch.full((batch, 1), context, device=device, dtype=torch.long)
 
-    def step(decoder):
+    def inputs():
         _restore(snapshot)
-        return decoder(input_ids=token, past_key_values=cache, use_cache=True,
-                       position_ids=position).last_hidden_state
+        return {"input_ids": token, "past_key_values": cache, "use_cache": True, "position_ids": position}
 
+    def step(decoder):
+        return decoder(**inputs()).last_hidden_state
+
+    step.inputs = inputs
     return step, lambda: _restore(snapshot, values=True)
 
 
@@ -263,9 +269,13 @@ def prefill_case(model, config, *, tokens: int, device: str):
     gen = torch.Generator(device="cpu").manual_seed(2)
     prompt = torch.randint(0, config.vocab_size, (1, tokens), generator=gen).to(device)
 
-    def step(decoder):
-        return decoder(input_ids=prompt, use_cache=True).last_hidden_state
+    def inputs():
+        return {"input_ids": prompt, "use_cache": True}
 
+    def step(decoder):
+        return decoder(**inputs()).last_hidden_state
+
+    step.inputs = inputs
     return step, lambda: None
 
 
@@ -280,12 +290,13 @@ def report_summary(report) -> dict[str, Any]:
 
 
 def kda_compile(decoder, call: Callable, options: dict | None):
-    """``call(decoder)`` compiled with kda_inductor through ``kda_inductor.Explainer`` (which
-    calls it once): ``(zero-argument compiled step, report)``."""
+    """``decoder`` compiled with kda_inductor through ``kda_inductor.Explainer`` (which calls it
+    once on ``call``'s inputs): ``(zero-argument compiled step, report)``. The cache's host-side
+    reset stays outside the compiled code."""
     import kda_inductor
 
-    report = kda_inductor.Explainer(options=options)(call, decoder)
-    return (lambda: report.compiled(decoder)), report
+    report = kda_inductor.Explainer(options=options)(decoder, **call.inputs())
+    return (lambda: call(report.compiled)), report
 
 
 def time_us(fn: Callable, device: str) -> tuple[float | None, str]:
@@ -342,7 +353,7 @@ def run_case(label: str, model, call: Callable, reset: Callable, *, device: str,
     return row
 
 
-def run_family(family: Family, *, smoke: bool, device: str, decode_batches, context: int, prefill: int):
+def run_family(family: Family, *, smoke: bool, device: str, decode_batches, context: int, prefill: int | None):
     built = build(family, tiny=smoke, device=device)
     if built is None:
         return []
@@ -355,6 +366,8 @@ def run_family(family: Family, *, smoke: bool, device: str, decode_batches, cont
                        kda_options=options, check=smoke)
         rows.append({"family": family.name, "checkpoint": family.checkpoint, **row})
         _timing.progress(rows[-1])
+    if prefill is None:
+        return rows
     step, reset = prefill_case(model, config, tokens=prefill, device=device)
     row = run_case(f"prefill 1 x {prefill}", model, step, reset, device=device, kda_options=options, check=smoke)
     rows.append({"family": family.name, "checkpoint": family.checkpoint, **row})
@@ -379,10 +392,25 @@ def _fmt_matches(row: dict) -> dict:
     return out
 
 
+def merged_rows(rows: list[dict]) -> list[dict]:
+    """This run's rows plus the recorded ones of other (family, case) pairs (runs split by
+    ``--family`` / ``--case`` build one table); family order as in FAMILIES."""
+    import json
+
+    path = RESULTS / "hf_models.json"
+    old = json.loads(path.read_text()).get("rows", []) if path.exists() else []
+    new_keys = {(r.get("family"), r.get("case")) for r in rows}
+    kept = [r for r in old if (r.get("family"), r.get("case")) not in new_keys]
+    order = {f.name: i for i, f in enumerate(FAMILIES)}
+    return sorted(kept + rows, key=lambda r: (order.get(r.get("family"), 99), str(r.get("case"))))
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny configs on CPU, rewrites forced; checks only")
     parser.add_argument("--family", action="append", choices=sorted(BY_NAME), help="only these (repeatable)")
+    parser.add_argument("--case", action="append", choices=["decode32", "decode128", "prefill"],
+                        help="only these cases (repeatable; default all)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -394,8 +422,10 @@ def main(argv=None) -> None:
     except ImportError:
         raise SystemExit("hf_models needs transformers: pip install transformers (and fla-core on a GPU)")
     families = [BY_NAME[n] for n in args.family] if args.family else FAMILIES
+    cases = args.case or ["decode32", "decode128", "prefill"]
     shapes = dict(decode_batches=(2,), context=8, prefill=16) if args.smoke else \
-        dict(decode_batches=(32, 128), context=256, prefill=4096)
+        dict(decode_batches=tuple(b for b in (32, 128) if f"decode{b}" in cases), context=256,
+             prefill=4096 if "prefill" in cases else None)
     rows = []
     for family in families:
         try:
@@ -417,6 +447,7 @@ def main(argv=None) -> None:
     _timing.finish("hf_models", [_fmt_matches(r) for r in rows], COLUMNS, notes, smoke=args.smoke,
                    record=False, results_dir=RESULTS, started=started)
     if not args.smoke and not args.no_record:
+        rows = merged_rows(rows)
         payload = {"benchmark": "hf_models", "env": _timing.environment_info(), "notes": notes, "rows": rows}
         _timing.record_results("hf_models", payload, _timing.markdown_table([_fmt_matches(r) for r in rows], COLUMNS),
                                results_dir=RESULTS, title="transformers hybrid models", notes=notes)

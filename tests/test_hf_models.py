@@ -1,0 +1,90 @@
+"""transformers' own hybrid model families (``benchmarks/hf_models.py``, tiny dims, bf16, CPU):
+each compiles with ``backend="kda_inductor"`` and the rewrites forced, matches eager on a decode
+step (cache of 8 tokens) and a 16-token prefill, and gets exactly the rewrites it should.
+
+Where a family's spelling is not rewritten today the test asserts 0 and that ``explain()``'s
+misses name the reason at the transformers source line (``NOT_REWRITTEN``)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="transformers is not installed (pip install transformers)")
+
+from benchmarks import hf_models  # noqa: E402
+from kda_inductor import pass_manager  # noqa: E402
+from kda_inductor.patterns import REWRITE_NAMES  # noqa: E402
+from kda_inductor.testing import assert_close_to_eager, compile_for_test  # noqa: E402
+
+# gated_norm_merge per compiled step: the merge-free gated norm of each linear-attention layer
+# (transformers has no spec-decode split and no paged fp8 indexer cache: the other rewrites 0)
+NORMS = hf_models.N_LAYERS - 1
+EXPECTED = {f.name: {"gated_norm_merge": hf_models.linear_layers(f)} for f in hf_models.FAMILIES}
+# families whose gated norm is spelled in a way gated_norm_merge does not match today:
+# family -> the words explain()'s miss gives at the transformers line
+NOT_REWRITTEN: dict[str, str] = {}
+for _name in NOT_REWRITTEN:
+    EXPECTED[_name] = {"gated_norm_merge": 0}
+# families whose compile with our pass does not finish today (a pass bug reported to the lead,
+# issue 21): skipped with the reason instead of hanging CI; stock Inductor compiles them
+DOES_NOT_FINISH = {
+    name: "gated_norm_merge's _hf (kda_inductor/patterns/gated_norm_merge.py:276) compares "
+          "repr() of canonical terms; for this family's decode step (x from transformers' torch "
+          "recurrent gated delta rule) the terms' repr expands a shared DAG and the compile ran "
+          "> 9 min on CPU (stock Inductor: under 30 s)"
+    for name in ("qwen3_5",)
+}
+
+
+def _run(model, step, reset):
+    """Eager then compiled (forced, strict) on the same starting cache: outputs and records."""
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        reset()
+        expected = step(model.model).clone()
+        compiled = compile_for_test(model.model)
+        reset()
+        actual = step(compiled)
+    torch._dynamo.reset()
+    return actual, expected, compiled.records
+
+
+@pytest.fixture(scope="module", params=[f.name for f in hf_models.FAMILIES])
+def family_run(request):
+    family = hf_models.BY_NAME[request.param]
+    if family.name in DOES_NOT_FINISH:
+        pytest.skip(f"{family.name}: our pass does not finish compiling it: {DOES_NOT_FINISH[family.name]}")
+    built = hf_models.build(family, tiny=True, device="cpu")
+    if built is None:
+        pytest.skip(f"{family.name}: not in the installed transformers")
+    model, config = built
+    runs = {"decode": _run(model, *hf_models.decode_case(model, config, batch=2, context=8, device="cpu")),
+            "prefill": _run(model, *hf_models.prefill_case(model, config, tokens=16, device="cpu"))}
+    return family, runs
+
+
+@pytest.mark.parametrize("case", ["decode", "prefill"])
+def test_matches_eager(family_run, case):
+    _, runs = family_run
+    actual, expected, _ = runs[case]
+    assert_close_to_eager(actual, expected, rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("case", ["decode", "prefill"])
+def test_rewrite_counts(family_run, case):
+    family, runs = family_run
+    records = runs[case][2]
+    assert records, f"{family.name} {case}: no graph went through our pass"
+    want = {name: 0 for name in REWRITE_NAMES} | EXPECTED[family.name]
+    assert pass_manager.total_matches(records) == want
+
+
+@pytest.mark.parametrize("case", ["decode", "prefill"])
+def test_misses_name_the_transformers_line(family_run, case):
+    family, runs = family_run
+    if family.name not in NOT_REWRITTEN:
+        pytest.skip(f"{family.name}: its gated norms are rewritten")
+    misses = [m for r in runs[case][2] for m in r.get("misses", {}).get("gated_norm_merge", [])]
+    where = f"transformers/models/{family.module}/modeling_{family.module}.py"
+    assert any(where in (m.location or "") and NOT_REWRITTEN[family.name] in m.check for m in misses), misses

@@ -66,7 +66,7 @@ def run_write(ref, door, hd, bs, T, fmt, bandwidth, reps):
 
     g = torch.Generator().manual_seed(T * 7 + hd + bs)
     blocks = max(4, -(-2 * T // bs))
-    cache = torch.randint(0, 256, (blocks, bs, hd + hd // 32), generator=g, dtype=torch.uint8).cuda()
+    cache = torch.randint(0, 256, (blocks, bs, R.cache_row_bytes(hd)), generator=g, dtype=torch.uint8).cuda()
     k = _random_k(T, hd, g)
     slots = torch.randperm(blocks * bs, generator=g)[:T].cuda()
     if T > 1:
@@ -83,7 +83,7 @@ def run_write(ref, door, hd, bs, T, fmt, bandwidth, reps):
                                             reps=reps, calls=10)
     row["kda_us"] = graph_replay_median_us(lambda: door.indexer_k_quant_and_cache(k, b, slots, 128, fmt),
                                            reps=reps, calls=10)
-    moved = T * hd * 2 + T * 8 + T * (hd + hd // 32)
+    moved = T * hd * 2 + T * 8 + T * R.cache_row_bytes(hd)
     row["floor_us"] = moved / bandwidth * 1e6
     return row
 
@@ -94,7 +94,7 @@ def run_gather(ref, door, hd, bs, seq_lens, bandwidth, reps):
     g = torch.Generator().manual_seed(len(seq_lens) + hd + bs)
     kv, table, cu, n = R.random_indexer_cache(seq_lens, block_size=bs, head_dim=hd, generator=g, device="cuda")
     table = table.contiguous()
-    sb = hd // 32
+    sb = R.scale_bytes(hd)
     outs = []
     for fn in (ref, door):
         dk = torch.full((n, hd), 0x5A, dtype=torch.uint8, device="cuda").view(torch.float8_e4m3fn)

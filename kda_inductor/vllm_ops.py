@@ -53,9 +53,10 @@ from typing import Any, Callable
 
 import torch
 
+from kda_inductor.reference import QUANT_GROUP, cache_row_bytes, scale_bytes
+
 ENV = "KDA_INDUCTOR_VLLM_OPS"
 COUNTER_KEY = "kda_inductor_vllm_ops"
-QUANT_BLOCK = 128
 DEVICE_TYPES: tuple[str, ...] = ("cuda",)
 """Devices whose tensors the door takes (the tests add "cpu" to run our kernels under Triton's
 interpreter)."""
@@ -131,14 +132,13 @@ def write_unsupported(k, kv_cache, slot_mapping, quant_block_size, kv_cache_dtyp
     why = _common({"k": k, "kv_cache": kv_cache, "slot_mapping": slot_mapping})
     if why:
         return why
-    if k.dim() != 2 or k.dtype not in _K_DTYPES or k.shape[1] == 0 or k.shape[1] % QUANT_BLOCK:
+    if k.dim() != 2 or k.dtype not in _K_DTYPES or k.shape[1] == 0 or k.shape[1] % QUANT_GROUP:
         return f"k is {k.dim()}-D {k.dtype} {tuple(k.shape)}, not bf16 [T, 128 * G]"
-    if quant_block_size != QUANT_BLOCK:
-        return f"quant_block_size is {quant_block_size}, not {QUANT_BLOCK}"
+    if quant_block_size != QUANT_GROUP:
+        return f"quant_block_size is {quant_block_size}, not {QUANT_GROUP}"
     if not isinstance(kv_cache_dtype, str):
         return f"kv_cache_dtype is {type(kv_cache_dtype).__name__}, not a str"
-    head_dim = k.shape[1]
-    row = head_dim + 4 * head_dim // QUANT_BLOCK
+    row = cache_row_bytes(k.shape[1])
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3 or kv_cache.shape[2] != row:
         return f"kv_cache is {kv_cache.dim()}-D {kv_cache.dtype} {tuple(kv_cache.shape)}, not uint8 [blocks, bs, {row}]"
     if slot_mapping.dtype != torch.int64 or slot_mapping.dim() != 1 or slot_mapping.shape[0] != k.shape[0]:
@@ -153,15 +153,14 @@ def gather_unsupported(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> 
                    "cu_seq_lens": cu_seq_lens})
     if why:
         return why
-    if dst_k.dim() != 2 or dst_k.element_size() != 1 or dst_k.shape[1] == 0 or dst_k.shape[1] % QUANT_BLOCK:
+    if dst_k.dim() != 2 or dst_k.element_size() != 1 or dst_k.shape[1] == 0 or dst_k.shape[1] % QUANT_GROUP:
         return f"dst_k is {dst_k.dim()}-D {dst_k.dtype} {tuple(dst_k.shape)}, not 1-byte [N, 128 * G]"
     head_dim, n = dst_k.shape[1], dst_k.shape[0]
-    scale_bytes = 4 * head_dim // QUANT_BLOCK
-    if dst_scale.dtype not in (torch.uint8, torch.int8) or tuple(dst_scale.shape) != (n, scale_bytes):
-        return f"dst_scale is {dst_scale.dtype} {tuple(dst_scale.shape)}, not uint8 [{n}, {scale_bytes}]"
-    if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3 or kv_cache.shape[2] != head_dim + scale_bytes:
-        return f"kv_cache is {kv_cache.dim()}-D {kv_cache.dtype} {tuple(kv_cache.shape)}, " \
-               f"not uint8 [blocks, bs, {head_dim + scale_bytes}]"
+    sb, row = scale_bytes(head_dim), cache_row_bytes(head_dim)
+    if dst_scale.dtype not in (torch.uint8, torch.int8) or tuple(dst_scale.shape) != (n, sb):
+        return f"dst_scale is {dst_scale.dtype} {tuple(dst_scale.shape)}, not uint8 [{n}, {sb}]"
+    if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3 or kv_cache.shape[2] != row:
+        return f"kv_cache is {kv_cache.dim()}-D {kv_cache.dtype} {tuple(kv_cache.shape)}, not uint8 [blocks, bs, {row}]"
     if block_table.dtype != torch.int32 or block_table.dim() != 2:
         return f"block_table is {block_table.dim()}-D {block_table.dtype}, not int32 2-D"
     if cu_seq_lens.dtype != torch.int32 or tuple(cu_seq_lens.shape) != (block_table.shape[0] + 1,):

@@ -24,13 +24,14 @@ The registration does not depend on the order of imports. ``import kda_inductor`
 once when vLLM's pass module is already loaded; otherwise it leaves a small import hook
 (:class:`_RegisterAfterImport`, on ``sys.meta_path``) that registers right after vLLM's pass
 module has been executed, before vLLM's config can resolve the name, and then removes
-itself. vLLM's ``vllm.general_plugins`` entry point (``register_with_vllm``) and each
+itself. vLLM's ``vllm.general_plugins`` entry point (:func:`vllm_plugin`) and each
 :class:`VllmPostGradPass` made later register too. (vLLM builds its ``CompilationConfig`` in
 ``LLM.__init__`` before it loads plugins, and ``import vllm`` does not load the pass module,
 so neither of those alone is early enough when kda_inductor was imported first.)
 
-Only the qualified-name route works: vLLM's config types ``inductor_passes`` as
-``dict[str, str]`` and rejects a pass object there.
+Routes vLLM accepts (both tested on a real vLLM, ``integration/test_vllm_real.py``): the
+qualified name in ``inductor_passes``, which vLLM types ``dict[str, str]`` (a pass object there
+is rejected), or, from Python, the object itself in ``inductor_compile_config``.
 
 Nothing here imports torch until the pass runs or is hashed: ``import kda_inductor`` stays cheap.
 """
@@ -114,8 +115,7 @@ class _RegisterAfterImport(importlib.abc.MetaPathFinder):
         exec_module = getattr(spec.loader, "exec_module", None)
         if exec_module is not None:
             def exec_then_register(module: Any) -> None:
-                exec_module(module)
-                sys.modules.setdefault(fullname, module)
+                exec_module(module)  # the import system put the module in sys.modules before this
                 if register_with_vllm():
                     uninstall_import_hook()
 

@@ -15,11 +15,14 @@ from typing import Any
 
 import torch
 
-from kda_inductor import logs
+from kda_inductor import _dynamo_fixes, logs
 from kda_inductor.options import KdaOptions
 from kda_inductor.pass_manager import KdaPostGradPass, combine_with
 
 HOOK = "post_grad_custom_post_pass"
+
+# before the first trace: torch.compile(backend="kda_inductor") imports this module when it is called
+_dynamo_fixes.install()
 
 
 def _inductor_config_patches(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:

@@ -1,0 +1,163 @@
+"""Where a transformers hybrid model's step spends its GPU time, eager against compiled:
+``python -m benchmarks.hf_profile --family qwen3_next --case prefill [--variant eager,stock,kda]``.
+
+Builds the model as ``benchmarks.hf_models`` does, runs the case under ``torch.profiler`` (CUDA
+activity, a few calls after warm-up), and writes per variant: the step's GPU time, its kernels
+grouped by kind (Inductor's generated Triton, fla-core's Triton, GEMMs, attention, copies, other)
+and the top kernels by total time; for compiled variants the graph count and graph breaks
+(``torch._dynamo.utils.counters``) and the compile time. Also notes what transformers picked
+(the MoE experts implementation, the recurrent and conv cores). Results:
+``benchmarks/results/hf_profile_<family>_<case>.{md,json}`` (issue 21: why stock loses to eager).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import time
+
+import torch
+
+from benchmarks import _timing, hf_models
+
+KINDS = [  # (kind, regex on the kernel name), first match wins
+    ("inductor triton", r"^triton_|^triton_poi|^triton_red|^triton_per"),
+    ("gemm", r"gemm|nvjet|xmma|cutlass|sm90_|sm100_|cublas|grouped_mm|wgmma"),
+    ("attention", r"flash|fmha|attention|sdpa|efficient"),
+    ("fla / user triton", r"chunk|fused_recurrent|l2norm|solve_tril|wy_fast|cumsum|kda|gated_delta|fwd_kernel"),
+    ("conv", r"conv"),
+    ("copy / fill", r"copy|Memcpy|Memset|fill|cat|index|gather|scatter|elementwise|vectorized|reduce"),
+]
+
+
+def kind_of(name: str) -> str:
+    for kind, pattern in KINDS:
+        if re.search(pattern, name, re.IGNORECASE):
+            return kind
+    return "other"
+
+
+def profile(fn, *, calls: int = 3) -> dict:
+    """GPU kernel times of ``calls`` calls of ``fn`` (after two warm-up calls), per call."""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    for _ in range(2):
+        fn()
+    torch.cuda.synchronize()
+    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    per_kernel: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
+    for evt in prof.key_averages():
+        us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if us and evt.key and not evt.key.startswith("ProfilerStep"):
+            per_kernel[evt.key][0] += us / calls
+            per_kernel[evt.key][1] += evt.count // calls
+    kinds: dict[str, float] = collections.Counter()
+    for name, (us, _) in per_kernel.items():
+        kinds[kind_of(name)] += us
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:25]
+    return {"gpu_us": sum(us for us, _ in per_kernel.values()), "launches": sum(n for _, n in per_kernel.values()),
+            "kinds": dict(sorted(kinds.items(), key=lambda kv: -kv[1])),
+            "top": [{"kernel": k[:110], "us": round(us, 1), "calls": n, "kind": kind_of(k)} for k, (us, n) in top]}
+
+
+def picked(model, modeling) -> dict:
+    """What transformers chose for this model's hot paths."""
+    out = {"experts_implementation": getattr(model.config, "_experts_implementation", None)}
+    for name in ("chunk_gated_delta_rule", "fused_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                 "causal_conv1d_update", "chunk_kda", "fused_recurrent_kda"):
+        fn = getattr(modeling, name, None)
+        if fn is not None:
+            out[name] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+    for mod in model.modules():  # the layers hold their own chosen cores
+        for name in ("chunk_gated_delta_rule", "causal_conv1d_fn", "chunk_kda"):
+            fn = getattr(mod, name, None)
+            if fn is not None and f"layer.{name}" not in out:
+                out[f"layer.{name}"] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+    return out
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--family", default="qwen3_next", choices=sorted(hf_models.BY_NAME))
+    parser.add_argument("--case", default="prefill", choices=["decode32", "decode128", "prefill"])
+    parser.add_argument("--variant", default="eager,stock", help="comma list of eager, stock, kda")
+    parser.add_argument("--tokens", type=int, default=4096)
+    args = parser.parse_args(argv)
+    family = hf_models.BY_NAME[args.family]
+    model, config = hf_models.build(family, tiny=False, device="cuda")
+    modeling = hf_models.load(family)[2]
+    if args.case == "prefill":
+        call, reset = hf_models.prefill_case(model, config, tokens=args.tokens, device="cuda")
+    else:
+        call, reset = hf_models.decode_case(model, config, batch=int(args.case[6:]), context=256, device="cuda")
+    decoder = model.model
+    result = {"family": family.name, "case": args.case, "picked": picked(model, modeling), "variants": {}}
+    print(json.dumps(result["picked"], indent=1), flush=True)
+    with torch.inference_mode():
+        for variant in args.variant.split(","):
+            torch._dynamo.reset()
+            torch._dynamo.utils.counters.clear()
+            reset()
+            t0 = time.perf_counter()
+            if variant == "eager":
+                fn = lambda: call(decoder)  # noqa: E731
+            elif variant == "stock":
+                compiled = torch.compile(decoder, backend="inductor")
+                fn = lambda: call(compiled)  # noqa: E731
+                fn()
+            else:
+                fn, _ = hf_models.kda_compile(decoder, call, None)
+                fn()
+            torch.cuda.synchronize()
+            entry = {"compile_s": round(time.perf_counter() - t0, 1)}
+            counters = torch._dynamo.utils.counters
+            entry["graphs"] = dict(counters["stats"]).get("unique_graphs")
+            entry["graph_breaks"] = {k[:200]: v for k, v in counters["graph_break"].items()}
+            entry.update(profile(fn))
+            entry["events_us"] = _timing.eager_median_us(fn, reps=5, warmup=1)
+            result["variants"][variant] = entry
+            print(f"== {variant}: gpu {entry['gpu_us']:.0f} us/call, {entry['launches']} launches, "
+                  f"events {entry['events_us']:.0f} us, compile {entry['compile_s']} s, graphs {entry['graphs']}, "
+                  f"breaks {sum(entry['graph_breaks'].values())}", flush=True)
+            for reason, n in entry["graph_breaks"].items():
+                print(f"   break x{n}: {reason}")
+            for kind, us in entry["kinds"].items():
+                print(f"   {kind:20s} {us:9.0f} us")
+            for row in entry["top"]:
+                print(f"   {row['us']:9.1f} us x{row['calls']:<4} [{row['kind']}] {row['kernel']}")
+    import transformers
+
+    result["env"] = {**_timing.environment_info(), "transformers": transformers.__version__}
+    name = f"hf_profile_{family.name}_{args.case}"
+    (hf_models.RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))
+    (hf_models.RESULTS / f"{name}.md").write_text(markdown(result))
+    print(f"wrote {hf_models.RESULTS / name}.{{json,md}}")
+
+
+def markdown(result: dict) -> str:
+    env = result["env"]
+    lines = [f"# where {result['family']} {result['case']} spends its GPU time", "",
+             f"{env.get('date', '')}; GPU: {env.get('gpu', '')}; torch {env.get('torch', '')}; "
+             f"triton {env.get('triton', '')}; transformers {env.get('transformers', '')}", "",
+             "transformers picked: " + ", ".join(f"`{k}` = `{v}`" for k, v in result["picked"].items()), "",
+             "| variant | GPU us / call | launches | events us | compile s | graphs | graph breaks |"
+             + "".join(f" {k} us |" for k, _ in KINDS) + " other us |",
+             "|---|---|---|---|---|---|---|" + "---|" * (len(KINDS) + 1)]
+    for name, v in result["variants"].items():
+        kinds = [v["kinds"].get(k, 0.0) for k, _ in KINDS] + [v["kinds"].get("other", 0.0)]
+        lines.append(f"| {name} | {v['gpu_us']:.0f} | {v['launches']} | {v['events_us']:.0f} | {v['compile_s']} | "
+                     f"{v['graphs']} | {sum(v['graph_breaks'].values())} |" + "".join(f" {x:.0f} |" for x in kinds))
+    for name, v in result["variants"].items():
+        lines += ["", f"## {name}: top kernels", "", "| us / call | calls | kind | kernel |", "|---|---|---|---|"]
+        lines += [f"| {r['us']} | {r['calls']} | {r['kind']} | `{r['kernel']}` |" for r in v["top"][:15]]
+        lines += [f"- graph break x{n}: {reason}" for reason, n in v["graph_breaks"].items()]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,98 @@
+"""kda_inductor's Dynamo fix (``kda_inductor/_dynamo_fixes.py``): ``torch.compiler.is_exporting()``
+is False in a torch.compile trace for kda_inductor, so transformers' hub-kernel dispatch keeps the
+installed package's kernel (fla-core's gated delta rule) instead of its torch reference.
+
+On a torch that already reads the flag at trace time (2.13+) these hold without the fix; on the
+H200's torch 2.11 they hold only with it (``.ci/gpu tests`` runs this file there)."""
+
+import sys
+import types
+
+import pytest
+import torch
+
+import kda_inductor.backend  # noqa: F401  (installs the fix, as torch.compile's backend lookup does)
+from kda_inductor import _dynamo_fixes
+
+
+def _flags(x):
+    return x + 1 if torch.compiler.is_exporting() else x - 1
+
+
+def test_is_exporting_false_under_kda_inductor():
+    torch._dynamo.reset()
+    x = torch.randn(4)
+    assert torch.equal(torch.compile(_flags, backend="kda_inductor", fullgraph=True)(x), x - 1)
+
+
+def test_is_exporting_true_under_torch_export():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return _flags(x)
+
+    x = torch.randn(4)
+    ep = torch.export.export(M(), (x,), strict=True)
+    assert torch.equal(ep.module()(x), x + 1)
+
+
+@pytest.fixture
+def fake_kernel_package(monkeypatch):
+    pkg = types.ModuleType("kda_fake_kernels")
+    pkg.fast_rule = lambda x, g=None: x.cos()
+    monkeypatch.setitem(sys.modules, "kda_fake_kernels", pkg)
+    return pkg
+
+
+def _torch_folds_is_exporting() -> bool:
+    """This torch traces ``is_exporting()`` to True under torch.compile (pytorch#176347)."""
+    torch._dynamo.reset()
+    x = torch.randn(4)
+    return torch.equal(torch.compile(_flags, backend="eager", fullgraph=True)(x), x + 1)
+
+
+def test_transformers_dispatch_package_for_chunk_reference_for_recurrent(fake_kernel_package):
+    """transformers' dispatch under kda_inductor: a chunked core gets the package's kernel; a
+    recurrent one keeps the reference where torch folds the flag (measured faster there)."""
+    hub = pytest.importorskip("transformers.integrations.hub_kernels")
+    if not hasattr(hub, "use_kernel_func_from_hub_with_fallback"):
+        pytest.skip("this transformers has no use_kernel_func_from_hub_with_fallback")
+
+    @hub.use_kernel_func_from_hub_with_fallback("fast_rule", "kda_fake_kernels")
+    def torch_chunk_rule(x, g=None):
+        return x.sin()
+
+    @hub.use_kernel_func_from_hub_with_fallback("fast_rule", "kda_fake_kernels")
+    def torch_recurrent_rule(x, g=None):
+        return x.sin()
+
+    folds = _torch_folds_is_exporting()
+    torch._dynamo.reset()
+    x = torch.randn(8)
+    assert torch.equal(torch_chunk_rule(x), x.cos()) and torch.equal(torch_recurrent_rule(x), x.cos())
+    out = torch.compile(lambda t: torch.stack([torch_chunk_rule(t), torch_recurrent_rule(t)]) * 2,
+                        backend="kda_inductor", fullgraph=True)(x)
+    torch.testing.assert_close(out[0], x.cos() * 2)
+    torch.testing.assert_close(out[1], (x.sin() if folds else x.cos()) * 2)
+    # stock keeps its torch's behaviour
+    torch._dynamo.reset()
+    stock = torch.compile(lambda t: torch_chunk_rule(t) * 2, backend="eager", fullgraph=True)(x)
+    torch.testing.assert_close(stock, (x.sin() if folds else x.cos()) * 2)
+
+
+def test_only_our_backend_is_recognized():
+    assert _dynamo_fixes._ours(kda_inductor.backend.kda_inductor)
+    wrapped = types.SimpleNamespace(compiler_fn=types.SimpleNamespace(compiler_fn=kda_inductor.backend.kda_inductor))
+    assert _dynamo_fixes._ours(wrapped)
+    from torch._dynamo.backends.registry import lookup_backend
+
+    assert not _dynamo_fixes._ours(lookup_backend("eager"))
+    assert not _dynamo_fixes._ours(lookup_backend("inductor"))
+    assert not _dynamo_fixes._tracing_for_us()  # not inside a trace
+
+
+def test_installed_where_torch_has_the_pieces():
+    from torch._dynamo.variables import torch as dynamo_torch
+
+    table = dynamo_torch.tracing_state_functions()
+    assert _dynamo_fixes.install() is isinstance(table, _dynamo_fixes._TracingState)
+    assert table[torch.compiler.is_compiling] is True  # the other entries untouched

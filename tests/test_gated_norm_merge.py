@@ -33,13 +33,12 @@ H, D = 3, 16
 
 
 def assert_kernel_matches_cpu_op(y, want, label=""):
-    """The Triton kernel's output against the CPU op: bit-exact under the interpreter (the same
-    float32 math on the CPU), within 1 ulp on a GPU (which reduces in another order than torch's
-    CPU mean)."""
-    if y.device.type == "cpu":
-        assert_close_to_eager(y, want, exact=True)
-    else:
-        assert max_ulps(y.cpu(), want) <= 1, label
+    """The Triton kernel's output against the CPU op: within 1 ulp of the output dtype, on a GPU
+    and under the interpreter alike. The interpreter's sum of squares is numpy's, whose
+    reduction order follows the machine's SIMD dispatch, so one rounding flip in a few hundred
+    outputs is machine-dependent (CI saw 1 of 672 fp16 bytes on a machine where this one was
+    bit-exact); the gathers and copies around the norm stay bit-exact (their own tests)."""
+    assert max_ulps(y.cpu(), want) <= 1, label
 
 
 def _inputs(T=13, n_spec=8, dtype=torch.bfloat16, wdtype=torch.float32, seed=0):

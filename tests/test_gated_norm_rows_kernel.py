@@ -1,7 +1,8 @@
 """The merge-free gated RMSNorm's own Triton kernel (``norm_rows_triton``, what
 ``kda::gated_norm_merge`` launches on CUDA with one source and no indices) against the CPU op:
-bit-exact under the interpreter, within 1 bf16 ulp on a GPU. Every form, gate, reciprocal,
-block shape, a token-strided source and strided 2-D / 3-D gates; poisoned outputs."""
+within 1 ulp of the output dtype (interpreter and GPU alike: see assert_kernel_matches_cpu_op).
+Every form, gate, reciprocal, block shape, a token-strided source and strided 2-D / 3-D gates;
+poisoned outputs."""
 
 from __future__ import annotations
 

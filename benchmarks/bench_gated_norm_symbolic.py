@@ -37,6 +37,7 @@ from _timing import (  # noqa: E402
     add_ratios,
     finish,
     graph_replay_median_us,
+    kernel_profile,
     measure_copy_bandwidth,
     perf_counter_median_us,
     progress,
@@ -135,18 +136,9 @@ def run_h(H: int, t_values, *, smoke: bool, reps: int, bandwidth, blocks, warps,
 
 
 def kernel_times(fn, calls: int = 5) -> list[tuple[str, float]]:
-    """The GPU kernels one call of ``fn`` launches, with their mean microseconds (profiler)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    out = [(e.key[:60], round(e.device_time_total / calls, 2)) for e in prof.key_averages()
-           if e.device_time_total > 0]
-    return sorted(out, key=lambda kv: -kv[1])[:6]
+    """The six longest GPU kernels one call of ``fn`` launches, with their mean microseconds."""
+    per_kernel = kernel_profile(fn, calls=calls, warmup=1)
+    return sorted(((k[:60], round(us, 2)) for k, (us, _) in per_kernel.items()), key=lambda kv: -kv[1])[:6]
 
 
 def main(argv=None) -> list[dict]:

@@ -41,21 +41,7 @@ def kind_of(name: str) -> str:
 
 def profile(fn, *, calls: int = 3) -> dict:
     """GPU kernel times of ``calls`` calls of ``fn`` (after two warm-up calls), per call."""
-    from torch.profiler import ProfilerActivity, profile as tprofile
-
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    per_kernel: dict[str, list] = collections.defaultdict(lambda: [0.0, 0])
-    for evt in prof.key_averages():
-        us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
-        if us and evt.key and not evt.key.startswith("ProfilerStep"):
-            per_kernel[evt.key][0] += us / calls
-            per_kernel[evt.key][1] += evt.count // calls
+    per_kernel = _timing.kernel_profile(fn, calls=calls, warmup=2)
     kinds: dict[str, float] = collections.Counter()
     for name, (us, _) in per_kernel.items():
         kinds[kind_of(name)] += us
@@ -65,6 +51,10 @@ def profile(fn, *, calls: int = 3) -> dict:
             "top": [{"kernel": k[:110], "us": round(us, 1), "calls": n, "kind": kind_of(k)} for k, (us, n) in top]}
 
 
+def _qualified(fn) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+
+
 def picked(model, modeling) -> dict:
     """What transformers chose for this model's hot paths."""
     out = {"experts_implementation": getattr(model.config, "_experts_implementation", None)}
@@ -72,20 +62,40 @@ def picked(model, modeling) -> dict:
                  "causal_conv1d_update", "chunk_kda", "fused_recurrent_kda"):
         fn = getattr(modeling, name, None)
         if fn is not None:
-            out[name] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+            out[name] = _qualified(fn)
     for mod in model.modules():  # the layers hold their own chosen cores
         for name in ("chunk_gated_delta_rule", "causal_conv1d_fn", "chunk_kda"):
             fn = getattr(mod, name, None)
             if fn is not None and f"layer.{name}" not in out:
-                out[f"layer.{name}"] = f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', fn)}"
+                out[f"layer.{name}"] = _qualified(fn)
     return out
+
+
+def _kda_variant(variant: str, decoder, call):
+    """``kda``, ``kda-no-<rewrite>`` and/or ``-nofix`` compiled and called once (a bisect of what
+    our backend changes: a rewrite, or the Dynamo fix of ``kda_inductor/_dynamo_fixes.py``)."""
+    from unittest import mock
+
+    from kda_inductor import _dynamo_fixes
+
+    m = re.fullmatch(r"kda(?:-no-(\w+?))?(-nofix)?", variant)
+    if m is None:
+        raise SystemExit(f"--variant: unknown {variant!r} (eager, stock, kda, kda-no-<rewrite>, kda-nofix)")
+    options = {"kda": {"disable": [m.group(1)]}} if m.group(1) else None
+    fix = mock.patch.object(_dynamo_fixes, "_tracing_for_us", lambda: False) if m.group(2) else mock.MagicMock()
+    with fix:
+        fn, _ = hf_models.kda_compile(decoder, call, options)
+        fn()
+    return fn
 
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--family", default="qwen3_next", choices=sorted(hf_models.BY_NAME))
     parser.add_argument("--case", default="prefill", choices=["decode32", "decode128", "prefill"])
-    parser.add_argument("--variant", default="eager,stock", help="comma list of eager, stock, kda")
+    parser.add_argument("--variant", default="eager,stock",
+                        help="comma list of eager, stock, kda; bisecting: kda-no-<rewrite> (that rewrite "
+                             "disabled), kda-nofix (the Dynamo is_exporting fix off), combinable: kda-no-X-nofix")
     parser.add_argument("--tokens", type=int, default=4096)
     args = parser.parse_args(argv)
     family = hf_models.BY_NAME[args.family]
@@ -111,8 +121,7 @@ def main(argv=None) -> None:
                 fn = lambda: call(compiled)  # noqa: E731
                 fn()
             else:
-                fn, _ = hf_models.kda_compile(decoder, call, None)
-                fn()
+                fn = _kda_variant(variant, decoder, call)
             torch.cuda.synchronize()
             entry = {"compile_s": round(time.perf_counter() - t0, 1)}
             counters = torch._dynamo.utils.counters

@@ -137,7 +137,7 @@ def run(T: int, *, smoke: bool, reps: int, bandwidth: float | None, H: int, D: i
     matched = checked.matches[NAME]
     if matched != expected_matches(case, T, H, D, smoke):
         raise SystemExit(f"{case} T={T}: the rewrite matched {matched} times: {checked.matches}\n"
-                         f"{[m for r in checked.records for m in r['misses'][NAME]]}")
+                         f"{[m for r in checked.records for m in r.misses[NAME]]}")
     kda = checked.compiled
     row = {"case": case, "T": T, "matched": matched, "max_ulps": max_ulps(got, want)}
     if row["max_ulps"] > (0 if smoke else 2):

@@ -91,6 +91,6 @@ if NOT_REWRITTEN:  # defined only while some family's spelling is not rewritten
     @pytest.mark.parametrize("case", ["decode", "prefill"])
     def test_misses_name_the_transformers_line(family_run, case):
         family, runs = family_run
-        misses = [m for r in runs[case][2] for m in r.get("misses", {}).get("gated_norm_merge", [])]
+        misses = [m for r in runs[case][2] for m in r.misses.get("gated_norm_merge", [])]
         where = f"transformers/models/{family.module}/modeling_{family.module}.py"
         assert any(where in (m.location or "") and NOT_REWRITTEN[family.name] in m.check for m in misses), misses

@@ -90,9 +90,9 @@ def main() -> None:
         "configured_pass_type": None if configured is None else f"{type(configured).__module__}.{type(configured).__qualname__}",
         "configured_is_ours": configured is not None and isinstance(configured, kda_inductor.VllmPostGradPass),
         "graphs": len(records),
-        "nodes": [r["before"].count("\n") for r in records if "before" in r],
-        "matches": {k: sum(r["matches"].get(k, 0) for r in records) for k in (records[0]["matches"] if records else {})},
-        "misses": sorted({f"{k}: {m}" for r in records for k, ms in r["misses"].items() for m in ms}),
+        "nodes": [r.before.count("\n") for r in records if r.before is not None],
+        "matches": {k: sum(r.matches.get(k, 0) for r in records) for k in (records[0].matches if records else {})},
+        "misses": sorted({f"{k}: {m}" for r in records for k, ms in r.misses.items() for m in ms}),
     }
     print("KDA_RESULT " + json.dumps(result), flush=True)
 

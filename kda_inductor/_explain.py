@@ -8,7 +8,7 @@ import logging
 import re
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from kda_inductor import logs, pass_manager
 from kda_inductor.diff import records_diff, rewrite_table, short_location, unified
@@ -17,48 +17,51 @@ from kda_inductor.patterns import REWRITES
 
 _DATA_DEPENDENT = re.compile(r"data[- ]dependent", re.IGNORECASE)
 
+if TYPE_CHECKING:
+    from kda_inductor.pass_manager import PassRecord
+
 
 @dataclasses.dataclass
 class GraphReport:
     """One graph Inductor compiled: our pass's view of it (see ``pass_manager.observe``)."""
 
-    record: dict[str, Any] = dataclasses.field(repr=False)
+    record: PassRecord = dataclasses.field(repr=False)
 
     @property
     def matches(self) -> dict[str, int]:
-        return self.record["matches"]
+        return self.record.matches
 
     @property
     def errors(self) -> dict[str, str]:
-        return self.record["errors"]
+        return self.record.errors
 
     @property
     def before(self) -> str:
-        return self.record["before"]
+        return self.record.before
 
     @property
     def after(self) -> str:
-        return self.record["after"]
+        return self.record.after
 
     @property
     def misses(self) -> dict[str, list[Miss]]:
         """Rewrite -> its closest rejected candidates (each with the user's source line)."""
-        return self.record["misses"]
+        return self.record.misses
 
     @property
     def skipped(self) -> str | None:
         """Why our pass rewrote nothing in this graph (e.g. traced with grad enabled), or None."""
-        return self.record.get("skipped")
+        return self.record.skipped
 
     @property
     def note(self) -> str | None:
         """Why the backend compiled this graph again (stock Inductor failed on code our speed
         rules had left to it), or None."""
-        return self.record.get("note")
+        return self.record.note
 
     def diff(self, *, color: bool = False, title: str = "graph") -> str:
         """Unified diff of the post-grad graph before/after our pass, readable node names."""
-        return unified(self.record["before_nodes"], self.record["after_nodes"], title=title, color=color)
+        return unified(self.record.before_nodes, self.record.after_nodes, title=title, color=color)
 
     def table(self) -> list[str]:
         """Rewrite table: matches, nodes removed and added (with their ops)."""

@@ -238,7 +238,7 @@ def graph_diff(argv: list[str]) -> int:
         out += [diff] if diff else _unchanged(g, shown, listed=args.explain_misses)
         out.append("")
         if args.explain_misses and not g.skipped:
-            names = readable_names(g.record["before_nodes"], g.record["after_nodes"])
+            names = readable_names(g.record.before_nodes, g.record.after_nodes)
             for rewrite in shown:
                 if g.matches.get(rewrite):
                     continue

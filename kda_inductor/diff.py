@@ -22,10 +22,13 @@ import re
 import textwrap
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 import torch.fx as fx
+
+if TYPE_CHECKING:
+    from kda_inductor.pass_manager import PassRecord
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,20 +236,20 @@ def _fmt_ops(ops: dict[str, int]) -> str:
     return ", ".join(f"{k} x{v}" if v > 1 else k for k, v in ops.items()) or "-"
 
 
-def rewrite_table(record: dict[str, Any], *, rows_only: bool = False, active_only: bool = False) -> list[str]:
+def rewrite_table(record: PassRecord, *, rows_only: bool = False, active_only: bool = False) -> list[str]:
     """Lines: rewrite, matches, nodes removed, nodes added (counts; ops unless ``rows_only``).
     ``active_only``: only rewrites that matched, changed nodes or failed (a snapshot that does
     not change when a rewrite is added)."""
-    before = {r.name: r for r in record["before_nodes"]}
-    after = {r.name: r for r in record["after_nodes"]}
-    width = max(len(n) for n in record["matches"])
+    before = {r.name: r for r in record.before_nodes}
+    after = {r.name: r for r in record.after_nodes}
+    width = max(len(n) for n in record.matches)
     lines = [f"{'rewrite':<{width}}  matches  removed  added"]
-    for name, count in record["matches"].items():
-        ch = record["changes"].get(name, {"removed": [], "added": []})
-        if active_only and not (count or ch["removed"] or ch["added"] or name in record["errors"]):
+    for name, count in record.matches.items():
+        ch = record.changes.get(name, {"removed": [], "added": []})
+        if active_only and not (count or ch["removed"] or ch["added"] or name in record.errors):
             continue
         lines.append(f"{name:<{width}}  {count:>7}  {len(ch['removed']):>7}  {len(ch['added']):>5}")
-        parts = record.get("parts", {}).get(name)
+        parts = record.parts.get(name)
         if parts:  # which part fired, where a rewrite fuses more or less (Match.part)
             lines.append(f"{'':<{width}}    fused: " + ", ".join(f"{p} {n}" for p, n in sorted(parts.items())))
         if not rows_only and (ch["removed"] or ch["added"]):
@@ -256,15 +259,15 @@ def rewrite_table(record: dict[str, Any], *, rows_only: bool = False, active_onl
                 lead = f"{'':<{width}}    {sign} "
                 lines += textwrap.wrap(_fmt_ops(ops), width=_WRAP, initial_indent=lead,
                                        subsequent_indent=" " * len(lead), break_on_hyphens=False)
-        for err in [record["errors"][name]] if name in record["errors"] else []:
+        for err in [record.errors[name]] if name in record.errors else []:
             lines.append(f"{'':<{width}}    failed and skipped: {err}")
     return lines
 
 
-def records_diff(records: Sequence[dict[str, Any]]) -> str:
+def records_diff(records: Sequence[PassRecord]) -> str:
     """Per graph our pass ran on: the rewrite table and the unified before/after diff."""
     parts: list[str] = []
     for i, r in enumerate(records):
-        diff = unified(r["before_nodes"], r["after_nodes"], title=f"graph {i}")
+        diff = unified(r.before_nodes, r.after_nodes, title=f"graph {i}")
         parts += [f"=== graph {i} ===", *rewrite_table(r), "", diff or "(our pass changed nothing in this graph)", ""]
     return "\n".join(parts)

@@ -22,13 +22,16 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 NAME = "kda_inductor"
 log = logging.getLogger(NAME)
 
 _graphs_logged = 0
 """Graphs our pass reported on, for :func:`cache_scope` (counts only while logging is on)."""
+
+if TYPE_CHECKING:
+    from kda_inductor.pass_manager import PassRecord
 
 
 def register() -> None:
@@ -51,7 +54,7 @@ def enabled() -> bool:
     return log.isEnabledFor(logging.INFO)
 
 
-def graph_done(record: dict[str, Any]) -> None:
+def graph_done(record: PassRecord) -> None:
     """Log one graph's outcome: INFO the rewrite table, DEBUG the misses with locations."""
     global _graphs_logged
     if not enabled():
@@ -59,16 +62,16 @@ def graph_done(record: dict[str, Any]) -> None:
     _graphs_logged += 1
     from kda_inductor.diff import rewrite_table, short_location
 
-    if record.get("skipped"):
-        log.info("kda_inductor: graph not rewritten: %s", record["skipped"])
-    elif "before_nodes" in record:
-        nodes = f"{len(record['before_nodes'])} -> {len(record['after_nodes'])} nodes"
+    if record.skipped:
+        log.info("kda_inductor: graph not rewritten: %s", record.skipped)
+    elif record.before_nodes is not None:
+        nodes = f"{len(record.before_nodes)} -> {len(record.after_nodes)} nodes"
         log.info("kda_inductor: rewrites in this post-grad graph (%s):\n%s", nodes,
                  "\n".join(rewrite_table(record)))
     if not log.isEnabledFor(logging.DEBUG):
         return
     lines = []
-    for name, misses in record.get("misses", {}).items():
+    for name, misses in record.misses.items():
         for m in {(m.location, m.check): m for m in misses}.values():
             where = f"{short_location(m.location)}: " if m.location else ""
             lines.append(f"  {name}: {where}not rewritten: {m.check}")

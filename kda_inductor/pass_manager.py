@@ -9,6 +9,7 @@ FX graph cache stays on and never serves code compiled with other options.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import pathlib
@@ -26,7 +27,7 @@ from kda_inductor import logs
 from kda_inductor.diff import snapshot
 from kda_inductor.options import KdaOptions
 from kda_inductor.patterns import REWRITES
-from kda_inductor.patterns.base import transaction
+from kda_inductor.patterns.base import Miss, Stage, transaction
 
 log = logs.log  # logging.getLogger("kda_inductor"): TORCH_LOGS=kda_inductor / +kda_inductor
 logs.register()
@@ -34,7 +35,36 @@ logs.register()
 COUNTER_KEY = "kda_inductor"
 """``torch._dynamo.utils.counters[COUNTER_KEY][rewrite_name]`` counts replacements."""
 
-_observers: list[Callable[[dict[str, Any]], None]] = []
+
+
+@dataclasses.dataclass
+class PassRecord:
+    """What our pass did to one graph, for the observers (``observe``, ``explain()``, logs,
+    ``TORCH_TRACE``). The graph texts and snapshots are taken only while someone observes."""
+
+    matches: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Every registered rewrite -> how many matches it replaced in this graph."""
+    errors: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Rewrite -> the error it raised (the graph compiled without it)."""
+    changes: dict[str, dict[str, list[str]]] = dataclasses.field(default_factory=dict)
+    """Rewrite -> ``{"removed": [...], "added": [...]}`` FX node names."""
+    misses: dict[str, list[Miss]] = dataclasses.field(default_factory=dict)
+    """Rewrite -> its closest rejected candidates, at the user's source lines."""
+    parts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
+    """Rewrite -> {part -> count} where a match says how much it fused (``Match.part``)."""
+    skipped: str | None = None
+    """Why no rewrite ran on this graph (a training graph), or None."""
+    note: str | None = None
+    """Why the backend compiled this graph again, and notes on matches; or None."""
+    before: str | None = None
+    after: str | None = None
+    """The graph's text before and after the pass."""
+    before_nodes: list | None = None
+    after_nodes: list | None = None
+    """``kda_inductor.diff.snapshot`` of the graph before and after the pass."""
+
+
+_observers: list[Callable[[PassRecord], None]] = []
 """Callbacks that receive one record per graph the pass ran on (used by explain)."""
 _timers: list[list[float]] = []
 """Lists that receive the seconds of each run of the pass (``timed``)."""
@@ -61,7 +91,7 @@ class KdaPostGradPass(CustomGraphPass):
     """Runs the enabled rewrites; a failing rewrite is skipped with a warning.
 
     ``grad``: the graph belongs to a training compile (AOTAutograd's forward or backward):
-    nothing is rewritten and the record says why (``record["skipped"]``)."""
+    nothing is rewritten and the record says why (``PassRecord.skipped``)."""
 
     def __init__(self, options: KdaOptions | None = None, *, grad: bool = False, note: str | None = None):
         self.options = options or KdaOptions()
@@ -70,7 +100,7 @@ class KdaPostGradPass(CustomGraphPass):
         """Why this compile runs, in each record (the backend's retry after Inductor failed)."""
         self.left_to_inductor: set[str] = set()
         """Rewrites whose matches a speed rule left to Inductor in this pass's runs."""
-        self._runs: list[tuple[dict[str, Any] | None, Counter[str]]] = []
+        self._runs: list[tuple[PassRecord | None, Counter[str]]] = []
 
     def retract(self) -> None:
         """Take back what this pass's runs reported, for a compile that failed and is done
@@ -102,11 +132,9 @@ class KdaPostGradPass(CustomGraphPass):
     def _run(self, graph: fx.Graph) -> None:
         tracing = _tracing_enabled()
         observed = bool(_observers) or tracing or logs.enabled()
-        record: dict[str, Any] = {"matches": {}, "errors": {}, "changes": {}, "misses": {}, "parts": {},
-                                  "skipped": GRAD_SKIP if self.grad else None, "note": self.note}
+        record = PassRecord(skipped=GRAD_SKIP if self.grad else None, note=self.note)
         if observed:
-            record["before"] = str(graph)
-            record["before_nodes"] = snapshot(graph)
+            record.before, record.before_nodes = str(graph), snapshot(graph)
         matches: Counter[str] = Counter({name: 0 for name in REWRITES})
         for name in ([] if self.grad else self.options.enabled()):
             rewrite = REWRITES[name]()
@@ -116,14 +144,14 @@ class KdaPostGradPass(CustomGraphPass):
                 for match in found:
                     why = None if self.options.force else rewrite.speed_rule(match)
                     if why:
-                        rewrite.miss(match.anchor, 9, f"left to Inductor: {why}")
+                        rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}")
                         self.left_to_inductor.add(name)
                         continue
                     with transaction(graph):
                         rewrite.replace(graph, match)
                     matches[name] += 1
                     if match.part is not None:
-                        parts = record["parts"].setdefault(name, {})
+                        parts = record.parts.setdefault(name, {})
                         parts[match.part] = parts.get(match.part, 0) + 1
             except Exception as exc:  # noqa: BLE001 - any failure falls back
                 if self.options.strict:
@@ -134,26 +162,25 @@ class KdaPostGradPass(CustomGraphPass):
                 )
                 warnings.warn(msg, RuntimeWarning, stacklevel=2)
                 log.warning(msg, exc_info=True)
-                record["errors"][name] = f"{type(exc).__name__}: {exc}"
+                record.errors[name] = f"{type(exc).__name__}: {exc}"
             if observed:
                 names_after = {n.name for n in graph.nodes}
-                record["changes"][name] = {
+                record.changes[name] = {
                     "removed": sorted(names_before - names_after),
                     "added": sorted(names_after - names_before),
                 }
-                record["misses"][name] = rewrite.closest_misses()
+                record.misses[name] = rewrite.closest_misses()
                 notes = getattr(rewrite, "notes", ())  # notes on matches (indexer_k_write's racy spelling)
                 if notes:
-                    record["note"] = "; ".join([*filter(None, [record["note"]]), *notes])
+                    record.note = "; ".join([*filter(None, [record.note]), *notes])
         for name, n in matches.items():
             if n:
                 counters[COUNTER_KEY][name] += n
         self._runs.append((record if observed else None, +matches))
         graph.lint()
         if observed:
-            record["matches"] = dict(matches)
-            record["after"] = str(graph)
-            record["after_nodes"] = snapshot(graph)
+            record.matches = dict(matches)
+            record.after, record.after_nodes = str(graph), snapshot(graph)
             if tracing:
                 _trace(record)
             logs.graph_done(record)
@@ -166,17 +193,17 @@ def _tracing_enabled() -> bool:
     return logs.tracing()
 
 
-def _trace(record: dict[str, Any]) -> None:
+def _trace(record: PassRecord) -> None:
     """Emit our graphs and rewrite table as ``TORCH_TRACE`` artifacts."""
     from torch._logging import trace_structured
 
     from kda_inductor.diff import rewrite_table, unified
 
     payloads = {
-        "kda_inductor_post_grad_before": record["before"],
-        "kda_inductor_post_grad_after": record["after"],
+        "kda_inductor_post_grad_before": record.before,
+        "kda_inductor_post_grad_after": record.after,
         "kda_inductor_rewrites": "\n".join(rewrite_table(record)),
-        "kda_inductor_graph_diff": unified(record["before_nodes"], record["after_nodes"]),
+        "kda_inductor_graph_diff": unified(record.before_nodes, record.after_nodes),
     }
     for name, text in payloads.items():
         trace_structured(
@@ -219,20 +246,10 @@ def combine_with(ours: KdaPostGradPass, existing: Any) -> Any:
 
 
 @contextlib.contextmanager
-def observe() -> Iterator[list[dict[str, Any]]]:
-    """Collect one record per graph our pass runs on while the block executes.
-
-    Each record has ``matches`` (rewrite -> count), ``errors`` (rewrite ->
-    message), the graph text ``before`` and ``after`` the pass and their
-    ``before_nodes``/``after_nodes`` snapshots (:mod:`kda_inductor.diff`),
-    ``changes`` (rewrite -> fx names removed / added), ``misses`` (rewrite
-    -> its closest rejected candidates, :class:`~kda_inductor.patterns.base.Miss`, with the
-    user's source lines), ``parts`` (rewrite -> {part -> count} for the matches whose
-    :attr:`~kda_inductor.patterns.base.Match.part` says how much they fused), ``skipped`` (why no rewrite ran on the graph, or None) and ``note``
-    (why the backend compiled the graph again, or None). A compile that failed and was done
-    again leaves only the second one's record. Only graphs
-    actually compiled are seen: disable Inductor's caches to see all.
-    """
+def observe() -> Iterator[list[PassRecord]]:
+    """Collect one :class:`PassRecord` per graph our pass runs on while the block executes.
+    A compile that failed and was done again leaves only the second one's record. Only graphs
+    actually compiled are seen: disable Inductor's caches to see all."""
     records = _Records()
     _observers.append(records)
     try:
@@ -245,10 +262,10 @@ class _Records(list):
     """An ``observe`` list: receives each record, and gives one back when its compile is
     retracted (``KdaPostGradPass.retract``)."""
 
-    def __call__(self, record: dict[str, Any]) -> None:
+    def __call__(self, record: PassRecord) -> None:
         self.append(record)
 
-    def retract(self, record: dict[str, Any]) -> None:
+    def retract(self, record: PassRecord) -> None:
         self[:] = [r for r in self if r is not record]
 
 
@@ -276,9 +293,9 @@ def counted() -> Iterator[dict[str, int]]:
         made.update({k: n - before.get(k, 0) for k, n in counters[COUNTER_KEY].items() if n > before.get(k, 0)})
 
 
-def total_matches(records: list[dict[str, Any]]) -> dict[str, int]:
+def total_matches(records: list[PassRecord]) -> dict[str, int]:
     """Every registered rewrite -> replacements summed over ``observe`` records."""
-    return {name: sum(r["matches"].get(name, 0) for r in records) for name in REWRITES}
+    return {name: sum(r.matches.get(name, 0) for r in records) for name in REWRITES}
 
 
 @contextlib.contextmanager

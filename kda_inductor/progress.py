@@ -17,7 +17,10 @@ import contextlib
 import os
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kda_inductor.pass_manager import PassRecord
 
 
 def enabled(stream: Any = None) -> bool:
@@ -38,9 +41,9 @@ def enabled(stream: Any = None) -> bool:
     return True
 
 
-def _graph_summary(index: int, record: dict[str, Any]) -> str:
-    done = ", ".join(f"{name} x{n}" for name, n in record.get("matches", {}).items() if n)
-    what = done or ("nothing rewritten: " + record["skipped"] if record.get("skipped") else "nothing rewritten")
+def _graph_summary(index: int, record: PassRecord) -> str:
+    done = ", ".join(f"{name} x{n}" for name, n in record.matches.items() if n)
+    what = done or ("nothing rewritten: " + record.skipped if record.skipped else "nothing rewritten")
     return f"graph {index}: our pass done ({what}); Inductor generates code"
 
 
@@ -67,7 +70,7 @@ def compile_progress(title: str, *, show: bool | None = None) -> Iterator[Callab
         def step(text: str) -> None:
             bar.update(task, description=text)
 
-        def on_graph(record: dict[str, Any]) -> None:
+        def on_graph(record: PassRecord) -> None:
             step(_graph_summary(graphs[0], record))
             graphs[0] += 1
 

@@ -71,16 +71,16 @@ def _totals(report: Report) -> dict[str, dict[str, Any]]:
     }
     for g in report.graphs:
         rec = g.record
-        before = {r.name: r for r in rec.get("before_nodes", [])}
-        after = {r.name: r for r in rec.get("after_nodes", [])}
-        for name, ch in rec.get("changes", {}).items():
+        before = {r.name: r for r in rec.before_nodes or []}
+        after = {r.name: r for r in rec.after_nodes or []}
+        for name, ch in rec.changes.items():
             row = rows.setdefault(name, {"matches": 0, "removed": 0, "added": 0, "ops_removed": Counter(),
                                          "ops_added": Counter(), "errors": []})
             row["removed"] += len(ch["removed"])
             row["added"] += len(ch["added"])
             row["ops_removed"].update(op_counts([before[n] for n in ch["removed"] if n in before]))
             row["ops_added"].update(op_counts([after[n] for n in ch["added"] if n in after]))
-        for name, err in rec.get("errors", {}).items():
+        for name, err in rec.errors.items():
             rows[name]["errors"].append(err)
     return rows
 
@@ -193,17 +193,17 @@ def _rewrite_sections(report: Report) -> str:
     out = []
     for i, g in enumerate(report.graphs):
         rec = g.record
-        if "before_nodes" not in rec:
+        if rec.before_nodes is None:
             continue
-        for name, ch in rec.get("changes", {}).items():
+        for name, ch in rec.changes.items():
             if not (ch["removed"] or ch["added"]):
                 continue
-            n = rec["matches"].get(name, 0)
+            n = rec.matches.get(name, 0)
             where = f" in graph {i}" if len(report.graphs) > 1 else ""
             out.append(f'<h3 id="{_e(name)}-{i}"><code>{_e(name)}</code>{where}: {n} match{"es" if n != 1 else ""}, '
                        f'{len(ch["removed"])} node(s) removed, {len(ch["added"])} added</h3>')
-            others = [n for other, c in rec["changes"].items() if other != name for n in (*c["removed"], *c["added"])]
-            out.append(region_diff(rec["before_nodes"], rec["after_nodes"], ch["removed"], ch["added"],
+            others = [n for other, c in rec.changes.items() if other != name for n in (*c["removed"], *c["added"])]
+            out.append(region_diff(rec.before_nodes, rec.after_nodes, ch["removed"], ch["added"],
                                    others=others))
     if not out:
         return '<p class="muted">No rewrite changed any graph.</p>'

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 import torch
 
@@ -38,6 +38,9 @@ __all__ = [
     "fresh_compile",
     "max_ulps",
 ]
+
+if TYPE_CHECKING:
+    from kda_inductor.pass_manager import PassRecord
 
 
 @contextlib.contextmanager
@@ -65,7 +68,7 @@ class CompiledForTest:
         self.fn = fn
         self.caches = caches
         self.compiled = torch.compile(fn, backend="kda_inductor", options=options, dynamic=dynamic)
-        self.records: list[dict[str, Any]] = []
+        self.records: list[PassRecord] = []
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         with pass_manager.observe() as records, _caches(self.caches), quiet_compile():
@@ -125,7 +128,7 @@ def check_expect(expect: dict[str, Any]) -> dict[str, int]:
     return dict(expect)
 
 
-def rewrite_mismatch(records: Sequence[dict[str, Any]], expect: dict[str, int]) -> str | None:
+def rewrite_mismatch(records: Sequence[PassRecord], expect: dict[str, int]) -> str | None:
     """None when every named rewrite matched exactly ``expect[name]`` times over ``records``
     (``pass_manager.observe`` records), else the failure message: what differs, why (graphs
     traced with grad enabled, the closest candidates at the user's source lines), then the
@@ -139,16 +142,16 @@ def rewrite_mismatch(records: Sequence[dict[str, Any]], expect: dict[str, int]) 
         lines.append("no graph went through our pass (nothing compiled: was the compiled function called? "
                      "a cache hit?)")
         return "\n".join(lines)
-    for reason in dict.fromkeys(r["skipped"] for r in records if r.get("skipped")):
+    for reason in dict.fromkeys(r.skipped for r in records if r.skipped):
         lines.append(f"not rewritten: {reason}")
     for name, want in expect.items():
         if got[name] >= want:
             if got[name] > want:
                 lines.append(f"{name}: {got[name] - want} more match(es) than expected")
             continue
-        misses = {(m.location, m.check): m for r in records for m in r.get("misses", {}).get(name, [])}
+        misses = {(m.location, m.check): m for r in records for m in r.misses.get(name, [])}
         if not misses:
-            if not all(r.get("skipped") for r in records):
+            if not all(r.skipped for r in records):
                 lines.append(f"{name}: {want - got[name]} fewer match(es); no {'other ' if got[name] else ''}"
                              "candidate of this shape in the compiled graphs")
             continue
@@ -158,7 +161,7 @@ def rewrite_mismatch(records: Sequence[dict[str, Any]], expect: dict[str, int]) 
             lines.append(f"  {where}not rewritten: {m.check}")
             if m.code:
                 lines.append(f"      {m.code}")
-    changed = any(ch["removed"] or ch["added"] for r in records for ch in r.get("changes", {}).values())
+    changed = any(ch["removed"] or ch["added"] for r in records for ch in r.changes.values())
     lines.append("")
     if changed:
         lines.append(records_diff(list(records)))

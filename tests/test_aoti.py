@@ -105,10 +105,10 @@ def test_aoti_indexer_block_keeps_write_and_gather(tmp_path):
     with torch.no_grad():
         ep = torch.export.export(block, (*inputs, n))
         loaded, records = _aoti(ep, tmp_path)
-        assert [r["matches"] for r in records] == [
+        assert [r.matches for r in records] == [
             {"indexer_k_write": 1, "indexer_k_gather": 1, "gdn_spec_split": 0, "gated_norm_merge": 0}]
-        assert "get_attr[target=kv_cache]" in records[0]["before"]  # the lifted buffer
-        after = records[0]["after"]
+        assert "get_attr[target=kv_cache]" in records[0].before  # the lifted buffer
+        after = records[0].after
         assert "kda.indexer_k_write.default" in after and "kda.indexer_k_gather.default" in after
         cache0 = block.kv_cache.clone()
         for seed in (0, 1):  # new tokens, slots and table each step, same shapes
@@ -146,7 +146,7 @@ def test_aoti_gdn_layers_dynamic_tokens_keep_split_and_merge(tmp_path, cls, cfg)
             ep = torch.export.export(layer, args, dynamic_shapes=dynamic)
         assert ep.range_constraints, "nothing dynamic was exported"
         loaded, records = _aoti(ep, tmp_path)
-        assert [r["matches"] for r in records] == [
+        assert [r.matches for r in records] == [
             {"indexer_k_write": 0, "indexer_k_gather": 0, "gdn_spec_split": 1, "gated_norm_merge": 1}]
         for spec_reqs, decode_reqs in ((3, 4), (2, 7), (5, 1)):
             step = _gdn_args(layer, spec_reqs, decode_reqs, seed=spec_reqs)
@@ -201,5 +201,5 @@ def test_export_dynamic_token_counts_then_compile_indexer_block():
                 _check_indexer_outputs(got, ref, n)
                 why = written_cache_mismatch(written, block.kv_cache, step[2], ib.TINY.head_dim)
                 assert why is None, why
-    assert [r["matches"] for r in records] == [
+    assert [r.matches for r in records] == [
         {"indexer_k_write": 1, "indexer_k_gather": 1, "gdn_spec_split": 0, "gated_norm_merge": 0}]

@@ -143,7 +143,7 @@ def test_modes_accepted(mode):
     cache, table, cu, n = random_indexer_cache([CPU_MIN_TOKENS], 64, 128, generator=torch.Generator().manual_seed(3))
     with fresh_compile(), kda_inductor.pass_manager.observe() as records:
         out = torch.compile(_gather_fn(n), backend="kda_inductor", mode=mode)(cache, table, cu)
-    assert sum(r["matches"]["indexer_k_gather"] for r in records) == 1
+    assert sum(r.matches["indexer_k_gather"] for r in records) == 1
     assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
 
 
@@ -255,7 +255,7 @@ def test_fx_graph_cache_serves_same_options_and_never_stale(inputs):
         with kda_inductor.pass_manager.observe() as records:
             out = torch.compile(fn, backend="kda_inductor", options={"kda": kda})(cache, table, cu)
         assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
-        return [r["matches"]["indexer_k_gather"] for r in records]
+        return [r.matches["indexer_k_gather"] for r in records]
 
     counters.clear()
     with fresh_cache(), torch._inductor.config.patch(fx_graph_cache=True, force_disable_caches=False):

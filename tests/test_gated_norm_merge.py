@@ -174,8 +174,8 @@ def _z_arg_targets(compiled) -> list[str]:
     """The target of the node each ``kda.gated_norm_merge`` reads its gate from."""
     out = []
     for r in compiled.records:
-        rows = {row.name: row for row in r["after_nodes"]}
-        for row in r["after_nodes"]:
+        rows = {row.name: row for row in r.after_nodes}
+        for row in r.after_nodes:
             if row.target == "kda.gated_norm_merge.default":
                 z = row.args.split("], ")[2].split(",")[0].strip().lstrip("%")
                 out.append(rows[z].target)
@@ -197,7 +197,7 @@ def test_gate_split_from_the_projection_is_read_in_place():
     out, c = _run(fn, o_s, o_ns, s, ns, proj, w)
     assert c.matches["gated_norm_merge"] == 1
     assert _z_arg_targets(c) == ["aten.view.default"]
-    assert not any(row.target == "aten.clone.default" for r in c.records for row in r["after_nodes"])
+    assert not any(row.target == "aten.clone.default" for r in c.records for row in r.after_nodes)
     assert_close_to_eager(out, fn(o_s, o_ns, s, ns, proj, w), exact=True)
     # the gate copied from a tensor the graph writes in place is read from the copy
     def written(o_s, o_ns, s, ns, proj, w):
@@ -232,7 +232,7 @@ def test_gate_copied_from_a_reshape_of_the_split_one_key_head():
     out, c = _run(_one_key_head, x, proj, w)
     assert c.matches["gated_norm_merge"] == 1
     assert _z_arg_targets(c) == ["aten.view.default"]
-    assert not any(row.target == "aten.clone.default" for r in c.records for row in r["after_nodes"])
+    assert not any(row.target == "aten.clone.default" for r in c.records for row in r.after_nodes)
     assert_close_to_eager(out, _one_key_head(x, proj, w), exact=True)
 
 
@@ -286,7 +286,7 @@ def test_transformers_kimi_linear_and_qwen3_5_gated_norms():
             out, c = _run(fn, x, gate)
             eager = fn(x, gate)
         assert c.matches["gated_norm_merge"] == 1, fn.__name__
-        assert c.records[0]["parts"] == {"gated_norm_merge": {"norm alone": 1}}
+        assert c.records[0].parts == {"gated_norm_merge": {"norm alone": 1}}
         assert_close_to_eager(out, eager, exact=True)
 
 
@@ -403,7 +403,7 @@ def test_other_norms_do_not_match(norm, request):
         assert_close_to_eager(out, stock, exact=True)
     else:
         assert_close_to_eager(out, fn(*args))
-    misses = [str(m) for m in c.records[0]["misses"]["gated_norm_merge"]]
+    misses = [str(m) for m in c.records[0].misses["gated_norm_merge"]]
     if norm in (_no_gate, _norm_of_silu):  # a plain RMSNorm is no candidate (every model has them)
         assert not any("gate" in m for m in misses), misses
         return
@@ -627,7 +627,7 @@ def test_merge_free_norm_is_fused(norm, kw):
     fn = _plain(norm, **kw)
     out, c = _run(fn, x, z, w)
     assert c.matches["gated_norm_merge"] == 1
-    assert "indices: []" in c.records[0]["after"] or ", [], " in c.records[0]["after"]
+    assert "indices: []" in c.records[0].after or ", [], " in c.records[0].after
     assert_close_to_eager(out, fn(x, z, w), exact=True)
 
 
@@ -645,7 +645,7 @@ def test_rewrite_table_says_which_part_fired():
     for fn, part in ((by_argsort, "norm alone"), (_layer_tail(fla), "merge + norm")):
         out, c = _run(fn, *args)
         assert c.matches["gated_norm_merge"] == 1
-        assert c.records[0]["parts"] == {"gated_norm_merge": {part: 1}}
+        assert c.records[0].parts == {"gated_norm_merge": {part: 1}}
         table = rewrite_table(c.records[0])
         row = next(i for i, line in enumerate(table) if line.startswith("gated_norm_merge "))
         assert table[row + 1].split() == ["fused:", *part.split(), "1"], table
@@ -665,14 +665,14 @@ def test_merge_free_norm_rule_static_threshold_symbolic_always(monkeypatch):
     fn = _plain(fla)
     out, c = _run(fn, x, z, w, options=unforced)
     assert c.matches["gated_norm_merge"] == 0
-    assert "left to Inductor: on cpu" in str(c.records[0]["misses"]["gated_norm_merge"])
+    assert "left to Inductor: on cpu" in str(c.records[0].misses["gated_norm_merge"])
     monkeypatch.setattr(pattern.NormMatch, "device", "cuda")
     out, c = _run(fn, x, z, w, options=unforced)
     assert c.matches["gated_norm_merge"] == 1  # small and static: rewritten on CUDA
     monkeypatch.setattr(pattern, "MERGE_FREE_MAX_VALUES", x.numel() - 1)
     out, c = _run(fn, x, z, w, options=unforced)
     assert c.matches["gated_norm_merge"] == 0
-    assert "Inductor's fusion is faster above" in str(c.records[0]["misses"]["gated_norm_merge"])
+    assert "Inductor's fusion is faster above" in str(c.records[0].misses["gated_norm_merge"])
     assert max_ulps(out, fn(x, z, w)) <= 2
     torch._dynamo.mark_dynamic(x, 1)  # the token dims of x [1, T, H, D] and z [T, H, D]
     torch._dynamo.mark_dynamic(z, 0)
@@ -778,7 +778,7 @@ def test_merge_into_padded_output_is_fused(how, base):
     fn = _padded(how, base)
     out, c = _run(fn, *args)
     assert c.matches["gated_norm_merge"] == 1
-    after = c.records[0]["after"]
+    after = c.records[0].after
     assert "slice_scatter" not in after and "index_put" not in after and "full" not in after
     assert_close_to_eager(out, fn(*args), exact=True)
 
@@ -813,12 +813,12 @@ def test_padded_output_read_elsewhere_or_an_input_does_not_match():
 
     out, c = _run(read_elsewhere, *args)
     assert c.matches["gated_norm_merge"] == 0
-    assert "read elsewhere" in str(c.records[0]["misses"]["gated_norm_merge"])
+    assert "read elsewhere" in str(c.records[0].misses["gated_norm_merge"])
     buf = torch.randn(15, H, D).bfloat16()
     eager_buf = buf.clone()
     out, c = _run(into_input, *args, buf)
     assert c.matches["gated_norm_merge"] == 0
-    assert "graph input" in str(c.records[0]["misses"]["gated_norm_merge"])
+    assert "graph input" in str(c.records[0].misses["gated_norm_merge"])
     assert_close_to_eager(out, into_input(*args, eager_buf))
     assert_close_to_eager(buf, eager_buf, exact=True)
 

@@ -60,7 +60,7 @@ def test_vllm_norm_rewritten_at_a_symbolic_token_count(monkeypatch, fn):
                 assert_close_to_eager(c(x, z, w), fn(x, z, w), exact=True)
     assert len(c.records) == 1, "one graph for every T"
     assert c.matches["gated_norm_merge"] == 1
-    after = c.records[0]["after"]
+    after = c.records[0].after
     assert "kda.gated_norm_merge" in after and "clone" not in after
 
 
@@ -74,7 +74,7 @@ def test_vllm_norm_gate_is_passed_in_place():
         torch._dynamo.mark_dynamic(z, 0)
         with torch.inference_mode():
             c(x, z, w)
-    (op,) = [line for line in c.records[0]["after"].splitlines() if "kda.gated_norm_merge" in line]
+    (op,) = [line for line in c.records[0].after.splitlines() if "kda.gated_norm_merge" in line]
     gate = op.split("args = (")[1].split("], ")[2].split(",")[0].strip().lstrip("%")
-    gate_line = [line for line in c.records[0]["after"].splitlines() if line.strip().startswith(f"%{gate} ")]
+    gate_line = [line for line in c.records[0].after.splitlines() if line.strip().startswith(f"%{gate} ")]
     assert gate.startswith("arg") or "reshape" not in gate_line[0], (gate, gate_line)

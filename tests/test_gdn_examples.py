@@ -53,7 +53,7 @@ def test_compiles_to_one_graph_with_the_split_and_merge(build):
         expected = layer(*args)
         compiled = report.compiled(*args)  # what explain compiled (torch.compile, backend="kda_inductor")
     assert len(report.graphs) == 1 and not report.graph_breaks and not report.eager_frames
-    ops = op_counts(report.graphs[0].record["before_nodes"])
+    ops = op_counts(report.graphs[0].record.before_nodes)
     assert ops["aten.index"] == 6 and ops["aten.index_put"] == 2  # six gathers, two merges
     # no GDN rewrite is registered yet: this is stock Inductor's result, whose float32
     # intermediates (eager rounds each op to bf16) move bf16 outputs by a few ulps

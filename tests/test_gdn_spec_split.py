@@ -37,7 +37,7 @@ def _fused_sources(compiled) -> list[int]:
     """Sources per kda.gdn_spec_split launch, from the post-grad graphs."""
     counts = []
     for r in compiled.records:
-        for row in r["after_nodes"]:
+        for row in r.after_nodes:
             if row.target == "kda.gdn_spec_split.default":
                 counts.append(row.args.split("]")[0].count("%"))
     return counts
@@ -213,17 +213,17 @@ def test_speed_rule_cpu_and_narrow_rows(monkeypatch):
 
     out, c = _run(wide, qkv, s, ns, options=unforced)
     assert c.matches["gdn_spec_split"] == 0
-    assert "left to Inductor: on cpu" in str(c.records[0]["misses"]["gdn_spec_split"])
+    assert "left to Inductor: on cpu" in str(c.records[0].misses["gdn_spec_split"])
     monkeypatch.setattr(pattern.SplitMatch, "device", "cuda")
     out, c = _run(wide, qkv, s, ns, options=unforced)
     assert c.matches["gdn_spec_split"] == 1
     out, c = _run(narrow, flat, s, ns, options={"kda": {"strict": True}})  # forced: structurally no split
-    assert c.matches["gdn_spec_split"] == 0 and c.records[0]["misses"]["gdn_spec_split"] == []
+    assert c.matches["gdn_spec_split"] == 0 and c.records[0].misses["gdn_spec_split"] == []
     assert_close_to_eager(out, narrow(flat, s, ns), exact=True)
     rows = flat.view(12, 1)  # 1-byte token rows: a split, but narrower than any measured faster
     out, c = _run(narrow, rows, s, ns, options=unforced)
     assert c.matches["gdn_spec_split"] == 0
-    assert "2 bytes per token" in str(c.records[0]["misses"]["gdn_spec_split"])
+    assert "2 bytes per token" in str(c.records[0].misses["gdn_spec_split"])
     assert_close_to_eager(out, narrow(rows, s, ns), exact=True)
 
 
@@ -243,7 +243,7 @@ def test_speed_rule_one_sided_launch(monkeypatch):
     empty, everything = _split(12, 0, "cpu", seed=7)
     out, c = _run(layer, qkv, g, empty, everything, options=unforced)
     assert c.matches["gdn_spec_split"] == 0
-    assert "only one index gathers rows" in str(c.records[0]["misses"]["gdn_spec_split"])
+    assert "only one index gathers rows" in str(c.records[0].misses["gdn_spec_split"])
     assert_close_to_eager(out, layer(qkv, g, empty, everything), exact=True)
     s, ns = _split(12, 4, "cpu", seed=7)
     out, c = _run(layer, qkv, g, s, ns, options=unforced)
@@ -270,7 +270,7 @@ def test_speed_rule_gathers_that_only_feed_elementwise_code(monkeypatch):
 
     out, c = _run(taps, x, w, s, ns, options=unforced)
     assert c.matches["gdn_spec_split"] == 0
-    assert "only feeds elementwise code" in str(c.records[0]["misses"]["gdn_spec_split"])
+    assert "only feeds elementwise code" in str(c.records[0].misses["gdn_spec_split"])
     assert_close_to_eager(out, taps(x, w, s, ns))
 
 
@@ -300,7 +300,7 @@ def test_ten_gathers_two_sets_one_launch(monkeypatch):
     monkeypatch.setattr(pattern.SplitMatch, "device", "cuda")
     out, c = _run(_bailing_per_set_views, *args, options={"kda": {"strict": True, "force": False}})
     assert c.matches["gdn_spec_split"] == 1 and _fused_sources(c) == [10]
-    assert c.records[0]["misses"]["gdn_spec_split"] == []
+    assert c.records[0].misses["gdn_spec_split"] == []
 
 
 def test_one_sided_launch_of_an_unpaired_index_says_so(monkeypatch):
@@ -319,7 +319,7 @@ def test_one_sided_launch_of_an_unpaired_index_says_so(monkeypatch):
     monkeypatch.setattr(pattern.SplitMatch, "device", "cuda")
     out, c = _run(fn, a, b, c_, s, ns, options={"kda": {"strict": True, "force": False}})
     assert c.matches["gdn_spec_split"] == 0
-    misses = [str(m) for m in c.records[0]["misses"]["gdn_spec_split"]]
+    misses = [str(m) for m in c.records[0].misses["gdn_spec_split"]]
     why = "no other index gathers the same tensors"
     assert any("test_gdn_spec_split.py:" in m and why in m for m in misses), misses
     assert_close_to_eager(out, fn(a, b, c_, s, ns), exact=True)

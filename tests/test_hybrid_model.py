@@ -65,10 +65,10 @@ def graph_failures(records, expect=EXPECTED) -> list[str]:
     closest misses (``Report.misses_text``), to name what broke."""
     out = []
     for i, rec in enumerate(records):
-        got = {name: rec["matches"].get(name, 0) for name in expect}
-        if got != expect or rec["errors"]:
+        got = {name: rec.matches.get(name, 0) for name in expect}
+        if got != expect or rec.errors:
             rep = Report(pass_manager.total_matches([rec]), [GraphReport(rec)], [], [])
-            out.append(f"graph {i}: matches {got} (expected {expect}); errors {rec['errors']}\n"
+            out.append(f"graph {i}: matches {got} (expected {expect}); errors {rec.errors}\n"
                        + "\n".join(rep.misses_text()))
     return out
 
@@ -235,15 +235,15 @@ def test_default_options_compile_and_run_on_cpu(model):
     with kernel_cache_only():
         compiled = compile_model(model, dynamic=False, force=False)
         step(model, batch, compiled)
-    assert compiled.records and not any(r["errors"] for r in compiled.records)
+    assert compiled.records and not any(r.errors for r in compiled.records)
     if not stock_ok:
-        assert all("Inductor could not compile this graph" in r["note"] for r in compiled.records)
+        assert all("Inductor could not compile this graph" in r.note for r in compiled.records)
         assert_every_graph_rewritten(compiled)
         return
-    assert not any(r["note"] for r in compiled.records)
+    assert not any(r.note for r in compiled.records)
     assert sum(compiled.matches.values()) == 0, compiled.matches
     for name in H.EXPECTED_MATCHES:
-        why = [m.check for r in compiled.records for m in r["misses"][name] if "left to Inductor" in m.check]
+        why = [m.check for r in compiled.records for m in r.misses[name] if "left to Inductor" in m.check]
         assert why and all("cpu" in w for w in why), (name, why)
 
 
@@ -374,8 +374,8 @@ TP_SCRIPT = textwrap.dedent("""
                    *H.shard_states("kda", full.cfg.kda, want[5:9], rank, world)]
     H.assert_step_close([got[0], *got[1:]], [want[0], *want_states], H.COMPILED_STEPS)
     why = H.cache_mismatch(tp.attn.kv_cache, want_cache, batch.indexer.slot_mapping, 128)
-    print(json.dumps({{"rank": rank, "matches": [r["matches"] for r in compiled.records],
-                      "errors": [r["errors"] for r in compiled.records], "cache": why}}))
+    print(json.dumps({{"rank": rank, "matches": [r.matches for r in compiled.records],
+                      "errors": [r.errors for r in compiled.records], "cache": why}}))
     dist.destroy_process_group()
 """)
 

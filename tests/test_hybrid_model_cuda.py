@@ -129,8 +129,8 @@ def test_hybrid_fla_core_reduce_overhead(model, kind):
         assert_no_cudagraph_skips(steps)
         want = H.expected_matches(varlen=kind != "spec")  # forced: the varlen conv's gathers too
         for rec in compiled.records:
-            got = {n: rec["matches"].get(n, 0) for n in H.EXPECTED_MATCHES}
-            assert got == want and not rec["errors"], (got, rec["errors"])
+            got = {n: rec.matches.get(n, 0) for n in H.EXPECTED_MATCHES}
+            assert got == want and not rec.errors, (got, rec.errors)
     # a capture of the step inside torch.cuda.graph (no host syncs): compiled in the default
     # mode, since reduce-overhead's own CUDA graphs cannot be captured inside another capture
     b = batch(0)
@@ -156,7 +156,7 @@ def _real_dims_step_records(make_batch) -> list[dict]:
 def test_hybrid_real_dims_spec_step_with_fla_core():
     """The real-dims spec step compiles with every rewrite and matches eager."""
     for rec in _real_dims_step_records(lambda m: H.spec_decode_batch(m, 256)):
-        assert {n: rec["matches"].get(n, 0) for n in H.EXPECTED_MATCHES} == H.EXPECTED_MATCHES
+        assert {n: rec.matches.get(n, 0) for n in H.EXPECTED_MATCHES} == H.EXPECTED_MATCHES
 
 
 def test_hybrid_real_dims_prefill_leaves_the_one_sided_split_to_inductor():
@@ -165,5 +165,5 @@ def test_hybrid_real_dims_prefill_leaves_the_one_sided_split_to_inductor():
     other rewrite fires; the step matches eager."""
     want = {**H.EXPECTED_MATCHES, "gdn_spec_split": 0}
     for rec in _real_dims_step_records(lambda m: H.prefill_batch(m, 2048)):
-        assert {n: rec["matches"].get(n, 0) for n in H.EXPECTED_MATCHES} == want
-        assert "only one index gathers rows" in str(rec["misses"]["gdn_spec_split"])
+        assert {n: rec.matches.get(n, 0) for n in H.EXPECTED_MATCHES} == want
+        assert "only one index gathers rows" in str(rec.misses["gdn_spec_split"])

@@ -122,7 +122,7 @@ def test_copy_into_preallocated_dst(device):
             torch.compile(fn, backend="kda_inductor", options={"kda": {"strict": True, "force": True}}),
             cache, table, cu, dst_v, dst_s,
         )
-    assert [r["matches"]["indexer_k_gather"] for r in records] == [1]
+    assert [r.matches["indexer_k_gather"] for r in records] == [1]
     assert_bytes_equal([as_u8(dst_v), dst_s], _loop_ref(cache, table, cu, n, 128))
     # written in place by the out variant: no temporary, no copy into dst
     code = "\n".join(code)
@@ -177,7 +177,7 @@ def test_cpu_speed_rule_small_gathers_stay_with_inductor():
             compiled = compile_for_test(fn, force=False)
             out = compiled(cache, table, cu)
         assert compiled.matches["indexer_k_gather"] == want, (n, compiled.matches)
-        why = [m.check for r in compiled.records for m in r["misses"]["indexer_k_gather"]]
+        why = [m.check for r in compiled.records for m in r.misses["indexer_k_gather"]]
         assert (want == 0) == any(f"below {CPU_MIN_TOKENS} gathered tokens (this one: {n};" in w for w in why), why
         assert_bytes_equal(out, fn(cache, table, cu))
 
@@ -296,10 +296,10 @@ def test_matches_when_token_count_and_batch_become_dynamic():
             table = table % cache.shape[0]
             out = compiled(cache, table, cu, torch.empty(n, 0))
             assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
-    assert len(records) >= 2 and all(r["matches"]["indexer_k_gather"] == 1 for r in records)
+    assert len(records) >= 2 and all(r.matches["indexer_k_gather"] == 1 for r in records)
     # one of the graphs passes a symbolic num_tokens (a graph node, not a literal) to the op
     symbolic = re.compile(r"kda\.indexer_k_gather\.default\]\(args = \((%\w+, ){4}128\)")
-    assert any(symbolic.search(r["after"]) for r in records), [r["after"] for r in records]
+    assert any(symbolic.search(r.after) for r in records), [r.after for r in records]
 
 
 def test_matches_when_the_block_count_becomes_dynamic():
@@ -317,8 +317,8 @@ def test_matches_when_the_block_count_becomes_dynamic():
             cache, table, cu, n = random_indexer_cache(seqs, 16, 128, extra_blocks=extra, generator=g)
             out = compiled(cache, table, cu, torch.empty(n, 0))
             assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
-        assert [r["matches"]["indexer_k_gather"] for r in records] == [1, 1]
-        assert re.fullmatch(r"uint8\[s\d+, 16, 132\]", val_shape(records[-1]["before_nodes"], "uint8[")), records[-1]
+        assert [r.matches["indexer_k_gather"] for r in records] == [1, 1]
+        assert re.fullmatch(r"uint8\[s\d+, 16, 132\]", val_shape(records[-1].before_nodes, "uint8[")), records[-1]
         table[0, 0] = cache.shape[0] + 5
         with pytest.raises(IndexError, match="block_table: block id"):
             compiled(cache, table, cu, torch.empty(n, 0))
@@ -349,8 +349,8 @@ def test_dynamic_true_says_the_block_size_must_be_static():
                     torch._dynamo.mark_static(cache, 2)
                 out = compiled(cache, table, cu, torch.empty(n, 0))
                 assert_bytes_equal(out, gather_indexer_k(cache, table, cu, n))
-        assert [r["matches"]["indexer_k_gather"] for r in records] == [int(static)]
-        misses = records[0]["misses"]["indexer_k_gather"]
+        assert [r.matches["indexer_k_gather"] for r in records] == [int(static)]
+        misses = records[0].misses["indexer_k_gather"]
         if static:
             assert misses == []
         else:

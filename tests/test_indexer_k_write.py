@@ -194,7 +194,7 @@ def test_negative_slots_do_what_the_code_does(form):
     with fresh_compile(), pass_manager.observe() as records:
         torch.compile(lambda k, c, s: form(k, c, s, True), backend="kda_inductor", options=ON)(k, cache, slots)
     assert pass_manager.total_matches(records)["indexer_k_write"] == 1
-    assert f"wrap_negative: {not masked}" in records[0]["after"]
+    assert f"wrap_negative: {not masked}" in records[0].after
     assert torch.equal(cache, expected), f"{int((cache != expected).sum())} cache bytes differ"
 
 
@@ -203,9 +203,9 @@ def _compile_norm_write_in_place(fn, k, w, b, cache, slots):
     returns the graph before and after our pass."""
     with fresh_compile(), pass_manager.observe() as records:
         _, code = run_and_get_code(torch.compile(fn, backend="kda_inductor", options=ON), k, w, b, cache, slots)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    assert [r.matches["indexer_k_write"] for r in records] == [1]
     _assert_in_place("\n".join(code))
-    return records[0]["before"], records[0]["after"]
+    return records[0].before, records[0].after
 
 
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
@@ -237,8 +237,8 @@ def _run_norm_write(fn, k, w, b, cache, slots):
     fn(k, w, b, expected, slots)
     with fresh_compile(), pass_manager.observe() as records:
         torch.compile(fn, backend="kda_inductor", options=ON)(k, w, b, cache, slots)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
-    return records[0]["after"], expected
+    assert [r.matches["indexer_k_write"] for r in records] == [1]
+    return records[0].after, expected
 
 
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])
@@ -313,9 +313,9 @@ def test_cpu_speed_rule_small_writes_stay_with_inductor():
             compiled = compile_for_test(fn, force=False)
             compiled(k, cache, slots)
         retried = want == 0 and not stock_ok
-        assert [bool(r["note"]) for r in compiled.records] == [retried], compiled.records
+        assert [bool(r.note) for r in compiled.records] == [retried], compiled.records
         assert compiled.matches["indexer_k_write"] == (1 if retried else want), (tokens, compiled.matches)
-        why = [m.check for r in compiled.records for m in r["misses"]["indexer_k_write"]]
+        why = [m.check for r in compiled.records for m in r.misses["indexer_k_write"]]
         assert (want == 0 and not retried) == any(
             f"below {CPU_MIN_TOKENS} tokens written (this one: {tokens};" in w for w in why), why
         _assert_cache_close(cache, expected, slots, 128)
@@ -358,7 +358,7 @@ def test_inductor_failing_on_code_left_to_it_compiles_again_with_the_op(monkeypa
         compiled = compile_for_test(fn, force=False)
         compiled(k, cache, slots)
     assert len(compiled.records) == 1 and compiled.matches["indexer_k_write"] == 1, compiled.records
-    assert "compiled again with every match rewritten" in compiled.records[0]["note"]
+    assert "compiled again with every match rewritten" in compiled.records[0].note
     assert counters[pass_manager.COUNTER_KEY]["indexer_k_write"] - before == 1
     _assert_cache_close(cache, expected, slots, 128)
     with pytest.warns(RuntimeWarning):
@@ -413,7 +413,7 @@ def test_dynamic_token_count():
             expected = _reference(k, cache, slots, True)
             compiled(k, cache, slots)
             assert torch.equal(cache, expected)
-    assert len(records) >= 2 and all(r["matches"]["indexer_k_write"] == 1 for r in records)
+    assert len(records) >= 2 and all(r.matches["indexer_k_write"] == 1 for r in records)
 
 
 def _unclamped_write(divisor=448.0, floor=True):
@@ -461,8 +461,8 @@ def test_unclamped_quantization_without_the_bound_is_refused(divisor, floor, why
     fn = _unclamped_write(divisor, floor)
     with fresh_compile(), pass_manager.observe() as records:
         torch.compile(lambda k, c, s: fn(k, c, s, False), backend="kda_inductor", options=ON)(k, cache, slots)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [0]
-    (miss,) = records[0]["misses"]["indexer_k_write"]
+    assert [r.matches["indexer_k_write"] for r in records] == [0]
+    (miss,) = records[0].misses["indexer_k_write"]
     assert why in miss.check and "not clamped to [-448, 448]" in miss.check, miss
 
 
@@ -483,8 +483,8 @@ def test_quantization_clamped_to_other_bounds_is_refused():
 
     with fresh_compile(), pass_manager.observe() as records:
         torch.compile(fn, backend="kda_inductor", options=ON)(k, cache, slots)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [0]
-    (miss,) = records[0]["misses"]["indexer_k_write"]
+    assert [r.matches["indexer_k_write"] for r in records] == [0]
+    (miss,) = records[0].misses["indexer_k_write"]
     assert "not clamped to [-448, 448]" in miss.check, miss
 
 
@@ -510,8 +510,8 @@ def test_race_free_reference_keeps_slot_0(force):
                                  options={"kda": {"force": force}})
         compiled(k, cache, slots)
     assert torch.equal(cache, expected)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [int(force)]
-    assert "undefined" not in (records[0]["note"] or "")
+    assert [r.matches["indexer_k_write"] for r in records] == [int(force)]
+    assert "undefined" not in (records[0].note or "")
 
 
 def test_racy_masked_spelling_is_matched_with_a_note():
@@ -525,9 +525,9 @@ def test_racy_masked_spelling_is_matched_with_a_note():
     with fresh_compile(), pass_manager.observe() as records:
         compiled = torch.compile(lambda k, c, s: write_indexer_k_racy(k, c, s), backend="kda_inductor", options=ON)
         compiled(k, cache, slots)
-    assert [r["matches"]["indexer_k_write"] for r in records] == [1]
+    assert [r.matches["indexer_k_write"] for r in records] == [1]
     assert torch.equal(cache, expected)
-    note = records[0]["note"]
+    note = records[0].note
     assert re.search(r"indexer_k_write at \S*reference\.py:\d+: this masked write .*eager's result is undefined", note), note
     assert "kda_inductor.reference.write_indexer_k" in note
 
@@ -574,16 +574,16 @@ def test_dynamic_token_and_block_counts(mode):
             expected = _reference(k, cache, slots, False)
             compiled(k, cache, slots)
             assert torch.equal(cache, expected)
-    counts = [r["matches"]["indexer_k_write"] for r in records]
+    counts = [r.matches["indexer_k_write"] for r in records]
     if mode == "dynamic_true":
         assert counts == [0]
-        (miss,) = records[0]["misses"]["indexer_k_write"]
+        (miss,) = records[0].misses["indexer_k_write"]
         assert "block size or row width is symbolic" in miss.check and "mark_static" in miss.check, miss
         assert miss.location.endswith(f"reference.py:{_line_of(write_indexer_k, 'flat.index_put_((blk, scols)')}"), miss
     else:
         assert counts == ([1] if mode.startswith("dynamic") else [1, 1]), counts
         assert re.fullmatch(r"uint8\[s\d+, 16, 132\]", next(
-            r.meta for r in records[-1]["before_nodes"] if r.meta.startswith("uint8["))), records[-1]
+            r.meta for r in records[-1].before_nodes if r.meta.startswith("uint8["))), records[-1]
 
 
 def test_round_trip_through_the_gather():

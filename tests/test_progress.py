@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 
 from kda_inductor import pass_manager, progress
+from kda_inductor.pass_manager import PassRecord
 
 
 class _Tty(io.StringIO):
@@ -27,8 +28,8 @@ def test_shown_progress_follows_the_pass():
     with progress.compile_progress("demo", show=True) as step:
         step("compiling")
         assert len(pass_manager._observers) == len(before) + 1
-        pass_manager._observers[-1]({"matches": {"indexer_k_gather": 1, "gdn_spec_split": 0}, "skipped": None})
+        pass_manager._observers[-1](PassRecord(matches={"indexer_k_gather": 1, "gdn_spec_split": 0}))
     assert pass_manager._observers == before
-    assert progress._graph_summary(0, {"matches": {"indexer_k_gather": 1}}) == (
+    assert progress._graph_summary(0, PassRecord(matches={"indexer_k_gather": 1})) == (
         "graph 0: our pass done (indexer_k_gather x1); Inductor generates code")
-    assert "traced with grad" in progress._graph_summary(1, {"matches": {}, "skipped": "traced with grad enabled"})
+    assert "traced with grad" in progress._graph_summary(1, PassRecord(skipped="traced with grad enabled"))

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import enum
 import operator
 import os
 import re
@@ -31,6 +32,30 @@ SHAPE_VIEWS = (*VIEWS, aten.squeeze, aten.unsqueeze)
 rewrite's own view set)."""
 
 
+class Stage(enum.IntEnum):
+    """How far a rejected candidate got, in the order every matcher checks: a miss at a later
+    stage is closer to a match (``Rewrite.closest_misses`` keeps the furthest ones)."""
+
+    FORM = 1
+    """The anchor op is there, but not in this computation's form (dims, index shapes)."""
+    LAYOUT = 2
+    """The data's geometry does not fit (row widths, rows straddling tokens, the output)."""
+    PIECES = 3
+    """The computation's parts are not all there, or not one each (writes, scales, launches)."""
+    INDEXING = 4
+    """The parts do not index by one shared index (the slot mapping and its mask)."""
+    ADDRESSING = 5
+    """The bytes do not land where the layout puts them."""
+    VALUES = 6
+    """What is stored or computed is not this computation's value."""
+    VALIDATED = 7
+    """The fused op's own validator rejects these inputs."""
+    REGION = 8
+    """A value inside the region is read outside it (or through a view the op cannot keep)."""
+    SPEED_RULE = 9
+    """Everything matched; the speed rule leaves it to Inductor (measured faster there)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Miss:
     """A candidate a rewrite looked at and rejected, for ``explain()`` and ``--explain-misses``.
@@ -42,7 +67,7 @@ class Miss:
     """
 
     node: str
-    stage: int
+    stage: Stage
     check: str
     location: str | None = None
     code: str | None = None
@@ -92,7 +117,7 @@ class Match:
     def part(self) -> str | None:
         """Which part of its rewrite this match fuses, where a rewrite fuses more or less of the
         code it finds (``gated_norm_merge``: ``"merge + norm"`` or ``"norm alone"``); the pass
-        counts each in its record (``record["parts"]``) and the rewrite table shows them.
+        counts each in its record (``PassRecord.parts``) and the rewrite table shows them.
         None where a rewrite has one part."""
         return None
 
@@ -119,7 +144,7 @@ class Rewrite:
     def __init__(self) -> None:
         self.misses: list[Miss] = []
 
-    def miss(self, node: fx.Node, stage: int, check: str) -> None:
+    def miss(self, node: fx.Node, stage: Stage, check: str) -> None:
         """Record that ``node`` was a candidate rejected by ``check``, at the user's source
         line it came from (returns None, so ``return self.miss(...)`` rejects)."""
         self.misses.append(Miss(node.name, stage, check, *source_location(node)))

@@ -94,6 +94,7 @@ from kda_inductor.patterns.base import (
     Match,
     Rewrite,
     Route,
+    Stage,
     VIEWS,
     aten,
     erase_dead,
@@ -223,7 +224,7 @@ class GatedNormMerge(Rewrite):
             elif users and is_op(n, aten.rsqrt, aten.reciprocal):
                 why = _why_not_a_gated_norm(canon(users[-1]))
                 if why is not None:
-                    self.miss(n, 1, why)
+                    self.miss(n, Stage.FORM, why)
 
     def _read_norm(self, canon: Canon, y: fx.Node) -> Norm | None:
         t = canon(y)
@@ -303,10 +304,10 @@ class GatedNormMerge(Rewrite):
             return self._plain_match(norm, views)
         base, src, end, fill, folded = scatter
         if fill is None:
-            return self.miss(x, 2, "the padded output is a graph input or other data, not torch.zeros / torch.full / "
+            return self.miss(x, Stage.LAYOUT, "the padded output is a graph input or other data, not torch.zeros / torch.full / "
                                    "torch.empty: its rows must be stored")
         if len(live_users(x)) != 1 or any(u not in folded for u in live_users(base)):
-            return self.miss(x, 2, "the padded output is read elsewhere")
+            return self.miss(x, Stage.LAYOUT, "the padded output is read elsewhere")
         merge, chain = _source(canon, src)
         if is_op(merge, aten.index_put):
             return self._merge_match(norm, merge, [*views, *chain], pad=(fill, end, base), extra=[*folded, base])
@@ -319,22 +320,22 @@ class GatedNormMerge(Rewrite):
             return None
         writes, T, chain, pad_value = merge
         if any(len(live_users(v)) != 1 for v in views if v is not norm.x) or len(live_users(last)) != 1:
-            return self.miss(last, 2, "the merged buffer is read elsewhere")
+            return self.miss(last, Stage.LAYOUT, "the merged buffer is read elsewhere")
         per_token = math.prod(val(last).shape[writes[0].dim + 1:])
         if not known(per_token % norm.D == 0):
-            return self.miss(last, 2, "norm rows straddle tokens")
+            return self.miss(last, Stage.LAYOUT, "norm rows straddle tokens")
         if pad is not None:
             fill, end, base = pad
             end = val(end) if isinstance(end, fx.Node) else end
             if not known(end == val(last).shape[writes[0].dim]):
-                return self.miss(last, 2, "the merge is copied into part of the padded output other than its first rows")
+                return self.miss(last, Stage.LAYOUT, "the merge is copied into part of the padded output other than its first rows")
             if not known(math.prod(val(base).shape) % per_token == 0) or val(base).shape[-1] != val(last).shape[-1]:
-                return self.miss(last, 2, "the padded output's rows are not the merge's tokens")
+                return self.miss(last, Stage.LAYOUT, "the padded output's rows are not the merge's tokens")
             pad_value = fill  # torch.empty's uncovered merged rows are undefined: the padding's fill will do
         region = norm.nodes | {norm.x, *views, *chain, *extra}
         leaking = escaping(region, [norm.y])
         if leaking:
-            return self.miss(last, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
+            return self.miss(last, Stage.REGION, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
         return NormMatch(nodes=_ordered(region | {norm.y}), norm=norm, writes=writes, num_tokens=T,
                          width=per_token, pad_value=pad_value)
 
@@ -346,33 +347,33 @@ class GatedNormMerge(Rewrite):
             accumulate = n.args[3] if len(n.args) > 3 else n.kwargs.get("accumulate", False)
             tensors = [(d, i) for d, i in enumerate(indices) if i is not None]
             if accumulate or len(tensors) != 1:
-                return self.miss(n, 1, "not a row write (accumulate, or several index tensors)")
+                return self.miss(n, Stage.FORM, "not a row write (accumulate, or several index tensors)")
             d, idx = tensors[0]
             writes.append(Write(idx, values, d))
             if n is not last and len(live_users(n)) != 1:
-                return self.miss(n, 1, "a partial merge is read elsewhere")
+                return self.miss(n, Stage.FORM, "a partial merge is read elsewhere")
             n = base
         writes.reverse()
         base, mv = n, val(last)
         fill = _fill(base)
         if fill is _NO_FILL or len(live_users(base)) != 1:
-            return self.miss(last, 1, "the merge does not start from torch.empty / torch.zeros / torch.full "
+            return self.miss(last, Stage.FORM, "the merge does not start from torch.empty / torch.zeros / torch.full "
                                       "(rows no index covers would have to keep their data)")
         if len(writes) > 2 or len({w.dim for w in writes}) != 1:
-            return self.miss(last, 1, "more than two writes, or writes along different dims")
+            return self.miss(last, Stage.FORM, "more than two writes, or writes along different dims")
         d = writes[0].dim
         if any(s != 1 for s in mv.shape[:d]):
-            return self.miss(last, 1, f"writes along dim {d} of {tuple(mv.shape)}: not token rows")
+            return self.miss(last, Stage.FORM, f"writes along dim {d} of {tuple(mv.shape)}: not token rows")
         T = mv.shape[d]
         if len({w.index for w in writes}) != len(writes):
-            return self.miss(last, 1, "the same index tensor written twice: not a partition")
+            return self.miss(last, Stage.FORM, "the same index tensor written twice: not a partition")
         lengths = [val(w.index).shape[0] for w in writes]
         if known(sum(lengths) != T):
-            return self.miss(last, 1, f"index lengths {lengths} do not add up to the {T} tokens: not a partition")
+            return self.miss(last, Stage.FORM, f"index lengths {lengths} do not add up to the {T} tokens: not a partition")
         if not isinstance(T, int):  # symbolic: the empty's size (serving recompiles with T dynamic)
             T = base.args[0][d] if isinstance(base.args[0], (list, tuple)) else None
             if not isinstance(T, fx.Node):
-                return self.miss(last, 1, "the token count is symbolic but not a size of the torch.empty")
+                return self.miss(last, Stage.FORM, "the token count is symbolic but not a size of the torch.empty")
         rest = list(mv.shape[d + 1:])
         for w in writes:
             vv = val(w.values)  # [1, ..., n, *rest], leading 1s optional (out[:, idx] = v)
@@ -381,7 +382,7 @@ class GatedNormMerge(Rewrite):
             while len(shape) > len(full) and shape[0] == 1:
                 shape.pop(0)
             if len(shape) != len(full) or not all(map(_same_or_symbolic, shape, full)) or vv.dtype != mv.dtype:
-                return self.miss(last, 1, "written values are broadcast or of another dtype")
+                return self.miss(last, Stage.FORM, "written values are broadcast or of another dtype")
         chain, n = [], last
         while is_op(n, aten.index_put):
             chain.append(n)
@@ -397,7 +398,7 @@ class GatedNormMerge(Rewrite):
         region = norm.nodes | ({norm.x, *views} if copied else set())
         leaking = escaping(region, [norm.y])
         if leaking:
-            return self.miss(norm.y, 4, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
+            return self.miss(norm.y, Stage.REGION, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
         if copied is None:
             rows = xv.numel() // norm.D
             R = math.gcd(rows, 32) if isinstance(rows, int) else 1  # norm rows per "token": any split in order
@@ -408,7 +409,7 @@ class GatedNormMerge(Rewrite):
         lead = next((i for i, s_ in enumerate(sv.shape) if s_ != 1), sv.dim() - 1)
         width = math.prod(sv.shape[lead + 1:])
         if not (isinstance(width, int) and width % norm.D == 0):
-            return self.miss(norm.y, 2, "the copied rows straddle norm rows")
+            return self.miss(norm.y, Stage.LAYOUT, "the copied rows straddle norm rows")
         return NormMatch(nodes=_ordered(region | {norm.y}), norm=norm, writes=[], num_tokens=sv.shape[lead],
                          width=width, plain=True, pad_value=fill, source=src)
 

@@ -72,6 +72,7 @@ from kda_inductor.patterns.base import (
     Match,
     Rewrite,
     Route,
+    Stage,
     aten,
     fused_into_users,
     insert_fused,
@@ -174,7 +175,7 @@ class GdnSpecSplit(Rewrite):
                 if len(launch) >= 2:
                     matches.append(SplitMatch(nodes=[g.node for g in launch], gathers=launch))
                 elif (_row_bytes(launch[0]) or MIN_ROW_BYTES) >= MIN_ROW_BYTES:  # a lookup is no split
-                    self.miss(launch[0].node, 2, "no other gather of this index can share its launch "
+                    self.miss(launch[0].node, Stage.PIECES, "no other gather of this index can share its launch "
                               "(an output is used before another gather's input exists)")
         return matches
 
@@ -191,11 +192,11 @@ class GdnSpecSplit(Rewrite):
         if iv is None or iv.dim() != 1 or iv.dtype not in (torch.int32, torch.int64):
             return None
         if any(s != 1 for s in sv.shape[:dim]):
-            return self.miss(n, 1, f"gathers along dim {dim} of {tuple(sv.shape)}: not a token (row) gather")
+            return self.miss(n, Stage.FORM, f"gathers along dim {dim} of {tuple(sv.shape)}: not a token (row) gather")
         if dim == sv.dim() - 1:
             return None  # single elements (x[idx] of a 1-D tensor): a lookup, not a split of token rows
         if idx in mutated or src in mutated:
-            return self.miss(n, 1, "its index or source is mutated in the graph")
+            return self.miss(n, Stage.FORM, "its index or source is mutated in the graph")
         return _RowGather(n, src, dim, idx)
 
     def replace(self, graph: fx.Graph, match: SplitMatch) -> None:

@@ -75,6 +75,7 @@ from kda_inductor.patterns.base import (
     Match,
     Rewrite,
     Route,
+    Stage,
     aten,
     cpu_min_count_rule,
     escaping,
@@ -185,7 +186,7 @@ class IndexerKGather(Rewrite):
             layout = _layout(values.cache, values.width)
             if layout is None:
                 if val(values.cache).dim() == 3 and val(values.cache).shape[1] != 1:
-                    self.miss(values.node, 2, "cache row width is not head_dim + 4 * head_dim // 128")
+                    self.miss(values.node, Stage.LAYOUT, "cache row width is not head_dim + 4 * head_dim // 128")
                 continue
             if values.width != layout[1]:
                 continue  # a scales candidate: looked at when pairing
@@ -210,7 +211,7 @@ class IndexerKGather(Rewrite):
         except ValueError:
             return None
         if lay is None:
-            return self.miss(n, 1, SYMBOLIC_ROW) if symbolic_row(val(cache)) else None
+            return self.miss(n, Stage.FORM, SYMBOLIC_ROW) if symbolic_row(val(cache)) else None
         out, node, region = val(n), n, ()
         indices = list(indices)
         if out is not None and out.dim() == 1 and len(indices) == lay.dim():
@@ -218,7 +219,7 @@ class IndexerKGather(Rewrite):
             # the 2-D gather
             unflat = _unflattened(n, indices)
             if unflat is None:
-                return self.miss(n, 1, "1-D flat byte indices that are not the gathered rows' [N, W] indices "
+                return self.miss(n, Stage.FORM, "1-D flat byte indices that are not the gathered rows' [N, W] indices "
                                        "flattened (e.g. one request's whole pages, cut to its length: no "
                                        "cu_seq_lens or block table for the op)")
             node, unflat_indices = unflat
@@ -229,16 +230,16 @@ class IndexerKGather(Rewrite):
         syms = [algebra.interpret(i) for i in indices]
         if not all(isinstance(s_, Sym) for s_ in syms):
             return self.miss(
-                n, 1, "index tensors are not integer arithmetic of arange, searchsorted/"
+                n, Stage.FORM, "index tensors are not integer arithmetic of arange, searchsorted/"
                 "bucketize and table lookups"
             )
         p_rank = max(len(s_.dims) for s_ in syms)
         trailing = lay.dim() - len(indices)
         if p_rank + trailing != 2 or trailing not in (0, 1):
-            return self.miss(n, 1, "the gather is not [tokens, bytes] shaped")
+            return self.miss(n, Stage.FORM, "the gather is not [tokens, bytes] shaped")
         bound = algebra.bind(syms, [_T, _J][:p_rank])
         if bound is None:
-            return self.miss(n, 1, "index tensors do not broadcast to [tokens, bytes] from two aranges")
+            return self.miss(n, Stage.FORM, "index tensors do not broadcast to [tokens, bytes] from two aranges")
         exprs, axes = bound
         if p_rank == 2 and not known(algebra.axis_len.get(axes[1], -1) == out.shape[1]):
             return None  # not an arange across the row
@@ -254,7 +255,7 @@ class IndexerKGather(Rewrite):
         cus, bts = algebra.tables_read(e, "ss", 1), algebra.tables_read(e, "tab", 2)
         if len(cus) != 1 or len(bts) != 1:
             return self.miss(
-                values.node, 3, "rows do not read one block_table through "
+                values.node, Stage.PIECES, "rows do not read one block_table through "
                 "searchsorted(cu_seq_lens, t, right=True) - 1"
             )
         cu, bt = cus.pop(), bts.pop()
@@ -269,7 +270,7 @@ class IndexerKGather(Rewrite):
 
         if not fits(values, off * hd + _J):
             return self.miss(
-                values.node, 3, f"indices differ from block_table[req, pos // {bs}] and "
+                values.node, Stage.PIECES, f"indices differ from block_table[req, pos // {bs}] and "
                 f"(pos % {bs}) * {hd} + j (another layout or block size)"
             )
         num_tokens = algebra.axis_len[values.t_axis]
@@ -277,7 +278,7 @@ class IndexerKGather(Rewrite):
         try:  # what the fused op would reject is no match (not a failed rewrite)
             _lowering._check_functional(_blocks(val(values.cache), bs, hd + sb), val(bt), val(cu), n_val, hd)
         except (ValueError, TypeError) as exc:
-            return self.miss(values.node, 4, f"kda.indexer_k_gather rejects these inputs: {exc}")
+            return self.miss(values.node, Stage.VALIDATED, f"kda.indexer_k_gather rejects these inputs: {exc}")
         for scales in gathers:
             if (
                 scales.node in used
@@ -297,7 +298,7 @@ class IndexerKGather(Rewrite):
             outside = [n for n in escaping(region, [values.node, scales.node])
                        if is_op(n, aten.index) or n in values.region or n in scales.region]
             if outside:
-                self.miss(values.node, 6, f"intermediate {outside[0].name} is also read by "
+                self.miss(values.node, Stage.REGION, f"intermediate {outside[0].name} is also read by "
                           f"{', '.join(u.name for u in outside[0].users if u not in region)}")
                 continue
             dst = _preallocated_dst(values.node, scales.node, _blocks(val(values.cache), bs, hd + sb), bt, cu)
@@ -310,7 +311,7 @@ class IndexerKGather(Rewrite):
                 cu_seq_lens=cu, num_tokens=num_tokens, head_dim=hd, block_size=bs,
             )
         return self.miss(
-            values.node, 5, f"no scales gather of the same cache and tokens with columns "
+            values.node, Stage.ADDRESSING, f"no scales gather of the same cache and tokens with columns "
             f"{bs * hd} + (pos % {bs}) * {sb} + j"
         )
 

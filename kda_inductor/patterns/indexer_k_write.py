@@ -103,6 +103,7 @@ from kda_inductor.patterns.base import (
     Match,
     Rewrite,
     Route,
+    Stage,
     aten,
     cpu_min_count_rule,
     insert_fused,
@@ -550,14 +551,14 @@ class IndexerKWrite(Rewrite):
         try:
             chain = _Chain(cache)
         except ValueError:
-            return self.miss(copy, 1, "the cache has a size without an example value (an unbacked size)")
+            return self.miss(copy, Stage.FORM, "the cache has a size without an example value (an unbacked size)")
         final = chain.state(copy.args[1])
         if final is None or not _same_layout(final.layout, chain.root):
-            return self.miss(copy, 1, "not a chain of index_put / slice_scatter / views of the copied cache")
+            return self.miss(copy, Stage.FORM, "not a chain of index_put / slice_scatter / views of the copied cache")
         if len(final.writes) != 2:
-            return self.miss(copy, 1, f"the cache is written {len(final.writes)} times, not twice (values and scales)")
+            return self.miss(copy, Stage.FORM, f"the cache is written {len(final.writes)} times, not twice (values and scales)")
         if not _sizes_do_not_matter(copy, final):
-            return self.miss(copy, 1, SYMBOLIC_ROW if symbolic_row(val(cache)) else
+            return self.miss(copy, Stage.FORM, SYMBOLIC_ROW if symbolic_row(val(cache)) else
                              "the writes' byte addresses depend on the cache's symbolic sizes")
         region: set[fx.Node] = {copy}
         reads: set[fx.Node] = set()
@@ -566,44 +567,44 @@ class IndexerKWrite(Rewrite):
         for w in final.writes:
             got = self._read_write(w, chain, algebra)
             if isinstance(got, str):
-                return self.miss(w.node, 3, got)
+                return self.miss(w.node, Stage.PIECES, got)
             kind, src, masked, algebra, nodes, wreads, addr, row_bytes = got
             found.setdefault(kind, []).append((w, src, masked, addr, row_bytes))
             region |= nodes
             reads |= wreads
         if sorted(found) != ["scales", "values"] or any(len(v) != 1 for v in found.values()):
-            return self.miss(copy, 3, "not one values write and one scales write")
+            return self.miss(copy, Stage.PIECES, "not one values write and one scales write")
         (wv, q, mv, addr_v, hd), = found["values"]
         racy = mv and not (wv.accumulate and found["scales"][0][0].accumulate)
         (ws, s_src, ms, addr_s, scale_row), = found["scales"]
         layout = _cache_layout(val(cache), hd)
         if layout is None:
-            return self.miss(copy, 2, "cache row width is not head_dim + 4 * head_dim // 128")
+            return self.miss(copy, Stage.LAYOUT, "cache row width is not head_dim + 4 * head_dim // 128")
         bs, groups, block_bytes = layout
         if scale_row != 4 * groups:
-            return self.miss(ws.node, 3, f"scale rows are {scale_row} bytes, not {4 * groups}")
+            return self.miss(ws.node, Stage.PIECES, f"scale rows are {scale_row} bytes, not {4 * groups}")
         if len(algebra.sequences) != 1:
-            return self.miss(copy, 4, "the writes do not index by one slot_mapping")
+            return self.miss(copy, Stage.INDEXING, "the writes do not index by one slot_mapping")
         slot = next(iter(algebra.sequences))
         if mv != ms or (algebra.clamped and not mv):
-            return self.miss(copy, 4, "slots clamped to 0 but the writes are not masked by slot_mapping >= 0")
+            return self.miss(copy, Stage.INDEXING, "slots clamped to 0 but the writes are not masked by slot_mapping >= 0")
         seq = algebra.seq_fn(slot)(_T)
         blk, off = sympy.floor(seq / bs), sympy.Mod(seq, bs)
         if not same(addr_v, blk * block_bytes + off * hd + _J):
-            return self.miss(wv.node, 5, f"value bytes do not go to block slot // {bs}, byte (slot % {bs}) * {hd} + j "
+            return self.miss(wv.node, Stage.ADDRESSING, f"value bytes do not go to block slot // {bs}, byte (slot % {bs}) * {hd} + j "
                              "(another layout or block size)")
         if not same(addr_s, blk * block_bytes + bs * hd + off * 4 * groups + _J):
-            return self.miss(ws.node, 5, f"scale bytes do not go to block slot // {bs}, byte {bs * hd} + "
+            return self.miss(ws.node, Stage.ADDRESSING, f"scale bytes do not go to block slot // {bs}, byte {bs * hd} + "
                              f"(slot % {bs}) * {4 * groups} + j (another layout or block size)")
         quant = _read_quant(q, canon)
         if isinstance(quant, str):
-            return self.miss(wv.node, 6, quant)
+            return self.miss(wv.node, Stage.VALUES, quant)
         if canon.strip(canon(s_src), "view") != quant.scale and _through_views(s_src)[0] is not _through_views(
                 quant.scale_node)[0]:
-            return self.miss(ws.node, 6, "the stored scales are not the ones the values were divided by")
+            return self.miss(ws.node, Stage.VALUES, "the stored scales are not the ones the values were divided by")
         kv = val(quant.k)
         if kv.shape[1] != hd or not known(kv.shape[0] == val(slot).shape[0]):
-            return self.miss(wv.node, 6, "k's shape does not fit the cache and slot_mapping")
+            return self.miss(wv.node, Stage.VALUES, "k's shape does not fit the cache and slot_mapping")
         k, weight, bias, eps, round_norm = quant.k, None, None, 1e-6, True
         region |= quant.nodes | algebra.visited
         ln = _read_layer_norm(k)
@@ -618,20 +619,20 @@ class IndexerKWrite(Rewrite):
         try:  # what the fused op would reject is no match (not a failed rewrite)
             _lowering._check(val(cache), val(k), val(slot), val(weight), val(bias), eps, block_size, not mv)
         except (ValueError, TypeError) as exc:
-            return self.miss(copy, 7, f"kda.indexer_k_write rejects these inputs: {exc}")
+            return self.miss(copy, Stage.VALIDATED, f"kda.indexer_k_write rejects these inputs: {exc}")
         # every version but the last is read only inside the region (masked writes read the old bytes)
         last = len(final.writes)
         versions = {n: s for n, s in chain.memo.items() if s is not None}
         for n, s in versions.items():
             if 0 < len(s.writes) < last and any(u not in versions and u not in reads for u in n.users):
-                return self.miss(n, 8, "a partly written cache is read elsewhere")
+                return self.miss(n, Stage.REGION, "a partly written cache is read elsewhere")
         readers = []  # last-version nodes read outside the chain: they get the new cache
         for n, s in versions.items():
             if len(s.writes) == last and any(u not in versions for u in n.users if u is not copy):
                 lay = s.layout
                 if not (lay.storage_offset() == 0 and lay.is_contiguous() and lay.numel() == chain.root.numel()
                         and chain.root.is_contiguous()):
-                    return self.miss(n, 8, "the written cache is read through a strided view")
+                    return self.miss(n, Stage.REGION, "the written cache is read through a strided view")
                 readers.append(n)
         region |= set(versions) | reads
         region -= {cache, copy}  # the user's copy_ stays: it copies the op's new cache

@@ -99,13 +99,13 @@ def misses_text(compiled, names: Sequence[str] | None = None) -> str:
     """The closest misses the pass recorded, per rewrite: ``"name: location: check"`` lines."""
     lines = []
     for record in compiled.records:
-        for name, misses in record.get("misses", {}).items():
+        for name, misses in record.misses.items():
             if names is not None and name not in names:
                 continue
             for miss in misses:
                 lines.append(f"  {name}: {miss.location or '?'}: {miss.check}")
-        if record.get("skipped"):
-            lines.append(f"  (graph skipped: {record['skipped']})")
+        if record.skipped:
+            lines.append(f"  (graph skipped: {record.skipped})")
     return "\n".join(lines) or "  (no misses recorded)"
 
 
@@ -152,7 +152,7 @@ _NORM_CALL = re.compile(r"kda\.gated_norm_merge\.default\]\(args = \(\[[^\]]*\],
 def merge_fused(records: list[dict[str, Any]]) -> str | None:
     """The merge (index_put / index_copy) and the copy into the output (slice / select
     scatter) are gone: the fused op reads the halves, not a merged buffer."""
-    after = "\n".join(r["after"] for r in records)
+    after = "\n".join(r.after for r in records)
     left = sorted(set(m.group(1) for m in _SCATTER.finditer(after)))
     if left:
         return f"only part of the merge was fused: aten.{', aten.'.join(left)} still in the graph after our pass"
@@ -164,7 +164,7 @@ def merge_fused(records: list[dict[str, Any]]) -> str | None:
 
 def copy_fused(records: list[dict[str, Any]]) -> str | None:
     """The copy into the (padded) output is gone: the fused op reads the source directly."""
-    after = "\n".join(r["after"] for r in records)
+    after = "\n".join(r.after for r in records)
     left = sorted(set(m.group(1) for m in _SCATTER.finditer(after)))
     return f"the copy into the output is still in the graph: aten.{', aten.'.join(left)}" if left else None
 

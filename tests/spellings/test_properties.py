@@ -56,7 +56,7 @@ def _check(rewrite: str, variant, variant_args, canonical_eager, canonical_compi
     out, c = _compiled(variant, comp_args)
     expected = {name: int(name == rewrite) for name in REWRITE_NAMES}
     if c.matches != expected:
-        misses = "\n".join(f"  {m.location}: {m.check}" for r in c.records for m in r["misses"].get(rewrite, []))
+        misses = "\n".join(f"  {m.location}: {m.check}" for r in c.records for m in r.misses.get(rewrite, []))
         raise AssertionError(f"matches {c.matches}, expected {expected}; closest misses:\n{misses or '  (none)'}")
     got = pick(out, comp_args)
     assert_close_to_eager(got, canonical_compiled, exact=True)

@@ -149,6 +149,16 @@ class Rewrite:
         line it came from (returns None, so ``return self.miss(...)`` rejects)."""
         self.misses.append(Miss(node.name, stage, check, *source_location(node)))
 
+    def region_closed(self, region: Iterable[fx.Node], outputs: Iterable[fx.Node], *, at: fx.Node,
+                      what: str = "an intermediate of the region") -> bool:
+        """The region check every rewrite makes: no value of ``region`` other than ``outputs``
+        is read outside it (else replacing the region would recompute it). False, with a
+        :attr:`Stage.REGION` miss at ``at`` naming the first escaping node, when one is."""
+        leaking = escaping(region, outputs)
+        if leaking:
+            self.miss(at, Stage.REGION, f"{what} is read elsewhere ({leaking[0].name})")
+        return not leaking
+
     def closest_misses(self) -> list[Miss]:
         """The rejected candidates that got furthest."""
         if not self.misses:
@@ -258,6 +268,21 @@ def live_users(n: fx.Node) -> list[fx.Node]:
 def positions(graph: fx.Graph) -> dict[fx.Node, int]:
     """Each node's index in ``graph`` (for ordering and placement decisions)."""
     return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def in_graph_order(nodes: Iterable[fx.Node]) -> list[fx.Node]:
+    """``nodes`` (of one graph) sorted as the graph runs them: a match's ``nodes``."""
+    nodes = list(dict.fromkeys(nodes))
+    if not nodes:
+        return []
+    order = positions(nodes[0].graph)
+    return sorted(nodes, key=order.__getitem__)
+
+
+def earliest(nodes: Iterable[fx.Node]) -> fx.Node:
+    """The first of ``nodes`` in graph order: where a fused op that replaces them all goes
+    (``insert_fused(before=...)``), so it runs before any of their readers."""
+    return in_graph_order(nodes)[0]
 
 
 def reachable(nodes: Iterable[fx.Node], *, upstream: bool) -> set[fx.Node]:

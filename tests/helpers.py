@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import functools
-import sys
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -64,7 +62,6 @@ def example_layer_reduce_overhead(cls, cfg, options: dict[str, Any], steps: int 
     """Compile the tiny ``examples/gdn_layers.py`` layer ``cls(cfg)`` on CUDA with
     ``mode="reduce-overhead"`` and ``options``, run ``steps`` new batches of the same
     shape, each close to eager (``assert_close_in_range``), with no cudagraph skip."""
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
     import gdn_layers as G
 
     torch.manual_seed(0)

@@ -26,8 +26,6 @@ from __future__ import annotations
 import contextlib
 import inspect
 import shutil
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -39,7 +37,6 @@ from kda_inductor.pass_manager import KdaPostGradPass
 from kda_inductor.reference import written_cache_mismatch
 from kda_inductor.testing import assert_close_in_range, fresh_compile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
 import indexer_block as ib  # noqa: E402
 

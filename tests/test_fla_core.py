@@ -8,14 +8,11 @@ installed (``pip install 'kda-inductor[fla]'``).
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import fla_core  # noqa: E402
 import gdn_layers as G  # noqa: E402
 

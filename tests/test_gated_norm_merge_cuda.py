@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +13,6 @@ from kda_inductor.testing import (
     max_ulps,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
 from tests.helpers import example_layer_reduce_overhead  # noqa: E402
 

@@ -4,8 +4,6 @@ graph holding the six token gathers and the two index_copy_ merges those rewrite
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +12,6 @@ import kda_inductor
 from kda_inductor.diff import op_counts
 from kda_inductor.testing import assert_close_to_eager
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
 
 LAYERS = [(G.Qwen3NextGDN, G.GDNConfig.tiny()), (G.KimiKDA, G.KDAConfig.tiny())]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -17,7 +16,6 @@ from kda_inductor.testing import (
     fresh_compile,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
 from tests.helpers import example_layer_reduce_overhead  # noqa: E402
 

@@ -34,7 +34,6 @@ from kda_inductor import GraphReport, Report
 from kda_inductor.testing import compile_for_test
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))
 import hybrid_model as H  # noqa: E402
 from tests.helpers import stock_inductor_compiles_the_write  # noqa: E402
 

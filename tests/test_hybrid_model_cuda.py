@@ -5,8 +5,6 @@ plain-torch core, sync-free and capturable; the hybrid model with the fla core c
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +12,6 @@ import torch.nn.functional as F
 
 from kda_inductor.testing import assert_cudagraph_safe, assert_no_cudagraph_skips, compile_for_test, fresh_compile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import fla_core  # noqa: E402
 import gdn_layers as G  # noqa: E402
 import hybrid_model as H  # noqa: E402

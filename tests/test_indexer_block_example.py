@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import torch
 
 from kda_inductor.reference import written_cache_mismatch
 from kda_inductor.testing import compile_for_test, fresh_compile
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import indexer_block as ib  # noqa: E402
 
 

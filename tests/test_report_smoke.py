@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import importlib
 import json
-import sys
 import time
 import types
 from pathlib import Path
@@ -15,7 +14,6 @@ import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 report = importlib.import_module("benchmarks.report")
 
 

@@ -152,6 +152,43 @@ def run(T: int, *, smoke: bool, reps: int, bandwidth: float | None, H: int, D: i
     return row
 
 
+def _fla_peer(args):
+    """flash-linear-attention's fused gated RMSNorm after the two ``index_copy_``, or None."""
+    import fla_core
+
+    if not fla_core.available() or not args[0].is_cuda:
+        return None
+    fla_core.fla()  # sets fla's tensor-cache switch
+    try:
+        from fla.modules.norm.fused_norm_gate import rms_norm_gated
+    except ImportError:  # pragma: no cover - older layouts
+        from fla.modules.fused_norm_gate import rms_norm_gated
+    o_s, o_ns, si, nsi, z, w = args
+    T, H, D = z.shape
+
+    def peer():
+        out = torch.empty(1, T, H, D, dtype=o_s.dtype, device=o_s.device)
+        out.index_copy_(1, si, o_s)
+        out.index_copy_(1, nsi, o_ns)
+        return rms_norm_gated(out.view(-1, D), z.reshape(-1, D), w, None, activation="swish", eps=1e-6)
+
+    return peer
+
+
+def report_row(T: int, s) -> dict:
+    """The merge + norm at ``T`` tokens for ``benchmarks/report.py``, with flash-linear-attention's
+    fused gated norm as the peer where fla-core is installed."""
+    H, D = (2, 16) if s.smoke else (32, 128)
+    row = run(T, smoke=s.smoke, reps=s.reps, bandwidth=s.bandwidth, H=H, D=D)
+    peer = _fla_peer(tail_inputs(T, H, D, s.device))
+    row.update(rewrite="gated_norm_merge", shape=f"H={H} D={D}", peer_us=s.timer(peer) if peer is not None else None)
+    return s.ratios(row)
+
+
+def report_jobs(s) -> list:
+    return [lambda T=T: report_row(T, s) for T in s.sizes]
+
+
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--T", default=None, help="token counts (default: each case's)")

@@ -119,6 +119,35 @@ def run(T: int, *, smoke: bool, reps: int, bandwidth: float | None, layer_too: b
     return row
 
 
+def report_row(T: int, s, *, conv_dim: int | None = None, g_dims=None, shape: str = "gdn") -> dict:
+    """The six gathers of a GDN (or, with ``g_dims``, KDA) layer's split at ``T`` tokens, for
+    ``benchmarks/report.py`` (``s``: its ``Settings``): eager, stock, kda and the floor."""
+    import gdn_layers as G
+
+    torch._dynamo.reset()
+    cfg = G.GDNConfig.tiny() if s.smoke else G.GDNConfig()
+    args = split_inputs(T, conv_dim or cfg.conv_dim, cfg.num_v_heads, s.device, g_dims=g_dims)
+    stock, kda = torch.compile(split, backend="inductor"), s.compile_kda(split)
+    want = split(*args)
+    check(f"split T={T} stock", stock(*args), want)
+    check(f"split T={T} kda", kda(*args), want)
+    row = {"rewrite": "gdn_spec_split", "shape": shape, "T": T, "eager_us": s.timer(lambda: split(*args)),
+           "stock_us": s.timer(lambda: stock(*args)), "kda_us": s.timer(lambda: kda(*args))}
+    if s.bandwidth:
+        row["floor_us"] = bytes_moved(args) / s.bandwidth * 1e6
+    return s.ratios(row)
+
+
+def report_jobs(s) -> list:
+    """The report's rows: the GDN layer's split at each size; off smoke, the KDA layer's (g per
+    key channel) at the model's step sizes."""
+    jobs = [lambda T=T: report_row(T, s) for T in s.sizes]
+    if not s.smoke:
+        jobs += [lambda T=T: report_row(T, s, conv_dim=3 * 32 * 128, g_dims=(32, 128), shape="kda")
+                 for T in s.all_steps.values()]
+    return jobs
+
+
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--T", default=",".join(map(str, T_VALUES)))

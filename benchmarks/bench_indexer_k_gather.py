@@ -275,6 +275,32 @@ def time_case(case: PreparedCase, timers: Timers, bandwidth: float | None,
 # --------------------------------------------------------------------------- CLI
 
 
+def step_lens(T: int, smoke: bool) -> list[int]:
+    """Context lengths of the hybrid model's step of ``T`` tokens (the gather the step runs)."""
+    if smoke:
+        return [T // 2, 0, T - T // 2]
+    return [1000 + (b * 37) % 17 for b in range(max(1, T // 4))] if T <= 4096 else [T // 4] * 4
+
+
+def report_row(T: int, s) -> dict:
+    """The gather of a ``T``-token step for ``benchmarks/report.py``; eager is the vectorized
+    torch form (what stock compiles), not the host-syncing loop."""
+    from kda_inductor.reference import gather_indexer_k
+
+    label = f"{T} tok step"
+    case = prepare_case(label, step_lens(T, s.smoke), s.device, 1)
+    timers = Timers(compiled=lambda fns: s.timer(fns[0]), eager=lambda fn: None, label="")
+    row = time_case(case, timers, s.bandwidth, skip_loop=True)
+    kv, table, cu = case.input_sets[0]
+    row.update(rewrite="indexer_k_gather", shape=label, T=case.num_tokens,
+               eager_us=s.timer(lambda: gather_indexer_k(kv, table, cu, case.num_tokens)))
+    return s.ratios(row)
+
+
+def report_jobs(s) -> list:
+    return [lambda T=T: report_row(T, s) for T in s.sizes]
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """Parse the command line; fills mode-dependent defaults and validates ``--cases``."""
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -163,6 +163,25 @@ def run_case(num_tokens: int, device, timer: Callable[[Callable], float], bandwi
                             ("stock_over_kda", "stock_us", "kda_us")))
 
 
+MODEL_SHAPE = "ue8m0 after rotary, D=128"
+"""The write as the hybrid model spells it: quant + write (its rotary keeps the norm out)."""
+
+
+def report_row(T: int, s, norm: bool = True) -> dict:
+    """The write at ``T`` tokens for ``benchmarks/report.py``; stock marked where it fails."""
+    row = run_case(T, s.device, s.timer, s.bandwidth, norm=norm)
+    row.update(rewrite="indexer_k_write", shape="LN+ue8m0, D=128" if norm else MODEL_SHAPE)
+    if row.get("stock_us") is None:  # stock Inductor cannot compile it: it runs eager there
+        row["stock_fails"] = True
+    return s.ratios(row)
+
+
+def report_jobs(s) -> list:
+    """LayerNorm + quant + write at each size; quant + write at the model's steps."""
+    return ([lambda T=T: report_row(T, s) for T in s.sizes]
+            + [lambda T=T: report_row(T, s, norm=False) for T in s.steps.values()])
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--cases", help=f"comma-separated token counts (default {','.join(map(str, CASES))}; "

@@ -7,7 +7,8 @@
 
 Sections (progress lines on stderr as each row finishes; the final table printed last):
 
-* **rewrites**: each rewrite's benchmark (the ``bench_*.py`` functions) at a few token counts:
+* **rewrites**: for every registered rewrite (``kda_inductor.REWRITE_NAMES``), the rows its
+  benchmark ``benchmarks/bench_<name>.py`` gives (``report_jobs``) at a few token counts:
   eager, stock ``torch.compile``, kda_inductor, the floor (bytes that must move over the
   measured copy bandwidth) and, for ``gated_norm_merge``, flash-linear-attention's fused gated
   RMSNorm (``rms_norm_gated`` after the two ``index_copy_``) where ``fla-core`` is installed.
@@ -30,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import math
 import os
@@ -51,14 +53,12 @@ for p in (str(_HERE), str(_HERE.parent / "examples"), str(_HERE.parent)):
 
 import _timing as T  # noqa: E402
 
-REWRITES = ("gdn_spec_split", "gated_norm_merge", "indexer_k_write", "indexer_k_gather")
+from kda_inductor import REWRITE_NAMES as REWRITES  # noqa: E402  (the registry: the only list of rewrites)
 SIZES = (64, 256, 4096, 16384)
 QUICK_SIZES = (256, 16384)
 SMOKE_SIZES = (12, 24)
 STEPS = {"spec": 256, "prefill": 16384}
 SMOKE_STEPS = {"spec": 24, "prefill": 20}
-WRITE_MODEL_SHAPE = "ue8m0 after rotary, D=128"
-"""The write as the hybrid model spells it: quant + write (its rotary keeps the norm out)."""
 FILES = ("report.md", "report.json", "report_rewrites.png", "report_model.png")
 COLUMNS = (("rewrite", "rewrite", "s"), ("shape", "shape", "s"), ("T", "T / N", ","),
            ("eager_us", "eager us", ".1f"), ("stock_us", "stock us", ".1f"), ("peer_us", "peer us", ".1f"),
@@ -111,6 +111,8 @@ class Settings:
         self.device = "cpu" if args.smoke else "cuda"
         self.sizes = SMOKE_SIZES if args.smoke else (QUICK_SIZES if args.quick else SIZES)
         self.steps = {k: v for k, v in (SMOKE_STEPS if args.smoke else STEPS).items() if k in args.steps}
+        self.all_steps = SMOKE_STEPS if args.smoke else STEPS
+        """The model's steps whether or not ``--steps`` runs them (their shapes' isolated rows)."""
         self.reps = args.reps or (1 if args.smoke else 30)
         self.bandwidth = None
         if timer is not None:
@@ -120,6 +122,15 @@ class Settings:
         else:
             self.timer = lambda fn: T.graph_replay_median_us(fn, reps=self.reps, inner=5, calls=5)
         self.model_timer = timer or ((lambda fn: T.perf_counter_median_us(fn, 1)) if args.smoke else None)
+
+    def compile_kda(self, fn):
+        """``fn`` compiled with kda_inductor (smoke: rewrites forced, the CPU rules would decline)."""
+        return torch.compile(fn, backend="kda_inductor", options={"kda": {"force": True}} if self.smoke else None)
+
+    @staticmethod
+    def ratios(row: dict) -> dict:
+        """``row`` with its stock/kda and kda/floor ratios."""
+        return T.add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"), ("kda_over_floor", "kda_us", "floor_us")))
 
     def model_times(self, model, variants: dict[str, tuple[Callable, bool]], rounds: int = 3) -> dict[str, float]:
         """Microseconds per step of each ``label: (step, eager_write)``, the model's write run
@@ -148,117 +159,19 @@ class Settings:
 
 # --------------------------------------------------------------------------- rewrites
 def _bench(name: str):
+    """A rewrite's benchmark module, ``benchmarks/bench_<name>.py``: its ``report_jobs(s)`` gives
+    the report's rows for that rewrite (each job a zero-argument function returning one row)."""
     import importlib
 
     return importlib.import_module(f"bench_{name}")
 
 
-def _ratios(row: dict) -> dict:
-    return T.add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"), ("kda_over_floor", "kda_us", "floor_us")))
-
-
-def rewrite_split(T_: int, s: Settings, *, conv_dim: int | None = None, g_dims=None, shape: str = "gdn") -> dict:
-    """The six gathers of a GDN (or, with ``g_dims``, KDA) layer's split at ``T_`` tokens."""
-    import gdn_layers as G
-
-    b = _bench("gdn_spec_split")
-    torch._dynamo.reset()
-    cfg = G.GDNConfig.tiny() if s.smoke else G.GDNConfig()
-    args = b.split_inputs(T_, conv_dim or cfg.conv_dim, cfg.num_v_heads, s.device, g_dims=g_dims)
-    stock = torch.compile(b.split, backend="inductor")
-    kda = _compile_kda(b.split, s)
-    want = b.split(*args)
-    b.check(f"split T={T_} stock", stock(*args), want)
-    b.check(f"split T={T_} kda", kda(*args), want)
-    row = {"rewrite": "gdn_spec_split", "shape": shape, "T": T_, "eager_us": s.timer(lambda: b.split(*args)),
-           "stock_us": s.timer(lambda: stock(*args)), "kda_us": s.timer(lambda: kda(*args))}
-    if s.bandwidth:
-        row["floor_us"] = b.bytes_moved(args) / s.bandwidth * 1e6
-    return _ratios(row)
-
-
-def _fla_norm_peer(args):
-    """flash-linear-attention's fused gated RMSNorm after the two ``index_copy_``, or None."""
-    import fla_core
-
-    if not fla_core.available() or not args[0].is_cuda:
-        return None
-    fla_core.fla()  # sets fla's tensor-cache switch
-    try:
-        from fla.modules.norm.fused_norm_gate import rms_norm_gated
-    except ImportError:  # pragma: no cover - older layouts
-        from fla.modules.fused_norm_gate import rms_norm_gated
-    o_s, o_ns, si, nsi, z, w = args
-    T_, H, D = z.shape
-
-    def peer():
-        out = torch.empty(1, T_, H, D, dtype=o_s.dtype, device=o_s.device)
-        out.index_copy_(1, si, o_s)
-        out.index_copy_(1, nsi, o_ns)
-        return rms_norm_gated(out.view(-1, D), z.reshape(-1, D), w, None, activation="swish", eps=1e-6)
-
-    return peer
-
-
-def rewrite_norm(T_: int, s: Settings) -> dict:
-    b = _bench("gated_norm_merge")
-    H, D = (2, 16) if s.smoke else (32, 128)
-    row = b.run(T_, smoke=s.smoke, reps=s.reps, bandwidth=s.bandwidth, H=H, D=D)
-    peer = _fla_norm_peer(b.tail_inputs(T_, H, D, s.device))
-    row.update(rewrite="gated_norm_merge", shape=f"H={H} D={D}",
-               peer_us=s.timer(peer) if peer is not None else None)
-    return _ratios(row)
-
-
-def rewrite_write(T_: int, s: Settings, norm: bool = True) -> dict:
-    b = _bench("indexer_k_write")
-    row = b.run_case(T_, s.device, s.timer, s.bandwidth, norm=norm)
-    row.update(rewrite="indexer_k_write", shape="LN+ue8m0, D=128" if norm else WRITE_MODEL_SHAPE)
-    if row.get("stock_us") is None:  # stock Inductor cannot compile it: it runs eager there
-        row["stock_fails"] = True
-    return _ratios(row)
-
-
-def rewrite_gather(seq_lens: list[int], s: Settings, label: str) -> dict:
-    b = _bench("indexer_k_gather")
-    case = b.prepare_case(label, seq_lens, s.device, 1)
-    timers = b.Timers(compiled=lambda fns: s.timer(fns[0]), eager=lambda fn: None, label="")
-    row = b.time_case(case, timers, s.bandwidth, skip_loop=True)
-    # eager: the vectorized torch form (what stock compiles), not the host-syncing loop
-    from kda_inductor.reference import gather_indexer_k
-
-    kv, table, cu = case.input_sets[0]
-    row.update(rewrite="indexer_k_gather", shape=label, T=case.num_tokens,
-               eager_us=s.timer(lambda: gather_indexer_k(kv, table, cu, case.num_tokens)))
-    return _ratios(row)
-
-
-def _compile_kda(fn, s: Settings):
-    return torch.compile(fn, backend="kda_inductor", options={"kda": {"force": True}} if s.smoke else None)
-
-
-def gather_lens(T_: int, s: Settings) -> list[int]:
-    """Context lengths of the model's step of ``T_`` tokens (the gather the step runs)."""
-    if s.smoke:
-        return [T_ // 2, 0, T_ - T_ // 2]
-    return [1000 + (b * 37) % 17 for b in range(max(1, T_ // 4))] if T_ <= 4096 else [T_ // 4] * 4
-
-
 def run_rewrites(s: Settings, only: set[str], rows: list[dict], errors: list[str]) -> None:
-    jobs: list[tuple[str, Callable[[], dict]]] = []
-    for T_ in s.sizes:
-        jobs += [("gdn_spec_split", lambda T_=T_: rewrite_split(T_, s)),
-                 ("gated_norm_merge", lambda T_=T_: rewrite_norm(T_, s)),
-                 ("indexer_k_write", lambda T_=T_: rewrite_write(T_, s)),
-                 ("indexer_k_gather", lambda T_=T_: rewrite_gather(gather_lens(T_, s), s, f"{T_} tok step"))]
-    # the model's write: quant + write (the rotary keeps the LayerNorm with Inductor)
-    jobs += [("indexer_k_write", lambda T_=T_: rewrite_write(T_, s, norm=False)) for T_ in s.steps.values()]
-    if not s.smoke:  # the KDA layer's split: g per key channel
-        jobs += [("gdn_spec_split", lambda T_=T_: rewrite_split(T_, s, conv_dim=3 * 32 * 128, g_dims=(32, 128),
-                                                               shape="kda")) for T_ in STEPS.values()]
+    # round-robin over the rewrites (each one's smallest size first): a spent time budget
+    # leaves every rewrite some rows
+    lists = [[(name, job) for job in _bench(name).report_jobs(s)] for name in REWRITES if name in only]
+    jobs = [pair for column in itertools.zip_longest(*lists) for pair in column if pair is not None]
     for name, job in jobs:
-        if name not in only:
-            continue
         t0 = time.perf_counter()
         try:
             rows.append(job())
@@ -307,7 +220,7 @@ def run_model(s: Settings, rows: list[dict], errors: list[str]) -> None:
                 model.attn.kv_cache.copy_(cache)
             torch._dynamo.reset()
             with torch._inductor.config.patch(force_disable_caches=True):
-                kda = _compile_kda(model, s)
+                kda = s.compile_kda(model)
                 # what fired in this step's graphs (the speed rules decide per step)
                 with pass_manager.timed() as spent, pass_manager.counted() as row["rewrites"]:
                     t1 = time.perf_counter()
@@ -383,7 +296,7 @@ def step_regions(step_row: dict, rewrite_rows: list[dict]) -> dict | None:
     gather = next((r for r in rewrite_rows if r["rewrite"] == "indexer_k_gather"
                    and r["shape"] == f"{T_} tok step"), None)
     parts = {"gdn_spec_split (gdn)": find("gdn_spec_split", "gdn"), "gdn_spec_split (kda)": find("gdn_spec_split", "kda"),
-             "gated_norm_merge x2": find("gated_norm_merge"), "indexer_k_write": find("indexer_k_write", WRITE_MODEL_SHAPE),
+             "gated_norm_merge x2": find("gated_norm_merge"), "indexer_k_write": find("indexer_k_write", _bench("indexer_k_write").MODEL_SHAPE),
              "indexer_k_gather": gather}
     if parts["gdn_spec_split (kda)"] is None:  # smoke: the GDN shape stands in
         parts["gdn_spec_split (kda)"] = parts["gdn_spec_split (gdn)"]
@@ -439,7 +352,7 @@ def plots(payload: dict, out_dir: Path) -> list[Path]:
     if rows:
         fig, axes = plt.subplots(1, len(REWRITES), figsize=(4.2 * len(REWRITES), 3.8))
         for ax, name in zip(axes, REWRITES):
-            mine = sorted((r for r in rows if r["rewrite"] == name and r["shape"] not in ("kda", WRITE_MODEL_SHAPE)),
+            mine = sorted((r for r in rows if r["rewrite"] == name and r["shape"] not in ("kda", _bench("indexer_k_write").MODEL_SHAPE)),
                           key=lambda r: r["T"])
             for key, style in (("eager_us", "o:"), ("stock_us", "s--"), ("peer_us", "^-."), ("kda_us", "D-"),
                                ("floor_us", "k-")):

@@ -38,7 +38,7 @@ def synthetic_payload():
     rows = []
     for T in (24, 20):
         for name, shape in (("gdn_spec_split", "gdn"), ("gdn_spec_split", "kda"), ("gated_norm_merge", "H=2 D=16"),
-                            ("indexer_k_write", "LN+ue8m0, D=128"), ("indexer_k_write", report.WRITE_MODEL_SHAPE)):
+                            ("indexer_k_write", "LN+ue8m0, D=128"), ("indexer_k_write", report._bench("indexer_k_write").MODEL_SHAPE)):
             rows.append({"rewrite": name, "shape": shape, "T": T, "eager_us": 30.0, "stock_us": 20.0, "kda_us": 10.0,
                          "floor_us": 5.0, "peer_us": 12.0 if name == "gated_norm_merge" else None})
         rows.append({"rewrite": "indexer_k_gather", "shape": f"{T} tok step", "T": 3 * T, "eager_us": 30.0,

@@ -15,8 +15,8 @@ from typing import Any
 class KdaOptions:
     """Options of our post-grad pass.
 
-    disable: names of rewrites not to run (see ``kda_inductor.REWRITE_NAMES``).
-    enable: names of opt-in rewrites to run (those not yet on by default).
+    disable: names of rewrites not to run (see ``kda_inductor.REWRITE_NAMES``); every other
+        rewrite runs (none is opt-in).
     strict: raise when a rewrite fails instead of warning and skipping it
         (for tests and debugging; users want the default, a warning).
     force: rewrite wherever a pattern matches, ignoring each rewrite's speed rule (where its
@@ -25,7 +25,6 @@ class KdaOptions:
     """
 
     disable: frozenset[str] = frozenset()
-    enable: frozenset[str] = frozenset()
     strict: bool = False
     force: bool = False
 
@@ -44,29 +43,22 @@ class KdaOptions:
             raise ValueError(
                 f'unknown kda_inductor option(s) {unknown}; valid options are {known}'
             )
-        disable, enable = (_names(raw, key) for key in ("disable", "enable"))
-        both = sorted(disable & enable)
-        if both:
-            raise ValueError(f"rewrite(s) {both} are both enabled and disabled in options['kda']")
+        disable = _names(raw, "disable")
         flags = {}
         for key in ("strict", "force"):
             flags[key] = raw.get(key, False)
             if not isinstance(flags[key], bool):
                 raise TypeError(f'options["kda"]["{key}"] must be a bool, got {flags[key]!r}')
-        return cls(disable=disable, enable=enable, **flags)
+        return cls(disable=disable, **flags)
 
     def enabled(self) -> list[str]:
         """Names of the rewrites that run, in registry order."""
         from kda_inductor.patterns import REWRITES
 
-        return [
-            n for n, cls in REWRITES.items()
-            if (cls.default_enabled or n in self.enable) and n not in self.disable
-        ]
+        return [n for n in REWRITES if n not in self.disable]
 
     def cache_key(self) -> str:
-        return (f"disable={sorted(self.disable)};enable={sorted(self.enable)};strict={self.strict};"
-                f"force={self.force}")
+        return f"disable={sorted(self.disable)};strict={self.strict};force={self.force}"
 
 
 def _names(raw: Mapping[str, Any], key: str) -> frozenset[str]:

@@ -9,7 +9,6 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 import kda_inductor
 from kda_inductor.options import KdaOptions
 from kda_inductor.pass_manager import KdaPostGradPass, combine_with
-from kda_inductor.patterns.gdn_spec_split import GdnSpecSplit
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
 from kda_inductor.reference import gather_indexer_k, gather_indexer_k_loop, random_indexer_cache
 from tests.helpers import assert_bytes_equal, compile_and_run, fresh_compile
@@ -103,10 +102,8 @@ def test_disable_option(inputs):
     "kda, message",
     [
         ({"disable": ["no_such_rewrite"]}, r"valid names are \['indexer_k_write', 'indexer_k_gather'"),
-        ({"disabled": []}, r"valid options are \['disable', 'enable', 'strict', 'force'\]"),
+        ({"disabled": []}, r"valid options are \['disable', 'strict', 'force'\]"),
         ({"disable": "indexer_k_gather"}, r"must be a list of rewrite names"),
-        ({"enable": ["nope"]}, r"unknown rewrite name\(s\) \['nope'\] in options\['kda'\]\['enable'\]"),
-        ({"enable": ["gdn_spec_split"], "disable": ["gdn_spec_split"]}, r"both enabled and disabled"),
     ],
 )
 def test_bad_kda_options_are_clear_errors(kda, message, inputs):
@@ -207,12 +204,7 @@ def test_uuid_tracks_options_and_is_stable():
     assert len(a.uuid()) == 64
 
 
-def test_opt_in_rewrites_run_only_when_enabled(monkeypatch):
-    monkeypatch.setattr(GdnSpecSplit, "default_enabled", False)  # no rewrite is opt-in today
-    assert "gdn_spec_split" not in KdaOptions().enabled()
-    assert "gdn_spec_split" in KdaOptions.parse({"enable": ["gdn_spec_split"]}).enabled()
-    assert "indexer_k_gather" in KdaOptions().enabled()
-    monkeypatch.undo()
+def test_every_rewrite_runs_unless_disabled():
     assert {"gdn_spec_split", "indexer_k_gather"} <= set(KdaOptions().enabled())
 
 

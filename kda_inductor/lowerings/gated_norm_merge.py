@@ -19,10 +19,13 @@ a projection, ``[P, R * D]`` viewed ``[P, R, D]``, needs no copy)::
 
 With one source and no indices, ``merged`` is ``sources[0]``: the merge-free gated RMSNorm.
 ``act`` is ``silu`` or ``sigmoid``; ``eps`` is an argument, never baked in. Rows of
-``merged`` that no index covers are undefined, as in ``torch.empty``; the pattern only
-matches merges into ``torch.empty``. The CPU kernel computes exactly what eager does for
-those spellings (bit-exact); the Triton kernel scatters: program ``p`` reads row ``p`` of
-one source, its token's gate rows of ``z``, and writes that token's rows of ``y``.
+``merged`` that no index covers hold ``pad_value`` (undefined where it is None, as in
+``torch.empty``); the pattern matches merges into ``torch.empty``, ``torch.zeros`` and
+``torch.full`` whose index lengths may partition the tokens, and where they do not (a
+symbolic count that differs at run time) the CUDA path computes eager's merge-then-norm.
+The CPU kernel computes exactly what eager does for those spellings (bit-exact); the Triton
+kernel scatters: program ``p`` reads row ``p`` of one source, its token's gate rows of ``z``,
+and writes that token's rows of ``y``.
 """
 
 from __future__ import annotations
@@ -291,10 +294,10 @@ MAX_BLOCK_ELEMENTS = 1024
 
 def rows_per_program(tokens: int, R: int, D: int = 128, target: int = TARGET_PROGRAMS) -> int:
     """Norm rows (heads) per program, a power of two, at most ``MAX_BLOCK_ELEMENTS`` values
-    per program, halved while fewer than ``target`` programs would run. Measured on the
-    H200 (``benchmarks/tune_gated_norm_merge.py``, H=32, D=128): 8 rows and 2 warps were
-    best at T=256 (2.8 us; 1 row 6.6 us) and at T=16384 (99.7 us vs a 96.8 us plain copy of
-    the bytes; all 32 rows in one program 103-137 us)."""
+    per program, halved while fewer than ``target`` programs would run: 8 rows and 2 warps
+    were best at few and at many tokens, near a plain copy of the bytes at many (measured:
+    ``benchmarks/results/gated_norm_merge.md``, the kernel sweep of
+    ``benchmarks/tune_gated_norm_merge.py``, H=32, D=128)."""
     block = max(1, min(triton.next_power_of_2(R), MAX_BLOCK_ELEMENTS // triton.next_power_of_2(D)))
     return block_for_programs(block, lambda b: tokens * triton.cdiv(R, b), target)
 
@@ -343,8 +346,8 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
 ROWS_CONFIGS = ((1024, 1, 1), (8192, 16, 8), (262144, 16, 4), (None, 8, 1))
 """``(up to rows, BLOCK_M, num_warps)`` of the merge-free kernel, for D = 128: the fastest of
 every ``(BLOCK_M, num_warps)`` in {1, 2, 4, 8, 16} x {1, 2, 4, 8} at each size, read off the
-sweep in ``benchmarks/results/gated_norm_symbolic.md`` (H200, 2026-12-02; the time depends
-on the rows ``T * H``, not on ``H``). Other ``D`` keep ``BLOCK_M * D``."""
+sweep in ``benchmarks/results/gated_norm_symbolic.md`` (the time depends on the rows
+``T * H``, not on ``H``). Other ``D`` keep ``BLOCK_M * D``."""
 
 
 def rows_config(rows: int, D: int = 128) -> tuple[int, int]:

@@ -11,7 +11,8 @@ launch serves all of them.
 The CPU kernel is ``index_select`` (bit-exact) after validating every index (a clear
 ``IndexError``). The CUDA kernel is compiled with Triton's debug mode so that its
 ``device_assert`` traps on an out-of-range index, as stock ``index_select`` does, instead
-of reading the wrong row (its cost is to be measured on the GPU).
+of reading the wrong row (its cost: ``benchmarks/results/gdn_spec_split.md``, the kernel
+sweep with and without the asserts).
 """
 
 from __future__ import annotations
@@ -194,10 +195,10 @@ TARGET_PROGRAMS = 2048
 
 
 def column_programs(rows: int, max_width: int, block_w: int, target: int = TARGET_PROGRAMS) -> int:
-    """Programs sharing one output row. Measured on an H200 (benchmarks/tune_gdn_spec_split.py,
-    Qwen3-Next sizes): few rows want the row split (T=256: 3.2 us with 8 programs per row, 4.3 us
-    with 1), many rows still gain a little from 2 (T=16384: 137.7 against 138.8 us).
-    With overflow checks off, the debug-mode asserts cost at most 0.2 us."""
+    """Programs sharing one output row: few rows want the row split (several programs per
+    row), many rows still gain a little from 2 (measured: ``benchmarks/results/gdn_spec_split.md``,
+    the kernel sweep of ``benchmarks/tune_gdn_spec_split.py``, Qwen3-Next sizes, which also
+    times the debug-mode asserts)."""
     chunks = -(-max_width // block_w)
     return max(1, min(chunks, max(2, target // max(rows, 1))))
 

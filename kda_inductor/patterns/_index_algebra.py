@@ -28,6 +28,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from kda_inductor.patterns.base import VIEWS, aten, is_op, prims, val
 
@@ -69,6 +70,8 @@ def _is_one(size: Any) -> bool:
 
 _INT_DTYPES = {torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8}
 _CASTS = (prims.convert_element_type, aten._to_copy, aten.to)
+_OTHER_OP = object()
+"""What a ``_read_*`` step of :meth:`IndexAlgebra._interpret` answers for an op not its own."""
 
 
 class IndexAlgebra:
@@ -154,42 +157,57 @@ class IndexAlgebra:
 
     # -------------------------------------------------------------- internal
     def _interpret(self, n: fx.Node) -> Sym | Table | int | None:
+        """One integer node's meaning: an axis, a cast or view of another node's, arithmetic
+        or a lookup; any other integer node is a table (values unknown, read by index)."""
         v = val(n)
         if not isinstance(v, torch.Tensor) or v.dtype not in _INT_DTYPES:
             return None
-        a = n.args
-        kw = n.kwargs
+        for read in (self._read_axis, self._read_view, self._read_arithmetic, self._read_lookup):
+            got = read(n)
+            if got is not _OTHER_OP:
+                return got
+        if n.op in ("placeholder", "call_function", "get_attr"):
+            return Table(n)
+        return None
+
+    def _read_axis(self, n: fx.Node) -> Sym | None | object:
+        """``iota`` / ``arange`` -> ``start + step * axis`` of a fresh axis symbol."""
+        a, kw = n.args, n.kwargs
         if is_op(n, prims.iota):
             return self._axis(a[0], kw.get("start", 0), kw.get("step", 1))
-        if is_op(n, aten.arange):
-            if n.target is aten.arange.default:
-                return self._axis(a[0], 0, 1)
-            if n.target is aten.arange.start:
-                return self._axis_range(a[0], a[1], 1)
-            if n.target is aten.arange.start_step:
-                return self._axis_range(a[0], a[1], a[2] if len(a) > 2 else kw.get("step", 1))
-            return None
+        if not is_op(n, aten.arange):
+            return _OTHER_OP
+        if n.target is aten.arange.default:
+            return self._axis(a[0], 0, 1)
+        if n.target is aten.arange.start:
+            return self._axis_range(a[0], a[1], 1)
+        if n.target is aten.arange.start_step:
+            return self._axis_range(a[0], a[1], a[2] if len(a) > 2 else kw.get("step", 1))
+        return None
+
+    def _read_view(self, n: fx.Node) -> Sym | Table | None | object:
+        """Casts, copies and views: their source's values, its axes where they moved."""
         if is_op(n, *_CASTS):
-            inner = self.interpret(a[0])
+            inner = self.interpret(n.args[0])
             return inner if isinstance(inner, (Sym, Table)) else None
         if is_op(n, aten.clone, aten.alias):
-            return self.interpret(a[0])
+            return self.interpret(n.args[0])
         if is_op(n, aten.slice):
             return self._slice(n)
         if is_op(n, aten.unsqueeze):
-            x = self.interpret(a[0])
-            if not isinstance(x, Sym):
-                return None
-            d = a[1] % (len(x.dims) + 1)
-            return Sym(x.expr, x.dims[:d] + (None,) + x.dims[d:])
+            return self._unsqueeze(n)
         if is_op(n, aten.squeeze, *VIEWS, aten.expand):
             return self._reshape(n)
+        return _OTHER_OP
+
+    def _read_arithmetic(self, n: fx.Node) -> Sym | None | object:
+        """``+ - * // % >> &``, negation and clamps -> sympy arithmetic."""
         if is_op(n, aten.add, aten.sub, aten.mul):
             return self._binary(n)
         if is_op(n, aten.neg):
-            x = self.interpret(a[0])
+            x = self.interpret(n.args[0])
             return Sym(-x.expr, x.dims) if isinstance(x, Sym) else None
-        if is_op(n, aten.div) and kw.get("rounding_mode") == "floor" or is_op(n, aten.floor_divide):
+        if is_op(n, aten.div) and n.kwargs.get("rounding_mode") == "floor" or is_op(n, aten.floor_divide):
             return self._binary(n, lambda x, y: sympy.floor(x / y))
         if is_op(n, aten.remainder):
             return self._binary(n, sympy.Mod)
@@ -197,6 +215,14 @@ class IndexAlgebra:
             return self._binary(n, lambda x, y: sympy.floor(x / 2**y), const_rhs=True)
         if is_op(n, aten.bitwise_and):
             return self._and_mask(n)
+        if is_op(n, aten.clamp, aten.clamp_min, aten.clamp_max):
+            return self._clamp(n)
+        return _OTHER_OP
+
+    def _read_lookup(self, n: fx.Node) -> Sym | None | object:
+        """``searchsorted`` / ``bucketize`` -> counts of boundaries; ``x[i, ...]`` of a table ->
+        its function of the indices."""
+        a, kw = n.args, n.kwargs
         if is_op(n, aten.searchsorted):
             right = kw.get("right", False) or kw.get("side") == "right"
             return self._count_le(a[0], a[1], right)
@@ -205,11 +231,14 @@ class IndexAlgebra:
             return self._count_le(a[1], a[0], right)
         if is_op(n, aten.index) and n.target is aten.index.Tensor:
             return self._lookup(n)
-        if is_op(n, aten.clamp, aten.clamp_min, aten.clamp_max):
-            return self._clamp(n)
-        if n.op in ("placeholder", "call_function", "get_attr"):
-            return Table(n)
-        return None
+        return _OTHER_OP
+
+    def _unsqueeze(self, n: fx.Node) -> Sym | None:
+        x = self.interpret(n.args[0])
+        if not isinstance(x, Sym):
+            return None
+        d = n.args[1] % (len(x.dims) + 1)
+        return Sym(x.expr, x.dims[:d] + (None,) + x.dims[d:])
 
     def _axis(self, length: Any, start: Any, step: Any) -> Sym | None:
         if not (isinstance(start, int) and isinstance(step, int)):
@@ -270,7 +299,7 @@ class IndexAlgebra:
             return None
         dims: list[sympy.Symbol | None] = [None] * len(out_shape)
         for (size, d), pos in zip(kept_in, kept_out):
-            if not known(size == out_shape[pos]):
+            if not statically_known_true(size == out_shape[pos]):
                 return None
             dims[pos] = d
         return Sym(x.expr, tuple(dims))
@@ -291,7 +320,7 @@ class IndexAlgebra:
                 return Table(x.node, x.offset + start)
             return None
         size = val(n.args[0]).shape[dim]
-        if isinstance(x, Sym) and start == 0 and (end is None or known(end >= size)):
+        if isinstance(x, Sym) and start == 0 and (end is None or statically_known_true(end >= size)):
             return x
         return None
 
@@ -379,12 +408,7 @@ def drop_clamps(e: sympy.Expr, in_range) -> sympy.Expr:
 
 
 def known(pred: Any) -> bool:
-    """``pred`` (a bool or SymBool) is true for every value of its symbols."""
-    if isinstance(pred, bool):
-        return pred
-    try:
-        from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-        return bool(statically_known_true(pred))
-    except Exception:  # noqa: BLE001
-        return False
+    """``pred`` is true for every value of its symbols: torch's ``statically_known_true`` (no
+    guard added), for a ``pred`` of any type: torch's takes only a bool or a SymBool (and
+    raises on anything else: an int, a sympy relational), where this answers False."""
+    return isinstance(pred, (bool, torch.SymBool)) and statically_known_true(pred)

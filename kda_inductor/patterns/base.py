@@ -136,8 +136,6 @@ class Rewrite:
 
     name: ClassVar[str]
     summary: ClassVar[str]
-    default_enabled: ClassVar[bool] = True
-    """Opt-in rewrites (False) run only when named in ``options["kda"]["enable"]``."""
     eager_form_hint: ClassVar[str | None] = None
     """Where to find a traceable spelling, for ``explain()`` when a frame fell back to eager."""
 
@@ -172,8 +170,8 @@ class Rewrite:
     def speed_rule(self, match: Match) -> str | None:
         """Why this match is left to Inductor (its op was measured slower than Inductor's
         code for it on this device and size), or None to rewrite it. Each rewrite writes
-        its rule, with the measurement, in its pattern file; ``options["kda"]["force"]``
-        ignores the rules (tests of matching and numerics)."""
+        its rule in its pattern file, citing the measurement in ``benchmarks/results/``;
+        ``options["kda"]["force"]`` ignores the rules (tests of matching and numerics)."""
         return None
 
     def replace(self, graph: fx.Graph, match: Match) -> None:
@@ -407,40 +405,58 @@ def insert_fused(graph: fx.Graph, op: Any, args: tuple = (), kwargs: dict | None
 
     Everything is inserted before any user is rerouted, so :func:`transaction` can undo a
     failure; rerouting comes last."""
-    from torch._higher_order_ops.auto_functionalize import auto_functionalized
-
     routes = list(routes)
-    trace = origin.meta.get("stack_trace") if origin is not None else None
     made: dict[tuple, fx.Node] = {}
     with graph.inserting_before(before):
-        if mutated is not None:
-            fused = graph.call_function(auto_functionalized, (op,), dict(kwargs or {}))
-        else:
-            fused = graph.call_function(op, tuple(args), dict(kwargs or {}))
-        set_fake_vals(graph, fused)
-        targets = []
-        for r in routes:
-            out = fused
-            if r.index is not None:
-                key = ("item", r.index)
-                if key not in made:
-                    made[key] = graph.call_function(operator.getitem, (fused, r.index))
-                    made[key].meta["val"] = fused.meta["val"][r.index]
-                out = made[key]
-            if r.shape is not None and list(val(out).shape) != list(r.shape):
-                key = ("view", r.index, tuple(map(str, r.shape)))
-                if key not in made:
-                    made[key] = graph.call_function(aten.reshape.default, (out, shape_arg(r.shape)))
-                    set_fake_vals(graph, made[key])
-                out = made[key]
-            targets.append(out)
-    for n in [fused, *made.values()]:
-        if trace:
+        fused = _op_node(graph, op, args, kwargs, mutated)
+        outputs = [_route_output(graph, fused, r, made) for r in routes]
+    trace = origin.meta.get("stack_trace") if origin is not None else None
+    if trace:
+        for n in [fused, *made.values()]:
             n.meta["stack_trace"] = trace
-    for r, out in zip(routes, targets):
+    _reroute(routes, outputs)
+    erase_dead(graph, region)
+    return fused
+
+
+def _op_node(graph: fx.Graph, op: Any, args: tuple, kwargs: dict | None, mutated: str | None) -> fx.Node:
+    """The fused op's call at the graph's insertion point, its fake value set: ``op`` itself,
+    or ``auto_functionalized(op, **kwargs)`` for a mutating op (``mutated``)."""
+    from torch._higher_order_ops.auto_functionalize import auto_functionalized
+
+    if mutated is not None:
+        fused = graph.call_function(auto_functionalized, (op,), dict(kwargs or {}))
+    else:
+        fused = graph.call_function(op, tuple(args), dict(kwargs or {}))
+    set_fake_vals(graph, fused)
+    return fused
+
+
+def _route_output(graph: fx.Graph, fused: fx.Node, route: Route, made: dict[tuple, fx.Node]) -> fx.Node:
+    """The node ``route``'s users are to read: the op's result, or its output ``route.index``,
+    reshaped to ``route.shape`` where that differs. Each such node is made once (in ``made``):
+    routes to the same output share it."""
+    out = fused
+    if route.index is not None:
+        key = ("item", route.index)
+        if key not in made:
+            made[key] = graph.call_function(operator.getitem, (fused, route.index))
+            made[key].meta["val"] = fused.meta["val"][route.index]
+        out = made[key]
+    if route.shape is not None and list(val(out).shape) != list(route.shape):
+        key = ("view", route.index, tuple(map(str, route.shape)))
+        if key not in made:
+            made[key] = graph.call_function(aten.reshape.default, (out, shape_arg(route.shape)))
+            set_fake_vals(graph, made[key])
+        out = made[key]
+    return out
+
+
+def _reroute(routes: list[Route], outputs: list[fx.Node]) -> None:
+    """Send each route's users (those its ``only`` accepts) to its output node: the one step
+    :func:`transaction` cannot undo, so the last."""
+    for r, out in zip(routes, outputs):
         if r.only is None:
             r.old.replace_all_uses_with(out)
         else:
             r.old.replace_all_uses_with(out, delete_user_cb=r.only)
-    erase_dead(graph, region)
-    return fused

@@ -44,8 +44,9 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from kda_inductor.patterns.base import SHAPE_VIEWS, VIEWS, aten, is_op, prims, val
+from kda_inductor.patterns.base import SHAPE_VIEWS, aten, is_op, prims, val
 
 _INT = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
 _CASTS = (prims.convert_element_type, aten._to_copy, aten.to)
@@ -109,7 +110,8 @@ class Canon:
     """Memoized canonical terms of a graph's nodes (see the module docstring)."""
 
     def __init__(self, graph: fx.Graph | None = None):
-        self.graph = graph
+        """``graph``: the graph whose nodes it reads (named by callers for clarity; terms are
+        built per node on demand, so nothing of it is kept)."""
         self._memo: dict[fx.Node, Term] = {}
 
     def __call__(self, n: Any) -> Any:
@@ -332,9 +334,7 @@ def rule_unit_select_full_slice(c: Canon, n: fx.Node) -> Term | None:
         step = n.args[4] if len(n.args) > 4 else 1
         size = val(x).shape[d]
         endv = val(end) if isinstance(end, fx.Node) else end
-        from kda_inductor.patterns._index_algebra import known
-
-        if start in (0, None) and step == 1 and (endv is None or known(endv >= size)):
+        if start in (0, None) and step == 1 and (endv is None or statically_known_true(endv >= size)):
             return _view(c, n, x, list(val(n).shape))
     return None
 

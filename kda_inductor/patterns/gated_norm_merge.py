@@ -17,10 +17,10 @@ What it finds, in canonical terms (:mod:`.canonical`), anchored at the norm:
 
   - **the merge**: ``M = index_put(index_put(empty, [None]*d + [i0], v0), [None]*d + [i1], v1)``
     (``index_copy_`` / ``index_put_`` / ``out[:, idx] = v``; one or two writes, every dim
-    before ``d`` of size 1, each ``v`` exactly the rows it writes) into ``torch.empty``, the
-    two index tensors distinct graph values whose lengths add up to the token count (a
-    partition, as the layer's metadata guarantees: the sizes are checked, the values
-    cannot be). Under automatic dynamic shapes the lengths and ``T`` are unrelated symbols:
+    before ``d`` of size 1, each ``v`` exactly the rows it writes) into ``torch.empty``,
+    ``torch.zeros`` or ``torch.full`` (the fill passed as ``pad_value``), the two index
+    tensors distinct graph values whose lengths add up to the token count (a partition, as
+    the layer's metadata guarantees: the sizes are checked, the values cannot be). Under automatic dynamic shapes the lengths and ``T`` are unrelated symbols:
     then only lengths that provably do not add up are rejected and the op compares the sizes
     at launch (host ints, no sync), taking eager's merge-then-norm path when they differ;
   - **the merge copied into a padded output**: vLLM's ``core_attn_out = torch.zeros(T_pad,
@@ -32,46 +32,41 @@ What it finds, in canonical terms (:mod:`.canonical`), anchored at the norm:
 * the gate: read where it lies when the user's ``reshape`` copied it from a strided tensor
   (a split of the projection: a contiguous ``clone`` then views), that tensor viewed
   ``[A, B, D]``; stock Inductor fuses that copy into its norm, the op would otherwise need
-  it written out (62 us of the hybrid model's 16K-token prefill, H200, 2026-12-01).
+  it written out (measured: ``benchmarks/results/profile_step.md``, the 16K-token prefill).
 
 Must not match: ``norm_before_gate=False`` (the gate inside the mean), a norm without a gate,
 another activation, a norm over a group of a head (the reduced dim is not the weight's), a
-merged buffer (or any intermediate of the norm) read elsewhere, a merge into zeros or other
-data (uncovered rows would have to keep it), one index tensor used twice, index lengths that
-provably do not add up to the tokens, a padded output that is a graph input (its merged rows
+merged buffer (or any intermediate of the norm) read elsewhere, a merge into other data (a
+graph input, a computed tensor: uncovered rows would have to keep it), one index tensor used
+twice, index lengths that provably do not add up to the tokens (also into ``torch.zeros``:
+the uncovered rows would be normed), a padded output that is a graph input (its merged rows
 must be stored), a graph traced with grad enabled (the pass manager). Each gated norm a user
 would recognize and the op does not compute gets a miss naming what differs
 (``_why_not_a_gated_norm``): the gate before the norm, another activation, and, where only
 precision differs, a 16-bit gate activation (``F.silu(z)`` of a bf16 ``z``: eager rounds the
-gate to bf16, the op keeps it in float32; one bf16 ulp apart in 27% of 4096 x 128 outputs,
-so not rewritten), a gate multiplied in 16 bits, a norm with no float32 upcast, and
-``nn.RMSNorm``'s rounding after its weight.
+gate to bf16, the op keeps it in float32: outputs a bf16 ulp apart, so not rewritten), a gate
+multiplied in 16 bits, a norm with no float32 upcast, and ``nn.RMSNorm``'s rounding after its
+weight.
 
-Speed rule (``speed_rule``), measured on an H200 (torch 2.11, triton 3.6;
-``benchmarks/results/gated_norm_merge.md``) and on this project's 2-core CPU machine:
+Speed rule (``speed_rule``; measured on an H200: ``benchmarks/results/gated_norm_merge.md``
+for the merge, vLLM's padded output and KDA's 4-D norm,
+``benchmarks/results/gated_norm_symbolic.md`` for the merge-free norm at a symbolic row count):
 
-* CUDA, merge (into ``torch.empty`` or a padded output): always; the fused kernel reads each
-  source once and writes ``y``, where Inductor writes and re-reads the merged buffer: T=256
-  2.9 us vs stock 9.5; T=16384 1.06x the floor vs stock 1.72x; merged into vLLM's padded
-  output (``bench_gated_norm_merge.py --case vllm``, 2026-12-01): T=64 / 256 / 4096 / 16384
-  2.2 / 3.2 / 27.7 / 103.1 us vs stock 6.5 / 5.9 / 45.9 / 189.2 us (1.09x the floor);
+* CUDA, merge (into a fresh buffer or a padded output): always; the fused kernel reads each
+  source once and writes ``y``, where Inductor writes and re-reads the merged buffer;
 * CUDA, merge-free, symbolic row count (how vLLM compiles ``RMSNormGated.forward_native``:
   one graph for every token count): always. The merge-free kernel (``norm_rows_triton``) was
   measured against the code Inductor emits for the same graph with ``T`` dynamic, vLLM's
-  spelling, T = 1 ... 16384 and H = 16 / 32 / 64 heads of D = 128
-  (``benchmarks/bench_gated_norm_symbolic.py``; ``benchmarks/results/gated_norm_symbolic.md``,
-  H200, 2026-12-02): never slower beyond the timing noise of a ~1.5 us launch (at most 0.09 us
-  behind at 2-64 tokens, where stock's own time moved by 0.5 us between runs), 0.94-1.0x
-  stock's time at H = 32 from 512 tokens, and about a third of it where Inductor's symbolic
-  code runs at 3x the floor (H = 16 / 64 in that run: 51 vs 159 us, 200 vs 632 us at 16384);
-* CUDA, merge-free with static sizes (also a tensor copied into a padded output, static or
-  symbolic): ``rows * D <= MERGE_FREE_MAX_VALUES``. Inductor's code for a static size
-  reaches the floor at the largest sizes (KDA's 4-D norm at 16384 x 32 x 128: 93.6 us; our
-  kernel took 102 us for that many rows at a symbolic T); the threshold sits below every loss
-  measured;
-* CPU: never. The op's CPU implementation is eager's ops, 3-13x slower than the C++ Inductor
-  generates for the same graph (T=16 / 512 tokens x 32 x 128: 599 vs 133 us and 34 vs 2.7 ms
-  with the merge; 334 vs 125 us and 10.6 vs 2.3 ms merge-free).
+  spelling, T = 1 ... 16384 and 16 / 32 / 64 heads of 128
+  (``benchmarks/bench_gated_norm_symbolic.py``): never slower beyond the timing noise of a
+  launch, and far faster where Inductor's symbolic code runs far from the floor;
+* CUDA, merge-free with static sizes (also a tensor copied into a padded output):
+  ``rows * D <= MERGE_FREE_MAX_VALUES``; Inductor's code for a static size reaches the floor at
+  the largest sizes, and the threshold sits below every loss measured. A tensor copied into a
+  padded output with a symbolic row count is left to Inductor (not measured);
+* CPU: never. The op's CPU implementation is eager's ops, several times slower than the C++
+  Inductor generates for the same graph, with or without the merge (measured on the
+  project's 2-core CPU machine; not recorded in ``benchmarks/results/``).
 
 Numerics: the op computes products in the order written above (and ``rsqrt`` or
 ``1 / sqrt`` as the graph does), so those spellings are bit-exact on CPU and differ from
@@ -86,11 +81,10 @@ from typing import Any, Literal
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from kda_inductor.lowerings import gated_norm_merge as _lowering  # noqa: F401  (registers the op)
-from kda_inductor.patterns._index_algebra import known
 from kda_inductor.patterns.base import (
-    SHAPE_VIEWS,
     Match,
     Rewrite,
     Route,
@@ -98,7 +92,7 @@ from kda_inductor.patterns.base import (
     VIEWS,
     aten,
     erase_dead,
-    escaping,
+    in_graph_order,
     insert_fused,
     is_op,
     live_users,
@@ -111,22 +105,20 @@ from kda_inductor.patterns.canonical import Canon, Term, const_value
 
 _F32 = torch.float32
 _16BIT = (torch.bfloat16, torch.float16)
-_VIEW_OPS = (*SHAPE_VIEWS, aten.alias)
 MERGE_FREE_MAX_VALUES = 256 * 32 * 128
-"""Largest merge-free norm (rows x D) rewritten on CUDA. On the H200 (three runs; stock's own
-timing of this norm is noisy) the kernel won or tied up to 256 tokens of 32 heads x 128 in every
-run (64: 2.0-2.3 vs 3.6-4.4 us; 256: 2.8-3.0 vs 2.8-6.2 us), won twice and lost once at 1024
-(5.9 vs 6.2, 6.2 vs 7.2, then 6.0 vs 5.5 us on 2026-12-01 for KDA's [1, T, 32, 128] sigmoid
-norm), tied or lost at 4096 (26.1 vs 29.4, 26.6 vs 27.1, 26.5 vs 25.5 us) and lost at 16384
-(96.6-99.9 vs 95.7 us): ``benchmarks/tune_gated_norm_merge.py --merge-free``,
-``bench_gated_norm_merge.py --case kda4d``. Never slower means the threshold sits below every loss."""
+"""Largest merge-free norm (rows x D) rewritten on CUDA: 256 tokens of 32 heads x 128. On the
+H200 the kernel won or tied up to that size in every run; from 1024 tokens it won or lost by
+turns (stock's own timing of this norm is noisy), and it lost at 16384. Never slower means the
+threshold sits below every loss (measured: ``benchmarks/results/gated_norm_merge.md``, the
+merge-free and ``kda4d`` tables; ``benchmarks/tune_gated_norm_merge.py --merge-free``,
+``bench_gated_norm_merge.py --case kda4d``)."""
 
 
 def _same_or_symbolic(a, b) -> bool:
     """Sizes that index_put_ requires equal: proven equal, or both symbolic (Dynamo
     specializes sizes 0 and 1, so a symbolic size is never a broadcast 1; some torch
     versions keep the values' and the index's token counts as separate symbols)."""
-    return known(a == b) or (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt))
+    return statically_known_true(a == b) or (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt))
 
 
 @dataclasses.dataclass
@@ -253,8 +245,8 @@ class GatedNormMerge(Rewrite):
                 continue
             D = val(x.node).shape[-1]
             xv, zv, wv = val(x.node), val(z.node), val(weight)
-            if not (isinstance(D, int) and wv.dim() == 1 and known(wv.shape[0] == D) and zv.shape[-1] == D
-                    and known(zv.numel() == xv.numel())):
+            if not (isinstance(D, int) and wv.dim() == 1 and statically_known_true(wv.shape[0] == D)
+                    and zv.shape[-1] == D and statically_known_true(zv.numel() == xv.numel())):
                 continue
             nodes = canon.region(canon(y), stop=lambda s: s is x or s is z)
             return Norm(y, x.node, z.node, weight, eps, act.op, form, rsqrt, out_dtype, D, nodes)
@@ -322,25 +314,45 @@ class GatedNormMerge(Rewrite):
         if any(len(live_users(v)) != 1 for v in views if v is not norm.x) or len(live_users(last)) != 1:
             return self.miss(last, Stage.LAYOUT, "the merged buffer is read elsewhere")
         per_token = math.prod(val(last).shape[writes[0].dim + 1:])
-        if not known(per_token % norm.D == 0):
+        if not statically_known_true(per_token % norm.D == 0):
             return self.miss(last, Stage.LAYOUT, "norm rows straddle tokens")
         if pad is not None:
             fill, end, base = pad
             end = val(end) if isinstance(end, fx.Node) else end
-            if not known(end == val(last).shape[writes[0].dim]):
+            if not statically_known_true(end == val(last).shape[writes[0].dim]):
                 return self.miss(last, Stage.LAYOUT, "the merge is copied into part of the padded output other than its first rows")
-            if not known(math.prod(val(base).shape) % per_token == 0) or val(base).shape[-1] != val(last).shape[-1]:
+            if (not statically_known_true(math.prod(val(base).shape) % per_token == 0)
+                    or val(base).shape[-1] != val(last).shape[-1]):
                 return self.miss(last, Stage.LAYOUT, "the padded output's rows are not the merge's tokens")
             pad_value = fill  # torch.empty's uncovered merged rows are undefined: the padding's fill will do
         region = norm.nodes | {norm.x, *views, *chain, *extra}
-        leaking = escaping(region, [norm.y])
-        if leaking:
-            return self.miss(last, Stage.REGION, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
-        return NormMatch(nodes=_ordered(region | {norm.y}), norm=norm, writes=writes, num_tokens=T,
+        if not self.region_closed(region, [norm.y], at=last, what="an intermediate of the norm"):
+            return None
+        return NormMatch(nodes=in_graph_order(region | {norm.y}), norm=norm, writes=writes, num_tokens=T,
                          width=per_token, pad_value=pad_value)
 
     def _merge(self, last: fx.Node):
-        """The index_put chain into ``torch.empty`` ending at ``last`` -> (writes, T, nodes)."""
+        """The index_put chain into a fresh buffer (``torch.empty`` / ``zeros`` / ``full``)
+        ending at ``last`` -> ``(writes, T, nodes, fill)``, or None with a miss."""
+        writes = self._writes(last)
+        if writes is None:
+            return None
+        chain = _index_put_chain(last)
+        base = chain[-1]
+        fill = _fill(base)
+        if fill is _NO_FILL or len(live_users(base)) != 1:
+            return self.miss(last, Stage.FORM, "the merge does not start from torch.empty / torch.zeros / torch.full "
+                                      "(rows no index covers would have to keep their data)")
+        if not self._token_rows(last, writes):
+            return None
+        T = self._partition(last, writes, base)
+        if T is None or not self._values_fit(last, writes):
+            return None
+        return writes, T, chain, fill
+
+    def _writes(self, last: fx.Node) -> list[Write] | None:
+        """The row writes of the index_put chain ending at ``last``, first write first: one
+        index tensor each, no accumulation, no partial merge read elsewhere."""
         writes, n = [], last
         while is_op(n, aten.index_put):
             base, indices, values = n.args[:3]
@@ -354,40 +366,51 @@ class GatedNormMerge(Rewrite):
                 return self.miss(n, Stage.FORM, "a partial merge is read elsewhere")
             n = base
         writes.reverse()
-        base, mv = n, val(last)
-        fill = _fill(base)
-        if fill is _NO_FILL or len(live_users(base)) != 1:
-            return self.miss(last, Stage.FORM, "the merge does not start from torch.empty / torch.zeros / torch.full "
-                                      "(rows no index covers would have to keep their data)")
+        return writes
+
+    def _token_rows(self, last: fx.Node, writes: list[Write]) -> bool:
+        """The layout: one or two writes along one dim, every dim before it of size 1 (token rows)."""
         if len(writes) > 2 or len({w.dim for w in writes}) != 1:
-            return self.miss(last, Stage.FORM, "more than two writes, or writes along different dims")
-        d = writes[0].dim
+            self.miss(last, Stage.FORM, "more than two writes, or writes along different dims")
+            return False
+        d, mv = writes[0].dim, val(last)
         if any(s != 1 for s in mv.shape[:d]):
-            return self.miss(last, Stage.FORM, f"writes along dim {d} of {tuple(mv.shape)}: not token rows")
-        T = mv.shape[d]
+            self.miss(last, Stage.FORM, f"writes along dim {d} of {tuple(mv.shape)}: not token rows")
+            return False
+        return True
+
+    def _partition(self, last: fx.Node, writes: list[Write], base: fx.Node) -> Any:
+        """The merged token count ``T`` (an int, or the node that sized the buffer where it is
+        symbolic), where the index tensors may partition the tokens: distinct graph values
+        whose lengths do not provably miss ``T`` (the values cannot be checked); else None."""
+        d = writes[0].dim
+        T = val(last).shape[d]
         if len({w.index for w in writes}) != len(writes):
             return self.miss(last, Stage.FORM, "the same index tensor written twice: not a partition")
         lengths = [val(w.index).shape[0] for w in writes]
-        if known(sum(lengths) != T):
+        if statically_known_true(sum(lengths) != T):
             return self.miss(last, Stage.FORM, f"index lengths {lengths} do not add up to the {T} tokens: not a partition")
         if not isinstance(T, int):  # symbolic: the empty's size (serving recompiles with T dynamic)
             T = base.args[0][d] if isinstance(base.args[0], (list, tuple)) else None
             if not isinstance(T, fx.Node):
                 return self.miss(last, Stage.FORM, "the token count is symbolic but not a size of the torch.empty")
-        rest = list(mv.shape[d + 1:])
+        return T
+
+    def _values_fit(self, last: fx.Node, writes: list[Write]) -> bool:
+        """Each write's values are exactly the rows it writes (``[1, ..., n, *rest]``, leading
+        1s optional: ``out[:, idx] = v``), of the buffer's dtype: no broadcast."""
+        mv = val(last)
+        rest = list(mv.shape[writes[0].dim + 1:])
         for w in writes:
-            vv = val(w.values)  # [1, ..., n, *rest], leading 1s optional (out[:, idx] = v)
+            vv = val(w.values)
             full = [val(w.index).shape[0]] + rest
             shape = list(vv.shape)
             while len(shape) > len(full) and shape[0] == 1:
                 shape.pop(0)
             if len(shape) != len(full) or not all(map(_same_or_symbolic, shape, full)) or vv.dtype != mv.dtype:
-                return self.miss(last, Stage.FORM, "written values are broadcast or of another dtype")
-        chain, n = [], last
-        while is_op(n, aten.index_put):
-            chain.append(n)
-            n = n.args[0]
-        return writes, T, chain + [n], fill
+                self.miss(last, Stage.FORM, "written values are broadcast or of another dtype")
+                return False
+        return True
 
     def _plain_match(self, norm: Norm, views: list[fx.Node], copied=None) -> NormMatch | None:
         """The norm of a tensor no merge wrote; ``copied``: ``(src, fill)`` when it is ``src``
@@ -396,13 +419,12 @@ class GatedNormMerge(Rewrite):
         if xv.dtype not in _16BIT:
             return None  # a float32 norm with no merge: not what the kernel was measured on
         region = norm.nodes | ({norm.x, *views} if copied else set())
-        leaking = escaping(region, [norm.y])
-        if leaking:
-            return self.miss(norm.y, Stage.REGION, f"an intermediate of the norm is read elsewhere ({leaking[0].name})")
+        if not self.region_closed(region, [norm.y], at=norm.y, what="an intermediate of the norm"):
+            return None
         if copied is None:
             rows = xv.numel() // norm.D
             R = math.gcd(rows, 32) if isinstance(rows, int) else 1  # norm rows per "token": any split in order
-            return NormMatch(nodes=_ordered(region | {norm.y}), norm=norm, writes=[],
+            return NormMatch(nodes=in_graph_order(region | {norm.y}), norm=norm, writes=[],
                              num_tokens=rows // R if isinstance(rows, int) else None, width=R * norm.D, plain=True)
         src, fill = copied
         sv = val(src)
@@ -410,7 +432,7 @@ class GatedNormMerge(Rewrite):
         width = math.prod(sv.shape[lead + 1:])
         if not (isinstance(width, int) and width % norm.D == 0):
             return self.miss(norm.y, Stage.LAYOUT, "the copied rows straddle norm rows")
-        return NormMatch(nodes=_ordered(region | {norm.y}), norm=norm, writes=[], num_tokens=sv.shape[lead],
+        return NormMatch(nodes=in_graph_order(region | {norm.y}), norm=norm, writes=[], num_tokens=sv.shape[lead],
                          width=width, plain=True, pad_value=fill, source=src)
 
     # ------------------------------------------------------------------ replace
@@ -453,8 +475,7 @@ def _elementwise_users(n: fx.Node, limit: int = 12) -> list[fx.Node]:
             seen.add(u)
             out.append(u)
             stack.append(u)
-    order = {x: i for i, x in enumerate(n.graph.nodes)}
-    return sorted(out, key=order.__getitem__)
+    return in_graph_order(out)
 
 
 _OTHER_ACTS = {"gelu": "gelu", "erf": "gelu", "tanh": "tanh (or the tanh gelu)", "relu": "relu",
@@ -634,11 +655,20 @@ def _padded_write(n: fx.Node):
     return base, src, end, fill, folded
 
 
+def _index_put_chain(last: fx.Node) -> list[fx.Node]:
+    """The ``index_put`` nodes ending at ``last``, last first, then the buffer they write."""
+    chain, n = [], last
+    while is_op(n, aten.index_put):
+        chain.append(n)
+        n = n.args[0]
+    return chain + [n]
+
+
 def _source(canon: Canon, n: fx.Node) -> tuple[fx.Node, list[fx.Node]]:
     """The node ``n`` is a view of (``n`` itself if none), and the view nodes in between."""
     t = canon(n)
     if t.op == "view" and t.args[0].node is not None:
-        return t.args[0].node, sorted(t.nodes, key=lambda v: 0)
+        return t.args[0].node, in_graph_order(t.nodes)
     return n, []
 
 
@@ -691,7 +721,7 @@ def _gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
     tensor (``reshape`` of a split of the projection: a contiguous ``clone`` then views), the
     tensor itself viewed ``[A, B, D]`` in place: the kernel reads any strides, and the copy,
     which stock Inductor fuses into its norm, would otherwise be written out for the op
-    (measured: 62 us of the hybrid model's 16K prefill). The copied tensor may itself be a
+    (measured: ``benchmarks/results/profile_step.md``, the 16K prefill). The copied tensor may itself be a
     reshape that no view gives as rows (transformers' Qwen3-Next with one key head: the split
     ``[B, S, 1, 2 * Dv]`` reshaped ``[B, S, 2, Dv]``): then a reshape it was made from is viewed."""
     src = _copy_chain(z)[-1]
@@ -726,8 +756,8 @@ def _rows_view(v: Any, D: int) -> list | None:
     times its size."""
     if not isinstance(v, torch.Tensor) or v.dim() < 1 or not isinstance(v.shape[-1], int) or v.shape[-1] % D:
         return None
-    lead = [(s, st) for s, st in zip(v.shape[:-1], v.stride()[:-1]) if not known(s == 1)]
-    if all(known(st0 == st1 * s1) for (_, st0), (s1, st1) in zip(lead, lead[1:])):
+    lead = [(s, st) for s, st in zip(v.shape[:-1], v.stride()[:-1]) if not statically_known_true(s == 1)]
+    if all(statically_known_true(st0 == st1 * s1) for (_, st0), (s1, st1) in zip(lead, lead[1:])):
         return [-1, v.shape[-1] // D, D]
     return None
 
@@ -738,8 +768,3 @@ def _sym_rows(graph: fx.Graph, src: fx.Node) -> fx.Node:
     r.meta["val"] = val(src).shape[0]
     return r
 
-
-def _ordered(nodes) -> list[fx.Node]:
-    nodes = set(nodes)
-    graph = next(iter(nodes)).graph
-    return [n for n in graph.nodes if n in nodes]

@@ -19,39 +19,38 @@ an indexer gather, not a split of token rows);
 index tensors or sources that the graph mutates (moving the read would see the new
 values); more than ``MAX_SOURCES`` sources are split into several launches.
 
-Speed rule ("never make a graph slower"), decided by measurement:
+Speed rule ("never make a graph slower"), decided by measurement (an H200:
+``benchmarks/results/gdn_spec_split.md`` for the split and the Qwen3-Next layer,
+``benchmarks/results/profile_step.md`` for the hybrid model's steps):
 
-* CUDA (an H200, benchmarks/results/gdn_spec_split.md): fuse every group of two or more
-  gathers whose rows add up to at least ``MIN_ROW_BYTES`` bytes per token; leave a lone
-  gather to Inductor, which fuses it into its consumer for free. Stock Inductor does fuse the
-  layer's gathers into cheap consumers (``g``/``beta`` into the recurrence's pointwise ops,
-  ``mixed_qkv`` into the conv), and the one fused launch still wins everywhere measured: the
-  split alone 2.3x faster than stock at T=64 and 1.5x at T=4096, the whole Qwen3-Next layer
-  1.23x to 1.53x faster at T=64..4096. The narrowest rows measured are ``beta``'s 64 bytes
-  (32 bf16 heads); narrower groups (two 1-byte gathers of a flattened uint8 cache: an
-  indexer gather, not a split) are left to Inductor, which fuses such lookups into their
-  consumers; so are launches whose gathers all feed only elementwise code (or other gathers),
-  which Inductor fuses the gathers into as indirect loads without writing them out: measured
-  on the hybrid model's 16K-token prefill, whose varlen causal conv reads its taps as such
-  gathers, the fused launches cost 19.5 ms against stock's 18.3 ms (2026-12-01). Leaving
-  only the elementwise-fed gathers out of a mixed launch (``mixed_qkv``'s, which feed the
-  conv, while ``g``/``beta`` feed the opaque recurrence) was measured and is slower: the
-  hybrid model with the fla core, T=256 spec step 1056.5 vs 1052.8 us, 16K prefill
-  26388 vs 26272 us (``benchmarks/profile_step.py``, alternating replays, 2026-12-01).
-  A launch whose gathers all read one index (the other set statically empty: a pure prefill
-  or pure decode batch, Dynamo specializes size 0) is left to Inductor too: there each
-  gather is a plain row copy of a tensor that has one consumer, which Inductor fuses into
-  the producer (the gating that makes ``g``) and the consumer (the conv reading
-  ``mixed_qkv``) without writing it out. Measured on the hybrid model's 16K-token prefill
-  with the fla core (H200, ``profile_step --step prefill --twice --one-sided-split``, 5
-  alternating rounds, 2026-12-01): 21826.2 us with the one-sided launches left to Inductor
-  (a second compile: 21829.0) against 21914.9 us with them fused (the fused launches copy
-  ~1.9 GB: 469 us; the conv reading the copy saves ~420 us of it); stock 22011.5 us. The
-  kernels inside the replayed graphs agree: 21762.7 vs 21844.4 us. A one-sided launch at
-  decode sizes (a step with no spec request) was not measured; the rule leaves it too;
-* CPU: never. The op's CPU implementation is ``index_select`` per source, slower than the
-  C++ Inductor generates for the six gathers (Qwen3-Next sizes, 2-core machine: T=16 466 vs
-  56 us, T=512 808 vs 393 us).
+* CUDA: fuse every group of two or more gathers whose rows add up to at least
+  ``MIN_ROW_BYTES`` bytes per token; leave a lone gather to Inductor, which fuses it into its
+  consumer for free. Stock Inductor does fuse the layer's gathers into cheap consumers
+  (``g``/``beta`` into the recurrence's pointwise ops, ``mixed_qkv`` into the conv), and the
+  one fused launch still wins everywhere measured, for the split alone and for the whole
+  Qwen3-Next layer. The narrowest rows measured are ``beta``'s 64 bytes (32 bf16 heads);
+  narrower groups (two 1-byte gathers of a flattened uint8 cache: an indexer gather, not a
+  split) are left to Inductor, which fuses such lookups into their consumers. Also left to
+  Inductor:
+
+  - launches whose gathers all feed only elementwise code (or other gathers), which Inductor
+    fuses the gathers into as indirect loads without writing them out: slower fused on the
+    hybrid model's 16K-token prefill, whose varlen causal conv reads its taps as such gathers
+    (the figures are in the rule's own text). Leaving only the elementwise-fed gathers out of
+    a mixed launch (``mixed_qkv``'s, which feed the conv, while ``g``/``beta`` feed the opaque
+    recurrence) was measured and is slower at both the spec step and the prefill
+    (``benchmarks/profile_step.py``);
+  - a launch whose gathers all read one index (the other set statically empty: a pure prefill
+    or pure decode batch, Dynamo specializes size 0): there each gather is a plain row copy of
+    a tensor that has one consumer, which Inductor fuses into the producer (the gating that
+    makes ``g``) and the consumer (the conv reading ``mixed_qkv``) without writing it out
+    (the 16K-token prefill with the fla core, ``profile_step --step prefill --twice
+    --one-sided-split``: faster with those launches left to Inductor, in the whole step and in
+    the kernels inside the replayed graphs). A one-sided launch at decode sizes (a step with no
+    spec request) was not measured; the rule leaves it too;
+* CPU: never. The op's CPU implementation is ``index_select`` per source, slower than the C++
+  Inductor generates for the six gathers (Qwen3-Next sizes, measured on the project's 2-core
+  CPU machine; not recorded in ``benchmarks/results/``).
 
 Turn it off with ``options={"kda": {"disable": ["gdn_spec_split"]}}``.
 """
@@ -68,15 +67,14 @@ import torch.fx as fx
 
 from kda_inductor.lowerings import gdn_spec_split as _lowering  # registers the op
 from kda_inductor.patterns.base import (
-    VIEWS,
     Match,
     Rewrite,
     Route,
     Stage,
     aten,
     fused_into_users,
+    in_graph_order,
     insert_fused,
-    is_op,
     mutated_nodes,
     positions,
     reachable,
@@ -205,9 +203,8 @@ class GdnSpecSplit(Rewrite):
         moved = getattr(self, "_moved", {})
         gathers = [dataclasses.replace(g, src=moved.get(g.src, g.src), idx=moved.get(g.idx, g.idx))
                    for g in match.gathers]
-        pos = positions(graph)
         indices = list(dict.fromkeys(g.idx for g in gathers))
-        last_input = max((n for g in gathers for n in (g.src, g.idx)), key=pos.__getitem__)
+        last_input = in_graph_order(n for g in gathers for n in (g.src, g.idx))[-1]
         fused = insert_fused(
             graph, torch.ops.kda.gdn_spec_split.default,
             ([g.src for g in gathers], indices, [g.dim for g in gathers], [indices.index(g.idx) for g in gathers]),

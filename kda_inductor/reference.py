@@ -1,19 +1,19 @@
 """Eager references for the rewrites, kept deliberately plain.
 
 Every function here is the *specification* the fused ops are tested against.
-Cache layout (see ``shared/reference.md``): ``kv_cache`` is uint8
-``[num_blocks, block_size, head_dim + 4 * head_dim // 128]`` but laid out
-BLOCKED: one block holds ``block_size * head_dim`` fp8 value bytes (token ``o``
-at ``o * head_dim``) followed by ``block_size`` float32 scales per 128-value
+Cache layout (``shared/reference.md``; :class:`CacheLayout`): ``kv_cache`` is uint8 ``[num_blocks,
+block_size, head_dim + 4 * head_dim // 128]`` laid out BLOCKED: one block holds ``block_size * head_dim``
+fp8 value bytes (token ``o`` at ``o * head_dim``) followed by ``block_size`` float32 scales per 128-value
 group (token ``o``, group ``g`` at ``block_size * head_dim + 4 * (o * G + g)``).
 """
 
 from __future__ import annotations
 
+import dataclasses  # CacheLayout (at the end: the references' line numbers are quoted by tests)
 import torch
 
 QUANT_GROUP = 128
-"""Values per float32 scale."""
+"""Values per float32 scale (the one definition: patterns and lowerings import it)."""
 FP8_MAX = 448.0
 """Largest finite fp8 e4m3 value: quantized values saturate at +-FP8_MAX."""
 SCALE_MIN = 1e-4
@@ -24,12 +24,12 @@ NORM_EPS = 1e-6
 
 def scale_bytes(head_dim: int) -> int:
     """Bytes of float32 scales per token for ``head_dim`` values."""
-    return 4 * (head_dim // QUANT_GROUP)
+    return CacheLayout(head_dim).scale_bytes
 
 
 def cache_row_bytes(head_dim: int) -> int:
     """The nominal last dim of ``kv_cache``: value bytes plus scale bytes per token."""
-    return head_dim + scale_bytes(head_dim)
+    return CacheLayout(head_dim).row_bytes
 
 
 def gather_indexer_k_loop(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens):
@@ -252,3 +252,84 @@ def written_cache_mismatch(got, ref, slot_mapping, head_dim: int) -> str | None:
     tol = (fp8_step(big) + big * 2.0**-7) * torch.maximum(sa, sr)
     bad = int(((a - r).abs() > tol).sum())
     return f"{bad} written values differ by more than one fp8 step" if bad else None
+
+
+# --------------------------------------------------------------------------- the cache layout
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheLayout:
+    """The blocked layout of one block (one page) of the indexer K cache: ``block_size`` tokens
+    of ``head_dim`` fp8 value bytes, token-major, then their float32 scales (``scale_bytes`` per
+    token). The one place the row formula is written; :meth:`parse` is the one reading of a
+    cache's shape (the rewrites' matchers), ``lowerings.check_kv_cache`` the validating one
+    (the ops). The block stride is no part of it: it is free."""
+
+    head_dim: int  # or a SymInt in fake impls
+    block_size: int = 0  # tokens per block; 0: not known (a layout for one row's widths)
+
+    @property
+    def groups(self) -> int:
+        """float32 scales per token."""
+        return self.head_dim // QUANT_GROUP
+
+    @property
+    def scale_bytes(self) -> int:
+        """Bytes of float32 scales per token."""
+        return 4 * self.groups
+
+    @property
+    def row_bytes(self) -> int:
+        """The nominal last dim of a 3-D cache: value bytes plus scale bytes per token."""
+        return self.head_dim + self.scale_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one block (one page)."""
+        return self.block_size * self.row_bytes
+
+    @property
+    def scales_start(self) -> int:
+        """Where a block's scales start: after its ``block_size * head_dim`` value bytes."""
+        return self.block_size * self.head_dim
+
+    def value_byte(self, off: int) -> int:
+        """The first value byte of the token at offset ``off`` of its block."""
+        return off * self.head_dim
+
+    def scale_byte(self, off: int) -> int:
+        """The first scale byte of the token at offset ``off`` of its block."""
+        return self.scales_start + off * self.scale_bytes
+
+    @staticmethod
+    def valid_head_dim(head_dim: int) -> bool:
+        """``head_dim`` is a positive int multiple of ``QUANT_GROUP``."""
+        return isinstance(head_dim, int) and not isinstance(head_dim, bool) and head_dim > 0 \
+            and head_dim % QUANT_GROUP == 0
+
+    @classmethod
+    def of_row(cls, row: int, block_size: int = 0) -> CacheLayout | None:
+        """The layout whose tokens take ``row`` bytes (``head_dim`` derived), or None."""
+        if row % (QUANT_GROUP + 4):
+            return None
+        return cls(row // (QUANT_GROUP + 4) * QUANT_GROUP, block_size)
+
+    @classmethod
+    def parse(cls, shape: tuple, head_dim: int | None = None) -> CacheLayout | None:
+        """The layout of a cache of ``shape`` (static sizes), or None where none fits: 3-D
+        ``[num_blocks, block_size, row]`` (``head_dim`` from ``row``; a block dim of 1 reads as a
+        page), or pages ``[num_pages, page_bytes]`` with unit dims between (SGLang,
+        TensorRT-LLM), which do not say their block size: ``head_dim`` (a valid one) does."""
+        shape = tuple(shape)
+        if len(shape) == 3 and shape[1] != 1:
+            bs, row = shape[1:]
+            if not (isinstance(bs, int) and isinstance(row, int)):
+                return None
+            return cls.of_row(row, bs)
+        if any(s != 1 for s in shape[1:-1]):
+            return None
+        page = shape[-1]
+        if not (isinstance(page, int) and cls.valid_head_dim(head_dim)):
+            return None
+        row = cls(head_dim).row_bytes
+        return cls(head_dim, page // row) if page % row == 0 else None

@@ -53,7 +53,7 @@ from typing import Any, Callable
 
 import torch
 
-from kda_inductor.reference import QUANT_GROUP, cache_row_bytes, scale_bytes
+from kda_inductor.reference import QUANT_GROUP, CacheLayout
 
 ENV = "KDA_INDUCTOR_VLLM_OPS"
 COUNTER_KEY = "kda_inductor_vllm_ops"
@@ -138,7 +138,7 @@ def write_unsupported(k, kv_cache, slot_mapping, quant_block_size, kv_cache_dtyp
         return f"quant_block_size is {quant_block_size}, not {QUANT_GROUP}"
     if not isinstance(kv_cache_dtype, str):
         return f"kv_cache_dtype is {type(kv_cache_dtype).__name__}, not a str"
-    row = cache_row_bytes(k.shape[1])
+    row = CacheLayout(k.shape[1]).row_bytes
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3 or kv_cache.shape[2] != row:
         return f"kv_cache is {kv_cache.dim()}-D {kv_cache.dtype} {tuple(kv_cache.shape)}, not uint8 [blocks, bs, {row}]"
     if slot_mapping.dtype != torch.int64 or slot_mapping.dim() != 1 or slot_mapping.shape[0] != k.shape[0]:
@@ -156,7 +156,8 @@ def gather_unsupported(kv_cache, dst_k, dst_scale, block_table, cu_seq_lens) -> 
     if dst_k.dim() != 2 or dst_k.element_size() != 1 or dst_k.shape[1] == 0 or dst_k.shape[1] % QUANT_GROUP:
         return f"dst_k is {dst_k.dim()}-D {dst_k.dtype} {tuple(dst_k.shape)}, not 1-byte [N, 128 * G]"
     head_dim, n = dst_k.shape[1], dst_k.shape[0]
-    sb, row = scale_bytes(head_dim), cache_row_bytes(head_dim)
+    layout = CacheLayout(head_dim)
+    sb, row = layout.scale_bytes, layout.row_bytes
     if dst_scale.dtype not in (torch.uint8, torch.int8) or tuple(dst_scale.shape) != (n, sb):
         return f"dst_scale is {dst_scale.dtype} {tuple(dst_scale.shape)}, not uint8 [{n}, {sb}]"
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() != 3 or kv_cache.shape[2] != row:

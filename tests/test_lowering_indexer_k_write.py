@@ -343,7 +343,7 @@ def test_bad_arguments_are_named_and_leave_the_cache_untouched(i):
 def test_device_mismatch_is_named():
     k, cache, _, slots, _, _ = make_case(128, 16)
     with pytest.raises(ValueError, match="slot_mapping: expected device"):
-        mod._check(cache, k, slots.to("meta"), None, None, 1e-6)
+        mod.validate(cache, k, slots.to("meta"), None, None, 1e-6)
 
 
 def test_opcheck():

@@ -12,8 +12,9 @@ from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from kda_inductor.reference import QUANT_GROUP, scale_bytes
+from kda_inductor.reference import QUANT_GROUP, CacheLayout
 
 
 def arg_error(arg: str, msg: str, exc: type[Exception] = ValueError) -> Exception:
@@ -60,15 +61,11 @@ def debug_options(num_warps: int = 4) -> dict:
     return {"num_warps": num_warps, "debug": True, **triton_launch_options()}
 
 
-def definitely(pred) -> bool:
-    """``pred`` (a bool, or a SymBool while tracing) is known true for every value of its
-    symbols: size checks in fake impls must never add guards, so a check that cannot be
-    decided at trace time is left to the real call."""
-    if isinstance(pred, bool):
-        return pred
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-
-    return bool(statically_known_true(pred))
+definitely = statically_known_true
+"""``definitely(pred)``: ``pred`` (a bool, or a SymBool while tracing) is known true for every
+value of its symbols. Torch's ``statically_known_true`` under the name our fake impls' size
+checks read as: they must never add guards, so a check that cannot be decided at trace time
+is left to the real call."""
 
 
 def check_tensor(x, arg: str) -> None:
@@ -91,7 +88,7 @@ def check_block_size(block_size) -> None:
 
 
 def check_kv_cache(kv_cache: Tensor, head_dim, block_size=0) -> tuple[int, int]:
-    """The indexer's blocked K cache for ``head_dim`` (``row = head_dim + 4 * (head_dim // 128)``
+    """The indexer's blocked K cache for ``head_dim`` (``row = CacheLayout(head_dim).row_bytes``
     bytes per token), in one of two shapes:
 
     * 3-D uint8 ``[num_blocks, block_size, row]`` (vLLM), each block contiguous; the
@@ -101,10 +98,10 @@ def check_kv_cache(kv_cache: Tensor, head_dim, block_size=0) -> tuple[int, int]:
       page) is then required and must divide the row into ``row``-byte tokens; also with
       unit dims between (TensorRT-LLM's pool view ``[num_blocks, 1, 1, block_bytes]``).
 
-    Returns ``(num_blocks, block_size)``. The block stride is free in both."""
+    Returns ``(num_blocks, block_size)``. The block stride is free in both. (The matchers'
+    reading of a cache's shape, without errors, is :meth:`CacheLayout.parse`.)"""
     check_block_size(block_size)
-    sb = scale_bytes(head_dim)
-    row = head_dim + sb
+    row = CacheLayout(head_dim).row_bytes
     if kv_cache.dim() > 3 and all(s == 1 for s in kv_cache.shape[1:-1]):  # pages with unit dims between
         kv_cache = kv_cache.as_strided((kv_cache.shape[0], kv_cache.shape[-1]), (kv_cache.stride(0), kv_cache.stride(-1)))
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (2, 3):

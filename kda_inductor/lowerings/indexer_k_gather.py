@@ -75,6 +75,7 @@ from kda_inductor.lowerings import (
     interpreter_checks,
     triton_launch_options,
 )
+from kda_inductor.reference import QUANT_GROUP, CacheLayout
 
 try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
     import triton
@@ -83,10 +84,7 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-__all__ = ["indexer_k_gather", "indexer_k_gather_out", "gather_triton", "word_bytes"]
-
-QUANT_GROUP = 128
-"""fp8 values per float32 scale."""
+__all__ = ["indexer_k_gather", "indexer_k_gather_out", "gather_triton", "validate", "word_bytes"]
 
 _INDEX_DTYPES = (torch.int32, torch.int64)
 _WORD_DTYPES = {4: torch.int32, 2: torch.int16, 1: torch.uint8}
@@ -128,7 +126,7 @@ def _check_meta(kv_cache, block_table, cu_seq_lens, head_dim, head_dim_arg: str,
     for x, arg in ((kv_cache, "kv_cache"), (block_table, "block_table"), (cu_seq_lens, "cu_seq_lens")):
         check_tensor(x, arg)
     _check_head_dim(head_dim, head_dim_arg)
-    sb = 4 * (head_dim // QUANT_GROUP)
+    sb = CacheLayout(head_dim).scale_bytes
     num_blocks, block_size = check_kv_cache(kv_cache, head_dim, block_size)
     if block_table.dim() != 2 or block_table.dtype not in _INDEX_DTYPES:
         raise _err(
@@ -172,12 +170,21 @@ def _check_dst(dst, arg: str, num_tokens, row_bytes, device) -> None:
         raise _err(arg, f"rows must be contiguous (stride(1) == 1), got strides {tuple(dst.stride())}")
 
 
-def _check_functional(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, block_size=0) -> _Meta:
-    _check_num_tokens(num_tokens)
-    return _check_meta(kv_cache, block_table, cu_seq_lens, head_dim, "head_dim", block_size)
+def validate(kv_cache, block_table, cu_seq_lens, num_tokens=None, head_dim=None, block_size=0, *,
+             dst_value=None, dst_scale=None) -> _Meta:
+    """The ops' one validator (their CPU, CUDA and fake impls, :func:`gather_triton`, and the
+    pattern, whose ``Stage.VALIDATED`` misses quote its errors): sync-free checks of everything
+    but the data, each bad argument an error naming it; returns the cache geometry.
+    ``kda::indexer_k_gather`` passes ``num_tokens`` and ``head_dim``; ``kda::indexer_k_gather_out``
+    passes ``dst_value`` and ``dst_scale`` instead, whose shapes give them."""
+    if dst_value is None and dst_scale is None:
+        _check_num_tokens(num_tokens)
+        return _check_meta(kv_cache, block_table, cu_seq_lens, head_dim, "head_dim", block_size)
+    return _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, block_size)
 
 
 def _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, block_size=0) -> _Meta:
+    """:func:`validate` of the out op's arguments."""
     check_tensor(dst_value, "dst_value")
     if dst_value.dim() != 2 or dst_value.element_size() != 1:
         raise _err(
@@ -460,10 +467,6 @@ if triton is not None:
         )
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 def default_block_t(num_tokens: int) -> int:
     """Tokens per program: 16 for small gathers (more programs in flight: they are
     latency-bound), 32 for large ones. From the H200 sweep in benchmarks/results/."""
@@ -472,7 +475,7 @@ def default_block_t(num_tokens: int) -> int:
 
 def default_num_warps(block_t: int, value_words: int) -> int:
     """About 512 words (2 KB) per warp: 1 warp for 16 x 128 B, 2 for 32 x 128 B."""
-    return max(1, min(8, block_t * _next_pow2(value_words) // 512))
+    return max(1, min(8, block_t * triton.next_power_of_2(value_words) // 512))
 
 
 def _search_levels(num_reqs: int, fanout: int) -> int:
@@ -510,7 +513,7 @@ def _launch(kv_cache, block_table, cu_seq_lens, dv, ds, meta: _Meta, block_t, nu
     num_reqs, width = cu_seq_lens.shape[0] - 1, block_table.shape[1]  # spare table rows unused
     if width == 0:  # no column for a by-block program to read: the by-token kernel checks tokens
         grid_by = "token"
-    block_t = min(block_t, _next_pow2(meta.block_size)) if grid_by != "token" else block_t
+    block_t = min(block_t, triton.next_power_of_2(max(1, meta.block_size))) if grid_by != "token" else block_t
     subtiles = triton.cdiv(meta.block_size, block_t)
     by_block_programs = num_reqs * width * subtiles
     by_token_programs = triton.cdiv(num_tokens, block_t)
@@ -520,8 +523,8 @@ def _launch(kv_cache, block_table, cu_seq_lens, dv, ds, meta: _Meta, block_t, nu
     if num_warps is None:
         num_warps = default_num_warps(block_t, vw * w // 4)
     common = dict(
-        BLOCK_SIZE=meta.block_size, VALUE_WORDS=vw, VALUE_WORDS_P2=_next_pow2(vw),
-        SCALE_WORDS=sw, SCALE_WORDS_P2=_next_pow2(sw), BLOCK_T=block_t, CHECK=bool(check),
+        BLOCK_SIZE=meta.block_size, VALUE_WORDS=vw, VALUE_WORDS_P2=triton.next_power_of_2(vw),
+        SCALE_WORDS=sw, SCALE_WORDS_P2=triton.next_power_of_2(sw), BLOCK_T=block_t, CHECK=bool(check),
         num_warps=num_warps, **(triton_launch_options() if kv_cache.is_cuda else {}),
     )
     strides = (kv_w.stride(0), block_table.stride(0), block_table.stride(1), dv_w.stride(0), ds_w.stride(0))
@@ -566,7 +569,8 @@ def gather_triton(
     allocation: safe under CUDA-graph capture. ``block_t``, ``num_warps``, ``fanout`` and
     ``grid_by`` are tuning knobs (see ``_launch``).
     """
-    meta = _check_out(kv_cache, dst_value_u8, dst_scale_u8, block_table, cu_seq_lens, block_size)
+    meta = validate(kv_cache, block_table, cu_seq_lens, block_size=block_size, dst_value=dst_value_u8,
+                    dst_scale=dst_scale_u8)
     if block_t is not None and not (_is_int(block_t) and block_t > 0 and block_t & (block_t - 1) == 0):
         raise _err("block_t", f"expected a positive power of two, got {block_t}")
     if not (_is_int(fanout) and fanout >= 2 and fanout & (fanout - 1) == 0):
@@ -603,13 +607,13 @@ def indexer_k_gather(
     page buffer ``[num_pages, block_size * (head_dim + 4G)]``. Invalid indices: the module's
     rule (negative block ids wrap as Python indexing; what eager cannot compute is refused:
     an error on CPU, a device-side assert on CUDA)."""
-    meta = _check_functional(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, block_size)
+    meta = validate(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, block_size)
     return _gather_cpu(kv_cache, block_table, cu_seq_lens, num_tokens, meta, "num_tokens")
 
 
 @indexer_k_gather.register_kernel("cuda")
 def _indexer_k_gather_cuda(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, block_size=0):
-    meta = _check_functional(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, block_size)
+    meta = validate(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, block_size)
     values = kv_cache.new_empty((num_tokens, head_dim))
     scales = kv_cache.new_empty((num_tokens, meta.scale_bytes))
     _launch(kv_cache, block_table, cu_seq_lens, values, scales, meta, None, None)
@@ -618,7 +622,7 @@ def _indexer_k_gather_cuda(kv_cache, block_table, cu_seq_lens, num_tokens, head_
 
 @indexer_k_gather.register_fake
 def _indexer_k_gather_fake(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, block_size=0):
-    meta = _check_functional(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, block_size)
+    meta = validate(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, block_size)
     return (
         kv_cache.new_empty((num_tokens, head_dim)),
         kv_cache.new_empty((num_tokens, meta.scale_bytes)),
@@ -634,7 +638,8 @@ def indexer_k_gather_out(
 ) -> None:
     """Gather ``dst_value.shape[0]`` K rows in place into ``dst_value`` and ``dst_scale``
     (``kv_cache`` and invalid indices as ``kda::indexer_k_gather``)."""
-    meta = _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, block_size)
+    meta = validate(kv_cache, block_table, cu_seq_lens, block_size=block_size, dst_value=dst_value,
+                    dst_scale=dst_scale)
     values, scales = _gather_cpu(
         kv_cache, block_table, cu_seq_lens, dst_value.shape[0], meta, "dst_value"
     )
@@ -644,7 +649,8 @@ def indexer_k_gather_out(
 
 @indexer_k_gather_out.register_kernel("cuda")
 def _indexer_k_gather_out_cuda(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, block_size=0):
-    meta = _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, block_size)
+    meta = validate(kv_cache, block_table, cu_seq_lens, block_size=block_size, dst_value=dst_value,
+                    dst_scale=dst_scale)
     _launch(
         kv_cache, block_table, cu_seq_lens, _byte_rows(dst_value), _byte_rows(dst_scale),
         meta, None, None,
@@ -653,7 +659,7 @@ def _indexer_k_gather_out_cuda(kv_cache, dst_value, dst_scale, block_table, cu_s
 
 @indexer_k_gather_out.register_fake
 def _indexer_k_gather_out_fake(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, block_size=0):
-    _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, block_size)
+    validate(kv_cache, block_table, cu_seq_lens, block_size=block_size, dst_value=dst_value, dst_scale=dst_scale)
 
 
 def aot_variants():

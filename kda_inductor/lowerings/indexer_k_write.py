@@ -61,7 +61,7 @@ from kda_inductor.lowerings import (
     interpreter_checks,
     triton_launch_options,
 )
-from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN, layer_norm_k, quantize_k
+from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN, CacheLayout, layer_norm_k, quantize_k
 
 try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
     import triton
@@ -70,7 +70,7 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-__all__ = ["indexer_k_write", "write_triton"]
+__all__ = ["indexer_k_write", "validate", "write_triton"]
 
 _K_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 _INDEX_DTYPES = (torch.int32, torch.int64)
@@ -87,9 +87,15 @@ class _Meta:
     head_dim: int
     groups: int
 
+    @property
+    def layout(self) -> CacheLayout:
+        return CacheLayout(self.head_dim, self.block_size)
 
-def _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size=0, wrap_negative=False) -> _Meta:
-    """Sync-free checks of everything but slot values; returns the geometry."""
+
+def validate(kv_cache, k, slot_mapping, weight, bias, eps, block_size=0, wrap_negative=False) -> _Meta:
+    """The op's one validator (its CPU, CUDA and fake impls, :func:`write_triton`, and the
+    pattern, whose ``Stage.VALIDATED`` misses quote its errors): sync-free checks of everything
+    but slot values, each bad argument an error naming it; returns the geometry."""
     for x, arg in ((kv_cache, "kv_cache"), (k, "k"), (slot_mapping, "slot_mapping")):
         check_tensor(x, arg)
     if k.dim() != 2 or k.dtype not in _K_DTYPES:
@@ -97,7 +103,7 @@ def _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size=0, wrap_nega
     num_tokens, head_dim = k.shape
     if isinstance(head_dim, int) and (head_dim <= 0 or head_dim % QUANT_GROUP):
         raise _err("k", f"head_dim (k.shape[1]) must be a positive multiple of {QUANT_GROUP}, got {head_dim}")
-    groups = head_dim // QUANT_GROUP
+    groups = CacheLayout(head_dim).groups
     num_blocks, block_size = check_kv_cache(kv_cache, head_dim, block_size)
     if not isinstance(wrap_negative, bool):
         raise _err("wrap_negative", f"expected a bool, got {type(wrap_negative).__name__}", TypeError)
@@ -250,10 +256,6 @@ if triton is not None:
         tl.store(kv_ptr + s_addr, sbytes, mask=valid[:, None] & (j < 4 * GROUPS)[None, :])
 
 
-def _next_pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 MAX_BLOCK_VALUES = 1024
 TARGET_PROGRAMS = 1024
 
@@ -262,9 +264,11 @@ def default_block_t(head_dim: int, num_tokens: int | None = None) -> int:
     """Tokens per program, a power of two: up to ``MAX_BLOCK_VALUES`` values (8 tokens of
     128), halved while fewer than ``TARGET_PROGRAMS`` programs would run (one token per
     program for decode). From the H200 sweep (``benchmarks/tune_indexer_k_write.py``, head_dim
-    128): T=1 and 64 best at 1 token and 1 warp (1.6 / 1.9 us), T=2048 at 8 tokens (2.3 us,
-    2 tokens 2.4), T=16384 at 8-16 tokens (3.8-3.9 us; 1 token 11.8 us)."""
-    block = max(1, MAX_BLOCK_VALUES // _next_pow2(head_dim))
+    128; its figures: ``benchmarks/results/indexer_k_write.md``, "Kernel sweep"): decode best at
+    1 token and 1 warp per program, large T at 8-16 tokens."""
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("indexer_k_write: the Triton kernel needs triton, which is not installed")
+    block = max(1, MAX_BLOCK_VALUES // triton.next_power_of_2(head_dim))
     if num_tokens is None:
         return block
     return block_for_programs(block, lambda b: -(-num_tokens // b), TARGET_PROGRAMS)
@@ -279,7 +283,7 @@ def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
         return  # (an empty cache with checks: every real slot is out of range, the kernel traps)
     kv = cache_bytes(kv_cache)
     block_t = block_t or default_block_t(meta.head_dim, meta.num_tokens)
-    groups_p2 = _next_pow2(meta.groups)
+    groups_p2 = triton.next_power_of_2(meta.groups)
     if num_warps is None:  # one warp per 512 values
         num_warps = max(1, min(8, block_t * groups_p2 * 128 // 512))
     if hw_casts is None:
@@ -308,7 +312,7 @@ def write_triton(kv_cache: Tensor, k: Tensor, slot_mapping: Tensor, weight: Tens
     for measuring their cost, never used by the op (refused slots are then skipped). No host
     sync, no allocation: safe under CUDA-graph capture. ``hw_casts``: hardware bf16/fp8
     casts (default: on CUDA tensors) or integer roundings."""
-    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
+    meta = validate(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
     if block_t is not None and not (block_t > 0 and block_t & (block_t - 1) == 0):
         raise _err("block_t", f"expected a positive power of two, got {block_t}")
     _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, block_t, num_warps, hw_casts, round_norm,
@@ -347,7 +351,7 @@ def _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
     flat = cache_bytes(kv_cache)
     bs, hd = meta.block_size, meta.head_dim
     vals = flat[:, : bs * hd].unflatten(1, (bs, hd))
-    scs = flat[:, bs * hd :].unflatten(1, (bs, 4 * meta.groups))
+    scs = flat[:, bs * hd :].unflatten(1, (bs, meta.layout.scale_bytes))
     vals[blk, off] = q.view(torch.uint8)[keep]
     scs[blk, off] = scale.contiguous().view(torch.uint8)[keep]
 
@@ -384,7 +388,7 @@ def _write_other_divisor(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, me
     flat = cache_bytes(kv_cache)
     bs, hd = meta.block_size, meta.head_dim
     vals = flat[:, : bs * hd].unflatten(1, (bs, hd))
-    scs = flat[:, bs * hd :].unflatten(1, (bs, 4 * meta.groups))
+    scs = flat[:, bs * hd :].unflatten(1, (bs, meta.layout.scale_bytes))
     vals[blk, off] = torch.where(valid, q.view(torch.uint8), vals[blk, off])
     scs[blk, off] = torch.where(valid, scale.reshape(t, -1).contiguous().view(torch.uint8), scs[blk, off])
 
@@ -401,7 +405,7 @@ def indexer_k_write(
     indexing does; out of range: refused (the module's rule). ``fp8_max_input``: the scale
     divisor as the 0-d CPU tensor ``dynamic=True`` lifts ``FP8_MAX`` to; compared with 448 on
     the host at each call (no device sync); another value runs the matched code's formula."""
-    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
+    meta = validate(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
     divisor = _fp8_max(fp8_max_input)
     if divisor != FP8_MAX:
         _write_cpu(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm, wrap_negative,
@@ -415,7 +419,7 @@ def indexer_k_write(
 @indexer_k_write.register_kernel("cuda")
 def _indexer_k_write_cuda(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True, block_size=0,
                           wrap_negative=False, fp8_max_input=None):
-    meta = _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
+    meta = validate(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
     divisor = _fp8_max(fp8_max_input)
     if divisor != FP8_MAX:
         _write_other_divisor(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta, round_norm, wrap_negative,
@@ -428,7 +432,7 @@ def _indexer_k_write_cuda(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, r
 @indexer_k_write.register_fake
 def _indexer_k_write_fake(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm=True, block_size=0,
                           wrap_negative=False, fp8_max_input=None):
-    _check(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
+    validate(kv_cache, k, slot_mapping, weight, bias, eps, block_size, wrap_negative)
 
 
 def aot_variants():

@@ -37,8 +37,8 @@ preallocated ``dst_value``/``dst_scale`` of serving code), the in-place
 Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement:
 
 * CUDA (an H200, torch 2.11, triton 3.6): where the gathered bytes are used, always: the
-  op is 3.8-4.1x faster than stock at 256 and 16384 tokens of context
-  (``benchmarks/results/report.md``: 4.1 vs 16.7 us, 2.5 vs 9.5 us), where the gathered
+  op is several times faster than stock at 256 and 16384 tokens of context (the figures:
+  ``benchmarks/results/report.md``, rows ``indexer_k_gather``), where the gathered
   values and scales are written out (returned, copied into ``dst_value``/``dst_scale``, or
   read by an opaque op such as DeepGEMM's ``fp8_mqa_logits``). When every use of both is
   elementwise code or another gather (a dequantization in plain torch), Inductor fuses the
@@ -78,17 +78,18 @@ from kda_inductor.patterns.base import (
     Stage,
     aten,
     cpu_min_count_rule,
+    earliest,
     escaping,
     fused_into_users,
+    in_graph_order,
     insert_fused,
     is_op,
-    positions,
     reachable,
     set_fake_vals,
     val,
 )
 from kda_inductor.patterns._layout import SYMBOLIC_ROW, byte_address, is_view_op, symbolic_layout_from, symbolic_row, view_root
-from kda_inductor.reference import QUANT_GROUP
+from kda_inductor.reference import CacheLayout
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
 
@@ -118,25 +119,6 @@ def _is_cache(n: fx.Node) -> bool:
     return isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() >= 2 and v.is_contiguous()
 
 
-def _layout(cache: fx.Node, head_dim: Any = None) -> tuple[int, int, int] | None:
-    """(block_size, head_dim, scale_bytes) of a blocked cache, if its row width fits. A page
-    buffer does not say its block size: ``head_dim`` (a values gather's width) does."""
-    cv = val(cache)
-    if cv.dim() == 3 and cv.shape[1] != 1:
-        _, bs, row = cv.shape
-        if not all(isinstance(x, int) for x in (bs, row)) or row % (QUANT_GROUP + 4):
-            return None
-        groups = row // (QUANT_GROUP + 4)
-        return bs, groups * QUANT_GROUP, 4 * groups
-    if any(s != 1 for s in cv.shape[1:-1]):
-        return None
-    page = cv.shape[-1]
-    if not (isinstance(page, int) and isinstance(head_dim, int) and head_dim > 0 and head_dim % QUANT_GROUP == 0):
-        return None
-    row = head_dim + 4 * (head_dim // QUANT_GROUP)
-    return (page // row, head_dim, row - head_dim) if page % row == 0 else None
-
-
 @dataclasses.dataclass
 class GatherMatch(Match):
     values: fx.Node
@@ -152,6 +134,27 @@ class GatherMatch(Match):
     @property
     def anchor(self) -> fx.Node:
         return self.values
+
+    @property
+    def layout(self) -> CacheLayout:
+        return CacheLayout(self.head_dim, self.block_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rows:
+    """Where the values gather reads token ``t`` (``_T``): block ``row`` of the cache, whose
+    blocks are ``block_bytes`` apart, at offset ``off`` in it, read through the lengths ``cu``
+    and the table ``bt``."""
+
+    cu: fx.Node
+    bt: fx.Node
+    row: sympy.Expr
+    off: sympy.Expr
+    block_bytes: Any
+
+    def fits(self, g: _Gather, col: sympy.Expr) -> bool:
+        """``g`` reads byte ``col`` (of ``_J``) of token ``t``'s block."""
+        return same(g.addr, self.row * self.block_bytes + col)
 
 
 class IndexerKGather(Rewrite):
@@ -183,21 +186,19 @@ class IndexerKGather(Rewrite):
         for values in gathers:
             if values.node in used:
                 continue
-            layout = _layout(values.cache, values.width)
-            if layout is None:
-                if val(values.cache).dim() == 3 and val(values.cache).shape[1] != 1:
-                    self.miss(values.node, Stage.LAYOUT, "cache row width is not head_dim + 4 * head_dim // 128")
-                continue
-            if values.width != layout[1]:
-                continue  # a scales candidate: looked at when pairing
+            layout = self._layout(values)
+            if layout is None or values.width != layout.head_dim:
+                continue  # not the cache, or a scales candidate: looked at when pairing
             m = self._pair(values, gathers, layout, algebra, used)
             if m is not None:
                 used.update((m.values, m.scales))
                 matches.append(m)
         return matches
 
-    # ------------------------------------------------------------------ find
+    # ------------------------------------------------------------------ recognition
     def _gather(self, n: fx.Node, algebra: IndexAlgebra) -> _Gather | None:
+        """``n`` as a gather of [tokens, bytes] out of a view of a cache, else None (a
+        ``Stage.FORM`` miss where it is one in another form)."""
         if not (is_op(n, aten.index) and n.target is aten.index.Tensor):
             return None
         src, indices = n.args
@@ -206,17 +207,36 @@ class IndexerKGather(Rewrite):
         cache = view_root(src, lambda x: not is_view_op(x))
         if cache is None or not _is_cache(cache):
             return None
+        lay = self._view_layout(n, src, cache)
+        rows = None if lay is None else self._rows(n, list(indices), lay)
+        if rows is None:
+            return None
+        node, indices, out, region = rows
+        read = self._bytes_read(n, indices, out, lay, algebra)
+        if read is None:
+            return None
+        addr, t_axis = read
+        width = out.shape[1] * out.element_size()
+        views = tuple(v for v in reachable([src], upstream=True) | {src} if v is not cache and is_view_op(v)
+                      and cache in reachable([v], upstream=True))
+        return _Gather(node, cache, addr, width, t_axis, region, views)
+
+    def _view_layout(self, n: fx.Node, src: fx.Node, cache: fx.Node):
+        """The layout (a meta tensor) of the cache's view ``src`` that ``n`` indexes, else None."""
         try:
             lay = symbolic_layout_from(src, cache)
         except ValueError:
             return None
         if lay is None:
             return self.miss(n, Stage.FORM, SYMBOLIC_ROW) if symbolic_row(val(cache)) else None
+        return lay
+
+    def _rows(self, n: fx.Node, indices: list, lay: torch.Tensor):
+        """``(node, indices, value, region)`` of the gather ``n`` as a 2-D one: 1-D flat byte
+        indices (one per dim indexed), the bytes viewed back as [N, W], read as the 2-D gather
+        of the unflattened indices; None when the result is not 2-D."""
         out, node, region = val(n), n, ()
-        indices = list(indices)
         if out is not None and out.dim() == 1 and len(indices) == lay.dim():
-            # 1-D flat byte indices (one per dim indexed), the bytes viewed back as [N, W]: read as
-            # the 2-D gather
             unflat = _unflattened(n, indices)
             if unflat is None:
                 return self.miss(n, Stage.FORM, "1-D flat byte indices that are not the gathered rows' [N, W] indices "
@@ -227,6 +247,12 @@ class IndexerKGather(Rewrite):
             indices, out = unflat_indices, val(node)
         if out is None or out.dim() != 2:
             return None
+        return node, indices, out, region
+
+    def _bytes_read(self, n: fx.Node, indices: list, out: torch.Tensor, lay: torch.Tensor,
+                    algebra: IndexAlgebra) -> tuple[sympy.Expr, sympy.Symbol] | None:
+        """``(byte address of output byte (t, j), token axis)`` of the gather ``n`` indexing
+        the view laid out as ``lay`` by ``indices``, else None."""
         syms = [algebra.interpret(i) for i in indices]
         if not all(isinstance(s_, Sym) for s_ in syms):
             return self.miss(
@@ -243,14 +269,38 @@ class IndexerKGather(Rewrite):
         exprs, axes = bound
         if p_rank == 2 and not known(algebra.axis_len.get(axes[1], -1) == out.shape[1]):
             return None  # not an arange across the row
-        addr = byte_address(lay, exprs, _J, trailing == 1)
-        width = out.shape[1] * out.element_size()
-        views = tuple(v for v in reachable([src], upstream=True) | {src} if v is not cache and is_view_op(v)
-                      and cache in reachable([v], upstream=True))
-        return _Gather(node, cache, addr, width, axes[0], region, views)
+        return byte_address(lay, exprs, _J, trailing == 1), axes[0]
 
-    def _pair(self, values, gathers, layout, algebra, used) -> Match | None:
-        bs, hd, sb = layout
+    # ------------------------------------------------------------------ layout
+    def _layout(self, values: _Gather) -> CacheLayout | None:
+        """The cache's layout (a page buffer's block size from the candidate's width), else
+        None (a ``Stage.LAYOUT`` miss for a 3-D cache whose rows fit no head_dim)."""
+        cv = val(values.cache)
+        layout = CacheLayout.parse(cv.shape, values.width)
+        if layout is None and cv.dim() == 3 and cv.shape[1] != 1:
+            self.miss(values.node, Stage.LAYOUT, "cache row width is not head_dim + 4 * head_dim // 128")
+        return layout
+
+    # ------------------------------------------------------------------ the pair
+    def _pair(self, values, gathers, layout: CacheLayout, algebra, used) -> Match | None:
+        """The match of the values gather ``values`` with its scales gather, else None (a miss)."""
+        rows = self._values_rows(values, layout, algebra)
+        if rows is None or not self._validated(values, layout, rows, algebra):
+            return None
+        for scales in gathers:
+            if self._scales_of(values, scales, layout, rows, algebra, used):
+                region = self._region(values, scales, algebra)
+                if region is not None:
+                    return self._placed(values, scales, layout, rows, region, algebra)
+        return self.miss(
+            values.node, Stage.ADDRESSING, f"no scales gather of the same cache and tokens with columns "
+            f"{layout.scales_start} + (pos % {layout.block_size}) * {layout.scale_bytes} + j"
+        )
+
+    def _values_rows(self, values: _Gather, layout: CacheLayout, algebra: IndexAlgebra) -> _Rows | None:
+        """Where ``values`` reads each token, when it reads block ``block_table[req, pos //
+        block_size]`` at its value bytes; else None (a ``Stage.PIECES`` miss)."""
+        bs = layout.block_size
         e = values.addr
         cus, bts = algebra.tables_read(e, "ss", 1), algebra.tables_read(e, "tab", 2)
         if len(cus) != 1 or len(bts) != 1:
@@ -261,70 +311,81 @@ class IndexerKGather(Rewrite):
         cu, bt = cus.pop(), bts.pop()
         req = algebra.count_le_fn(cu)(_T) - 1
         pos = _T - algebra.table_fn(cu)(req)
-        row = algebra.table_fn(bt)(req, sympy.floor(pos / bs))
-        off = sympy.Mod(pos, bs)
-        block_bytes = val(values.cache).stride(0)
-
-        def fits(g: _Gather, col: sympy.Expr) -> bool:
-            return same(g.addr, row * block_bytes + col)
-
-        if not fits(values, off * hd + _J):
+        rows = _Rows(cu, bt, algebra.table_fn(bt)(req, sympy.floor(pos / bs)), sympy.Mod(pos, bs),
+                     val(values.cache).stride(0))
+        if not rows.fits(values, layout.value_byte(rows.off) + _J):
             return self.miss(
                 values.node, Stage.PIECES, f"indices differ from block_table[req, pos // {bs}] and "
-                f"(pos % {bs}) * {hd} + j (another layout or block size)"
+                f"(pos % {bs}) * {layout.head_dim} + j (another layout or block size)"
             )
+        return rows
+
+    def _validated(self, values: _Gather, layout: CacheLayout, rows: _Rows, algebra: IndexAlgebra) -> bool:
+        """The op's validator accepts these inputs (what it would reject is no match, not a
+        failed rewrite); else a ``Stage.VALIDATED`` miss."""
         num_tokens = algebra.axis_len[values.t_axis]
         n_val = val(num_tokens) if isinstance(num_tokens, fx.Node) else num_tokens
-        try:  # what the fused op would reject is no match (not a failed rewrite)
-            _lowering._check_functional(_blocks(val(values.cache), bs, hd + sb), val(bt), val(cu), n_val, hd)
+        try:
+            _lowering.validate(_blocks(val(values.cache), layout), val(rows.bt), val(rows.cu), n_val,
+                               layout.head_dim)
         except (ValueError, TypeError) as exc:
-            return self.miss(values.node, Stage.VALIDATED, f"kda.indexer_k_gather rejects these inputs: {exc}")
-        for scales in gathers:
-            if (
-                scales.node in used
-                or scales.cache is not values.cache
-                or scales.width != sb
-                or algebra.axis_len[scales.t_axis] != algebra.axis_len[values.t_axis]
-                or not fits(scales, bs * hd + off * sb + _J)
-            ):
-                continue
-            region = (algebra.visited & reachable([values.node, scales.node], upstream=True)) | {
-                values.node,
-                scales.node,
-                *values.region, *scales.region,
-            }
-            # index arithmetic shared with other code (an arange CSE'd with the cache write's)
-            # stays for its other readers; gathered bytes read elsewhere would be gathered twice
-            outside = [n for n in escaping(region, [values.node, scales.node])
-                       if is_op(n, aten.index) or n in values.region or n in scales.region]
-            if outside:
-                self.miss(values.node, Stage.REGION, f"intermediate {outside[0].name} is also read by "
-                          f"{', '.join(u.name for u in outside[0].users if u not in region)}")
-                continue
-            dst = _preallocated_dst(values.node, scales.node, _blocks(val(values.cache), bs, hd + sb), bt, cu)
-            extra = {n for (_, copy) in (dst or ()) for n in _chain(copy)}
-            flats = set(values.views) | set(scales.views)
-            return GatherMatch(
-                nodes=sorted(region | flats | extra,
-                             key=positions(values.node.graph).__getitem__),
-                dst=dst, values=values.node, scales=scales.node, cache=values.cache, block_table=bt,
-                cu_seq_lens=cu, num_tokens=num_tokens, head_dim=hd, block_size=bs,
-            )
-        return self.miss(
-            values.node, Stage.ADDRESSING, f"no scales gather of the same cache and tokens with columns "
-            f"{bs * hd} + (pos % {bs}) * {sb} + j"
+            self.miss(values.node, Stage.VALIDATED, f"kda.indexer_k_gather rejects these inputs: {exc}")
+            return False
+        return True
+
+    @staticmethod
+    def _scales_of(values: _Gather, scales: _Gather, layout: CacheLayout, rows: _Rows, algebra: IndexAlgebra,
+                   used: set) -> bool:
+        """``scales`` reads the scale bytes of the tokens ``values`` reads."""
+        return not (
+            scales.node in used
+            or scales.cache is not values.cache
+            or scales.width != layout.scale_bytes
+            or algebra.axis_len[scales.t_axis] != algebra.axis_len[values.t_axis]
+            or not rows.fits(scales, layout.scale_byte(rows.off) + _J)
+        )
+
+    def _region(self, values: _Gather, scales: _Gather, algebra: IndexAlgebra) -> set[fx.Node] | None:
+        """The nodes the op replaces, when no lookup of them is read elsewhere; else None (a
+        ``Stage.REGION`` miss). Index arithmetic shared with other code (an arange CSE'd with
+        the cache write's) stays for its other readers; gathered bytes read elsewhere would be
+        gathered twice."""
+        region = (algebra.visited & reachable([values.node, scales.node], upstream=True)) | {
+            values.node,
+            scales.node,
+            *values.region, *scales.region,
+        }
+        outside = [n for n in escaping(region, [values.node, scales.node])
+                   if is_op(n, aten.index) or n in values.region or n in scales.region]
+        if outside:
+            self.miss(values.node, Stage.REGION, f"intermediate {outside[0].name} is also read by "
+                      f"{', '.join(u.name for u in outside[0].users if u not in region)}")
+            return None
+        return region
+
+    @staticmethod
+    def _placed(values: _Gather, scales: _Gather, layout: CacheLayout, rows: _Rows, region: set[fx.Node],
+                algebra: IndexAlgebra) -> GatherMatch:
+        """The match: the region, the user's views of the cache and, where both gathers are
+        copied into preallocated graph inputs, those copies' dtype views."""
+        dst = _preallocated_dst(values.node, scales.node, _blocks(val(values.cache), layout), rows.bt, rows.cu)
+        extra = {n for (_, copy) in (dst or ()) for n in _chain(copy)}
+        flats = set(values.views) | set(scales.views)
+        return GatherMatch(
+            nodes=in_graph_order(region | flats | extra),
+            dst=dst, values=values.node, scales=scales.node, cache=values.cache, block_table=rows.bt,
+            cu_seq_lens=rows.cu, num_tokens=algebra.axis_len[values.t_axis], head_dim=layout.head_dim,
+            block_size=layout.block_size,
         )
 
     # --------------------------------------------------------------- replace
     def replace(self, graph: fx.Graph, match: GatherMatch) -> None:
         m = match
-        first = min((m.values, m.scales), key=positions(graph).__getitem__)
-        first = min([first, *[n for n in m.nodes if is_op(n, aten.index)]], key=positions(graph).__getitem__)
+        first = earliest([m.values, m.scales, *[n for n in m.nodes if is_op(n, aten.index)]])
         cv = val(m.cache)
         if not (cv.dim() == 3 and cv.shape[1] == m.block_size):  # a page buffer: read as [pages, block_size, row]
-            row = m.head_dim + 4 * (m.head_dim // QUANT_GROUP)
             with graph.inserting_before(first):
-                cache = graph.call_function(aten.reshape.default, (m.cache, [-1, m.block_size, row]))
+                cache = graph.call_function(aten.reshape.default, (m.cache, [-1, m.block_size, m.layout.row_bytes]))
                 set_fake_vals(graph, cache)
             m = dataclasses.replace(m, cache=cache)
         if m.dst is None:
@@ -408,9 +469,11 @@ def _copied_into_input(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     return None
 
 
-def _blocks(cache, block_size: int, row: int):
+def _blocks(cache, layout: CacheLayout):
     """A (fake) cache as ``[num_blocks, block_size, row]`` (a 2-D page buffer's view)."""
-    return cache if cache.dim() == 3 and cache.shape[1] == block_size else cache.view(cache.shape[0], block_size, row)
+    if cache.dim() == 3 and cache.shape[1] == layout.block_size:
+        return cache
+    return cache.view(cache.shape[0], layout.block_size, layout.row_bytes)
 
 
 def _preallocated_dst(values, scales, cache, bt, cu):
@@ -423,7 +486,7 @@ def _preallocated_dst(values, scales, cache, bt, cu):
     if not known(dv.shape[0] == val(values).shape[0]):
         return None
     try:
-        _lowering._check_out(cache, dv, ds, val(bt), val(cu))
+        _lowering.validate(cache, val(bt), val(cu), dst_value=dv, dst_scale=ds)
     except (ValueError, TypeError):
         return None
     return dst

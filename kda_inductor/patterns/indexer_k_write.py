@@ -67,11 +67,10 @@ static.
 Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement:
 
 * CUDA (an H200, torch 2.11, triton 3.6): always. Stock Inductor cannot compile the write
-  there ("must be 1 to view Float as Byte"), so the alternative is eager: LayerNorm + quant +
-  write 2.4 vs 71.8 us at T=256 and 4.1 vs 175.2 us at T=16384
-  (``benchmarks/results/report.md``); in the hybrid model's T=256 spec-decode step (quant +
-  write after the rotary) the rewrite alone saves 40 us of the step (918.7 vs 958.9 us,
-  2026-12-01);
+  there ("must be 1 to view Float as Byte"), so the alternative is eager, which the op beats
+  by more than 30x at T=256 and T=16384 (the figures: ``benchmarks/results/report.md``, rows
+  ``indexer_k_write``); in the hybrid model's T=256 spec-decode step (quant + write after the
+  rotary) the rewrite alone saves 40 us of the step (918.7 vs 958.9 us, 2026-12-01);
 * CPU (this project's 2-core machine, torch 2.13, forced op vs the same graph left to
   Inductor, which compiles it there): only with a static count of at least
   ``CPU_MIN_TOKENS`` tokens. The op's CPU implementation wins from 512 tokens (512: 793 vs
@@ -87,8 +86,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
-from typing import Any
+from typing import Any, NamedTuple
 
 import sympy
 import torch
@@ -106,15 +104,16 @@ from kda_inductor.patterns.base import (
     Stage,
     aten,
     cpu_min_count_rule,
+    earliest,
+    in_graph_order,
     insert_fused,
     is_op,
-    source_location,
-    positions,
     prims,
+    source_location,
     val,
 )
 from kda_inductor.patterns.canonical import Canon, Term, const_value
-from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN
+from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN, CacheLayout
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
 CPU_MIN_TOKENS = 1024
@@ -367,15 +366,37 @@ def _read_scaled(q: fx.Node, t: Term, d: Any, canon: Canon) -> _Quant | str:
             or val(xt.node).shape[-1] != QUANT_GROUP:
         return f"x is not float32 with groups of {QUANT_GROUP} in its last dim (another group size)"
     scale = canon.strip(st, "view")
-    ue8m0 = exact = False
-    plain = scale
-    if plain.op == "exp2":
-        inner = plain.args[0]
+    rounding = _scale_rounding(scale)
+    if isinstance(rounding, str):
+        return rounding
+    plain, ue8m0, exact = rounding
+    fp8_max_input = _scale_formula(plain, exact, xt, canon)
+    if isinstance(fp8_max_input, str):
+        return fp8_max_input
+    k = _quantized_k(xt, exact, canon)
+    if isinstance(k, str):
+        return k
+    nodes = canon.region(t, stop=lambda s_: s_.node is k) | canon.region(st, stop=lambda s_: s_.node is k)
+    return _Quant(q, scale, st.node, xt.node, k, ue8m0, nodes, fp8_max_input)
+
+
+def _scale_rounding(scale: Term) -> tuple[Term, bool, bool] | str:
+    """``(plain scale, ue8m0, exact)``: the scale without its ue8m0 rounding up to a power of
+    two (``exp2(ceil(log2(s)))``, or ``exact``: by bit tricks), or why not."""
+    if scale.op == "exp2":
+        inner = scale.args[0]
         if not (inner.op == "ceil" and inner.args[0].op == "log2"):
             return "scale is 2 ** (something other than ceil(log2(s)))"
-        plain, ue8m0 = inner.args[0].args[0], True
-    elif plain.op == "pow2_ceil":  # the exact ceiling by bit tricks (DeepSeek-V3.2's fast_pow2)
-        plain, ue8m0, exact = plain.args[0], True, True
+        return inner.args[0].args[0], True, False
+    if scale.op == "pow2_ceil":  # the exact ceiling by bit tricks (DeepSeek-V3.2's fast_pow2)
+        return scale.args[0], True, True
+    return scale, False, False
+
+
+def _scale_formula(plain: Term, exact: bool, xt: Term, canon: Canon) -> fx.Node | None | str:
+    """The plain scale is ``max(amax(|x|), 1e-4) / 448`` of the ``x`` divided (``* (1 / 448)``
+    only with the exact ue8m0 ceiling): the divisor's lifted graph input (``dynamic=True``),
+    None for the constant; or why not."""
     divisor = plain.args[1] if plain.op == "div" and len(plain.args) == 2 else None
     fp8_max_input = divisor.attr("input") if isinstance(divisor, Term) and divisor.op == "lifted" else None
     times_inverse = (exact and plain.op == "mul" and len(plain.args) == 2
@@ -393,6 +414,12 @@ def _read_scaled(q: fx.Node, t: Term, d: Any, canon: Canon) -> _Quant | str:
         return "scale does not start from amax(abs(x)) over the group's 128 values (keepdim)"
     if canon.strip(amax.args[0].args[0], "view") != canon.strip(xt, "view"):
         return "amax and the division read different x"
+    return fp8_max_input
+
+
+def _quantized_k(xt: Term, exact: bool, canon: Canon) -> fx.Node | str:
+    """The ``[T, D]`` tensor whose ``.float()`` is the quantized ``x`` (itself when float32),
+    or why not."""
     src = canon.strip(xt, "view")
     if src.op == "cast" and src.attr("dtype") == torch.float32:
         k = src.args[0].node
@@ -407,8 +434,7 @@ def _read_scaled(q: fx.Node, t: Term, d: Any, canon: Canon) -> _Quant | str:
         # amax * (1 / 448) ties amax / 448 there, for every amax of 16-bit values (checked
         # exhaustively over bf16 and fp16); float32 amax can differ just above a power of two
         return "ue8m0 by bit tricks on float32 k (the exact ceiling differs from 2 ** ceil(log2(s)) there)"
-    nodes = canon.region(t, stop=lambda s_: s_.node is k) | canon.region(st, stop=lambda s_: s_.node is k)
-    return _Quant(q, scale, st.node, xt.node, k, ue8m0, nodes, fp8_max_input)
+    return k
 
 
 def _layer_norm(x, w, b, eps):
@@ -467,28 +493,126 @@ def _is_param(p: Any, k0: fx.Node) -> bool:
             and pv.shape[0] == kv.shape[1])
 
 
-def _cache_layout(cv: torch.Tensor, head_dim: int) -> tuple[int, int, int] | None:
-    """``(block_size, groups, block_bytes)`` of the blocked cache for ``head_dim`` value bytes
-    per token: a 3-D ``[num_blocks, block_size, head_dim + 4G]`` cache, or SGLang's 2-D page
-    buffer ``[num_pages, page_size * (head_dim + 4G)]`` (its block size from the row width)."""
-    if not (isinstance(head_dim, int) and head_dim > 0 and head_dim % QUANT_GROUP == 0):
-        return None
-    groups = head_dim // QUANT_GROUP
-    row = head_dim + 4 * groups
-    if cv.dim() == 3 and cv.shape[1] != 1:
-        _, bs, r = cv.shape
-        if not (isinstance(bs, int) and r == row):
-            return None
+# --------------------------------------------------------------------------- one write, read
+
+
+class _Stored(NamedTuple):
+    """One write of the cache, read (:meth:`IndexerKWrite._read_write`): what it stores, where."""
+
+    kind: str  # "values" (an fp8 cast) or "scales" (float32)
+    src: fx.Node  # the stored tensor, before its views
+    masked: bool  # stored through torch.where(slot_mapping >= 0, new, old) (or its masked delta)
+    write: _Write
+    nodes: set  # the write's nodes (the index_put, the stored views, the mask)
+    reads: set  # the old cache bytes a masked write reads
+    addr: sympy.Expr  # byte address of byte j of token t's stored row
+    row_bytes: int  # bytes stored per token
+    algebra: _SlotAlgebra  # shared by both writes (the second write's reading extends the first's)
+
+
+def _unwrapped(w: _Write, indices: list, values: Any):
+    """``(indices, stored values, masked, nodes)`` of a write: the stored values without the
+    one-token reshape, the mask (``(mask, old)``, or None when unmasked) and the flat
+    ``index_copy_``'s flattening; or why not."""
+    nodes = {w.node}
+    masked = None
+    if (is_op(values, *VIEWS) and val(values).dim() < 2 and _leading_ones(val(values.args[0]))
+            and _flat_pair(indices, values) is None):
+        nodes |= {values}  # one token: x[i] = v strips v's leading 1s ([1, B] -> [B])
+        values = values.args[0]
+    if w.accumulate:  # the race-free masked spelling: add where(valid, new - old, 0)
+        delta = _masked_delta(values)
+        if delta is None:
+            return "accumulating write that does not add where(slot_mapping >= 0, new - old, 0)"
+        mask, new, old, delta_nodes = delta
+        masked, values = (mask, old), new
+        nodes |= delta_nodes
+    elif is_op(values, aten.where) and values.target is aten.where.self:
+        mask, new, old = values.args
+        masked = (mask, old)
+        nodes |= {values}
+        values = new
+    flat = _flat_pair(indices, values)
+    if flat is not None:  # index_copy_ on a flat view: unflatten both
+        nodes |= {indices[0], values}
+        indices, values = [flat[0]], flat[1]
+    return indices, values, masked, nodes
+
+
+def _byte_address(lay: torch.Tensor, indices: list, vv: torch.Tensor, algebra: _SlotAlgebra) -> sympy.Expr | str:
+    """The byte address of byte ``j`` of token ``t``'s stored row ``vv`` in a write of the view
+    laid out as ``lay`` at ``indices``, or why not."""
+    syms = [algebra.interpret(i) for i in indices]
+    if not all(isinstance(s, Sym) for s in syms):
+        return "index tensors are not integer arithmetic of slot_mapping and arange"
+    tail = list(lay.shape[len(indices):])
+    p_rank = max(len(s.dims) for s in syms)
+    if p_rank + len(tail) != 2:
+        return "the write is not [tokens, bytes] shaped"
+    bound = algebra.bind(syms, [_T, _J][:p_rank])
+    if bound is None:
+        return "index tensors do not broadcast to [tokens] or [tokens, bytes]"
+    exprs, axes = bound
+    if axes[0] is not algebra.tok:
+        return "the first index dim is not the token axis"
+    if p_rank == 2 and not known(algebra.axis_len.get(axes[1], -1) == vv.shape[1]):
+        return "the byte axis does not span the stored row"
+    elem = sum(e * st for e, st in zip(exprs, lay.stride())) + lay.storage_offset()
+    if tail:
+        if not known(tail[0] == vv.shape[1]):
+            return "the stored row does not fill the indexed row"
+        elem = elem + _J * lay.stride(len(indices))
+    esize = lay.element_size()
+    if vv.element_size() != esize:
+        return "stored dtype size differs from the cache view's"
+    addr = esize * elem  # byte address of element (t, j); bytes within it follow in order
+    if esize > 1:
+        addr = addr.subs(_J, sympy.floor(_J / esize)) + sympy.Mod(_J, esize)
+    return addr
+
+
+def _stored_source(values: Any, vv: torch.Tensor, esize: int):
+    """``(kind, source, views, row bytes)`` of the stored ``values``: fp8 values (an fp8 cast)
+    or float32 scales (also as a view of their bits), all of it; or why not."""
+    src, views = _through_views(values)
+    row_bytes = vv.shape[1] * esize
+    if not isinstance(row_bytes, int):
+        return "the stored rows have a symbolic width"
+    f32 = [v for v in [*views, src] if val(v) is not None and val(v).dtype == torch.float32]
+    if f32 and val(src).dtype != torch.float32:  # scales stored from a float32 view of their bits
+        src = f32[-1]
+    if is_op(src, *_CASTS) and val(src).dtype == torch.float8_e4m3fn:
+        kind = "values"
+    elif val(src) is not None and val(src).dtype == torch.float32:
+        kind = "scales"
     else:
-        if any(s_ != 1 for s_ in cv.shape[1:-1]):
-            return None  # pages: [num_pages, page_bytes], unit dims between allowed
-        page = cv.shape[-1]
-        if not (isinstance(page, int) and page % row == 0):
-            return None
-        bs = page // row
-    if cv.stride(-1) != 1:
-        return None
-    return bs, groups, cv.stride(0)
+        return "stores neither fp8 values nor float32 scales"
+    if not known(val(src).numel() == vv.numel() * esize // val(src).element_size()):
+        return "the stored bytes are not all of the quantized tensor"
+    return kind, src, views, row_bytes
+
+
+class _Norm(NamedTuple):
+    """The ``k`` the op reads and the LayerNorm it applies (``weight`` None: none)."""
+
+    k: fx.Node
+    weight: fx.Node | None = None
+    bias: fx.Node | None = None
+    eps: float = 1e-6
+    round_norm: bool = True
+
+
+def _fused_norm(k: fx.Node, region: set[fx.Node]) -> _Norm:
+    """The LayerNorm that makes ``k``, fused (its nodes added to ``region``) when nothing
+    outside the region reads what it computes; else ``k`` without a norm."""
+    ln = _read_layer_norm(k)
+    if ln is not None:
+        k0, w, b, e, rounded, ln_nodes = ln
+        inside = region | ln_nodes
+        if all(u in inside for n in ln_nodes for u in n.users):
+            region |= ln_nodes
+            return _Norm(k0, w, b, e, rounded)
+    return _Norm(k)
 
 
 # --------------------------------------------------------------------------- the rewrite
@@ -547,6 +671,49 @@ class IndexerKWrite(Rewrite):
         return matches
 
     def _match(self, copy: fx.Node, canon: Canon) -> Match | None:
+        """The match of the cache written back by ``copy``, in the stages of :class:`Stage`:
+        the chain of writes (form), what each stores (pieces), the layout, the shared slot
+        index, the byte addresses, the stored values, the op's validator and the region;
+        else None, with a miss at the stage that rejected it."""
+        written = self._written(copy)
+        pieces = None if written is None else self._pieces(copy, *written)
+        if pieces is None:
+            return None
+        values, scales, region, reads = pieces
+        layout = self._layout(copy, values, scales)
+        slot = None if layout is None else self._slot(copy, values, scales)
+        if slot is None or not self._addressed(copy, values, scales, layout, slot):
+            return None
+        quant = self._quantized(values, scales, layout, slot, canon)
+        if quant is None:
+            return None
+        region |= quant.nodes | values.algebra.visited
+        norm = _fused_norm(quant.k, region)
+        cv = val(copy.args[0])
+        block_size = 0 if cv.dim() == 3 and cv.shape[1] == layout.block_size else layout.block_size
+        if not self._validated(copy, norm, slot, block_size, values.masked):
+            return None
+        closed = self._region_closed(copy, written[0], len(written[1].writes), reads)
+        if closed is None:
+            return None
+        readers, versions = closed
+        region |= set(versions) | reads
+        region -= {copy.args[0], copy}  # the user's copy_ stays: it copies the op's new cache
+        if values.masked and not (values.write.accumulate and scales.write.accumulate):
+            self.note(values.write.node, RACY_NOTE)
+        return WriteMatch(
+            nodes=in_graph_order(region),
+            copy=copy, cache=copy.args[0], k=norm.k, slot_mapping=slot, weight=norm.weight, bias=norm.bias,
+            eps=float(norm.eps), ue8m0=quant.ue8m0, round_norm=norm.round_norm, wrap_negative=not values.masked,
+            block_size=block_size, fp8_max_input=quant.fp8_max_input, readers=readers,
+            first=earliest((values.write.node, scales.write.node)),
+        )
+
+    # ------------------------------------------------------------------ recognition
+    def _written(self, copy: fx.Node) -> tuple[_Chain, _State] | None:
+        """``(chain, final state)`` of the cache ``copy`` writes back, when it is a chain of two
+        functional writes and views of it whose addresses do not depend on its symbolic sizes;
+        else None (a ``Stage.FORM`` miss)."""
         cache = copy.args[0]
         try:
             chain = _Chain(cache)
@@ -560,73 +727,108 @@ class IndexerKWrite(Rewrite):
         if not _sizes_do_not_matter(copy, final):
             return self.miss(copy, Stage.FORM, SYMBOLIC_ROW if symbolic_row(val(cache)) else
                              "the writes' byte addresses depend on the cache's symbolic sizes")
+        return chain, final
+
+    def _pieces(self, copy: fx.Node, chain: _Chain, final: _State):
+        """``(values write, scales write, region, old bytes read)``: one write of fp8 values and
+        one of float32 scales, each read by :meth:`_read_write`; else None (a ``Stage.PIECES``
+        miss)."""
         region: set[fx.Node] = {copy}
         reads: set[fx.Node] = set()
-        found = {}
+        found: dict[str, list[_Stored]] = {}
         algebra = None
         for w in final.writes:
             got = self._read_write(w, chain, algebra)
             if isinstance(got, str):
                 return self.miss(w.node, Stage.PIECES, got)
-            kind, src, masked, algebra, nodes, wreads, addr, row_bytes = got
-            found.setdefault(kind, []).append((w, src, masked, addr, row_bytes))
-            region |= nodes
-            reads |= wreads
+            algebra = got.algebra
+            found.setdefault(got.kind, []).append(got)
+            region |= got.nodes
+            reads |= got.reads
         if sorted(found) != ["scales", "values"] or any(len(v) != 1 for v in found.values()):
             return self.miss(copy, Stage.PIECES, "not one values write and one scales write")
-        (wv, q, mv, addr_v, hd), = found["values"]
-        racy = mv and not (wv.accumulate and found["scales"][0][0].accumulate)
-        (ws, s_src, ms, addr_s, scale_row), = found["scales"]
-        layout = _cache_layout(val(cache), hd)
-        if layout is None:
+        return found["values"][0], found["scales"][0], region, reads
+
+    # ------------------------------------------------------------------ layout, indexing, addressing
+    def _layout(self, copy: fx.Node, values: _Stored, scales: _Stored) -> CacheLayout | None:
+        """The cache's layout for the stored rows' head_dim, else None (a ``Stage.LAYOUT``
+        miss; a ``Stage.PIECES`` one when the scale rows are not that layout's)."""
+        cv = val(copy.args[0])
+        layout = CacheLayout.parse(cv.shape, values.row_bytes)
+        if layout is None or layout.head_dim != values.row_bytes or cv.stride(-1) != 1:
             return self.miss(copy, Stage.LAYOUT, "cache row width is not head_dim + 4 * head_dim // 128")
-        bs, groups, block_bytes = layout
-        if scale_row != 4 * groups:
-            return self.miss(ws.node, Stage.PIECES, f"scale rows are {scale_row} bytes, not {4 * groups}")
+        if scales.row_bytes != layout.scale_bytes:
+            return self.miss(scales.write.node, Stage.PIECES,
+                             f"scale rows are {scales.row_bytes} bytes, not {layout.scale_bytes}")
+        return layout
+
+    def _slot(self, copy: fx.Node, values: _Stored, scales: _Stored) -> fx.Node | None:
+        """The one ``slot_mapping`` both writes index by (masked alike), else None (a
+        ``Stage.INDEXING`` miss)."""
+        algebra = values.algebra
         if len(algebra.sequences) != 1:
             return self.miss(copy, Stage.INDEXING, "the writes do not index by one slot_mapping")
-        slot = next(iter(algebra.sequences))
-        if mv != ms or (algebra.clamped and not mv):
+        if values.masked != scales.masked or (algebra.clamped and not values.masked):
             return self.miss(copy, Stage.INDEXING, "slots clamped to 0 but the writes are not masked by slot_mapping >= 0")
-        seq = algebra.seq_fn(slot)(_T)
+        return next(iter(algebra.sequences))
+
+    def _addressed(self, copy: fx.Node, values: _Stored, scales: _Stored, layout: CacheLayout,
+                   slot: fx.Node) -> bool:
+        """Both writes store where ``layout`` puts slot ``slot_mapping[t]``'s bytes (block
+        ``slot // block_size``, offset ``slot % block_size``); else a ``Stage.ADDRESSING`` miss."""
+        bs, hd = layout.block_size, layout.head_dim
+        seq = values.algebra.seq_fn(slot)(_T)
         blk, off = sympy.floor(seq / bs), sympy.Mod(seq, bs)
-        if not same(addr_v, blk * block_bytes + off * hd + _J):
-            return self.miss(wv.node, Stage.ADDRESSING, f"value bytes do not go to block slot // {bs}, byte (slot % {bs}) * {hd} + j "
-                             "(another layout or block size)")
-        if not same(addr_s, blk * block_bytes + bs * hd + off * 4 * groups + _J):
-            return self.miss(ws.node, Stage.ADDRESSING, f"scale bytes do not go to block slot // {bs}, byte {bs * hd} + "
-                             f"(slot % {bs}) * {4 * groups} + j (another layout or block size)")
-        quant = _read_quant(q, canon)
+        block = blk * val(copy.args[0]).stride(0)  # the block stride is free
+        if not same(values.addr, block + layout.value_byte(off) + _J):
+            self.miss(values.write.node, Stage.ADDRESSING, f"value bytes do not go to block slot // {bs}, byte "
+                      f"(slot % {bs}) * {hd} + j (another layout or block size)")
+            return False
+        if not same(scales.addr, block + layout.scale_byte(off) + _J):
+            self.miss(scales.write.node, Stage.ADDRESSING, f"scale bytes do not go to block slot // {bs}, byte "
+                      f"{layout.scales_start} + (slot % {bs}) * {layout.scale_bytes} + j (another layout or "
+                      "block size)")
+            return False
+        return True
+
+    # ------------------------------------------------------------------ values
+    def _quantized(self, values: _Stored, scales: _Stored, layout: CacheLayout, slot: fx.Node,
+                   canon: Canon) -> _Quant | None:
+        """The quantization whose fp8 values and scales are stored, of a ``k`` that fits the
+        cache and ``slot_mapping``; else None (a ``Stage.VALUES`` miss)."""
+        quant = _read_quant(values.src, canon)
         if isinstance(quant, str):
-            return self.miss(wv.node, Stage.VALUES, quant)
+            return self.miss(values.write.node, Stage.VALUES, quant)
+        s_src = scales.src
         if canon.strip(canon(s_src), "view") != quant.scale and _through_views(s_src)[0] is not _through_views(
                 quant.scale_node)[0]:
-            return self.miss(ws.node, Stage.VALUES, "the stored scales are not the ones the values were divided by")
+            return self.miss(scales.write.node, Stage.VALUES, "the stored scales are not the ones the values were divided by")
         kv = val(quant.k)
-        if kv.shape[1] != hd or not known(kv.shape[0] == val(slot).shape[0]):
-            return self.miss(wv.node, Stage.VALUES, "k's shape does not fit the cache and slot_mapping")
-        k, weight, bias, eps, round_norm = quant.k, None, None, 1e-6, True
-        region |= quant.nodes | algebra.visited
-        ln = _read_layer_norm(k)
-        if ln is not None:
-            k0, w, b, e, rounded, ln_nodes = ln
-            inside = region | ln_nodes
-            if all(u in inside for n in ln_nodes for u in n.users):
-                k, weight, bias, eps, round_norm = k0, w, b, e, rounded
-                region |= ln_nodes
-        cv = val(cache)
-        block_size = 0 if cv.dim() == 3 and cv.shape[1] == bs else bs  # a page buffer does not say its block size
-        try:  # what the fused op would reject is no match (not a failed rewrite)
-            _lowering._check(val(cache), val(k), val(slot), val(weight), val(bias), eps, block_size, not mv)
+        if kv.shape[1] != layout.head_dim or not known(kv.shape[0] == val(slot).shape[0]):
+            return self.miss(values.write.node, Stage.VALUES, "k's shape does not fit the cache and slot_mapping")
+        return quant
+
+    # ------------------------------------------------------------------ validation, region
+    def _validated(self, copy: fx.Node, norm: _Norm, slot: fx.Node, block_size: int, masked: bool) -> bool:
+        """The op's validator accepts these inputs (what it would reject is no match, not a
+        failed rewrite); else a ``Stage.VALIDATED`` miss."""
+        try:
+            _lowering.validate(val(copy.args[0]), val(norm.k), val(slot), val(norm.weight), val(norm.bias),
+                               norm.eps, block_size, not masked)
         except (ValueError, TypeError) as exc:
-            return self.miss(copy, Stage.VALIDATED, f"kda.indexer_k_write rejects these inputs: {exc}")
-        # every version but the last is read only inside the region (masked writes read the old bytes)
-        last = len(final.writes)
+            self.miss(copy, Stage.VALIDATED, f"kda.indexer_k_write rejects these inputs: {exc}")
+            return False
+        return True
+
+    def _region_closed(self, copy: fx.Node, chain: _Chain, last: int, reads: set[fx.Node]):
+        """``(readers, versions)``: every version of the cache but the last is read only inside
+        the region (masked writes read the old bytes), and the last one's readers outside the
+        chain (they get the new cache) read it whole; else None (a ``Stage.REGION`` miss)."""
         versions = {n: s for n, s in chain.memo.items() if s is not None}
         for n, s in versions.items():
             if 0 < len(s.writes) < last and any(u not in versions and u not in reads for u in n.users):
                 return self.miss(n, Stage.REGION, "a partly written cache is read elsewhere")
-        readers = []  # last-version nodes read outside the chain: they get the new cache
+        readers = []
         for n, s in versions.items():
             if len(s.writes) == last and any(u not in versions for u in n.users if u is not copy):
                 lay = s.layout
@@ -634,107 +836,41 @@ class IndexerKWrite(Rewrite):
                         and chain.root.is_contiguous()):
                     return self.miss(n, Stage.REGION, "the written cache is read through a strided view")
                 readers.append(n)
-        region |= set(versions) | reads
-        region -= {cache, copy}  # the user's copy_ stays: it copies the op's new cache
-        if racy:
-            self.note(wv.node, RACY_NOTE)
-        return WriteMatch(
-            nodes=sorted(region, key=positions(copy.graph).__getitem__),
-            copy=copy, cache=cache, k=k, slot_mapping=slot, weight=weight, bias=bias, eps=float(eps),
-            ue8m0=quant.ue8m0, round_norm=round_norm, wrap_negative=not mv, block_size=block_size,
-            fp8_max_input=quant.fp8_max_input, readers=readers,
-            first=min((wv.node, ws.node), key=positions(copy.graph).__getitem__),
-        )
+        return readers, versions
 
-    def _read_write(self, w: _Write, chain: _Chain, algebra):
-        """One write -> (kind, value source, masked, algebra, nodes, reads, byte address, row
-        bytes) or why not."""
-        base, indices, values = w.node.args[:3]
+    # ------------------------------------------------------------------ one write
+    def _read_write(self, w: _Write, chain: _Chain, algebra) -> _Stored | str:
+        """One write -> what it stores where (:class:`_Stored`), or why not."""
+        indices = w.node.args[1]
         if any(i is None for i in indices) or len(indices) > w.layout.dim():
             return "index_put with None (slice) indices"
-        nodes = {w.node}
-        reads: set[fx.Node] = set()
-        masked = None
-        indices = list(indices)
-        if (is_op(values, *VIEWS) and val(values).dim() < 2 and _leading_ones(val(values.args[0]))
-                and _flat_pair(indices, values) is None):
-            nodes |= {values}  # one token: x[i] = v strips v's leading 1s ([1, B] -> [B])
-            values = values.args[0]
-        if w.accumulate:  # the race-free masked spelling: add where(valid, new - old, 0)
-            delta = _masked_delta(values)
-            if delta is None:
-                return "accumulating write that does not add where(slot_mapping >= 0, new - old, 0)"
-            mask, new, old, delta_nodes = delta
-            masked, values = (mask, old), new
-            nodes |= delta_nodes
-        elif is_op(values, aten.where) and values.target is aten.where.self:
-            mask, new, old = values.args
-            masked = (mask, old)
-            nodes |= {values}
-            values = new
-        flat = _flat_pair(indices, values)
-        if flat is not None:  # index_copy_ on a flat view: unflatten both
-            nodes |= {indices[0], values}
-            indices, values = [flat[0]], flat[1]
+        got = _unwrapped(w, list(indices), w.node.args[2])
+        if isinstance(got, str):
+            return got
+        indices, values, masked, nodes = got
         vv = val(values)
         if vv is None or vv.dim() != 2:
             return "the stored values are not [tokens, bytes]"
-        num_tokens = vv.shape[0]
         if algebra is None:
-            algebra = _SlotAlgebra(num_tokens)
-        elif not known(algebra.num_tokens == num_tokens):
+            algebra = _SlotAlgebra(vv.shape[0])
+        elif not known(algebra.num_tokens == vv.shape[0]):
             return "the two writes store different numbers of tokens"
-        syms = [algebra.interpret(i) for i in indices]
-        if not all(isinstance(s, Sym) for s in syms):
-            return "index tensors are not integer arithmetic of slot_mapping and arange"
-        lay = w.layout
-        tail = list(lay.shape[len(indices):])
-        p_rank = max(len(s.dims) for s in syms)
-        if p_rank + len(tail) != 2:
-            return "the write is not [tokens, bytes] shaped"
-        bound = algebra.bind(syms, [_T, _J][:p_rank])
-        if bound is None:
-            return "index tensors do not broadcast to [tokens] or [tokens, bytes]"
-        exprs, axes = bound
-        if axes[0] is not algebra.tok:
-            return "the first index dim is not the token axis"
-        if p_rank == 2 and not known(algebra.axis_len.get(axes[1], -1) == vv.shape[1]):
-            return "the byte axis does not span the stored row"
-        elem = sum(e * st for e, st in zip(exprs, lay.stride())) + lay.storage_offset()
-        if tail:
-            if not known(tail[0] == vv.shape[1]):
-                return "the stored row does not fill the indexed row"
-            elem = elem + _J * lay.stride(len(indices))
-        esize = lay.element_size()
-        if vv.element_size() != esize:
-            return "stored dtype size differs from the cache view's"
-        addr = esize * elem  # byte address of element (t, j); bytes within it follow in order
-        if esize > 1:
-            addr = addr.subs(_J, sympy.floor(_J / esize)) + sympy.Mod(_J, esize)
+        addr = _byte_address(w.layout, indices, vv, algebra)
+        if isinstance(addr, str):
+            return addr
+        reads: set[fx.Node] = set()
         if masked is not None:
-            why = self._check_mask(masked, w, chain, indices, algebra, lay)
+            why = self._check_mask(masked, w, chain, indices, algebra, w.layout)
             if why:
                 return why
             reads.add(masked[1])
             ge, views = _through_views(masked[0], (aten.unsqueeze, aten.expand, *VIEWS))
             nodes |= {masked[1], ge, *views}
-        src, views = _through_views(values)
-        nodes |= set(views)
-        row_bytes = vv.shape[1] * esize
-        if not isinstance(row_bytes, int):
-            return "the stored rows have a symbolic width"
-        f32 = [v for v in [*views, src] if val(v) is not None and val(v).dtype == torch.float32]
-        if f32 and val(src).dtype != torch.float32:  # scales stored from a float32 view of their bits
-            src = f32[-1]
-        if is_op(src, *_CASTS) and val(src).dtype == torch.float8_e4m3fn:
-            kind = "values"
-        elif val(src) is not None and val(src).dtype == torch.float32:
-            kind = "scales"
-        else:
-            return "stores neither fp8 values nor float32 scales"
-        if not known(val(src).numel() == vv.numel() * esize // val(src).element_size()):
-            return "the stored bytes are not all of the quantized tensor"
-        return kind, src, masked is not None, algebra, nodes, reads, addr, row_bytes
+        stored = _stored_source(values, vv, w.layout.element_size())
+        if isinstance(stored, str):
+            return stored
+        kind, src, views, row_bytes = stored
+        return _Stored(kind, src, masked is not None, w, nodes | set(views), reads, addr, row_bytes, algebra)
 
     @staticmethod
     def _check_mask(masked, w, chain, indices, algebra, lay) -> str | None:

@@ -1,5 +1,6 @@
 """The kda-inductor command.
 
+    kda-inductor rewrites [--update README.md]   the registered rewrites (the README's table)
     kda-inductor graph-diff TARGET [--rewrite NAME] [--mode MODE] [--force] [--grad]
                                    [--explain-misses] [--html FILE] [--color auto|always|never]
                                    [--traceback]
@@ -290,7 +291,32 @@ def _bold(text: str, color: bool) -> str:
     return f"\x1b[1m{text}\x1b[0m" if color else text
 
 
-COMMANDS = {"graph-diff": graph_diff}
+def rewrites(argv: list[str]) -> int:
+    """``kda-inductor rewrites [--update FILE]``: the registered rewrites as the README's
+    markdown table; ``--update`` replaces the table in ``FILE`` (the lines from its header row
+    to the next blank line) instead of printing it."""
+    from kda_inductor.patterns import markdown_table
+
+    p = argparse.ArgumentParser(prog="kda-inductor rewrites")
+    p.add_argument("--update", metavar="FILE", help="rewrite the table in FILE (README.md) in place")
+    args = p.parse_args(argv)
+    table = markdown_table()
+    if args.update is None:
+        print(table, end="")
+        return 0
+    path = Path(args.update)
+    text = path.read_text(encoding="utf-8")
+    start = text.find(table.splitlines()[0])
+    if start < 0:
+        print(f"kda-inductor rewrites: no rewrite table (a line '{table.splitlines()[0]}') in {path}",
+              file=sys.stderr)
+        return 1
+    end = text.find("\n\n", start)
+    path.write_text(text[:start] + table + text[end + 1 if end >= 0 else len(text):], encoding="utf-8")
+    return 0
+
+
+COMMANDS = {"graph-diff": graph_diff, "rewrites": rewrites}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -206,3 +206,23 @@ def test_python_block_runs(block: Block, tmp_path, monkeypatch):
                              "tests/readme_standins/snippets.py or a <!-- readme-test: setup --> comment") from err
     finally:
         torch._dynamo.reset()
+
+
+def test_rewrite_table_is_the_registry(tmp_path):
+    """The README's rewrite table is ``kda-inductor rewrites``' output: every registered rewrite,
+    in registry order, with its pattern class's ``finds`` / ``becomes`` (a new rewrite needs no
+    README edit: regenerate the table). The command's own output is checked too."""
+    from kda_inductor.patterns import REWRITE_NAMES, markdown_table
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    table = markdown_table()
+    assert table in text, "README.md's rewrite table differs from the registry: run `kda-inductor rewrites --update README.md`"
+    assert [line.split("`")[1] for line in table.splitlines()[2:]] == list(REWRITE_NAMES)
+    run = subprocess.run([sys.executable, "-m", "kda_inductor.cli", "rewrites"], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0 and run.stdout == table, run.stderr
+    stale = tmp_path / "README.md"
+    stale.write_text(text.replace(table, table.replace("|---|---|---|\n", "|---|---|---|\n| `old` | x | y |\n")))
+    run = subprocess.run([sys.executable, "-m", "kda_inductor.cli", "rewrites", "--update", str(stale)],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0 and stale.read_text() == text, run.stderr

@@ -16,5 +16,16 @@ REWRITES: dict[str, type[Rewrite]] = {
     cls.name: cls for cls in (IndexerKWrite, IndexerKGather, GdnSpecSplit, GatedNormMerge)
 }
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
+"""The only list of rewrites: the pass, the options, ``benchmarks/report.py``, ``.ci/gpu``, the
+spelling corpus and the README's rewrite table all read it."""
 
-__all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite"]
+
+def markdown_table() -> str:
+    """The README's rewrite table, one row per registered rewrite (``kda-inductor rewrites``;
+    ``tests/test_readme.py`` checks the README holds exactly this)."""
+    lines = ["| name | finds | replaces with |", "|---|---|---|"]
+    lines += [f"| `{name}` | {cls.finds} | {cls.becomes} |" for name, cls in REWRITES.items()]
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite", "markdown_table"]

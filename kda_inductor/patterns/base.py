@@ -135,7 +135,11 @@ class Rewrite:
     """Base class of one rewrite; subclasses live one per file in ``patterns/``."""
 
     name: ClassVar[str]
-    summary: ClassVar[str]
+    finds: ClassVar[str]
+    """What the rewrite recognizes, in the words of the README's rewrite table (generated from
+    these: ``kda-inductor rewrites``)."""
+    becomes: ClassVar[str]
+    """What it puts in the graph instead (the table's last column)."""
     eager_form_hint: ClassVar[str | None] = None
     """Where to find a traceable spelling, for ``explain()`` when a frame fell back to eager."""
 

@@ -169,7 +169,15 @@ class NormMatch(Match):
 
 class GatedNormMerge(Rewrite):
     name = "gated_norm_merge"
-    summary = "index_copy_ merge + gated RMSNorm of a GDN/KDA layer -> one kda::gated_norm_merge launch"
+    finds = (
+        "a GDN/KDA layer's spec / non-spec merge (`index_copy_` / `index_put_` / `out[:, idx] = v` "
+        "into `torch.empty` or `torch.zeros`), also copied into a padded output (vLLM's "
+        '`core_attn_out[:n] = merged.squeeze(0)`, `out[0, :n] = ...`), read by a gated RMSNorm of any'
+        " rank (`[N, D]`, KDA's `[1, N, H, D]`; norm before gate, silu or sigmoid; "
+        'flash-linear-attention and transformers spellings); also that norm with no merge, up to 256 '
+        'x 32 x 128 values (static shapes)'
+    )
+    becomes = '`kda::gated_norm_merge` (one Triton kernel, no merged buffer; eps is an argument)'
 
     def find(self, graph: fx.Graph) -> list[Match]:
         canon = Canon(graph)

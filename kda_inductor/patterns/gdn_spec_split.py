@@ -126,7 +126,11 @@ def _indices(match: SplitMatch) -> set[fx.Node]:
 
 class GdnSpecSplit(Rewrite):
     name = "gdn_spec_split"
-    summary = "GDN/KDA spec / non-spec token gathers -> one kda::gdn_spec_split launch"
+    finds = (
+        "a GDN/KDA layer's token gathers (`index_select` / `x[idx]` along the token dim) grouped by "
+        "shared index, spec and non-spec together (up to 12 gathers: vLLM's BailingMoeV3 KDA has 10)"
+    )
+    becomes = '`kda::gdn_spec_split` (one launch for all of them)'
 
     def speed_rule(self, match: SplitMatch) -> str | None:
         if match.device != "cuda":

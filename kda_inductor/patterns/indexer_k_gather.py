@@ -159,7 +159,14 @@ class _Rows:
 
 class IndexerKGather(Rewrite):
     name = "indexer_k_gather"
-    summary = "DeepSeek-V3.2 indexer K-cache gather (values + scales) -> kda::indexer_k_gather"
+    finds = (
+        'DeepSeek-V3.2 indexer K-cache gather written sync-free (`searchsorted`/`bucketize`, '
+        '`searchsorted(cu, t + 1) - 1`, a clamped request index; advanced indexing into any view of '
+        'the blocked fp8 paged cache: flat 2-D or 1-D views, `as_strided` regions, 1-D flat byte '
+        "indices viewed back, SGLang's 2-D page buffers; symbolic token and block counts, a "
+        '`dynamic=True` block size needs `mark_static`), returned or copied into preallocated buffers'
+    )
+    becomes = '`kda::indexer_k_gather` / `kda::indexer_k_gather_out` (one Triton kernel)'
     eager_form_hint = (
         "kda_inductor.reference.gather_indexer_k (sync-free: searchsorted + advanced "
         "indexing) traces into one graph and is rewritten by indexer_k_gather"

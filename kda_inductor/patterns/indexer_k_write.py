@@ -638,7 +638,21 @@ class WriteMatch(Match):
 
 class IndexerKWrite(Rewrite):
     name = "indexer_k_write"
-    summary = "DeepSeek-V3.2 indexer K norm + fp8 quant + paged-cache write -> kda::indexer_k_write"
+    finds = (
+        'DeepSeek-V3.2 indexer K write: optional LayerNorm, fp8 e4m3 quantization per 128 values '
+        '(plain or ue8m0 scales, in every spelling the canonical layer reads: `clamp_min` / '
+        '`torch.maximum(amax, torch.tensor(eps))`, amax without keepdim then `unsqueeze`, '
+        '`max(dim)[0]`, `pow(2, .)` / `exp2` / the bit tricks on 16-bit k, one group per row or `[T, '
+        "G, 128]`) and the store into the blocked paged cache (3-D, SGLang's 2-D pages) at "
+        '`slot_mapping`, as `index_put_`, `index_copy_` or `view[blk, off] = ...`; padding (slot < 0)'
+        ' written race-free as `index_put_(idx, torch.where(slot >= 0, new - old, 0), '
+        'accumulate=True)` at the clamped slot (`kda_inductor.reference.write_indexer_k`) is skipped;'
+        ' a plain `index_put_` of `torch.where(slot >= 0, new, old)` is matched too but races where a'
+        " real token shares padding's slot (eager undefined; the graph's note says so); unmasked "
+        'negative slots land where Python indexing puts them; symbolic token and block counts (a '
+        '`dynamic=True` block size needs `mark_static`)'
+    )
+    becomes = '`kda::indexer_k_write` (one Triton kernel, in place on the cache: no clone, no copy)'
 
     def note(self, node: fx.Node, text: str) -> None:
         """A note on a match at the user's line (``pass_manager`` adds it to the graph's note)."""

@@ -265,3 +265,14 @@ def partition(g: torch.Generator, num_tokens: int, num_spec: int, dtype=torch.in
     if sort:  # vLLM's token indices come from masks: ascending
         spec, non_spec = spec.sort().values, non_spec.sort().values
     return spec.to(dtype), non_spec.to(dtype)
+
+
+def all_cases() -> list:
+    """Every case of every ``tests/spellings/cases_*.py`` module (a new rewrite adds its own
+    module; nothing lists them), in file-name order."""
+    import importlib
+    import pathlib
+
+    here = pathlib.Path(__file__).parent
+    return [case for path in sorted(here.glob("cases_*.py"))
+            for case in importlib.import_module(f"tests.spellings.{path.stem}").CASES]

@@ -13,12 +13,11 @@ import time
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from tests.spellings import cases_gdn, cases_indexer  # noqa: E402
-from tests.spellings._corpus import check_case  # noqa: E402
+from tests.spellings._corpus import all_cases, check_case  # noqa: E402
 
 
 def main(argv: list[str]) -> int:
-    cases = cases_gdn.CASES + cases_indexer.CASES
+    cases = all_cases()
     if argv:
         cases = [c for c in cases if any(a in c.name for a in argv)]
     failed = 0

@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.spellings import cases_gdn, cases_indexer
-from tests.spellings._corpus import check_case
+from tests.spellings._corpus import all_cases, check_case
 
-CORPUS = cases_gdn.CASES + cases_indexer.CASES
+CORPUS = all_cases()
 
 
 def test_names_are_unique():

@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from kda_inductor.testing import assert_no_cudagraph_skips, compile_for_test, fresh_compile
-from tests.spellings import cases_gdn, cases_indexer
-from tests.spellings._corpus import check_case, on_device
+from tests.spellings._corpus import all_cases, check_case, on_device
 
-BY_NAME = {case.name: case for case in cases_gdn.CASES + cases_indexer.CASES}
+BY_NAME = {case.name: case for case in all_cases()}
 
 ON_CUDA = [
     "bailing_kda_split",

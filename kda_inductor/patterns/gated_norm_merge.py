@@ -445,26 +445,37 @@ class GatedNormMerge(Rewrite):
 
     # ------------------------------------------------------------------ replace
     def replace(self, graph: fx.Graph, match: NormMatch) -> None:
-        m, n = match, match.norm
-        with graph.inserting_before(n.y):
-            if m.plain:
-                sources = [_reshape(graph, m.source if m.source is not None else n.x, [-1, m.width])]
-                num_tokens = m.num_tokens
-                if m.num_tokens is None or not isinstance(m.num_tokens, int):
-                    num_tokens = _sym_rows(graph, sources[0])
-            else:
-                sources = [_reshape(graph, w.values, [-1, m.width]) for w in m.writes]
-                num_tokens = m.num_tokens
-            z = _gate(graph, n.z, n.D)
-        eps, eps_input = (0.0, n.eps[1]) if isinstance(n.eps, tuple) else (n.eps, None)
-        insert_fused(
-            graph, torch.ops.kda.gated_norm_merge.default,
-            (sources, [w.index for w in m.writes], z, n.weight, eps, n.act, n.form, n.rsqrt, num_tokens,
-             n.out_dtype, m.pad_value, eps_input),
-            before=n.y, routes=[Route(n.y, shape=list(val(n.y).shape))], region=m.nodes, origin=n.y,
-        )
-        if z is not n.z:  # the user's copy of the gate (and its views) may be dead now
-            erase_dead(graph, _copy_chain(n.z))
+        n = match.norm
+        args, z = op_args(graph, match)
+        insert_fused(graph, torch.ops.kda.gated_norm_merge.default, args, before=n.y,
+                     routes=[Route(n.y, shape=list(val(n.y).shape))], region=match.nodes, origin=n.y)
+        drop_gate_copy(graph, match, z)
+
+
+def op_args(graph: fx.Graph, match: NormMatch) -> tuple[tuple, fx.Node]:
+    """``kda::gated_norm_merge``'s arguments for ``match`` (their views inserted before the
+    norm's output), and the gate passed. ``kda::gated_norm_quant`` takes the same first ones."""
+    m, n = match, match.norm
+    with graph.inserting_before(n.y):
+        if m.plain:
+            sources = [_reshape(graph, m.source if m.source is not None else n.x, [-1, m.width])]
+            num_tokens = m.num_tokens
+            if m.num_tokens is None or not isinstance(m.num_tokens, int):
+                num_tokens = _sym_rows(graph, sources[0])
+        else:
+            sources = [_reshape(graph, w.values, [-1, m.width]) for w in m.writes]
+            num_tokens = m.num_tokens
+        z = _gate(graph, n.z, n.D)
+    eps, eps_input = (0.0, n.eps[1]) if isinstance(n.eps, tuple) else (n.eps, None)
+    return (sources, [w.index for w in m.writes], z, n.weight, eps, n.act, n.form, n.rsqrt, num_tokens,
+            n.out_dtype, m.pad_value, eps_input), z
+
+
+def drop_gate_copy(graph: fx.Graph, match: NormMatch, z: fx.Node) -> None:
+    """After the fused op replaced the norm: the user's copy of the gate (and its views),
+    when the op reads the gate where it lies, is dead now."""
+    if z is not match.norm.z:
+        erase_dead(graph, _copy_chain(match.norm.z))
 
 
 # --------------------------------------------------------------------------- helpers

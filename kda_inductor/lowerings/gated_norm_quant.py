@@ -1,0 +1,370 @@
+"""``kda::gated_norm_quant``: ``kda::gated_norm_merge`` (the merge and the gated RMSNorm of a
+GDN/KDA layer, see its module docstring) followed by vLLM's dynamic FP8 e4m3 quantization of
+its output (``QuantFP8.forward_native``), in one pass: neither the merged buffer nor the norm's
+output is written.
+
+The arguments up to ``num_tokens`` and ``pad_value`` / ``eps_input`` are the norm's;
+``norm_dtype`` is its output dtype (``out_dtype``). The op returns ``(q, scales)``, exactly::
+
+    y = gated_norm_merge(sources, indices, z, weight, eps, activation, form, rsqrt,
+                         num_tokens, norm_dtype, pad_value, eps_input)   # [rows, D], norm_dtype
+    x = y.reshape(-1, width)                     # [M, K]: the quantizer's tokens, K = width
+    xg = x.view(-1, K // group_size, group_size)
+    amax = xg.abs().amax(-1, keepdim=True).float()
+    s = amax / 448.0
+    if ue8m0: s = torch.exp2(torch.ceil(torch.log2(s)))
+    s = s.clamp(min=1.0 / (448.0 * 512.0))
+    xs = xg.float() * s.reciprocal() if reciprocal else xg / s
+    q = xs.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).view(-1, K)  # [M, K]
+    scales = s.squeeze(-1)                                           # [M, G] float32, G = K // group_size
+    if column_major: scales = scales.t().contiguous().t()            # same values, strides (1, M)
+
+(group quantization divides by ``s``; per-token quantization, ``group_size == width``, is
+spelled with ``reciprocal=True``). ``M = rows * D // width``; ``width`` must divide the
+``rows * D`` values of ``y`` and ``group_size`` must divide ``width``.
+
+The CPU kernel is that code (bit-exact). On CUDA one Triton kernel computes it: program
+``(p, h)`` takes row ``p`` of one source (the merge's scatter: it writes token ``idx[p]``;
+without indices row ``p`` is token ``p``; padding tokens hold ``pad_value``), normalizes the
+norm rows ``h * BLOCK_R ..`` of that token with ``gated_norm_merge``'s ``_gated_rms_norm``,
+rounds ``y`` to ``norm_dtype`` in registers, and quantizes groups that lie inside the tile:
+
+* ``group_size`` a multiple ``k * D`` of the norm row with ``k`` dividing ``R`` (the norm rows
+  per token): ``k == 1`` is one group per norm row (``group_size == D``), ``k == R`` one group
+  per token (``group_size == width == R * D``, the per-token scale); any ``D``;
+* ``group_size`` a power of two dividing ``D``: several groups per norm row.
+
+Other layouts (a group spanning tokens; a group that neither divides nor is a multiple of
+``D``; index lengths that do not partition ``num_tokens``, as ``gated_norm_merge``'s CUDA path)
+run the norm op and then the quantization code above on the GPU. Scales are stored row-major
+``[M, G]`` or column-major (strides ``(1, M)``); ``q`` is contiguous ``[M, K]``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from kda_inductor.lowerings import arg_error as _err
+from kda_inductor.lowerings import definitely, triton_launch_options
+from kda_inductor.lowerings.gated_norm_merge import (
+    _TL_DTYPES,
+    _check,
+    _gate_strides,
+    _hf_dtype,
+    _merge_then_norm,
+    _rows,
+    gate_rows,
+    host_scalar,
+    rows_per_program,
+)
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover
+    triton = None
+    tl = None
+
+FP8_MAX = 448.0
+SCALE_MIN = 1.0 / (FP8_MAX * 512.0)
+NORM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype, width,
+             group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None):
+    """Sync-free checks of every argument (the norm's by ``gated_norm_merge``'s own check);
+    returns ``(R, D, P, M, G)``: norm rows per token, their size, tokens, the quantizer's
+    tokens and groups per token. Sizes may be symbolic."""
+    R, D, P = _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
+    if norm_dtype not in NORM_DTYPES:
+        raise _err("norm_dtype", f"expected one of {NORM_DTYPES}, got {norm_dtype}")
+    for name, v in (("width", width), ("group_size", group_size)):
+        if isinstance(v, bool) or not isinstance(v, (int, torch.SymInt)):
+            raise _err(name, f"expected an int, got {type(v).__name__}", TypeError)
+        if definitely(v <= 0):
+            raise _err(name, f"must be > 0, got {v}")
+    if definitely(width % group_size != 0):
+        raise _err("group_size", f"{group_size} does not divide width {width}")
+    values = P * R * D
+    if definitely(values % width != 0):
+        raise _err("width", f"{width} does not divide the norm's {P * R} rows x {D} = {values} values")
+    M = values // width
+    return R, D, P, M, width // group_size
+
+
+def quantize(y: Tensor, width: int, group_size: int, ue8m0: bool, reciprocal: bool,
+             column_major: bool) -> tuple[Tensor, Tensor]:
+    """The quantization of the module docstring, op for op (eager's code): the CPU kernel's
+    second half and the CUDA fallback's."""
+    x = y.reshape(-1, width)
+    K = x.shape[1]
+    xg = x.view(-1, K // group_size, group_size)
+    amax = xg.abs().amax(-1, keepdim=True).float()
+    s = amax / FP8_MAX
+    if ue8m0:
+        s = torch.exp2(torch.ceil(torch.log2(s)))
+    s = s.clamp(min=SCALE_MIN)
+    xs = xg.float() * s.reciprocal() if reciprocal else xg / s
+    q = xs.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(-1, K)
+    scales = s.squeeze(-1)
+    if column_major:
+        scales = scales.t().contiguous().t()
+    return q, scales
+
+
+@torch.library.custom_op("kda::gated_norm_quant", mutates_args=(), device_types="cpu")
+def gated_norm_quant(sources: list[Tensor], indices: list[Tensor], z: Tensor, weight: Tensor,
+                     eps: float, activation: str, form: str, rsqrt: bool, num_tokens: int,
+                     norm_dtype: torch.dtype, width: int, group_size: int, ue8m0: bool,
+                     reciprocal: bool, column_major: bool, pad_value: float | None = None,
+                     eps_input: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """See the module docstring. ``eps_input`` overrides ``eps`` as in ``gated_norm_merge``."""
+    eps = host_scalar(eps_input, "eps_input", eps)
+    validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype, width,
+             group_size, ue8m0, reciprocal, column_major, pad_value)
+    y = _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
+                         pad_value, check_range=True)
+    return quantize(y, width, group_size, ue8m0, reciprocal, column_major)
+
+
+def _new_outputs(z: Tensor, M, width, G, column_major: bool) -> tuple[Tensor, Tensor]:
+    q = z.new_empty((M, width), dtype=torch.float8_e4m3fn)
+    if column_major:
+        scales = z.new_empty((G, M), dtype=torch.float32).t()
+    else:
+        scales = z.new_empty((M, G), dtype=torch.float32)
+    return q, scales
+
+
+@gated_norm_quant.register_fake
+def _gated_norm_quant_fake(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
+                           width, group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None):
+    _, _, _, M, G = validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
+                             width, group_size, ue8m0, reciprocal, column_major, pad_value)
+    return _new_outputs(z, M, width, G, column_major)
+
+
+def kernel_mode(R: int, D: int, group_size: int) -> tuple[int, int] | None:
+    """``(ROW_GROUP, GROUP)`` of the Triton kernel for this layout, or None (the fallback):
+    ``(k, 0)`` for groups of ``k`` whole norm rows (``k`` divides ``R``), ``(0, group_size)``
+    for power-of-two groups dividing ``D``."""
+    if group_size % D == 0 and R % (group_size // D) == 0:
+        return group_size // D, 0
+    if group_size < D and D % group_size == 0 and group_size & (group_size - 1) == 0:
+        return 0, group_size
+    return None
+
+
+@gated_norm_quant.register_kernel("cuda")
+def _gated_norm_quant_cuda(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
+                           width, group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None):
+    eps = host_scalar(eps_input, "eps_input", eps)
+    R, D, P, M, G = validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
+                             width, group_size, ue8m0, reciprocal, column_major, pad_value)
+    partition = sum(s.shape[0] for s in sources) == num_tokens
+    if not partition or kernel_mode(R, D, group_size) is None:
+        y = torch.ops.kda.gated_norm_merge.default(sources, indices, z, weight, eps, activation, form, rsqrt,
+                                                   num_tokens, norm_dtype, pad_value)
+        return quantize(y, width, group_size, ue8m0, reciprocal, column_major)
+    q, scales = _new_outputs(z, M, width, G, column_major)
+    norm_quant_triton(sources, indices, z, weight, q, scales, eps=eps, activation=activation, form=form,
+                      rsqrt=rsqrt, num_tokens=num_tokens, norm_dtype=norm_dtype, group_size=group_size,
+                      ue8m0=ue8m0, reciprocal=reciprocal, column_major=column_major, pad_value=pad_value)
+    return q, scales
+
+
+# --------------------------------------------------------------------------------------
+# Triton
+# --------------------------------------------------------------------------------------
+if triton is not None:
+    from kda_inductor.lowerings.gated_norm_merge import _gated_rms_norm
+    from kda_inductor.lowerings.indexer_k_write import _ceil_pow2, _e4m3_bits
+
+    _FP8_MAX = tl.constexpr(FP8_MAX)
+    _SCALE_MIN = tl.constexpr(SCALE_MIN)
+
+    @triton.jit
+    def _fp8_scale(amax, UE8M0: tl.constexpr):
+        """``s`` of the module docstring from the float32 ``amax`` (>= 0). ``ue8m0``: a zero
+        or tiny ``s`` becomes 2**-100 first (below the clamp, as eager's 0 or 2**ceil)."""
+        s = tl.math.div_rn(amax, tl.full(amax.shape, _FP8_MAX, tl.float32))
+        if UE8M0:
+            s = _ceil_pow2(tl.maximum(s, 7.888609052210118e-31))
+        return tl.maximum(s, _SCALE_MIN)
+
+    @triton.jit
+    def _fp8_bits(x, s, RECIPROCAL: tl.constexpr, HW_CASTS: tl.constexpr):
+        """fp8 e4m3fn bits (uint8) of ``x / s`` (or ``x * (1 / s)``), clamped to +-448; ``s``
+        broadcast to ``x``'s shape."""
+        if RECIPROCAL:
+            xs = x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
+        else:
+            xs = tl.math.div_rn(x, s)
+        xs = tl.minimum(tl.maximum(xs, -_FP8_MAX), _FP8_MAX)
+        if HW_CASTS:
+            return xs.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
+        return _e4m3_bits(xs)
+
+    @triton.jit
+    def _scale_offset(gflat, M, G, COLUMN_MAJOR: tl.constexpr):
+        if COLUMN_MAJOR:
+            return (gflat % G) * M + gflat // G
+        return gflat
+
+    @triton.jit(do_not_specialize=["n0", "n1", "T", "M"], debug=True)
+    def _gated_norm_quant_kernel(
+        src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
+        z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr,
+        q_ptr, s_ptr, T, R, D, eps, pad, M, G,
+        SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
+        HF_DTYPE: tl.constexpr, NORM_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
+        IDENTITY: tl.constexpr, PADDED: tl.constexpr, ROW_GROUP: tl.constexpr, GROUP: tl.constexpr,
+        UE8M0: tl.constexpr, RECIPROCAL: tl.constexpr, COLUMN_MAJOR: tl.constexpr, HW_CASTS: tl.constexpr,
+    ):
+        """Program (p, h): ``gated_norm_merge``'s merge kernel's rows (source row p -> its
+        token's norm rows h * BLOCK_R ..), then the quantization of the groups in the tile:
+        ``ROW_GROUP = k > 0``: groups of k norm rows (BLOCK_R >= R when k > 1); else groups of
+        ``GROUP`` columns. ``HW_CASTS`` (GPU): the hardware's rounding casts; without it (the
+        interpreter, whose bf16 / fp8 casts truncate) bf16 and fp8 by integer arithmetic."""
+        p = tl.program_id(0)
+        h = tl.program_id(1)
+        first = p < n0
+        i = tl.where(first, p, p - n0).to(tl.int64)
+        if IDENTITY:
+            t = p.to(tl.int64)
+        else:
+            t0 = tl.load(idx0 + i, mask=first, other=0).to(tl.int64)
+            t1 = tl.load(idx1 + i, mask=(p >= n0) & (p < n0 + n1), other=0).to(tl.int64)
+            t = tl.where(first, t0, t1)
+            t = tl.where(t < 0, t + T, t)
+            if PADDED:
+                t = tl.where(p < n0 + n1, t, T + (p - n0 - n1))
+                tl.device_assert((t >= 0) & ((t < T) | (p >= n0 + n1)), "gated_norm_quant: index out of range")
+            else:
+                tl.device_assert((t >= 0) & (t < T), "gated_norm_quant: index out of range")
+        rr = h * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+        dd = tl.arange(0, BLOCK_D)[None, :]
+        m = (rr < R) & (dd < D)
+        col = rr * D + dd
+        row = tl.where(first, src0 + i * src_stride0, src1 + i * src_stride1)
+        if PADDED:
+            real = (rr * 0 + p) < n0 + n1  # a vector: the interpreter mis-types scalar & vector masks
+            x = tl.load(row + col, mask=m & real, other=0.0).to(tl.float32)
+            x = tl.where(real, x, tl.where(m, pad, 0.0))
+        else:
+            x = tl.load(row + col, mask=m, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
+        zrow = t * R + rr
+        zoff = (zrow // z_rows_per_group) * z_stride_group + (zrow % z_rows_per_group) * z_stride_row
+        g = tl.load(z_ptr + zoff + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
+        y = _gated_rms_norm(x, g, w, D, eps, SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE)
+        # y as the norm op returns it (norm_dtype), back in float32
+        if NORM_DTYPE == tl.bfloat16 and not HW_CASTS:
+            yb = y.to(tl.int32, bitcast=True)
+            yb = (yb + 0x7FFF + ((yb >> 16) & 1)) & -65536
+            y = yb.to(tl.float32, bitcast=True)
+        else:
+            y = y.to(NORM_DTYPE).to(tl.float32)
+        y = tl.where(m, y, 0.0)
+        ya = tl.abs(y)
+        if ROW_GROUP > 0:
+            amax = tl.max(ya, axis=1)  # [BLOCK_R]
+            if ROW_GROUP > 1:  # the max over each group's rows
+                same = (rr // ROW_GROUP) == (tl.reshape(rr, [1, BLOCK_R]) // ROW_GROUP)
+                amax = tl.max(tl.where(same, tl.reshape(amax, [1, BLOCK_R]), 0.0), axis=1)
+            s = _fp8_scale(amax, UE8M0)
+            bits = _fp8_bits(y, tl.broadcast_to(s[:, None], [BLOCK_R, BLOCK_D]), RECIPROCAL, HW_CASTS)
+            r1 = tl.reshape(rr, [BLOCK_R])
+            gflat = (t * R + r1) // ROW_GROUP
+            tl.store(s_ptr + _scale_offset(gflat, M, G, COLUMN_MAJOR), s,
+                     mask=(r1 < R) & (r1 % ROW_GROUP == 0))
+        else:
+            NG: tl.constexpr = BLOCK_D // GROUP
+            y3 = tl.reshape(y, [BLOCK_R, NG, GROUP])
+            amax = tl.max(tl.abs(y3), axis=2)  # [BLOCK_R, NG]
+            s = _fp8_scale(amax, UE8M0)
+            bits = _fp8_bits(y3, tl.broadcast_to(s[:, :, None], [BLOCK_R, NG, GROUP]), RECIPROCAL, HW_CASTS)
+            bits = tl.reshape(bits, [BLOCK_R, BLOCK_D])
+            gj = tl.arange(0, NG)[None, :]
+            gflat = (t * R + rr) * (D // GROUP) + gj
+            tl.store(s_ptr + _scale_offset(gflat, M, G, COLUMN_MAJOR), s, mask=(rr < R) & (gj * GROUP < D))
+        tl.store(q_ptr + zrow * D + dd, bits, mask=m)
+
+
+def norm_quant_triton(sources, indices, z, weight, q, scales, *, eps: float, activation: str, form: str,
+                      rsqrt: bool, num_tokens: int, norm_dtype: torch.dtype, group_size: int, ue8m0: bool,
+                      reciprocal: bool, column_major: bool, pad_value: float | None = None,
+                      block_r: int | None = None, num_warps: int | None = None):
+    """One launch writing ``q`` (contiguous fp8 ``[M, K]``) and ``scales`` (``[M, G]``, row- or
+    column-major as ``column_major`` says). The caller has validated the arguments and checked
+    that the index lengths partition ``num_tokens`` and that ``kernel_mode`` is not None. No
+    sync, no allocation."""
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("gated_norm_quant: the Triton kernel needs triton, which is not installed")
+    D = weight.shape[0]
+    R = sources[0].shape[1] // D
+    mode = kernel_mode(R, D, group_size)
+    if mode is None:
+        raise ValueError(f"group_size: {group_size} is no layout of the kernel for R={R}, D={D}")
+    row_group, group = mode
+    M, K = q.shape
+    G = K // group_size
+    if column_major:
+        assert M <= 1 or scales.stride(0) == 1, "scales must be column-major"
+    else:
+        assert scales.is_contiguous(), "scales must be contiguous"
+    pad_tokens = gate_rows(z)[0] // R - num_tokens
+    srcs = [_rows(s) for s in sources]
+    n = [s.shape[0] for s in sources] + [0]
+    programs = n[0] + n[1] + pad_tokens
+    if programs == 0:
+        return q, scales
+    s1, st1 = srcs[1] if len(srcs) > 1 else srcs[0]
+    identity = not indices
+    idx0 = srcs[0][0] if identity else indices[0]
+    idx1 = idx0 if len(indices) < 2 else indices[1]
+    block_d = triton.next_power_of_2(D)
+    if row_group > 1:
+        block_r = triton.next_power_of_2(R)  # a group's rows in one program
+    else:
+        block_r = block_r or rows_per_program(programs, R, D)
+    if num_warps is None:
+        num_warps = max(1, min(8, block_r * block_d // 512))
+    in_dtype = sources[0].dtype
+    extra = triton_launch_options() if q.is_cuda else {}
+    _gated_norm_quant_kernel[(programs, triton.cdiv(R, block_r))](
+        srcs[0][0], s1, idx0, idx1, n[0], n[1], srcs[0][1], st1,
+        z, *_gate_strides(z), weight, q.view(torch.uint8), scales, num_tokens, R, D, eps,
+        0.0 if pad_value is None else float(pad_value), M, G,
+        SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
+        HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], NORM_DTYPE=_TL_DTYPES[norm_dtype],
+        BLOCK_R=block_r, BLOCK_D=block_d, IDENTITY=identity, PADDED=pad_tokens > 0,
+        ROW_GROUP=row_group, GROUP=group, UE8M0=ue8m0, RECIPROCAL=reciprocal, COLUMN_MAJOR=column_major,
+        HW_CASTS=q.is_cuda, num_warps=num_warps, **extra,
+    )
+    return q, scales
+
+
+def aot_variants():
+    """The merge with one group per norm row (D = 128), ue8m0 or not, scales row- or
+    column-major; the per-token scale (all R = 8 rows, reciprocal); groups of 64 inside a row;
+    the merge-free norm; the hf form and a padded output, for the ahead-of-time sm_90 check."""
+    from kda_inductor.lowerings import AotVariant, debug_options
+
+    types = dict(src0="*bf16", src1="*bf16", idx0="*i64", idx1="*i64", n0="i32", n1="i32", src_stride0="i32",
+                 src_stride1="i32", z_ptr="*bf16", z_rows_per_group="i32", z_stride_group="i32",
+                 z_stride_row="i32", z_stride_col="i32", w_ptr="*fp32", q_ptr="*u8", s_ptr="*fp32",
+                 T="i32", R="i32", D="i32", eps="fp32", pad="fp32", M="i32", G="i32")
+    base = dict(SIGMOID=True, HF=False, RSQRT=True, IN_DTYPE=tl.bfloat16, HF_DTYPE=tl.float32,
+                NORM_DTYPE=tl.bfloat16, BLOCK_R=8, BLOCK_D=128, IDENTITY=False, PADDED=False, ROW_GROUP=1,
+                GROUP=0, UE8M0=False, RECIPROCAL=False, COLUMN_MAJOR=False, HW_CASTS=True)
+    opts = debug_options(2)
+    for ue8m0 in (False, True):
+        for column_major in (False, True):
+            yield AotVariant(_gated_norm_quant_kernel, types, {**base, "UE8M0": ue8m0, "COLUMN_MAJOR": column_major},
+                             opts)
+    yield AotVariant(_gated_norm_quant_kernel, types, {**base, "ROW_GROUP": 8, "RECIPROCAL": True}, opts)
+    yield AotVariant(_gated_norm_quant_kernel, types, {**base, "ROW_GROUP": 0, "GROUP": 64}, opts)
+    yield AotVariant(_gated_norm_quant_kernel, types, {**base, "IDENTITY": True, "HF": True, "SIGMOID": False}, opts)
+    yield AotVariant(_gated_norm_quant_kernel, types, {**base, "PADDED": True, "NORM_DTYPE": tl.float32}, opts)

@@ -146,7 +146,7 @@ class GatedNormQuant(Rewrite):
         norm_merge.drop_gate_copy(graph, m, z)
 
 
-def _value_users(n: fx.Node, limit: int = 16) -> list[fx.Node]:
+def _value_users(n: fx.Node, limit: int = 32) -> list[fx.Node]:
     """The nodes that read ``n``'s values through views, abs, amax and arithmetic (the
     quantization's nodes), in graph order."""
     seen: list[fx.Node] = []

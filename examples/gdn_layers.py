@@ -250,6 +250,46 @@ def all_reduce(x: torch.Tensor, group) -> torch.Tensor:
     return fc.wait_tensor(fc.all_reduce(x, "sum", group))
 
 
+# --------------------------------------------------------------------------- FP8 output projection
+class Fp8Linear(nn.Module):
+    """A block-wise fp8 linear in plain torch, as FP8 checkpoints of Qwen3-Next / Qwen3.5 hold
+    their output projection: e4m3 weights with one float32 scale per ``group x group`` block, the
+    activations quantized per token group of ``group`` by vLLM's dynamic ``QuantFP8`` formula
+    (``forward_native``), then a dequantized matmul (the quantization is what matters here: it is
+    what ``gated_norm_quant`` fuses with the norm before it). ``Fp8Linear.from_linear(lin)``."""
+
+    FP8_MAX, MIN_SCALE = 448.0, 1.0 / (448.0 * 512.0)
+
+    def __init__(self, weight_q: torch.Tensor, weight_scale: torch.Tensor, group: int, out_dtype: torch.dtype):
+        super().__init__()
+        self.register_buffer("weight_q", weight_q)
+        self.register_buffer("weight_scale", weight_scale)
+        self.group, self.out_dtype = group, out_dtype
+
+    @classmethod
+    def from_linear(cls, lin: nn.Linear, group: int = 128) -> Fp8Linear:
+        w = lin.weight.detach().float()
+        o, i = w.shape
+        blocks = w.view(o // group, group, i // group, group)
+        s = (blocks.abs().amax(dim=(1, 3), keepdim=True) / cls.FP8_MAX).clamp(min=cls.MIN_SCALE)
+        q = (blocks / s).clamp(-cls.FP8_MAX, cls.FP8_MAX).to(torch.float8_e4m3fn).view(o, i)
+        return cls(q, s.view(o // group, i // group), group, lin.weight.dtype)
+
+    def quantize(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """vLLM's ``QuantFP8._quantize_group_native`` (no padding: the width is a multiple)."""
+        xg = x.view(-1, x.shape[-1] // self.group, self.group)
+        s = (xg.abs().max(dim=-1, keepdim=True)[0].float() / self.FP8_MAX).clamp(min=self.MIN_SCALE)
+        q = (xg / s).clamp(-self.FP8_MAX, self.FP8_MAX).to(torch.float8_e4m3fn)
+        return q.view(x.shape), s.squeeze(-1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, s = self.quantize(x)
+        g = self.group
+        xd = q.float() * s.repeat_interleave(g, dim=-1)
+        wd = self.weight_q.float() * self.weight_scale.repeat_interleave(g, 0).repeat_interleave(g, 1)
+        return (xd @ wd.t()).to(self.out_dtype)
+
+
 # --------------------------------------------------------------------------- layers
 class _SpecDecodeLayer(nn.Module):
     """What GDN and KDA share: split, per-set conv + recurrence, merge, norm, out_proj."""

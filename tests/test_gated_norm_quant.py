@@ -135,3 +135,25 @@ def test_benchmark_smoke(capsys):
     assert [(r["T"], r["shape"].endswith("dynamic T")) for r in rows] == [
         (1, False), (2, False), (8, False), (1, True), (2, True), (8, True)]
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("kind", ["gdn", "kda"])
+def test_example_layer_with_an_fp8_output_projection(kind):
+    """The example GDN / KDA layer with ``Fp8Linear`` as its output projection: the merge, the
+    gated norm and the projection's input quantization become one op (forced); the split is
+    untouched; the step stays close to eager (the fp8 matmul's inputs within one fp8 step)."""
+    import gdn_layers as G
+
+    torch.manual_seed(0)
+    layer = G.Qwen3NextGDN(G.GDNConfig.tiny()) if kind == "gdn" else G.KimiKDA(G.KDAConfig.tiny())
+    layer.out_proj = G.Fp8Linear.from_linear(layer.out_proj, group=layer.head_v)
+    hidden, batch, states = G.make_inputs(layer, 2, 3, seed=1)
+    args = (hidden, batch.spec_idx, batch.non_spec_idx, *states)
+    with torch.inference_mode():
+        want = layer(*[a.clone() for a in args])
+    with fresh_compile():
+        c = compile_for_test(layer)
+        with torch.inference_mode():
+            got = c(*[a.clone() for a in args])
+    assert (c.matches["gated_norm_quant"], c.matches["gated_norm_merge"], c.matches["gdn_spec_split"]) == (1, 0, 1)
+    torch.testing.assert_close(got[0].float(), want[0].float(), rtol=0.1, atol=0.1)

@@ -47,6 +47,7 @@ from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import definitely, triton_launch_options
+from kda_inductor.reference import FP8_MAX
 from kda_inductor.lowerings.gated_norm_merge import (
     _TL_DTYPES,
     _check,
@@ -66,8 +67,8 @@ except ImportError:  # pragma: no cover
     triton = None
     tl = None
 
-FP8_MAX = 448.0
 SCALE_MIN = 1.0 / (FP8_MAX * 512.0)
+"""vLLM's ``_FP8_MIN_SCALING_FACTOR``: the floor of a dynamic fp8 scale."""
 NORM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from kda_inductor.lowerings import gated_norm_quant as _lowering  # noqa: F401  (registers the op)
+from kda_inductor.lowerings import gated_norm_quant as _lowering  # registers the op
 from kda_inductor.patterns import gated_norm_merge as norm_merge
 from kda_inductor.patterns.base import (
     Match,
@@ -49,10 +49,14 @@ from kda_inductor.patterns.base import (
     val,
 )
 from kda_inductor.patterns.canonical import Canon, Term, const_value
+from kda_inductor.reference import FP8_MAX
 
-FP8_MAX = 448.0
-MIN_SCALE = 1.0 / (FP8_MAX * 512.0)
+MIN_SCALE = _lowering.SCALE_MIN
 """vLLM's ``_FP8_MIN_SCALING_FACTOR``: the floor of a dynamic fp8 scale."""
+
+
+def _is_fp8_cast(n: fx.Node) -> bool:
+    return is_op(n, torch.ops.prims.convert_element_type) and n.args[1] == torch.float8_e4m3fn
 
 
 def _f32(x: float) -> float:
@@ -95,6 +99,8 @@ class GatedNormQuant(Rewrite):
     becomes = "`kda::gated_norm_quant` (one Triton kernel: merge + norm + gate + quant, no bf16 output)"
 
     def find(self, graph: fx.Graph) -> list[Match]:
+        if not any(_is_fp8_cast(n) for n in graph.nodes):
+            return []  # nothing quantized to fp8: no need to find the norms twice
         canon = Canon(graph)
         norms = norm_merge.GatedNormMerge()
         out: list[Match] = []
@@ -111,8 +117,7 @@ class GatedNormQuant(Rewrite):
     # ------------------------------------------------------------------ the quantization
     def _quant(self, m: norm_merge.NormMatch, canon: Canon) -> Quant | None:
         y = m.norm.y
-        casts = [n for n in _value_users(y) if is_op(n, torch.ops.prims.convert_element_type)
-                 and n.args[1] == torch.float8_e4m3fn]
+        casts = [n for n in _value_users(y) if _is_fp8_cast(n)]
         if not casts:
             return None  # not quantized: gated_norm_merge's business
         if len(casts) > 1:
@@ -156,7 +161,7 @@ def _value_users(n: fx.Node, limit: int = 32) -> list[fx.Node]:
         if u in seen or u.op != "call_function":
             continue
         seen.append(u)
-        if not is_op(u, torch.ops.prims.convert_element_type) or u.args[1] != torch.float8_e4m3fn:
+        if not _is_fp8_cast(u):
             stack.extend(u.users)
     return in_graph_order(seen)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import os
 import re
 import time
 
@@ -73,7 +74,8 @@ def picked(model, modeling) -> dict:
 
 def _kda_variant(variant: str, decoder, call):
     """``kda``, ``kda-no-<rewrite>`` and/or ``-nofix`` compiled and called once (a bisect of what
-    our backend changes: a rewrite, or the Dynamo fix of ``kda_inductor/_dynamo_fixes.py``)."""
+    our backend changes: a rewrite, or the Dynamo fix of ``kda_inductor/_dynamo_fixes.py``):
+    ``(step, explain() report)``."""
     from unittest import mock
 
     from kda_inductor import _dynamo_fixes
@@ -84,9 +86,9 @@ def _kda_variant(variant: str, decoder, call):
     options = {"kda": {"disable": [m.group(1)]}} if m.group(1) else None
     fix = mock.patch.object(_dynamo_fixes, "_tracing_for_us", lambda: False) if m.group(2) else mock.MagicMock()
     with fix:
-        fn, _ = hf_models.kda_compile(decoder, call, options)
+        fn, report = hf_models.kda_compile(decoder, call, options)
         fn()
-    return fn
+    return fn, report
 
 
 def main(argv=None) -> None:
@@ -97,6 +99,9 @@ def main(argv=None) -> None:
                         help="comma list of eager, stock, kda; bisecting: kda-no-<rewrite> (that rewrite "
                              "disabled), kda-nofix (the Dynamo is_exporting fix off), combinable: kda-no-X-nofix")
     parser.add_argument("--tokens", type=int, default=4096)
+    parser.add_argument("--code-dir", default=None,
+                        help="write each compiled variant's generated code (Inductor's output modules) to "
+                             "CODE_DIR/<variant>/ (a fresh Inductor cache dir per variant, caches off)")
     args = parser.parse_args(argv)
     family = hf_models.BY_NAME[args.family]
     model, config = hf_models.build(family, tiny=False, device="cuda")
@@ -113,7 +118,11 @@ def main(argv=None) -> None:
             torch._dynamo.reset()
             torch._dynamo.utils.counters.clear()
             reset()
+            if args.code_dir:
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.abspath(os.path.join(args.code_dir, variant))
+                torch._inductor.config.force_disable_caches = True
             t0 = time.perf_counter()
+            report = None
             if variant == "eager":
                 fn = lambda: call(decoder)  # noqa: E731
             elif variant == "stock":
@@ -121,12 +130,16 @@ def main(argv=None) -> None:
                 fn = lambda: call(compiled)  # noqa: E731
                 fn()
             else:
-                fn = _kda_variant(variant, decoder, call)
+                fn, report = _kda_variant(variant, decoder, call)
             torch.cuda.synchronize()
             entry = {"compile_s": round(time.perf_counter() - t0, 1)}
             counters = torch._dynamo.utils.counters
             entry["graphs"] = dict(counters["stats"]).get("unique_graphs")
             entry["graph_breaks"] = {k[:200]: v for k, v in counters["graph_break"].items()}
+            if report is not None:
+                entry["matches"] = {k: v for k, v in report.matches.items() if v}
+                entry["misses"] = [line.strip() for line in report.misses_text() if line.strip()]
+                entry["obstacles"] = report.obstacles()
             entry.update(profile(fn))
             entry["events_us"] = _timing.eager_median_us(fn, reps=5, warmup=1)
             result["variants"][variant] = entry
@@ -135,6 +148,10 @@ def main(argv=None) -> None:
                   f"breaks {sum(entry['graph_breaks'].values())}", flush=True)
             for reason, n in entry["graph_breaks"].items():
                 print(f"   break x{n}: {reason}")
+            if report is not None:
+                print(f"   rewrites: {entry['matches']}")
+                print("\n".join(f"   miss: {m}" for m in entry["misses"]))
+                print("   " + entry["obstacles"].replace("\n", "\n   "))
             for kind, us in entry["kinds"].items():
                 print(f"   {kind:20s} {us:9.0f} us")
             for row in entry["top"]:

@@ -15,19 +15,27 @@ H200 (``benchmarks/results/hf_models.md``, Qwen3-Next) fla-core's chunk kernels 
 prefill 2x faster than the reference, while its ``fused_recurrent`` decode kernel, which fla wraps
 in ``torch.compiler.disable`` (a graph break around each layer's core), made decode of 128
 sequences 11% slower than the reference step Inductor fuses. Traces for every other backend keep
-their torch's behaviour. On a torch that already reads the flag, Dynamo never asks the table for
-it and this changes nothing (there stock and kda_inductor both run fla-core everywhere).
+their torch's behaviour (``applied_to_every_backend()`` applies the fix to every backend, for
+benchmarks that separate what the fix gives from what the rewrites give).
+
+Where torch already reads the flag at trace time (the fix of #176499: torch 2.13 has it), the fix
+turns itself off: :func:`torch_folds_is_exporting` traces ``is_exporting()`` once with Dynamo's
+``eager`` backend (a feature check, not a version string) and :func:`install` installs nothing
+when the trace reads False. There stock and kda_inductor both run fla-core everywhere.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 _installed = False
+_every_backend = False
 
 
 def _ours(compiler_fn: Any) -> bool:
@@ -44,9 +52,12 @@ def _ours(compiler_fn: Any) -> bool:
 
 
 def _tracing_for_us() -> bool:
-    """The frame Dynamo is tracing now will be compiled by kda_inductor."""
+    """The frame Dynamo is tracing now will be compiled by kda_inductor (by any backend inside
+    ``applied_to_every_backend()``)."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
+    if _every_backend:
+        return True
     try:
         tx = InstructionTranslator.current_tx()
     except Exception:  # noqa: BLE001 - not inside a trace
@@ -103,11 +114,55 @@ class _TracingState(dict):
         return dict.__getitem__(self, fn)
 
 
+def _is_exporting_probe(x):
+    return x + 1 if torch.compiler.is_exporting() else x - 1
+
+
+@functools.cache
+def torch_folds_is_exporting() -> bool:
+    """This torch traces ``torch.compiler.is_exporting()`` to True under ``torch.compile``
+    (pytorch#176347): one trace of a two-line function with Dynamo's ``eager`` backend, its
+    counters put back as they were. False where the trace reads the real flag (torch with
+    #176499) or cannot run here (inside another trace)."""
+    import copy
+
+    from torch._dynamo.utils import counters
+
+    if torch.compiler.is_compiling():
+        return False
+    saved = copy.deepcopy(dict(counters))
+    try:
+        x = torch.zeros(1)
+        out = torch.compile(_is_exporting_probe, backend="eager", fullgraph=True, dynamic=False)(x)
+        return bool(out.item() == 1.0)
+    except Exception:  # noqa: BLE001 - a torch this probe cannot run on: assume the bug, as before
+        return True
+    finally:
+        counters.clear()
+        counters.update(saved)
+
+
+@contextlib.contextmanager
+def applied_to_every_backend() -> Iterator[None]:
+    """Inside: the fix applies to traces for every backend (``torch.compile(backend="inductor")``
+    becomes "stock + fix"), for benchmarks; installs it first where it is needed."""
+    global _every_backend
+    install()
+    previous, _every_backend = _every_backend, True
+    try:
+        yield
+    finally:
+        _every_backend = previous
+
+
 def install() -> bool:
-    """Install the fix where this torch has the pieces it needs; True when installed."""
+    """Install the fix where this torch needs it (:func:`torch_folds_is_exporting`) and has the
+    pieces it needs; True when installed."""
     global _installed
     if _installed:
         return True
+    if not torch_folds_is_exporting():
+        return False
     try:
         from torch._dynamo.symbolic_convert import InstructionTranslator
         from torch._dynamo.variables import torch as dynamo_torch

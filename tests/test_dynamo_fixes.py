@@ -96,3 +96,55 @@ def test_installed_where_torch_has_the_pieces():
     table = dynamo_torch.tracing_state_functions()
     assert _dynamo_fixes.install() is isinstance(table, _dynamo_fixes._TracingState)
     assert table[torch.compiler.is_compiling] is True  # the other entries untouched
+
+
+def test_the_feature_check_reads_what_this_torch_does():
+    """The fix is installed exactly where this torch folds ``is_exporting()`` (2.11 on the H200:
+    installed; 2.13 in CI: torch reads the flag itself, the fix is off), a check of behaviour,
+    not of a version string; the probe leaves Dynamo's counters as it found them."""
+    from torch._dynamo.utils import counters
+    from torch._dynamo.variables import torch as dynamo_torch
+
+    _dynamo_fixes.torch_folds_is_exporting.cache_clear()
+    before = {k: dict(v) for k, v in counters.items()}
+    folds = _dynamo_fixes.torch_folds_is_exporting()
+    assert {k: dict(v) for k, v in counters.items() if v} == {k: v for k, v in before.items() if v}
+    installed = _dynamo_fixes.install()
+    assert folds == _torch_folds_is_exporting()
+    assert installed == folds
+    assert isinstance(dynamo_torch.tracing_state_functions(), _dynamo_fixes._TracingState) == installed
+
+
+def test_the_feature_check_can_say_needed(monkeypatch):
+    """Where the probe sees torch fold the constant, ``install`` goes on to install (the pieces of
+    this torch permitting): the check can fail both ways."""
+    monkeypatch.setattr(_dynamo_fixes, "torch_folds_is_exporting", lambda: True)
+    monkeypatch.setattr(_dynamo_fixes, "_installed", False)
+    from torch._dynamo.variables import torch as dynamo_torch
+
+    original = dynamo_torch.tracing_state_functions
+    try:
+        assert _dynamo_fixes.install() is True
+        assert isinstance(dynamo_torch.tracing_state_functions(), _dynamo_fixes._TracingState)
+    finally:
+        dynamo_torch.tracing_state_functions = original
+        _dynamo_fixes._installed = isinstance(original(), _dynamo_fixes._TracingState)
+
+
+def test_applied_to_every_backend_gives_stock_the_package(fake_kernel_package):
+    """``applied_to_every_backend()``: stock Inductor traces with the fix (the benchmarks' "stock +
+    fix" baseline): transformers' chunked core dispatches to the package's kernel."""
+    hub = pytest.importorskip("transformers.integrations.hub_kernels")
+    if not hasattr(hub, "use_kernel_func_from_hub_with_fallback"):
+        pytest.skip("this transformers has no use_kernel_func_from_hub_with_fallback")
+
+    @hub.use_kernel_func_from_hub_with_fallback("fast_rule", "kda_fake_kernels")
+    def torch_chunk_rule(x, g=None):
+        return x.sin()
+
+    x = torch.randn(8)
+    torch._dynamo.reset()
+    with _dynamo_fixes.applied_to_every_backend():
+        out = torch.compile(lambda t: torch_chunk_rule(t) * 2, backend="eager", fullgraph=True)(x)
+    torch.testing.assert_close(out, x.cos() * 2)
+    assert not _dynamo_fixes._every_backend

@@ -14,10 +14,10 @@ import torch
 
 QUANT_GROUP = 128
 """Values per float32 scale (the one definition: patterns and lowerings import it)."""
-FP8_MAX = 448.0
-"""Largest finite fp8 e4m3 value: quantized values saturate at +-FP8_MAX."""
-SCALE_MIN = 1e-4
-"""Group absmax floor before dividing by FP8_MAX (so all-zero groups get a finite scale)."""
+# FP8_MAX (quantized values saturate at +-FP8_MAX) and AMAX_FLOOR (the group absmax floor before
+# dividing by FP8_MAX, so that all-zero groups get a finite scale) are kda_inductor.lowerings._fp8's:
+# one definition for the references, the ops and the patterns, imported at the end of this module
+# (kda_inductor.lowerings imports this one).
 NORM_EPS = 1e-6
 """DeepSeek-V3.2 indexer ``k_norm`` LayerNorm eps."""
 
@@ -142,7 +142,7 @@ def quantize_k(k, ue8m0: bool = False):
     """
     t, d = k.shape
     x = k.float().view(t, d // QUANT_GROUP, QUANT_GROUP)
-    amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_MIN)
+    amax = x.abs().amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR)
     scale = amax / FP8_MAX
     if ue8m0:
         scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
@@ -333,3 +333,6 @@ class CacheLayout:
             return None
         row = cls(head_dim).row_bytes
         return cls(head_dim, page // row) if page % row == 0 else None
+
+
+from kda_inductor.lowerings._fp8 import AMAX_FLOOR, FP8_MAX  # noqa: E402  (see the top of this module)

@@ -4,11 +4,17 @@ Run by tests/test_kernels_compile_for_sm90.py in a subprocess without TRITON_INT
 the interpreter ``triton.jit`` returns interpreted functions). Catches what the interpreter
 does not: type errors, unsupported ops, constexpr misuse in code CI never runs on a GPU.
 Exit 0: all compiled; 3: this Triton cannot compile for CUDA here (no backend or ptxas).
+
+``python tests/aot_sm90.py --ptx DIR`` also writes each variant's PTX instructions to
+``DIR/<module>.<n>.ptx`` (debug lines, label names and assert line numbers dropped): the same
+files from two checkouts (``diff -r``) show whether a refactoring changed any kernel's code.
 """
 
 from __future__ import annotations
 
+import re
 import sys
+from pathlib import Path
 
 import triton
 
@@ -19,12 +25,26 @@ except ImportError:  # pragma: no cover
     sys.exit(3)
 
 
-def compile_variants(fn, types: dict, consts: dict, options: dict) -> int:
+def compile_variants(fn, types: dict, consts: dict, options: dict, ptx: Path | None = None) -> int:
     names = fn.arg_names
     sig = {n: types.get(n, "constexpr") for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    if ptx is not None:
+        ptx.write_text(instructions(k.asm["ptx"]))
     return len(k.asm["cubin"])
+
+
+def instructions(ptx: str) -> str:
+    """The PTX without what moves when source lines move: debug sections and ``.loc`` lines,
+    label names (inlined helpers add labels), the assert's line number and file name."""
+    ptx = re.sub(r"\.section\s+\.debug_\w+\s*\{.*?\n\t\}", "", ptx, flags=re.S)
+    ptx = re.sub(r"\$L__\w+", "L", ptx)
+    ptx = re.sub(r"(st\.param\.b32\s+\[param2\],) \d+;", r"\1 LINE;", ptx)
+    keep = [line for line in ptx.splitlines()
+            if line.strip() != "L:" and not line.lstrip().startswith((".loc", ".file", "//"))
+            and not re.match(r"\.global .* (assertFile|assertFunc)_", line)]
+    return "\n".join(keep) + "\n"
 
 
 def main() -> None:
@@ -33,6 +53,9 @@ def main() -> None:
 
     import kda_inductor.lowerings as lowerings
 
+    out = Path(sys.argv[sys.argv.index("--ptx") + 1]) if "--ptx" in sys.argv else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
     done, total, per = 0, 0, []
     for info in sorted(pkgutil.iter_modules(lowerings.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"kda_inductor.lowerings.{info.name}")
@@ -43,9 +66,10 @@ def main() -> None:
                 sys.exit(1)
             continue
         n = 0
-        for v in declared():
+        for j, v in enumerate(declared()):
             total += 1
-            n += bool(compile_variants(v.kernel, v.types, v.constexprs, v.options))
+            ptx = None if out is None else out / f"{info.name}.{j}.ptx"
+            n += bool(compile_variants(v.kernel, v.types, v.constexprs, v.options, ptx))
         done += n
         per.append(f"{info.name} {n}")
     print(f"compiled {done} of {total} kernel variants for sm_90 ({', '.join(per)})")

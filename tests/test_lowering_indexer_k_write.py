@@ -6,6 +6,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from kda_inductor.lowerings import _fp8
 from kda_inductor.lowerings import indexer_k_write as mod
 from kda_inductor.reference import cache_row_bytes, write_indexer_k_loop
 
@@ -265,8 +266,8 @@ if HAS_TRITON:
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         m = i < n
         x = tl.load(x_ptr + i, mask=m, other=1.0)
-        tl.store(pow2_ptr + i, mod._ceil_pow2(tl.abs(x)), mask=m)
-        tl.store(fp8_ptr + i, mod._e4m3_bits(tl.minimum(tl.maximum(x, -448.0), 448.0)), mask=m)
+        tl.store(pow2_ptr + i, _fp8.ceil_pow2(tl.abs(x)), mask=m)
+        tl.store(fp8_ptr + i, _fp8.e4m3_bits(tl.minimum(tl.maximum(x, -448.0), 448.0)), mask=m)
 
 
 def _edge_floats():

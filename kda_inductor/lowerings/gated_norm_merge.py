@@ -30,26 +30,24 @@ and writes that token's rows of ``y``.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import block_for_programs, definitely, triton_launch_options
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-    tl = None
+from kda_inductor.lowerings._triton import tl, triton
 
 ACTIVATIONS = ("silu", "sigmoid")
 FORMS = ("fla", "hf")
 
 
-def _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value=None):
-    """Sync-free checks; returns ``(R, D, P)``: norm rows per token, their size, tokens."""
+def validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value=None):
+    """Sync-free checks of every argument, each bad one an error naming it (the op's CPU,
+    CUDA and fake impls, ``gated_norm_quant``'s); returns ``(R, D, P)``: norm rows per token,
+    their size, tokens. Sizes may be symbolic."""
     if not 1 <= len(sources) <= 2 or len(indices) not in (len(sources), 0) or (not indices and len(sources) != 1):
         raise _err("sources", f"expected 1 or 2 sources with as many indices (or 1 source and no indices: "
                    f"the merge-free norm), got {len(sources)} and {len(indices)}")
@@ -72,6 +70,16 @@ def _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_v
     if definitely(num_tokens < 0) or definitely(num_tokens > P) or (pad_value is None and definitely(num_tokens != P)):
         raise _err("num_tokens", f"expected {'' if pad_value is None else '<= '}{P} (z's tokens"
                    f"{'' if pad_value is None else '; the rest are padding'}), got {num_tokens}")
+    _check_sources(sources, indices, z, R, D, num_tokens)
+    if weight.device != z.device:
+        raise _err("weight", f"expected device {z.device}, got {weight.device}")
+    if eps < 0:
+        raise _err("eps", f"must be >= 0, got {eps}")
+    return R, D, P
+
+
+def _check_sources(sources, indices, z, R, D, num_tokens) -> None:
+    """The sources' and indices' shapes, dtypes and devices (``validate``'s second half)."""
     dtype = sources[0].dtype
     if not indices and definitely(sources[0].shape[0] != num_tokens):
         raise _err("sources[0]", f"without indices the source is the tokens in order: expected {num_tokens} rows, "
@@ -89,11 +97,6 @@ def _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_v
                        f"got {idx.dim()}-D {idx.dtype} of shape {tuple(idx.shape)}")
         if idx.device != z.device:
             raise _err(f"indices[{k}]", f"expected device {z.device}, got {idx.device}")
-    if weight.device != z.device:
-        raise _err("weight", f"expected device {z.device}, got {weight.device}")
-    if eps < 0:
-        raise _err("eps", f"must be >= 0, got {eps}")
-    return R, D, P
 
 
 def gate_rows(z: Tensor) -> tuple:
@@ -101,7 +104,8 @@ def gate_rows(z: Tensor) -> tuple:
     return (z.shape[0], z.shape[1]) if z.dim() == 2 else (z.shape[0] * z.shape[1], z.shape[2])
 
 
-def _hf_dtype(weight: Tensor, in_dtype: torch.dtype) -> torch.dtype:
+def hf_dtype(weight: Tensor, in_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of the ``hf`` form's ``weight * n`` (``n`` in the input dtype)."""
     return torch.promote_types(weight.dtype, in_dtype)
 
 
@@ -123,12 +127,12 @@ def gated_norm_merge(sources: list[Tensor], indices: list[Tensor], z: Tensor, we
     """See the module docstring. ``eps_input``: eps as the 0-d CPU tensor ``dynamic=True``
     lifts a float attribute to (overrides ``eps``; read on the host, no device sync)."""
     eps = host_scalar(eps_input, "eps_input", eps)
-    _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
-    return _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
+    validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
+    return merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
                             pad_value, check_range=True)
 
 
-def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
+def merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
                      pad_value=None, *, check_range: bool) -> Tensor:
     """Eager's computation, op for op: the CPU kernel, and the CUDA path when the index
     lengths do not add up to the tokens (uncovered rows, or duplicates where the later
@@ -168,7 +172,7 @@ def _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, 
 @gated_norm_merge.register_fake
 def _gated_norm_merge_fake(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
                            pad_value=None, eps_input=None):
-    _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
+    validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
     return z.new_empty(gate_rows(z), dtype=out_dtype)
 
 
@@ -176,9 +180,9 @@ def _gated_norm_merge_fake(sources, indices, z, weight, eps, activation, form, r
 def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
                            pad_value=None, eps_input=None):
     eps = host_scalar(eps_input, "eps_input", eps)
-    _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
+    validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
     if sum(s.shape[0] for s in sources) != num_tokens:  # not a partition (a symbolic T matched)
-        return _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
+        return merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
                                 pad_value, check_range=False)
     y = z.new_empty(gate_rows(z), dtype=out_dtype)
     if not indices and pad_value is None:  # the merge-free norm: its own kernel
@@ -191,15 +195,16 @@ def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, r
 # --------------------------------------------------------------------------------------
 # Triton
 # --------------------------------------------------------------------------------------
-_TL_DTYPES = {}
+TL_DTYPES = {}
+"""torch dtype -> Triton dtype of the kernels' constexprs (``IN_DTYPE``, ``HF_DTYPE``, ...)."""
 if triton is not None:
-    _TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
+    TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
     @triton.jit
-    def _gated_rms_norm(x, g, w, D, eps, SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr,
-                        IN_DTYPE: tl.constexpr, HF_DTYPE: tl.constexpr):
+    def gated_rms_norm(x, g, w, D, eps, SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr,
+                       IN_DTYPE: tl.constexpr, HF_DTYPE: tl.constexpr):
         """``y`` (float32) of rows ``x`` (float32, masked columns 0), gate ``g`` (float32) and
-        weight ``w``, in the order of the module docstring's two forms: both kernels' math."""
+        weight ``w``, in the order of the module docstring's two forms: every kernel's math."""
         var = tl.sum(x * x, axis=1)[:, None] / D + eps
         if RSQRT:
             r = tl.math.rsqrt(var)
@@ -217,38 +222,47 @@ if triton is not None:
             y = wn.to(tl.float32) * act
         return y
 
-    @triton.jit(do_not_specialize=["n0", "n1", "T"], debug=True)
-    def _gated_norm_merge_kernel(
-        src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
-        z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps, pad,
-        SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
-        HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IDENTITY: tl.constexpr,
-        PADDED: tl.constexpr,
-    ):
-        """Program (p, h): row p of source 0 (p < n0) or p - n0 of source 1 -> rows
-        h * BLOCK_R .. of its token's R norm rows. ``IDENTITY``: no merge, row p is token p.
-        ``PADDED``: programs p >= n0 + n1 are the padding tokens T + (p - n0 - n1), whose
-        values are all ``pad``. Gate row ``q`` lies at ``(q // z_rows_per_group) *
-        z_stride_group + (q % z_rows_per_group) * z_stride_row`` (a 2-D gate: groups of one row)."""
-        p = tl.program_id(0)
-        h = tl.program_id(1)
+    @triton.jit
+    def group_offset(row, rows_per_group, stride_group, stride_row):
+        """Where row ``row`` of a tensor addressed as groups of rows starts: ``(row //
+        rows_per_group) * stride_group + (row % rows_per_group) * stride_row`` (a 2-D tensor:
+        groups of one row, Triton specializes the 1)."""
+        return (row // rows_per_group) * stride_group + (row % rows_per_group) * stride_row
+
+    @triton.jit
+    def load_gate(z_ptr, row, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, dd, m):
+        """The gate rows ``row`` (``[BLOCK, 1]``) at columns ``dd``, in float32."""
+        zoff = group_offset(row, z_rows_per_group, z_stride_group, z_stride_row)
+        return tl.load(z_ptr + zoff + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
+
+    @triton.jit
+    def merge_token(p, n0, n1, idx0, idx1, T, IDENTITY: tl.constexpr, PADDED: tl.constexpr, MSG: tl.constexpr):
+        """``(first, i, t)`` of program row ``p``: from source 0 (``first``: p < n0) or 1, its
+        row ``i`` there, the token ``t`` it goes to (negative indices count from the end, as
+        ``out[:, idx]``; asserted in range, ``MSG`` the message). ``IDENTITY``: no merge, row
+        p is token p (padding tokens too: they follow the source's rows). ``PADDED``: programs
+        p >= n0 + n1 are the padding tokens T + (p - n0 - n1)."""
         first = p < n0
         i = tl.where(first, p, p - n0).to(tl.int64)
-        if IDENTITY:  # row p is token p (padding tokens too: they follow the source's rows)
+        if IDENTITY:
             t = p.to(tl.int64)
         else:
             t0 = tl.load(idx0 + i, mask=first, other=0).to(tl.int64)
             t1 = tl.load(idx1 + i, mask=(p >= n0) & (p < n0 + n1), other=0).to(tl.int64)
             t = tl.where(first, t0, t1)
-            t = tl.where(t < 0, t + T, t)  # negative indices count from the end, as out[:, idx]
+            t = tl.where(t < 0, t + T, t)
             if PADDED:
                 t = tl.where(p < n0 + n1, t, T + (p - n0 - n1))
-                tl.device_assert((t >= 0) & ((t < T) | (p >= n0 + n1)), "gated_norm_merge: index out of range")
+                tl.device_assert((t >= 0) & ((t < T) | (p >= n0 + n1)), MSG)
             else:
-                tl.device_assert((t >= 0) & (t < T), "gated_norm_merge: index out of range")
-        rr = h * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-        dd = tl.arange(0, BLOCK_D)[None, :]
-        m = (rr < R) & (dd < D)
+                tl.device_assert((t >= 0) & (t < T), MSG)
+        return first, i, t
+
+    @triton.jit
+    def load_merge_rows(src0, src1, first, i, p, n0, n1, src_stride0, src_stride1, rr, dd, m, D, pad,
+                        PADDED: tl.constexpr):
+        """Row ``i`` of source 0 (``first``) or 1, columns of norm rows ``rr``, in float32;
+        padding programs (``PADDED``, p >= n0 + n1) read ``pad``."""
         col = rr * D + dd
         row = tl.where(first, src0 + i * src_stride0, src1 + i * src_stride1)
         if PADDED:
@@ -257,13 +271,49 @@ if triton is not None:
             x = tl.where(real, x, tl.where(m, pad, 0.0))
         else:
             x = tl.load(row + col, mask=m, other=0.0).to(tl.float32)
+        return x
+
+    @triton.jit
+    def merge_norm_tile(
+        src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
+        z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, T, R, D, eps, pad,
+        SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
+        HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IDENTITY: tl.constexpr,
+        PADDED: tl.constexpr, MSG: tl.constexpr,
+    ):
+        """Program (p, h)'s tile of the merge kernels (``gated_norm_merge``, ``gated_norm_quant``):
+        row p of source 0 (p < n0) or p - n0 of source 1 (``merge_token``) -> rows h * BLOCK_R ..
+        of its token's R norm rows. Returns ``(y, t, rr, dd, m, zrow)``: ``y`` float32 ``[BLOCK_R,
+        BLOCK_D]``, the token, the tile's norm rows and columns, their mask, and the rows of ``y``
+        (of the gate) they are. Gate row ``q`` lies at ``group_offset(q, z_rows_per_group, ..)``."""
+        p = tl.program_id(0)
+        h = tl.program_id(1)
+        first, i, t = merge_token(p, n0, n1, idx0, idx1, T, IDENTITY, PADDED, MSG)
+        rr = h * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
+        dd = tl.arange(0, BLOCK_D)[None, :]
+        m = (rr < R) & (dd < D)
+        x = load_merge_rows(src0, src1, first, i, p, n0, n1, src_stride0, src_stride1, rr, dd, m, D, pad, PADDED)
         w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
         zrow = t * R + rr
-        zoff = (zrow // z_rows_per_group) * z_stride_group + (zrow % z_rows_per_group) * z_stride_row
-        g = tl.load(z_ptr + zoff + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
-        y = _gated_rms_norm(x, g, w, D, eps, SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE)
-        tl.store(y_ptr + zrow * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
+        g = load_gate(z_ptr, zrow, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, dd, m)
+        y = gated_rms_norm(x, g, w, D, eps, SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE)
+        return y, t, rr, dd, m, zrow
 
+    @triton.jit(do_not_specialize=["n0", "n1", "T"], debug=True)
+    def _gated_norm_merge_kernel(
+        src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
+        z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps, pad,
+        SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
+        HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IDENTITY: tl.constexpr,
+        PADDED: tl.constexpr,
+    ):
+        """Program (p, h): ``merge_norm_tile``'s rows of ``y``."""
+        y, _, _, dd, m, zrow = merge_norm_tile(
+            src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
+            z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, T, R, D, eps, pad,
+            SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE, BLOCK_R, BLOCK_D, IDENTITY, PADDED,
+            "gated_norm_merge: index out of range")
+        tl.store(y_ptr + zrow * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
 
     @triton.jit(do_not_specialize=["rows"])
     def _gated_norm_rows_kernel(
@@ -274,17 +324,15 @@ if triton is not None:
     ):
         """The merge-free gated RMSNorm: program ``p`` normalizes rows ``p * BLOCK_M ..`` of
         ``x`` with their gate rows into ``y [rows, D]``; ``x`` and ``z`` are addressed as groups
-        of rows (``_gated_norm_merge_kernel``'s gate addressing; a group of one row folds to a
-        plain row stride, Triton specializes the 1). No index, no assert: compiled without debug."""
+        of rows (``group_offset``). No index, no assert: compiled without debug."""
         rr = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)[:, None]
         dd = tl.arange(0, BLOCK_D)[None, :]
         m = (rr < rows) & (dd < D)
-        xoff = (rr // x_rows_per_group) * x_stride_group + (rr % x_rows_per_group) * x_stride_row
+        xoff = group_offset(rr, x_rows_per_group, x_stride_group, x_stride_row)
         x = tl.load(x_ptr + xoff + dd, mask=m, other=0.0).to(tl.float32)
         w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
-        zoff = (rr // z_rows_per_group) * z_stride_group + (rr % z_rows_per_group) * z_stride_row
-        g = tl.load(z_ptr + zoff + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
-        y = _gated_rms_norm(x, g, w, D, eps, SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE)
+        g = load_gate(z_ptr, rr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, dd, m)
+        y = gated_rms_norm(x, g, w, D, eps, SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE)
         tl.store(y_ptr + rr * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
 
 
@@ -302,10 +350,63 @@ def rows_per_program(tokens: int, R: int, D: int = 128, target: int = TARGET_PRO
     return block_for_programs(block, lambda b: tokens * triton.cdiv(R, b), target)
 
 
-def _rows(src: Tensor) -> tuple[Tensor, int]:
+def token_rows(src: Tensor) -> tuple[Tensor, int]:
+    """``src`` with unit column stride (copied only where it has none) and its token stride."""
     if src.stride(-1) != 1 and src.shape[-1] != 1:
         src = src.contiguous()
     return src, src.stride(0)
+
+
+def gate_strides(z: Tensor) -> tuple[int, int, int, int]:
+    """The kernels' ``z_rows_per_group, z_stride_group, z_stride_row, z_stride_col``."""
+    if z.dim() == 2:
+        return 1, z.stride(0), 0, z.stride(1)
+    return z.shape[1], z.stride(0), z.stride(1), z.stride(2)
+
+
+def warps_for(block_r: int, block_d: int) -> int:
+    """The merge kernels' default warps: one per 512 values of a program's tile, 1 to 8."""
+    return max(1, min(8, block_r * block_d // 512))
+
+
+class MergeLaunch(NamedTuple):
+    """What both merge kernels (``gated_norm_merge``'s, ``gated_norm_quant``'s) are launched
+    with: ``programs`` token rows (sources, then padding tokens), ``R`` norm rows of ``D``
+    per token, the runtime arguments before the outputs (``inputs``: sources, indices, their
+    counts and strides, the gate and its strides, the weight) and after them (``sizes``: ``T``,
+    ``R``, ``D``, ``eps``, ``pad``), and the constexprs they share."""
+
+    programs: int
+    R: int
+    D: int
+    inputs: tuple
+    sizes: tuple
+    constexprs: dict
+
+
+def norm_constexprs(activation: str, form: str, rsqrt: bool, in_dtype: torch.dtype, weight: Tensor) -> dict:
+    """The norm's constexprs, every kernel's (``gated_rms_norm``'s and ``BLOCK_D``)."""
+    return dict(SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=TL_DTYPES[in_dtype],
+                HF_DTYPE=TL_DTYPES[hf_dtype(weight, in_dtype)], BLOCK_D=triton.next_power_of_2(weight.shape[0]))
+
+
+def merge_launch(sources, indices, z, weight, *, eps: float, activation: str, form: str, rsqrt: bool,
+                 num_tokens: int, pad_value: float | None) -> MergeLaunch:
+    """The launch of the module docstring's scatter for validated arguments (no sync)."""
+    D = weight.shape[0]
+    R = sources[0].shape[1] // D
+    pad_tokens = gate_rows(z)[0] // R - num_tokens
+    srcs = [token_rows(s) for s in sources]
+    n = [s.shape[0] for s in sources] + [0]
+    s1, st1 = srcs[1] if len(srcs) > 1 else srcs[0]
+    identity = not indices
+    idx0 = srcs[0][0] if identity else indices[0]  # unused pointer when identity
+    idx1 = idx0 if len(indices) < 2 else indices[1]
+    constexprs = dict(norm_constexprs(activation, form, rsqrt, sources[0].dtype, weight), IDENTITY=identity,
+                      PADDED=pad_tokens > 0)
+    inputs = (srcs[0][0], s1, idx0, idx1, n[0], n[1], srcs[0][1], st1, z, *gate_strides(z), weight)
+    sizes = (num_tokens, R, D, eps, 0.0 if pad_value is None else float(pad_value))
+    return MergeLaunch(n[0] + n[1] + pad_tokens, R, D, inputs, sizes, constexprs)
 
 
 def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation: str, form: str,
@@ -314,31 +415,15 @@ def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation:
     """One launch writing ``y`` (fresh, contiguous ``[P * R, D]``). No sync, no allocation."""
     if triton is None:  # pragma: no cover
         raise RuntimeError("gated_norm_merge: the Triton kernel needs triton, which is not installed")
-    D = weight.shape[0]
-    R = sources[0].shape[1] // D
-    pad_tokens = gate_rows(z)[0] // R - num_tokens
-    srcs = [_rows(s) for s in sources]
-    n = [s.shape[0] for s in sources] + [0]
-    if n[0] + n[1] + pad_tokens == 0:
+    L = merge_launch(sources, indices, z, weight, eps=eps, activation=activation, form=form, rsqrt=rsqrt,
+                     num_tokens=num_tokens, pad_value=pad_value)
+    if L.programs == 0:
         return y
-    s1, st1 = srcs[1] if len(srcs) > 1 else srcs[0]
-    identity = not indices
-    idx0 = srcs[0][0] if identity else indices[0]  # unused pointer when identity
-    idx1 = idx0 if len(indices) < 2 else indices[1]
-    block_d = triton.next_power_of_2(D)
-    programs = n[0] + n[1] + pad_tokens
-    block_r = block_r or rows_per_program(programs, R, D)
-    if num_warps is None:
-        num_warps = max(1, min(8, block_r * block_d // 512))
-    in_dtype = sources[0].dtype
+    block_r = block_r or rows_per_program(L.programs, L.R, L.D)
     extra = triton_launch_options() if y.is_cuda else {}
-    _gated_norm_merge_kernel[(programs, triton.cdiv(R, block_r))](
-        srcs[0][0], s1, idx0, idx1, n[0], n[1], srcs[0][1], st1,
-        z, *_gate_strides(z), weight, y, num_tokens, R, D, eps,
-        0.0 if pad_value is None else float(pad_value),
-        SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
-        HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_R=block_r, BLOCK_D=block_d, IDENTITY=identity,
-        PADDED=pad_tokens > 0, num_warps=num_warps, **extra,
+    _gated_norm_merge_kernel[(L.programs, triton.cdiv(L.R, block_r))](
+        *L.inputs, y, *L.sizes, **L.constexprs, BLOCK_R=block_r,
+        num_warps=warps_for(block_r, L.constexprs["BLOCK_D"]) if num_warps is None else num_warps, **extra,
     )
     return y
 
@@ -366,33 +451,25 @@ def norm_rows_triton(x: Tensor, z: Tensor, weight: Tensor, y: Tensor, *, eps: fl
     if triton is None:  # pragma: no cover
         raise RuntimeError("gated_norm_merge: the Triton kernel needs triton, which is not installed")
     D = weight.shape[0]
-    x, x_stride = _rows(x)
+    x, x_stride = token_rows(x)
     R = x.shape[1] // D
     rows = x.shape[0] * R
     if rows == 0:
         return y
     auto_m, auto_w = rows_config(rows, D)
     block_m, num_warps = block_m or auto_m, num_warps or auto_w
-    in_dtype = x.dtype
     _gated_norm_rows_kernel[(triton.cdiv(rows, block_m),)](
-        x, *((1, D, 0) if x_stride == R * D else (R, x_stride, D)), z, *_gate_strides(z), weight, y, rows, D, eps,
-        SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
-        HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(D),
-        num_warps=num_warps,
+        x, *((1, D, 0) if x_stride == R * D else (R, x_stride, D)), z, *gate_strides(z), weight, y, rows, D, eps,
+        **norm_constexprs(activation, form, rsqrt, x.dtype, weight), BLOCK_M=block_m, num_warps=num_warps,
     )
     return y
 
 
-def _gate_strides(z: Tensor) -> tuple[int, int, int, int]:
-    """The kernel's ``z_rows_per_group, z_stride_group, z_stride_row, z_stride_col``."""
-    if z.dim() == 2:
-        return 1, z.stride(0), 0, z.stride(1)
-    return z.shape[1], z.stride(0), z.stride(1), z.stride(2)
-
-
 def aot_variants():
-    """Both forms, both gates, rsqrt or 1 / sqrt (the merge), the merge-free norm, and the
-    merge copied into a padded output, for the ahead-of-time sm_90 compile check."""
+    """Both forms, both gates, rsqrt or 1 / sqrt (the merge), the merge-free norm, the merge
+    copied into a padded output, and the merge-free kernel (``_gated_norm_rows_kernel``, both
+    forms and gates, the smallest and the largest ``ROWS_CONFIGS`` tile), for the ahead-of-time
+    sm_90 compile check."""
     import itertools
 
     from kda_inductor.lowerings import AotVariant, debug_options
@@ -409,3 +486,11 @@ def aot_variants():
     yield AotVariant(_gated_norm_merge_kernel, types, {**plain, "IDENTITY": True}, debug_options())
     yield AotVariant(_gated_norm_merge_kernel, types, {**plain, "PADDED": True}, debug_options())
     yield AotVariant(_gated_norm_merge_kernel, types, {**plain, "IDENTITY": True, "PADDED": True}, debug_options())
+    rows = dict(x_ptr="*bf16", x_rows_per_group="i32", x_stride_group="i32", x_stride_row="i32", z_ptr="*bf16",
+                z_rows_per_group="i32", z_stride_group="i32", z_stride_row="i32", z_stride_col="i32", w_ptr="*fp32",
+                y_ptr="*bf16", rows="i32", D="i32", eps="fp32")
+    for hf, sigmoid in itertools.product((False, True), repeat=2):
+        consts = dict(SIGMOID=sigmoid, HF=hf, RSQRT=True, IN_DTYPE=tl.bfloat16, HF_DTYPE=tl.float32, BLOCK_M=16,
+                      BLOCK_D=128)
+        yield AotVariant(_gated_norm_rows_kernel, rows, consts, {"num_warps": 8})
+    yield AotVariant(_gated_norm_rows_kernel, rows, {**consts, "BLOCK_M": 1}, {"num_warps": 1})

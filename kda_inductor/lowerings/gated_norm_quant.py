@@ -26,7 +26,7 @@ spelled with ``reciprocal=True``). ``M = rows * D // width``; ``width`` must div
 The CPU kernel is that code (bit-exact). On CUDA one Triton kernel computes it: program
 ``(p, h)`` takes row ``p`` of one source (the merge's scatter: it writes token ``idx[p]``;
 without indices row ``p`` is token ``p``; padding tokens hold ``pad_value``), normalizes the
-norm rows ``h * BLOCK_R ..`` of that token with ``gated_norm_merge``'s ``_gated_rms_norm``,
+norm rows ``h * BLOCK_R ..`` of that token with ``gated_norm_merge``'s ``merge_norm_tile``,
 rounds ``y`` to ``norm_dtype`` in registers, and quantizes groups that lie inside the tile:
 
 * ``group_size`` a multiple ``k * D`` of the norm row with ``k`` dividing ``R`` (the norm rows
@@ -47,37 +47,28 @@ from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import definitely, triton_launch_options
-from kda_inductor.reference import FP8_MAX
+from kda_inductor.lowerings._fp8 import FP8_MAX, SCALE_FLOOR
+from kda_inductor.lowerings._triton import tl, triton
 from kda_inductor.lowerings.gated_norm_merge import (
-    _TL_DTYPES,
-    _check,
-    _gate_strides,
-    _hf_dtype,
-    _merge_then_norm,
-    _rows,
+    TL_DTYPES,
     gate_rows,
     host_scalar,
+    merge_launch,
+    merge_then_norm,
     rows_per_program,
+    warps_for,
 )
+from kda_inductor.lowerings.gated_norm_merge import validate as validate_norm
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-    tl = None
-
-SCALE_MIN = 1.0 / (FP8_MAX * 512.0)
-"""vLLM's ``_FP8_MIN_SCALING_FACTOR``: the floor of a dynamic fp8 scale."""
 NORM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype, width,
              group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None):
-    """Sync-free checks of every argument (the norm's by ``gated_norm_merge``'s own check);
+    """Sync-free checks of every argument (the norm's by ``gated_norm_merge.validate``);
     returns ``(R, D, P, M, G)``: norm rows per token, their size, tokens, the quantizer's
     tokens and groups per token. Sizes may be symbolic."""
-    R, D, P = _check(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
+    R, D, P = validate_norm(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
     if norm_dtype not in NORM_DTYPES:
         raise _err("norm_dtype", f"expected one of {NORM_DTYPES}, got {norm_dtype}")
     for name, v in (("width", width), ("group_size", group_size)):
@@ -105,7 +96,7 @@ def quantize(y: Tensor, width: int, group_size: int, ue8m0: bool, reciprocal: bo
     s = amax / FP8_MAX
     if ue8m0:
         s = torch.exp2(torch.ceil(torch.log2(s)))
-    s = s.clamp(min=SCALE_MIN)
+    s = s.clamp(min=SCALE_FLOOR)
     xs = xg.float() * s.reciprocal() if reciprocal else xg / s
     q = xs.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(-1, K)
     scales = s.squeeze(-1)
@@ -124,7 +115,7 @@ def gated_norm_quant(sources: list[Tensor], indices: list[Tensor], z: Tensor, we
     eps = host_scalar(eps_input, "eps_input", eps)
     validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype, width,
              group_size, ue8m0, reciprocal, column_major, pad_value)
-    y = _merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
+    y = merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
                          pad_value, check_range=True)
     return quantize(y, width, group_size, ue8m0, reciprocal, column_major)
 
@@ -179,39 +170,65 @@ def _gated_norm_quant_cuda(sources, indices, z, weight, eps, activation, form, r
 # Triton
 # --------------------------------------------------------------------------------------
 if triton is not None:
-    from kda_inductor.lowerings.gated_norm_merge import _gated_rms_norm
-    from kda_inductor.lowerings.indexer_k_write import _ceil_pow2, _e4m3_bits
-
-    _FP8_MAX = tl.constexpr(FP8_MAX)
-    _SCALE_MIN = tl.constexpr(SCALE_MIN)
+    from kda_inductor.lowerings._fp8 import bf16_round, clamp_fp8, dynamic_scale, to_e4m3
+    from kda_inductor.lowerings.gated_norm_merge import merge_norm_tile
 
     @triton.jit
-    def _fp8_scale(amax, UE8M0: tl.constexpr):
-        """``s`` of the module docstring from the float32 ``amax`` (>= 0). ``ue8m0``: a zero
-        or tiny ``s`` becomes 2**-100 first (below the clamp, as eager's 0 or 2**ceil)."""
-        s = tl.math.div_rn(amax, tl.full(amax.shape, _FP8_MAX, tl.float32))
-        if UE8M0:
-            s = _ceil_pow2(tl.maximum(s, 7.888609052210118e-31))
-        return tl.maximum(s, _SCALE_MIN)
-
-    @triton.jit
-    def _fp8_bits(x, s, RECIPROCAL: tl.constexpr, HW_CASTS: tl.constexpr):
+    def quantize_bits(x, s, RECIPROCAL: tl.constexpr, HW_CASTS: tl.constexpr):
         """fp8 e4m3fn bits (uint8) of ``x / s`` (or ``x * (1 / s)``), clamped to +-448; ``s``
         broadcast to ``x``'s shape."""
         if RECIPROCAL:
             xs = x * tl.math.div_rn(tl.full(s.shape, 1.0, tl.float32), s)
         else:
             xs = tl.math.div_rn(x, s)
-        xs = tl.minimum(tl.maximum(xs, -_FP8_MAX), _FP8_MAX)
-        if HW_CASTS:
-            return xs.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-        return _e4m3_bits(xs)
+        return to_e4m3(clamp_fp8(xs), HW_CASTS)
 
     @triton.jit
     def _scale_offset(gflat, M, G, COLUMN_MAJOR: tl.constexpr):
         if COLUMN_MAJOR:
             return (gflat % G) * M + gflat // G
         return gflat
+
+    @triton.jit
+    def _as_norm_output(y, m, NORM_DTYPE: tl.constexpr, HW_CASTS: tl.constexpr):
+        """``y`` as the norm op returns it (``NORM_DTYPE``), back in float32; masked values 0."""
+        if NORM_DTYPE == tl.bfloat16 and not HW_CASTS:
+            y = bf16_round(y)
+        else:
+            y = y.to(NORM_DTYPE).to(tl.float32)
+        return tl.where(m, y, 0.0)
+
+    @triton.jit
+    def _quant_row_groups(y, t, rr, s_ptr, R, M, G, BLOCK_R: tl.constexpr, ROW_GROUP: tl.constexpr,
+                          UE8M0: tl.constexpr, RECIPROCAL: tl.constexpr, COLUMN_MAJOR: tl.constexpr,
+                          HW_CASTS: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Groups of ``ROW_GROUP`` whole norm rows: their scales stored, the tile's fp8 bits returned."""
+        amax = tl.max(tl.abs(y), axis=1)  # [BLOCK_R]
+        if ROW_GROUP > 1:  # the max over each group's rows
+            same = (rr // ROW_GROUP) == (tl.reshape(rr, [1, BLOCK_R]) // ROW_GROUP)
+            amax = tl.max(tl.where(same, tl.reshape(amax, [1, BLOCK_R]), 0.0), axis=1)
+        s = dynamic_scale(amax, UE8M0)
+        bits = quantize_bits(y, tl.broadcast_to(s[:, None], [BLOCK_R, BLOCK_D]), RECIPROCAL, HW_CASTS)
+        r1 = tl.reshape(rr, [BLOCK_R])
+        gflat = (t * R + r1) // ROW_GROUP
+        tl.store(s_ptr + _scale_offset(gflat, M, G, COLUMN_MAJOR), s, mask=(r1 < R) & (r1 % ROW_GROUP == 0))
+        return bits
+
+    @triton.jit
+    def _quant_column_groups(y, t, rr, s_ptr, R, D, M, G, BLOCK_R: tl.constexpr, GROUP: tl.constexpr,
+                             UE8M0: tl.constexpr, RECIPROCAL: tl.constexpr, COLUMN_MAJOR: tl.constexpr,
+                             HW_CASTS: tl.constexpr, BLOCK_D: tl.constexpr):
+        """Groups of ``GROUP`` columns inside each norm row: their scales stored, the bits returned."""
+        NG: tl.constexpr = BLOCK_D // GROUP
+        y3 = tl.reshape(y, [BLOCK_R, NG, GROUP])
+        amax = tl.max(tl.abs(y3), axis=2)  # [BLOCK_R, NG]
+        s = dynamic_scale(amax, UE8M0)
+        bits = quantize_bits(y3, tl.broadcast_to(s[:, :, None], [BLOCK_R, NG, GROUP]), RECIPROCAL, HW_CASTS)
+        bits = tl.reshape(bits, [BLOCK_R, BLOCK_D])
+        gj = tl.arange(0, NG)[None, :]
+        gflat = (t * R + rr) * (D // GROUP) + gj
+        tl.store(s_ptr + _scale_offset(gflat, M, G, COLUMN_MAJOR), s, mask=(rr < R) & (gj * GROUP < D))
+        return bits
 
     @triton.jit(do_not_specialize=["n0", "n1", "T", "M"], debug=True)
     def _gated_norm_quant_kernel(
@@ -223,74 +240,34 @@ if triton is not None:
         IDENTITY: tl.constexpr, PADDED: tl.constexpr, ROW_GROUP: tl.constexpr, GROUP: tl.constexpr,
         UE8M0: tl.constexpr, RECIPROCAL: tl.constexpr, COLUMN_MAJOR: tl.constexpr, HW_CASTS: tl.constexpr,
     ):
-        """Program (p, h): ``gated_norm_merge``'s merge kernel's rows (source row p -> its
-        token's norm rows h * BLOCK_R ..), then the quantization of the groups in the tile:
-        ``ROW_GROUP = k > 0``: groups of k norm rows (BLOCK_R >= R when k > 1); else groups of
-        ``GROUP`` columns. ``HW_CASTS`` (GPU): the hardware's rounding casts; without it (the
-        interpreter, whose bf16 / fp8 casts truncate) bf16 and fp8 by integer arithmetic."""
-        p = tl.program_id(0)
-        h = tl.program_id(1)
-        first = p < n0
-        i = tl.where(first, p, p - n0).to(tl.int64)
-        if IDENTITY:
-            t = p.to(tl.int64)
-        else:
-            t0 = tl.load(idx0 + i, mask=first, other=0).to(tl.int64)
-            t1 = tl.load(idx1 + i, mask=(p >= n0) & (p < n0 + n1), other=0).to(tl.int64)
-            t = tl.where(first, t0, t1)
-            t = tl.where(t < 0, t + T, t)
-            if PADDED:
-                t = tl.where(p < n0 + n1, t, T + (p - n0 - n1))
-                tl.device_assert((t >= 0) & ((t < T) | (p >= n0 + n1)), "gated_norm_quant: index out of range")
-            else:
-                tl.device_assert((t >= 0) & (t < T), "gated_norm_quant: index out of range")
-        rr = h * BLOCK_R + tl.arange(0, BLOCK_R)[:, None]
-        dd = tl.arange(0, BLOCK_D)[None, :]
-        m = (rr < R) & (dd < D)
-        col = rr * D + dd
-        row = tl.where(first, src0 + i * src_stride0, src1 + i * src_stride1)
-        if PADDED:
-            real = (rr * 0 + p) < n0 + n1  # a vector: the interpreter mis-types scalar & vector masks
-            x = tl.load(row + col, mask=m & real, other=0.0).to(tl.float32)
-            x = tl.where(real, x, tl.where(m, pad, 0.0))
-        else:
-            x = tl.load(row + col, mask=m, other=0.0).to(tl.float32)
-        w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
-        zrow = t * R + rr
-        zoff = (zrow // z_rows_per_group) * z_stride_group + (zrow % z_rows_per_group) * z_stride_row
-        g = tl.load(z_ptr + zoff + dd * z_stride_col, mask=m, other=0.0).to(tl.float32)
-        y = _gated_rms_norm(x, g, w, D, eps, SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE)
-        # y as the norm op returns it (norm_dtype), back in float32
-        if NORM_DTYPE == tl.bfloat16 and not HW_CASTS:
-            yb = y.to(tl.int32, bitcast=True)
-            yb = (yb + 0x7FFF + ((yb >> 16) & 1)) & -65536
-            y = yb.to(tl.float32, bitcast=True)
-        else:
-            y = y.to(NORM_DTYPE).to(tl.float32)
-        y = tl.where(m, y, 0.0)
-        ya = tl.abs(y)
+        """Program (p, h): ``gated_norm_merge``'s merge kernel's rows (``merge_norm_tile``: source
+        row p -> its token's norm rows h * BLOCK_R ..), then the quantization of the groups in
+        the tile: ``ROW_GROUP = k > 0``: groups of k norm rows (BLOCK_R >= R when k > 1); else
+        groups of ``GROUP`` columns. ``HW_CASTS`` (GPU): the hardware's rounding casts; without
+        it (the interpreter, whose bf16 / fp8 casts truncate) bf16 and fp8 by integer arithmetic."""
+        y, t, rr, dd, m, zrow = merge_norm_tile(
+            src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
+            z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, T, R, D, eps, pad,
+            SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE, BLOCK_R, BLOCK_D, IDENTITY, PADDED,
+            "gated_norm_quant: index out of range")
+        y = _as_norm_output(y, m, NORM_DTYPE, HW_CASTS)
         if ROW_GROUP > 0:
-            amax = tl.max(ya, axis=1)  # [BLOCK_R]
-            if ROW_GROUP > 1:  # the max over each group's rows
-                same = (rr // ROW_GROUP) == (tl.reshape(rr, [1, BLOCK_R]) // ROW_GROUP)
-                amax = tl.max(tl.where(same, tl.reshape(amax, [1, BLOCK_R]), 0.0), axis=1)
-            s = _fp8_scale(amax, UE8M0)
-            bits = _fp8_bits(y, tl.broadcast_to(s[:, None], [BLOCK_R, BLOCK_D]), RECIPROCAL, HW_CASTS)
-            r1 = tl.reshape(rr, [BLOCK_R])
-            gflat = (t * R + r1) // ROW_GROUP
-            tl.store(s_ptr + _scale_offset(gflat, M, G, COLUMN_MAJOR), s,
-                     mask=(r1 < R) & (r1 % ROW_GROUP == 0))
+            bits = _quant_row_groups(y, t, rr, s_ptr, R, M, G, BLOCK_R, ROW_GROUP, UE8M0, RECIPROCAL, COLUMN_MAJOR,
+                                     HW_CASTS, BLOCK_D)
         else:
-            NG: tl.constexpr = BLOCK_D // GROUP
-            y3 = tl.reshape(y, [BLOCK_R, NG, GROUP])
-            amax = tl.max(tl.abs(y3), axis=2)  # [BLOCK_R, NG]
-            s = _fp8_scale(amax, UE8M0)
-            bits = _fp8_bits(y3, tl.broadcast_to(s[:, :, None], [BLOCK_R, NG, GROUP]), RECIPROCAL, HW_CASTS)
-            bits = tl.reshape(bits, [BLOCK_R, BLOCK_D])
-            gj = tl.arange(0, NG)[None, :]
-            gflat = (t * R + rr) * (D // GROUP) + gj
-            tl.store(s_ptr + _scale_offset(gflat, M, G, COLUMN_MAJOR), s, mask=(rr < R) & (gj * GROUP < D))
+            bits = _quant_column_groups(y, t, rr, s_ptr, R, D, M, G, BLOCK_R, GROUP, UE8M0, RECIPROCAL,
+                                        COLUMN_MAJOR, HW_CASTS, BLOCK_D)
         tl.store(q_ptr + zrow * D + dd, bits, mask=m)
+
+
+def _check_outputs(q: Tensor, scales: Tensor, group_size: int, column_major: bool) -> tuple[int, int]:
+    """``(M, G)`` of the outputs, whose layout the kernel assumes."""
+    M, K = q.shape
+    if column_major:
+        assert M <= 1 or scales.stride(0) == 1, "scales must be column-major"
+    else:
+        assert scales.is_contiguous(), "scales must be contiguous"
+    return M, K // group_size
 
 
 def norm_quant_triton(sources, indices, z, weight, q, scales, *, eps: float, activation: str, form: str,
@@ -309,40 +286,19 @@ def norm_quant_triton(sources, indices, z, weight, q, scales, *, eps: float, act
     if mode is None:
         raise ValueError(f"group_size: {group_size} is no layout of the kernel for R={R}, D={D}")
     row_group, group = mode
-    M, K = q.shape
-    G = K // group_size
-    if column_major:
-        assert M <= 1 or scales.stride(0) == 1, "scales must be column-major"
-    else:
-        assert scales.is_contiguous(), "scales must be contiguous"
-    pad_tokens = gate_rows(z)[0] // R - num_tokens
-    srcs = [_rows(s) for s in sources]
-    n = [s.shape[0] for s in sources] + [0]
-    programs = n[0] + n[1] + pad_tokens
-    if programs == 0:
+    M, G = _check_outputs(q, scales, group_size, column_major)
+    L = merge_launch(sources, indices, z, weight, eps=eps, activation=activation, form=form, rsqrt=rsqrt,
+                     num_tokens=num_tokens, pad_value=pad_value)
+    if L.programs == 0:
         return q, scales
-    s1, st1 = srcs[1] if len(srcs) > 1 else srcs[0]
-    identity = not indices
-    idx0 = srcs[0][0] if identity else indices[0]
-    idx1 = idx0 if len(indices) < 2 else indices[1]
-    block_d = triton.next_power_of_2(D)
-    if row_group > 1:
-        block_r = triton.next_power_of_2(R)  # a group's rows in one program
-    else:
-        block_r = block_r or rows_per_program(programs, R, D)
-    if num_warps is None:
-        num_warps = max(1, min(8, block_r * block_d // 512))
-    in_dtype = sources[0].dtype
+    # a group's rows in one program
+    block_r = triton.next_power_of_2(R) if row_group > 1 else block_r or rows_per_program(L.programs, R, D)
     extra = triton_launch_options() if q.is_cuda else {}
-    _gated_norm_quant_kernel[(programs, triton.cdiv(R, block_r))](
-        srcs[0][0], s1, idx0, idx1, n[0], n[1], srcs[0][1], st1,
-        z, *_gate_strides(z), weight, q.view(torch.uint8), scales, num_tokens, R, D, eps,
-        0.0 if pad_value is None else float(pad_value), M, G,
-        SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=_TL_DTYPES[in_dtype],
-        HF_DTYPE=_TL_DTYPES[_hf_dtype(weight, in_dtype)], NORM_DTYPE=_TL_DTYPES[norm_dtype],
-        BLOCK_R=block_r, BLOCK_D=block_d, IDENTITY=identity, PADDED=pad_tokens > 0,
-        ROW_GROUP=row_group, GROUP=group, UE8M0=ue8m0, RECIPROCAL=reciprocal, COLUMN_MAJOR=column_major,
-        HW_CASTS=q.is_cuda, num_warps=num_warps, **extra,
+    _gated_norm_quant_kernel[(L.programs, triton.cdiv(R, block_r))](
+        *L.inputs, q.view(torch.uint8), scales, *L.sizes, M, G, **L.constexprs,
+        NORM_DTYPE=TL_DTYPES[norm_dtype], BLOCK_R=block_r, ROW_GROUP=row_group, GROUP=group, UE8M0=ue8m0,
+        RECIPROCAL=reciprocal, COLUMN_MAJOR=column_major, HW_CASTS=q.is_cuda,
+        num_warps=warps_for(block_r, L.constexprs["BLOCK_D"]) if num_warps is None else num_warps, **extra,
     )
     return q, scales
 

@@ -22,13 +22,7 @@ from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import triton_launch_options
-
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-    tl = None
+from kda_inductor.lowerings._triton import tl, triton
 
 MAX_SOURCES = 12
 """Gathers one launch takes (the kernel's unrolled slots); the pattern splits larger groups.

@@ -61,14 +61,9 @@ from kda_inductor.lowerings import (
     interpreter_checks,
     triton_launch_options,
 )
-from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN, CacheLayout, layer_norm_k, quantize_k
-
-try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-    tl = None
+from kda_inductor.lowerings._fp8 import AMAX_FLOOR, FP8_MAX
+from kda_inductor.lowerings._triton import tl, triton
+from kda_inductor.reference import QUANT_GROUP, CacheLayout, layer_norm_k, quantize_k
 
 __all__ = ["indexer_k_write", "validate", "write_triton"]
 
@@ -134,48 +129,69 @@ def validate(kv_cache, k, slot_mapping, weight, bias, eps, block_size=0, wrap_ne
 # Triton kernel and launcher
 # --------------------------------------------------------------------------------------
 if triton is not None:
-    _FP8_MAX = tl.constexpr(FP8_MAX)
-    _SCALE_MIN = tl.constexpr(SCALE_MIN)
+    from kda_inductor.lowerings._fp8 import bf16_round, ceil_pow2, clamp_fp8, indexer_scale, to_e4m3
 
     @triton.jit
-    def _ceil_pow2(scale):
-        """``2 ** ceil(log2(scale))`` with float32 ``log2`` correctly rounded, as torch computes
-        it, from the bits alone (positive normal ``scale``): ``ceil`` gives ``k + 1`` for
-        ``scale = 2**k * (1 + m)``, ``m > 0``, unless ``k + log2(1 + m)`` rounds to ``k`` in
-        float32, i.e. ``log2(1 + m)`` (about ``m / ln 2``) is below half the float32 gap
-        above ``k``: ``mantissa < ln2 * 2**n`` with ``n = floor(log2 |k|) - 1`` (one less for
-        negative powers of two, where the gap above ``k`` is the finer one below ``|k|``)."""
-        bits = scale.to(tl.int32, bitcast=True)
-        k = ((bits >> 23) & 0xFF) - 127
-        mant = bits & 0x7FFFFF
-        a = tl.maximum(tl.abs(k), 1)
-        fl = ((a.to(tl.float32).to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-        pow2 = (a & (a - 1)) == 0
-        n = fl - 1 - ((k < 0) & pow2).to(tl.int32)
-        thr = (((n + 127) << 23).to(tl.float32, bitcast=True)) * 0.6931471805599453
-        stays = (mant == 0) | ((mant.to(tl.float32) < thr) & (k != 0))
-        e = tl.where(stays, k, k + 1)
-        return ((e + 127) << 23).to(tl.float32, bitcast=True)
+    def _slots(slot_ptr, t, in_range, num_slots, WRAP_NEGATIVE: tl.constexpr, CHECK: tl.constexpr):
+        """Tokens ``t``'s slots (int64) and which of them are written (the kernel's rule)."""
+        slot = tl.load(slot_ptr + t, mask=in_range, other=-1).to(tl.int64)
+        if WRAP_NEGATIVE:
+            slot = tl.where(slot < 0, slot + num_slots, slot)
+            if CHECK:
+                tl.device_assert(~in_range | ((slot >= 0) & (slot < num_slots)),
+                                 "indexer_k_write: slot out of range [-num_slots, num_slots)")
+        elif CHECK:
+            tl.device_assert(~in_range | (slot < num_slots), "indexer_k_write: slot >= num_blocks * block_size")
+        return slot, in_range & (slot >= 0) & (slot < num_slots)
 
     @triton.jit
-    def _e4m3_bits(q):
-        """float32 ``q`` with ``|q| <= 448`` -> fp8 e4m3fn bits (uint8), round to nearest even,
-        by integer arithmetic: exact on every backend (the Triton interpreter's own fp8 cast
-        halves some values next to a power of two) and the same as torch's cast."""
-        bits = q.to(tl.int32, bitcast=True)
-        sign = (bits >> 24) & 0x80
-        a = bits & 0x7FFFFFFF
-        e32 = a >> 23
-        # normal fp8 (|q| >= 2**-6): keep 3 mantissa bits, the carry may bump the exponent
-        normal = ((a + 0x7FFFF + ((a >> 20) & 1)) >> 20) - (120 << 3)
-        # subnormal fp8: round(|q| * 2**9) to an integer (8 becomes the smallest normal)
-        mant = (a & 0x7FFFFF) | 0x800000
-        s = tl.minimum(141 - e32, 31)
-        one = tl.full(s.shape, 1, tl.int32)
-        sub = (mant + ((one << (s - 1)) - 1) + ((mant >> s) & 1)) >> s
-        sub = tl.where(e32 == 0, 0, sub)
-        enc = tl.minimum(tl.where(e32 >= 121, normal, sub), 0x7E)
-        return (enc | sign).to(tl.uint8)
+    def _layer_norm(x, d, dmask, k_ptr, w_ptr, b_ptr, eps, HEAD_DIM: tl.constexpr, K_BF16: tl.constexpr,
+                    HW_CASTS: tl.constexpr, ROUND_NORM: tl.constexpr):
+        """LayerNorm of the float32 rows ``x`` (masked columns 0), rounded to ``k``'s dtype
+        unless ``ROUND_NORM`` is off; back in float32."""
+        mean = tl.sum(x, axis=1) / HEAD_DIM
+        xc = tl.where(dmask[None, :], x - mean[:, None], 0.0)
+        var = tl.sum(xc * xc, axis=1) / HEAD_DIM
+        rstd = 1.0 / tl.sqrt_rn(var + eps)
+        w = tl.load(w_ptr + d, mask=dmask, other=0.0)
+        b = tl.load(b_ptr + d, mask=dmask, other=0.0)
+        y = xc * rstd[:, None] * w[None, :] + b[None, :]
+        if not ROUND_NORM:  # the normalized k stays float32
+            x = y
+        elif K_BF16 and not HW_CASTS:  # to bfloat16, nearest even, by hand
+            x = bf16_round(y)
+        else:  # LayerNorm's output dtype is k's
+            x = y.to(k_ptr.dtype.element_ty).to(tl.float32)
+        return x
+
+    @triton.jit
+    def _quantize(x, BLOCK_T: tl.constexpr, GROUPS_P2: tl.constexpr, UE8M0: tl.constexpr, HW_CASTS: tl.constexpr):
+        """``(fp8 bits [BLOCK_T, GROUPS_P2 * 128], float32 scales [BLOCK_T, GROUPS_P2])`` of the
+        rows ``x``: ``reference.quantize_k``."""
+        xg = tl.reshape(x, [BLOCK_T, GROUPS_P2, 128])
+        scale = indexer_scale(tl.max(tl.abs(xg), axis=2))
+        if UE8M0:
+            scale = ceil_pow2(scale)
+            # x / 2**e == x * 2**-e exactly (same real value, same rounding); 2**-e from the bits
+            recip = ((254 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
+            q = xg * recip[:, :, None]
+        else:
+            q = tl.math.div_rn(xg, tl.broadcast_to(scale[:, :, None], [BLOCK_T, GROUPS_P2, 128]))
+        return to_e4m3(tl.reshape(clamp_fp8(q), [BLOCK_T, GROUPS_P2 * 128]), HW_CASTS), scale
+
+    @triton.jit
+    def _store_scales(kv_ptr, base, off, scale, valid, BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      GROUPS: tl.constexpr, GROUPS_P2: tl.constexpr, BLOCK_T: tl.constexpr):
+        """The float32 scales as 4 little-endian bytes each (no alignment needed), after the
+        block's values."""
+        sbits = tl.reshape(
+            tl.broadcast_to(scale.to(tl.int32, bitcast=True)[:, :, None], [BLOCK_T, GROUPS_P2, 4]),
+            [BLOCK_T, GROUPS_P2 * 4],
+        )
+        j = tl.arange(0, GROUPS_P2 * 4)
+        sbytes = ((sbits >> (8 * (j % 4))[None, :]) & 0xFF).to(tl.uint8)
+        s_addr = (base + BLOCK_SIZE * HEAD_DIM + off * (4 * GROUPS))[:, None] + j[None, :]
+        tl.store(kv_ptr + s_addr, sbytes, mask=valid[:, None] & (j < 4 * GROUPS)[None, :])
 
     @triton.jit(do_not_specialize=["num_tokens", "num_slots", "eps"], debug=True)
     def _write_kernel(
@@ -195,15 +211,7 @@ if triton is not None:
         assert that every other slot is in range (else out-of-range slots are skipped)."""
         t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         in_range = t < num_tokens
-        slot = tl.load(slot_ptr + t, mask=in_range, other=-1).to(tl.int64)
-        if WRAP_NEGATIVE:
-            slot = tl.where(slot < 0, slot + num_slots, slot)
-            if CHECK:
-                tl.device_assert(~in_range | ((slot >= 0) & (slot < num_slots)),
-                                 "indexer_k_write: slot out of range [-num_slots, num_slots)")
-        elif CHECK:
-            tl.device_assert(~in_range | (slot < num_slots), "indexer_k_write: slot >= num_blocks * block_size")
-        valid = in_range & (slot >= 0) & (slot < num_slots)
+        slot, valid = _slots(slot_ptr, t, in_range, num_slots, WRAP_NEGATIVE, CHECK)
         d = tl.arange(0, GROUPS_P2 * 128)
         dmask = d < HEAD_DIM
         m2 = valid[:, None] & dmask[None, :]
@@ -212,48 +220,12 @@ if triton is not None:
                     mask=in_range[:, None] & dmask[None, :], other=0.0)
         x = x.to(tl.float32)
         if NORM:
-            mean = tl.sum(x, axis=1) / HEAD_DIM
-            xc = tl.where(dmask[None, :], x - mean[:, None], 0.0)
-            var = tl.sum(xc * xc, axis=1) / HEAD_DIM
-            rstd = 1.0 / tl.sqrt_rn(var + eps)
-            w = tl.load(w_ptr + d, mask=dmask, other=0.0)
-            b = tl.load(b_ptr + d, mask=dmask, other=0.0)
-            y = xc * rstd[:, None] * w[None, :] + b[None, :]
-            if not ROUND_NORM:  # the normalized k stays float32
-                x = y
-            elif K_BF16 and not HW_CASTS:  # to bfloat16, nearest even, by hand
-                yb = y.to(tl.int32, bitcast=True)
-                yb = (yb + 0x7FFF + ((yb >> 16) & 1)) & -65536
-                x = yb.to(tl.float32, bitcast=True)
-            else:  # LayerNorm's output dtype is k's
-                x = y.to(k_ptr.dtype.element_ty).to(tl.float32)
-        xg = tl.reshape(x, [BLOCK_T, GROUPS_P2, 128])
-        amax = tl.maximum(tl.max(tl.abs(xg), axis=2), _SCALE_MIN)
-        scale = tl.math.div_rn(amax, tl.full(amax.shape, _FP8_MAX, tl.float32))
-        if UE8M0:
-            scale = _ceil_pow2(scale)
-            # x / 2**e == x * 2**-e exactly (same real value, same rounding); 2**-e from the bits
-            recip = ((254 - ((scale.to(tl.int32, bitcast=True) >> 23) & 0xFF)) << 23).to(tl.float32, bitcast=True)
-            q = xg * recip[:, :, None]
-        else:
-            q = tl.math.div_rn(xg, tl.broadcast_to(scale[:, :, None], [BLOCK_T, GROUPS_P2, 128]))
-        q = tl.reshape(tl.minimum(tl.maximum(q, -_FP8_MAX), _FP8_MAX), [BLOCK_T, GROUPS_P2 * 128])
-        if HW_CASTS:
-            q = q.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True)
-        else:
-            q = _e4m3_bits(q)
+            x = _layer_norm(x, d, dmask, k_ptr, w_ptr, b_ptr, eps, HEAD_DIM, K_BF16, HW_CASTS, ROUND_NORM)
+        q, scale = _quantize(x, BLOCK_T, GROUPS_P2, UE8M0, HW_CASTS)
         off = slot % BLOCK_SIZE
         base = (slot // BLOCK_SIZE) * kv_block_stride  # int64: caches can exceed 2**31 bytes
         tl.store(kv_ptr + (base + off * HEAD_DIM)[:, None] + d[None, :], q, mask=m2)
-        # the float32 scales as 4 little-endian bytes each: no alignment needed
-        sbits = tl.reshape(
-            tl.broadcast_to(scale.to(tl.int32, bitcast=True)[:, :, None], [BLOCK_T, GROUPS_P2, 4]),
-            [BLOCK_T, GROUPS_P2 * 4],
-        )
-        j = tl.arange(0, GROUPS_P2 * 4)
-        sbytes = ((sbits >> (8 * (j % 4))[None, :]) & 0xFF).to(tl.uint8)
-        s_addr = (base + BLOCK_SIZE * HEAD_DIM + off * (4 * GROUPS))[:, None] + j[None, :]
-        tl.store(kv_ptr + s_addr, sbytes, mask=valid[:, None] & (j < 4 * GROUPS)[None, :])
+        _store_scales(kv_ptr, base, off, scale, valid, BLOCK_SIZE, HEAD_DIM, GROUPS, GROUPS_P2, BLOCK_T)
 
 
 MAX_BLOCK_VALUES = 1024
@@ -375,7 +347,7 @@ def _write_other_divisor(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, me
         k = layer_norm_k(k, weight, bias, eps, round_to_input=round_norm)
     t, d = k.shape
     x = k.float().view(t, d // QUANT_GROUP, QUANT_GROUP)
-    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=SCALE_MIN) / divisor
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=AMAX_FLOOR) / divisor
     if ue8m0:
         scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
     q = (x / scale).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).view(t, d)

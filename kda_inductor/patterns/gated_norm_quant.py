@@ -34,7 +34,7 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from kda_inductor.lowerings import gated_norm_quant as _lowering  # registers the op
+from kda_inductor.lowerings import gated_norm_quant as _lowering  # noqa: F401  (registers the op)
 from kda_inductor.patterns import gated_norm_merge as norm_merge
 from kda_inductor.patterns.base import (
     Match,
@@ -49,10 +49,7 @@ from kda_inductor.patterns.base import (
     val,
 )
 from kda_inductor.patterns.canonical import Canon, Term, const_value
-from kda_inductor.reference import FP8_MAX
-
-MIN_SCALE = _lowering.SCALE_MIN
-"""vLLM's ``_FP8_MIN_SCALING_FACTOR``: the floor of a dynamic fp8 scale."""
+from kda_inductor.lowerings._fp8 import FP8_MAX, SCALE_FLOOR
 
 
 def _is_fp8_cast(n: fx.Node) -> bool:
@@ -214,7 +211,7 @@ def _scale_formula(st: Term, canon: Canon, y: fx.Node) -> bool | str:
     ``exp2(ceil(log2(.)))``, ``x`` the norm's output; or why not."""
     s = canon.strip(st, "view")
     if not (s.op == "clamp" and s.attr("hi") is None and const_value(s.attr("lo")) is not None
-            and _f32(s.attr("lo")) == _f32(MIN_SCALE)):
+            and _f32(s.attr("lo")) == _f32(SCALE_FLOOR)):
         return f"the scale is not floored at 1 / ({FP8_MAX:g} * 512) (another scale formula)"
     raw, ue8m0 = s.args[0], False
     if raw.op == "exp2" and raw.args[0].op == "ceil" and raw.args[0].args[0].op == "log2":

@@ -113,7 +113,8 @@ from kda_inductor.patterns.base import (
     val,
 )
 from kda_inductor.patterns.canonical import Canon, Term, const_value
-from kda_inductor.reference import FP8_MAX, QUANT_GROUP, SCALE_MIN, CacheLayout
+from kda_inductor.lowerings._fp8 import AMAX_FLOOR, FP8_MAX
+from kda_inductor.reference import QUANT_GROUP, CacheLayout
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
 CPU_MIN_TOKENS = 1024
@@ -402,11 +403,11 @@ def _scale_formula(plain: Term, exact: bool, xt: Term, canon: Canon) -> fx.Node 
     times_inverse = (exact and plain.op == "mul" and len(plain.args) == 2
                      and const_value(plain.args[1]) is not None and _f32(const_value(plain.args[1])) == _f32(1 / FP8_MAX))
     if const_value(divisor) != FP8_MAX and fp8_max_input is None and not times_inverse:
-        return f"scale is not max(amax, {SCALE_MIN:g}) / {FP8_MAX:g} (another scale formula)"
+        return f"scale is not max(amax, {AMAX_FLOOR:g}) / {FP8_MAX:g} (another scale formula)"
     floor = plain.args[0]
     if not (floor.op == "clamp" and floor.attr("hi") is None and floor.attr("lo") is not None
-            and _f32(floor.attr("lo")) == _f32(SCALE_MIN)):
-        return f"scale is not max(amax, {SCALE_MIN:g}) / {FP8_MAX:g} (another floor)"
+            and _f32(floor.attr("lo")) == _f32(AMAX_FLOOR)):
+        return f"scale is not max(amax, {AMAX_FLOOR:g}) / {FP8_MAX:g} (another floor)"
     amax = floor.args[0]
     rank = val(amax.args[0].node).dim() if amax.op == "amax" and amax.args[0].node is not None else None
     if not (amax.op == "amax" and amax.args[0].op == "abs" and amax.attr("keepdim") and rank

@@ -31,6 +31,7 @@ import contextlib
 import copy
 import dataclasses
 import importlib
+import statistics
 import sys
 import time
 import traceback
@@ -121,6 +122,9 @@ FAMILIES = [
             "index_head_dim": 128, "index_n_heads": 32}, kind="indexer"),
 ]
 BY_NAME = {f.name: f for f in FAMILIES}
+STAGE = ("qwen3_next", "qwen3_5", "kimi_linear", "deepseek_v32")
+"""The families of ``.ci/gpu hf`` (``--stage``): GDN, GDN + dense MLP, KDA and the DeepSeek-V3.2
+indexer, one each; the others are run by name (``--family``)."""
 
 # tiny dims for CPU tests: applied to the keys a family's config has
 TINY = {
@@ -312,48 +316,121 @@ def time_us(fn: Callable, device: str) -> tuple[float | None, str]:
         return _timing.eager_median_us(fn, reps=10, warmup=2), "events"
 
 
-def run_case(label: str, model, call: Callable, reset: Callable, *, device: str, kda_options: dict | None,
-             check: bool) -> dict[str, Any]:
-    """Eager, stock and kda_inductor for one case: times, compile times, explain() summary;
-    with ``check``, each compiled output compared against eager's."""
-    from kda_inductor.testing import assert_close_to_eager
+STOCK_FIX = "stock+fix"
+"""Stock Inductor with kda_inductor's ``is_exporting()`` fix applied to its traces
+(``_dynamo_fixes.applied_to_every_backend``): what the fix gives, apart from the rewrites. Run only
+where this torch folds the constant (torch <= 2.12); on a torch that has the fix it is stock."""
 
+
+def variants_for(requested: list[str] | None, fired: dict[str, int] | None) -> list[str]:
+    """The compiled variants of a case, in order: stock, stock+fix (where this torch needs the
+    fix), kda, then kda-no-<rewrite> for every rewrite that fired in kda (``fired``: kda's
+    matches; None before kda ran). ``requested`` narrows them (``--variant``)."""
+    from kda_inductor import _dynamo_fixes
+
+    out = ["stock"] + ([STOCK_FIX] if _dynamo_fixes.torch_folds_is_exporting() else []) + ["kda"]
+    out += [f"kda-no-{name}" for name, n in (fired or {}).items() if n]
+    return [v for v in out if requested is None or v in requested or
+            (v.startswith("kda-no-") and "kda-no-*" in requested)]
+
+
+def compile_variant(variant: str, decoder, call: Callable, options: dict | None):
+    """``(zero-argument step, explain() report or None)`` of one compiled variant, called once
+    (the compile)."""
+    from kda_inductor import _dynamo_fixes
+
+    if variant in ("stock", STOCK_FIX):
+        compiled = torch.compile(decoder, backend="inductor")
+        step = lambda: call(compiled)  # noqa: E731
+        with _dynamo_fixes.applied_to_every_backend() if variant == STOCK_FIX else contextlib.nullcontext():
+            step()
+        return step, None
+    disabled = [variant.removeprefix("kda-no-")] if variant.startswith("kda-no-") else []
+    opts = dict(options or {})
+    if disabled:
+        opts["kda"] = {**opts.get("kda", {}), "disable": disabled}
+    return kda_compile(decoder, call, opts or None)
+
+
+def run_case(label: str, model, call: Callable, reset: Callable, *, device: str, kda_options: dict | None,
+             check: bool, requested: list[str] | None = None, rounds: int = 3) -> dict[str, Any]:
+    """Eager and every compiled variant (``variants_for``) of one case: compile times, explain()
+    summary of kda; with ``check``, each output compared against eager's. On a GPU each variant's
+    step is captured in a CUDA graph right after its compile and the graphs are replayed in turn,
+    ``rounds`` rounds (``_timing.alternating_replay_us``: shared clock drift); the row keeps each
+    variant's median and its spread over the rounds (the noise)."""
     decoder = model.model
-    row: dict[str, Any] = {"case": label}
+    row: dict[str, Any] = {"case": label, "date": _timing.environment_info().get("date")}
+    graphs: dict[str, Any] = {}
     with torch.inference_mode():
         reset()
         expected = call(decoder).clone()
-        row["eager_us"], row["eager_timing"] = time_us(lambda: call(decoder), device)
-        for variant in ("stock", "kda"):
-            torch._dynamo.reset()
-            reset()
-            t0 = time.perf_counter()
-            try:
-                if variant == "stock":
-                    compiled = torch.compile(decoder, backend="inductor")
-                    measured = lambda: call(compiled)  # noqa: E731
-                    out = measured()
-                else:
-                    measured, report = kda_compile(decoder, call, kda_options)
-                    row.update(report_summary(report))
-                    reset()
-                    out = measured()
-                row[f"{variant}_compile_s"] = time.perf_counter() - t0
-                if check:
-                    assert_close_to_eager(out, expected, rtol=0.05, atol=0.05)
-                row[f"{variant}_us"], row[f"{variant}_timing"] = time_us(measured, device)
-            except Exception as err:
-                if check:
-                    raise
-                row[f"{variant}_error"] = f"{type(err).__name__}: {str(err)[:300]}"
-                traceback.print_exc()
+        _capture(row, graphs, "eager", lambda: call(decoder), device)
+        fired, first = None, variants_for(requested, None)
+        for variant in first:
+            fired = _run_variant(row, graphs, variant, decoder, call, reset, expected, device=device,
+                                 options=kda_options, check=check) or fired
+        for variant in [v for v in variants_for(requested, fired) if v not in first]:
+            _run_variant(row, graphs, variant, decoder, call, reset, expected, device=device,
+                         options=kda_options, check=check)
+        if graphs:
+            for variant, samples in _timing.alternating_replay_us(
+                    {v: g for v, (g, _) in graphs.items()}, rounds=rounds, reps=10, inner=5).items():
+                row[f"{variant}_us"] = statistics.median(samples)
+                row[f"{variant}_spread"] = (max(samples) - min(samples)) / statistics.median(samples)
     torch._dynamo.reset()
     _timing.add_ratios(row, [("stock_vs_eager", "stock_us", "eager_us"), ("kda_vs_stock", "kda_us", "stock_us"),
-                             ("kda_vs_eager", "kda_us", "eager_us")])
+                             ("kda_vs_eager", "kda_us", "eager_us"), ("kda_vs_stock_fix", "kda_us", f"{STOCK_FIX}_us"),
+                             *[(f"{v}_vs_kda", f"{v}_us", "kda_us") for v in variants_for(requested, fired)
+                               if v.startswith("kda-no-")]])
     return row
 
 
-def run_family(family: Family, *, smoke: bool, device: str, decode_batches, context: int, prefill: int | None):
+def _capture(row: dict, graphs: dict, variant: str, step: Callable, device: str) -> None:
+    """Capture ``step`` in a CUDA graph for the alternating replays (``graphs``), or time it now
+    (CPU: wall clock; a step that cannot be captured: CUDA events) into ``row``."""
+    if device == "cuda":
+        try:
+            graphs[variant] = _timing.capture_graph(step, warmup=3)
+            row[f"{variant}_timing"] = "graph"
+            return
+        except Exception as err:  # capture failed (host sync, dynamic allocation): time plain calls
+            torch.cuda.synchronize()
+            print(f"    {variant}: CUDA graph capture failed ({type(err).__name__}: {str(err)[:120]}); "
+                  "timing with events", flush=True)
+    row[f"{variant}_us"], row[f"{variant}_timing"] = time_us(step, device) if device != "cuda" else (
+        _timing.eager_median_us(step, reps=10, warmup=2), "events")
+
+
+def _run_variant(row: dict, graphs: dict, variant: str, decoder, call, reset, expected, *, device: str,
+                 options: dict | None, check: bool) -> dict[str, int] | None:
+    """Compile, check and capture one variant; kda's rewrite counts (None for other variants)."""
+    from kda_inductor.testing import assert_close_to_eager
+
+    torch._dynamo.reset()
+    reset()
+    t0 = time.perf_counter()
+    try:
+        step, report = compile_variant(variant, decoder, call, options)
+        row[f"{variant}_compile_s"] = time.perf_counter() - t0
+        if report is not None and variant == "kda":
+            row.update(report_summary(report))
+        reset()
+        out = step()
+        if check:
+            assert_close_to_eager(out, expected, rtol=0.05, atol=0.05)
+        _capture(row, graphs, variant, step, device)
+        return dict(report.matches) if report is not None and variant == "kda" else None
+    except Exception as err:
+        if check:
+            raise
+        row[f"{variant}_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        traceback.print_exc()
+        return None
+
+
+def run_family(family: Family, *, smoke: bool, device: str, decode_batches, context: int, prefill: int | None,
+               requested: list[str] | None = None, rounds: int = 3):
     # --smoke checks against eager: indexer families (nothing rewritten) in float32, whose bf16
     # top-k selection flips between eager and Inductor on rounding ties
     dtype = torch.float32 if smoke and family.kind == "indexer" else torch.bfloat16
@@ -362,36 +439,40 @@ def run_family(family: Family, *, smoke: bool, device: str, decode_batches, cont
         return []
     model, config = built
     options = {"kda": {"force": True}} if smoke else None
+    cases = [(f"decode {b} x 1 (cache {context})", decode_case(model, config, batch=b, context=context, device=device))
+             for b in decode_batches]
+    if prefill is not None:
+        cases.append((f"prefill 1 x {prefill}", prefill_case(model, config, tokens=prefill, device=device)))
     rows = []
-    for batch in decode_batches:
-        step, reset = decode_case(model, config, batch=batch, context=context, device=device)
-        row = run_case(f"decode {batch} x 1 (cache {context})", model, step, reset, device=device,
-                       kda_options=options, check=smoke)
+    for label, (step, reset) in cases:
+        row = run_case(label, model, step, reset, device=device, kda_options=options, check=smoke,
+                       requested=requested, rounds=rounds)
         rows.append({"family": family.name, "checkpoint": family.checkpoint, **row})
         _timing.progress(rows[-1])
-    if prefill is None:
-        return rows
-    step, reset = prefill_case(model, config, tokens=prefill, device=device)
-    row = run_case(f"prefill 1 x {prefill}", model, step, reset, device=device, kda_options=options, check=smoke)
-    rows.append({"family": family.name, "checkpoint": family.checkpoint, **row})
-    _timing.progress(rows[-1])
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
     return rows
 
 
-COLUMNS = [("family", "family", ""), ("case", "case", ""), ("eager_us", "eager us", ".0f"),
-           ("stock_us", "stock us", ".0f"), ("kda_us", "kda us", ".0f"), ("kda_vs_stock", "kda/stock", ".3f"),
-           ("kda_vs_eager", "kda/eager", ".3f"), ("stock_compile_s", "stock compile s", ".0f"),
-           ("kda_compile_s", "kda compile s", ".0f"), ("matches", "rewrites", ""), ("eager_timing", "timing", "")]
+COLUMNS = [("family", "family", ""), ("case", "case", ""), ("date", "date", ""), ("eager_us", "eager us", ".0f"),
+           ("stock_us", "stock us", ".0f"), (f"{STOCK_FIX}_us", "stock+fix us", ".0f"), ("kda_us", "kda us", ".0f"),
+           ("kda_vs_stock", "kda/stock", ".3f"), ("kda_vs_stock_fix", "kda/(stock+fix)", ".3f"),
+           ("without", "kda-no-<rewrite> / kda", ""), ("noise", "spread", ""), ("stock_compile_s", "stock compile s", ".0f"),
+           ("kda_compile_s", "kda compile s", ".0f"), ("matches", "rewrites", ""), ("kda_timing", "timing", "")]
 
 
 def _fmt_matches(row: dict) -> dict:
+    """A row as the table shows it: the rewrites that fired, each kda-no-<rewrite> variant's time
+    over kda's, and the largest spread of a variant's replay rounds."""
     out = dict(row)
     m = row.get("matches")
     if isinstance(m, dict):
         out["matches"] = ", ".join(f"{k} {v}" for k, v in m.items() if v) or "-"
+    out["without"] = ", ".join(f"{k[7:-7]} {v:.3f}" for k, v in row.items()
+                               if k.startswith("kda-no-") and k.endswith("_vs_kda") and v is not None) or "-"
+    spreads = [v for k, v in row.items() if k.endswith("_spread") and v is not None]
+    out["noise"] = f"{max(spreads):.1%}" if spreads else "-"
     return out
 
 
@@ -401,7 +482,8 @@ def merged_rows(rows: list[dict]) -> list[dict]:
     import json
 
     path = RESULTS / "hf_models.json"
-    old = json.loads(path.read_text()).get("rows", []) if path.exists() else []
+    recorded = json.loads(path.read_text()) if path.exists() else {}
+    old = [{"date": recorded.get("env", {}).get("date"), **r} for r in recorded.get("rows", [])]
     new_keys = {(r.get("family"), r.get("case")) for r in rows}
     kept = [r for r in old if (r.get("family"), r.get("case")) not in new_keys]
     order = {f.name: i for i, f in enumerate(FAMILIES)}
@@ -414,6 +496,11 @@ def main(argv=None) -> None:
     parser.add_argument("--family", action="append", choices=sorted(BY_NAME), help="only these (repeatable)")
     parser.add_argument("--case", action="append", choices=["decode32", "decode128", "prefill"],
                         help="only these cases (repeatable; default all)")
+    parser.add_argument("--stage", action="store_true", help=f"the families of `.ci/gpu hf`: {', '.join(STAGE)}")
+    parser.add_argument("--variant", default=None,
+                        help="comma list of compiled variants to run (stock, stock+fix, kda, kda-no-<rewrite>, "
+                             "kda-no-* for every rewrite that fired); default all")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating replay rounds (the spread is the noise)")
     parser.add_argument("--no-record", action="store_true")
     args = parser.parse_args(argv)
     started = time.perf_counter()
@@ -424,15 +511,18 @@ def main(argv=None) -> None:
         import transformers
     except ImportError:
         raise SystemExit("hf_models needs transformers: pip install transformers (and fla-core on a GPU)")
-    families = [BY_NAME[n] for n in args.family] if args.family else FAMILIES
+    names = [*(args.family or []), *(STAGE if args.stage else [])]
+    families = [BY_NAME[n] for n in dict.fromkeys(names)] if names else FAMILIES
     cases = args.case or ["decode32", "decode128", "prefill"]
     shapes = dict(decode_batches=(2,), context=8, prefill=16) if args.smoke else \
         dict(decode_batches=tuple(b for b in (32, 128) if f"decode{b}" in cases), context=256,
              prefill=4096 if "prefill" in cases else None)
+    requested = args.variant.split(",") if args.variant else None
     rows = []
     for family in families:
         try:
-            rows += run_family(family, smoke=args.smoke, device=device, **shapes)
+            rows += run_family(family, smoke=args.smoke, device=device, requested=requested, rounds=args.rounds,
+                               **shapes)
         except Exception as err:
             if args.smoke:
                 raise
@@ -446,7 +536,10 @@ def main(argv=None) -> None:
         fla_version = None
     notes = (f"transformers {transformers.__version__}, fla-core {fla_version}; 4 layers (3 linear + 1 full, "
              f"indexer families 4 indexed), {N_EXPERTS} experts, bf16, random weights, decoder stack only; "
-             "rewrites by default speed rules")
+             "rewrites by default speed rules; CUDA-graph replays of every variant in turn "
+             "(the median of the rounds; spread: the largest (max - min) / median of a variant's rounds); "
+             "kda-no-<rewrite>: kda with that rewrite disabled; stock+fix: stock with the is_exporting fix "
+             "(only where this torch folds it)")
     _timing.finish("hf_models", [_fmt_matches(r) for r in rows], COLUMNS, notes, smoke=args.smoke,
                    record=False, results_dir=RESULTS, started=started)
     if not args.smoke and not args.no_record:

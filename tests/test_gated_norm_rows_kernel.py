@@ -67,3 +67,44 @@ def test_triton_kernel_rows_config_is_the_measured_table():
     assert [mod.rows_config(r) for r in (1, 1024, 1025, 8192, 8193, 262144, 262145, 1 << 24)] == [
         (1, 1), (1, 1), (16, 8), (16, 8), (16, 4), (16, 4), (8, 1), (8, 1)]
     assert mod.rows_config(5000, 64) == (32, 8) and mod.rows_config(5000, 4096) == (1, 8)
+
+
+ROUNDING_CASES = [(torch.float16, "fla"), (torch.float16, "hf"), (torch.bfloat16, "fla")]
+if DEVICE == "cuda":  # the hf form rounds x * r to bf16: the interpreter's cast truncates
+    ROUNDING_CASES.append((torch.bfloat16, "hf"))
+
+
+@pytest.mark.parametrize("in_dtype, form", ROUNDING_CASES)
+def test_triton_kernel_rows_rounds_float32_sources(in_dtype, form):
+    """float32 sources read as the 16-bit input they round to (``in_dtype``: the pattern reads a
+    norm's input before its rounding, ``patterns/gated_norm_merge.source_reads``): the kernel
+    rounds in registers as eager's cast does (bf16 by integer arithmetic, the same bits under the
+    interpreter); the CPU op equals the op on the rounded sources, bit for bit."""
+    g = torch.Generator().manual_seed(9)
+    x = (3 * torch.randn(6, 3 * 16, generator=g)).to(DEVICE)
+    z = torch.randn(18, 16, generator=g).to(DTYPE).to(DEVICE)
+    w = (1 + 0.1 * torch.randn(16, generator=g)).to(DEVICE)
+    op = torch.ops.kda.gated_norm_merge.default
+    want = op([x.cpu()], [], z.cpu(), w.cpu(), 1e-6, "silu", form, True, 6, DTYPE, None, None, in_dtype)
+    rounded = op([x.cpu().to(in_dtype)], [], z.cpu(), w.cpu(), 1e-6, "silu", form, True, 6, DTYPE)
+    assert torch.equal(want, rounded)
+    y = torch.full((18, 16), 7.0, dtype=DTYPE, device=DEVICE)  # poisoned
+    mod.norm_rows_triton(x, z, w, y, eps=1e-6, activation="silu", form=form, rsqrt=True, in_dtype=in_dtype)
+    assert_kernel_matches_cpu_op(y, want, f"{in_dtype} {form}")
+    y = torch.full((18, 16), 7.0, dtype=DTYPE, device=DEVICE)  # the merge kernel's loads round alike
+    idx = torch.arange(6, device=DEVICE).flip(0)
+    mod.norm_merge_triton([x.flip(0)], [idx], z, w, y, eps=1e-6, activation="silu", form=form, rsqrt=True,
+                          num_tokens=6, in_dtype=in_dtype)
+    assert_kernel_matches_cpu_op(y, want, f"merge {in_dtype} {form}")
+
+
+def test_in_dtype_needs_float32_sources():
+    """``in_dtype`` rounds float32 sources: 16-bit sources with it, or a float32 ``in_dtype``, are
+    errors naming the argument."""
+    x = torch.randn(2, 16)
+    z, w = torch.randn(2, 16), torch.ones(16)
+    op = torch.ops.kda.gated_norm_merge.default
+    with pytest.raises(ValueError, match="in_dtype"):
+        op([x.half()], [], z, w, 1e-6, "silu", "fla", True, 2, torch.float32, None, None, torch.bfloat16)
+    with pytest.raises(ValueError, match="in_dtype"):
+        op([x], [], z, w, 1e-6, "silu", "fla", True, 2, torch.float32, None, None, torch.float32)

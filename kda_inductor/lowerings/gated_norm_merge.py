@@ -44,7 +44,7 @@ ACTIVATIONS = ("silu", "sigmoid")
 FORMS = ("fla", "hf")
 
 
-def validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value=None):
+def validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value=None, in_dtype=None):
     """Sync-free checks of every argument, each bad one an error naming it (the op's CPU,
     CUDA and fake impls, ``gated_norm_quant``'s); returns ``(R, D, P)``: norm rows per token,
     their size, tokens. Sizes may be symbolic."""
@@ -75,6 +75,9 @@ def validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad
         raise _err("weight", f"expected device {z.device}, got {weight.device}")
     if eps < 0:
         raise _err("eps", f"must be >= 0, got {eps}")
+    if in_dtype is not None and (in_dtype not in (torch.bfloat16, torch.float16) or sources[0].dtype != torch.float32):
+        raise _err("in_dtype", f"expected bfloat16 / float16 with float32 sources (rounded to it first), got "
+                   f"{in_dtype} with {sources[0].dtype} sources")
     return R, D, P
 
 
@@ -123,20 +126,24 @@ def host_scalar(t: Tensor | None, arg: str, default: float) -> float:
 def gated_norm_merge(sources: list[Tensor], indices: list[Tensor], z: Tensor, weight: Tensor,
                      eps: float, activation: str, form: str, rsqrt: bool, num_tokens: int,
                      out_dtype: torch.dtype, pad_value: float | None = None,
-                     eps_input: Tensor | None = None) -> Tensor:
+                     eps_input: Tensor | None = None, in_dtype: torch.dtype | None = None) -> Tensor:
     """See the module docstring. ``eps_input``: eps as the 0-d CPU tensor ``dynamic=True``
-    lifts a float attribute to (overrides ``eps``; read on the host, no device sync)."""
+    lifts a float attribute to (overrides ``eps``; read on the host, no device sync).
+    ``in_dtype``: float32 sources are first rounded to this 16-bit dtype (the norm's input is
+    their rounding; the op reads them before it, see ``patterns/gated_norm_merge.source_reads``)."""
     eps = host_scalar(eps_input, "eps_input", eps)
-    validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
+    validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value, in_dtype)
     return merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
-                            pad_value, check_range=True)
+                            pad_value, check_range=True, in_dtype=in_dtype)
 
 
 def merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
-                     pad_value=None, *, check_range: bool) -> Tensor:
+                     pad_value=None, *, check_range: bool, in_dtype: torch.dtype | None = None) -> Tensor:
     """Eager's computation, op for op: the CPU kernel, and the CUDA path when the index
     lengths do not add up to the tokens (uncovered rows, or duplicates where the later
     write must win). ``check_range`` reads the indices on the host (CPU only: a sync)."""
+    if in_dtype is not None:
+        sources = [s.to(in_dtype) for s in sources]
     z = z.reshape(-1, z.shape[-1])
     D = z.shape[1]
     R = sources[0].shape[1] // D
@@ -171,24 +178,25 @@ def merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, n
 
 @gated_norm_merge.register_fake
 def _gated_norm_merge_fake(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
-                           pad_value=None, eps_input=None):
-    validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
+                           pad_value=None, eps_input=None, in_dtype=None):
+    validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value, in_dtype)
     return z.new_empty(gate_rows(z), dtype=out_dtype)
 
 
 @gated_norm_merge.register_kernel("cuda")
 def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
-                           pad_value=None, eps_input=None):
+                           pad_value=None, eps_input=None, in_dtype=None):
     eps = host_scalar(eps_input, "eps_input", eps)
-    validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
+    validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value, in_dtype)
     if sum(s.shape[0] for s in sources) != num_tokens:  # not a partition (a symbolic T matched)
         return merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,
-                                pad_value, check_range=False)
+                                pad_value, check_range=False, in_dtype=in_dtype)
     y = z.new_empty(gate_rows(z), dtype=out_dtype)
     if not indices and pad_value is None:  # the merge-free norm: its own kernel
-        return norm_rows_triton(sources[0], z, weight, y, eps=eps, activation=activation, form=form, rsqrt=rsqrt)
+        return norm_rows_triton(sources[0], z, weight, y, eps=eps, activation=activation, form=form, rsqrt=rsqrt,
+                                in_dtype=in_dtype)
     norm_merge_triton(sources, indices, z, weight, y, eps=eps, activation=activation, form=form,
-                      rsqrt=rsqrt, num_tokens=num_tokens, pad_value=pad_value)
+                      rsqrt=rsqrt, num_tokens=num_tokens, pad_value=pad_value, in_dtype=in_dtype)
     return y
 
 
@@ -198,6 +206,8 @@ def _gated_norm_merge_cuda(sources, indices, z, weight, eps, activation, form, r
 TL_DTYPES = {}
 """torch dtype -> Triton dtype of the kernels' constexprs (``IN_DTYPE``, ``HF_DTYPE``, ...)."""
 if triton is not None:
+    from kda_inductor.lowerings._fp8 import bf16_round
+
     TL_DTYPES = {torch.bfloat16: tl.bfloat16, torch.float16: tl.float16, torch.float32: tl.float32}
 
     @triton.jit
@@ -221,6 +231,19 @@ if triton is not None:
             wn = (w.to(tl.float32) * n.to(tl.float32)).to(HF_DTYPE)
             y = wn.to(tl.float32) * act
         return y
+
+    @triton.jit
+    def round_input(x, IN_DTYPE: tl.constexpr, ROUND_IN: tl.constexpr):
+        """``ROUND_IN``: the float32 sources read as the norm's 16-bit input (``in_dtype``): ``x``
+        rounded to ``IN_DTYPE`` (to nearest, ties to even, as eager's cast), kept as float32;
+        bf16 by integer arithmetic, the same bits on the GPU and under the interpreter (whose cast
+        truncates)."""
+        if ROUND_IN:
+            if IN_DTYPE == tl.bfloat16:
+                x = bf16_round(x)
+            else:
+                x = x.to(IN_DTYPE).to(tl.float32)
+        return x
 
     @triton.jit
     def group_offset(row, rows_per_group, stride_group, stride_row):
@@ -279,7 +302,7 @@ if triton is not None:
         z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, T, R, D, eps, pad,
         SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
         HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IDENTITY: tl.constexpr,
-        PADDED: tl.constexpr, MSG: tl.constexpr,
+        PADDED: tl.constexpr, ROUND_IN: tl.constexpr, MSG: tl.constexpr,
     ):
         """Program (p, h)'s tile of the merge kernels (``gated_norm_merge``, ``gated_norm_quant``):
         row p of source 0 (p < n0) or p - n0 of source 1 (``merge_token``) -> rows h * BLOCK_R ..
@@ -293,6 +316,7 @@ if triton is not None:
         dd = tl.arange(0, BLOCK_D)[None, :]
         m = (rr < R) & (dd < D)
         x = load_merge_rows(src0, src1, first, i, p, n0, n1, src_stride0, src_stride1, rr, dd, m, D, pad, PADDED)
+        x = round_input(x, IN_DTYPE, ROUND_IN)
         w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
         zrow = t * R + rr
         g = load_gate(z_ptr, zrow, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, dd, m)
@@ -305,13 +329,13 @@ if triton is not None:
         z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, y_ptr, T, R, D, eps, pad,
         SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
         HF_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr, IDENTITY: tl.constexpr,
-        PADDED: tl.constexpr,
+        PADDED: tl.constexpr, ROUND_IN: tl.constexpr,
     ):
         """Program (p, h): ``merge_norm_tile``'s rows of ``y``."""
         y, _, _, dd, m, zrow = merge_norm_tile(
             src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
             z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, T, R, D, eps, pad,
-            SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE, BLOCK_R, BLOCK_D, IDENTITY, PADDED,
+            SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE, BLOCK_R, BLOCK_D, IDENTITY, PADDED, ROUND_IN,
             "gated_norm_merge: index out of range")
         tl.store(y_ptr + zrow * D + dd, y.to(y_ptr.dtype.element_ty), mask=m)
 
@@ -320,7 +344,7 @@ if triton is not None:
         x_ptr, x_rows_per_group, x_stride_group, x_stride_row,
         z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, y_ptr, rows, D, eps,
         SIGMOID: tl.constexpr, HF: tl.constexpr, RSQRT: tl.constexpr, IN_DTYPE: tl.constexpr,
-        HF_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+        HF_DTYPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, ROUND_IN: tl.constexpr,
     ):
         """The merge-free gated RMSNorm: program ``p`` normalizes rows ``p * BLOCK_M ..`` of
         ``x`` with their gate rows into ``y [rows, D]``; ``x`` and ``z`` are addressed as groups
@@ -329,7 +353,7 @@ if triton is not None:
         dd = tl.arange(0, BLOCK_D)[None, :]
         m = (rr < rows) & (dd < D)
         xoff = group_offset(rr, x_rows_per_group, x_stride_group, x_stride_row)
-        x = tl.load(x_ptr + xoff + dd, mask=m, other=0.0).to(tl.float32)
+        x = round_input(tl.load(x_ptr + xoff + dd, mask=m, other=0.0).to(tl.float32), IN_DTYPE, ROUND_IN)
         w = tl.load(w_ptr + dd, mask=dd < D, other=0.0)
         g = load_gate(z_ptr, rr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, dd, m)
         y = gated_rms_norm(x, g, w, D, eps, SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE)
@@ -384,14 +408,19 @@ class MergeLaunch(NamedTuple):
     constexprs: dict
 
 
-def norm_constexprs(activation: str, form: str, rsqrt: bool, in_dtype: torch.dtype, weight: Tensor) -> dict:
-    """The norm's constexprs, every kernel's (``gated_rms_norm``'s and ``BLOCK_D``)."""
-    return dict(SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=TL_DTYPES[in_dtype],
-                HF_DTYPE=TL_DTYPES[hf_dtype(weight, in_dtype)], BLOCK_D=triton.next_power_of_2(weight.shape[0]))
+def norm_constexprs(activation: str, form: str, rsqrt: bool, source_dtype: torch.dtype, weight: Tensor,
+                    in_dtype: torch.dtype | None = None) -> dict:
+    """The norm's constexprs, every kernel's (``gated_rms_norm``'s, ``round_input``'s and
+    ``BLOCK_D``): the norm's input dtype is ``in_dtype`` where given (float32 sources rounded to
+    it first), else the sources'."""
+    dtype = in_dtype or source_dtype
+    return dict(SIGMOID=activation == "sigmoid", HF=form == "hf", RSQRT=rsqrt, IN_DTYPE=TL_DTYPES[dtype],
+                HF_DTYPE=TL_DTYPES[hf_dtype(weight, dtype)], BLOCK_D=triton.next_power_of_2(weight.shape[0]),
+                ROUND_IN=dtype != source_dtype)
 
 
 def merge_launch(sources, indices, z, weight, *, eps: float, activation: str, form: str, rsqrt: bool,
-                 num_tokens: int, pad_value: float | None) -> MergeLaunch:
+                 num_tokens: int, pad_value: float | None, in_dtype: torch.dtype | None = None) -> MergeLaunch:
     """The launch of the module docstring's scatter for validated arguments (no sync)."""
     D = weight.shape[0]
     R = sources[0].shape[1] // D
@@ -402,7 +431,7 @@ def merge_launch(sources, indices, z, weight, *, eps: float, activation: str, fo
     identity = not indices
     idx0 = srcs[0][0] if identity else indices[0]  # unused pointer when identity
     idx1 = idx0 if len(indices) < 2 else indices[1]
-    constexprs = dict(norm_constexprs(activation, form, rsqrt, sources[0].dtype, weight), IDENTITY=identity,
+    constexprs = dict(norm_constexprs(activation, form, rsqrt, sources[0].dtype, weight, in_dtype), IDENTITY=identity,
                       PADDED=pad_tokens > 0)
     inputs = (srcs[0][0], s1, idx0, idx1, n[0], n[1], srcs[0][1], st1, z, *gate_strides(z), weight)
     sizes = (num_tokens, R, D, eps, 0.0 if pad_value is None else float(pad_value))
@@ -411,12 +440,12 @@ def merge_launch(sources, indices, z, weight, *, eps: float, activation: str, fo
 
 def norm_merge_triton(sources, indices, z, weight, y, *, eps: float, activation: str, form: str,
                       rsqrt: bool, num_tokens: int, pad_value: float | None = None, num_warps: int | None = None,
-                      block_r: int | None = None):
+                      block_r: int | None = None, in_dtype: torch.dtype | None = None):
     """One launch writing ``y`` (fresh, contiguous ``[P * R, D]``). No sync, no allocation."""
     if triton is None:  # pragma: no cover
         raise RuntimeError("gated_norm_merge: the Triton kernel needs triton, which is not installed")
     L = merge_launch(sources, indices, z, weight, eps=eps, activation=activation, form=form, rsqrt=rsqrt,
-                     num_tokens=num_tokens, pad_value=pad_value)
+                     num_tokens=num_tokens, pad_value=pad_value, in_dtype=in_dtype)
     if L.programs == 0:
         return y
     block_r = block_r or rows_per_program(L.programs, L.R, L.D)
@@ -445,7 +474,8 @@ def rows_config(rows: int, D: int = 128) -> tuple[int, int]:
 
 
 def norm_rows_triton(x: Tensor, z: Tensor, weight: Tensor, y: Tensor, *, eps: float, activation: str,
-                     form: str, rsqrt: bool, block_m: int | None = None, num_warps: int | None = None) -> Tensor:
+                     form: str, rsqrt: bool, block_m: int | None = None, num_warps: int | None = None,
+                     in_dtype: torch.dtype | None = None) -> Tensor:
     """The merge-free gated RMSNorm of ``x [n, R * D]`` (token-strided; ``R`` norm rows per
     token) into ``y`` (fresh, contiguous ``[n * R, D]``): one launch, no sync, no allocation."""
     if triton is None:  # pragma: no cover
@@ -460,7 +490,7 @@ def norm_rows_triton(x: Tensor, z: Tensor, weight: Tensor, y: Tensor, *, eps: fl
     block_m, num_warps = block_m or auto_m, num_warps or auto_w
     _gated_norm_rows_kernel[(triton.cdiv(rows, block_m),)](
         x, *((1, D, 0) if x_stride == R * D else (R, x_stride, D)), z, *gate_strides(z), weight, y, rows, D, eps,
-        **norm_constexprs(activation, form, rsqrt, x.dtype, weight), BLOCK_M=block_m, num_warps=num_warps,
+        **norm_constexprs(activation, form, rsqrt, x.dtype, weight, in_dtype), BLOCK_M=block_m, num_warps=num_warps,
     )
     return y
 
@@ -478,7 +508,8 @@ def aot_variants():
                  src_stride1="i32", z_ptr="*bf16", z_rows_per_group="i32", z_stride_group="i32",
                  z_stride_row="i32", z_stride_col="i32", w_ptr="*fp32",
                  y_ptr="*bf16", T="i32", R="i32", D="i32", eps="fp32", pad="fp32")
-    base = dict(IN_DTYPE=tl.bfloat16, HF_DTYPE=tl.float32, BLOCK_R=8, BLOCK_D=128, IDENTITY=False, PADDED=False)
+    base = dict(IN_DTYPE=tl.bfloat16, HF_DTYPE=tl.float32, BLOCK_R=8, BLOCK_D=128, IDENTITY=False, PADDED=False,
+                ROUND_IN=False)
     for hf, sigmoid, rsqrt in itertools.product((False, True), repeat=3):
         yield AotVariant(_gated_norm_merge_kernel, types, {**base, "SIGMOID": sigmoid, "HF": hf, "RSQRT": rsqrt},
                          debug_options())
@@ -491,6 +522,9 @@ def aot_variants():
                 y_ptr="*bf16", rows="i32", D="i32", eps="fp32")
     for hf, sigmoid in itertools.product((False, True), repeat=2):
         consts = dict(SIGMOID=sigmoid, HF=hf, RSQRT=True, IN_DTYPE=tl.bfloat16, HF_DTYPE=tl.float32, BLOCK_M=16,
-                      BLOCK_D=128)
+                      BLOCK_D=128, ROUND_IN=False)
         yield AotVariant(_gated_norm_rows_kernel, rows, consts, {"num_warps": 8})
     yield AotVariant(_gated_norm_rows_kernel, rows, {**consts, "BLOCK_M": 1}, {"num_warps": 1})
+    # float32 sources read as the bf16 input they round to (transformers' recurrent decode core)
+    yield AotVariant(_gated_norm_rows_kernel, {**rows, "x_ptr": "*fp32"}, {**consts, "ROUND_IN": True},
+                     {"num_warps": 8})

@@ -64,11 +64,11 @@ NORM_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 def validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype, width,
-             group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None):
+             group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None, in_dtype=None):
     """Sync-free checks of every argument (the norm's by ``gated_norm_merge.validate``);
     returns ``(R, D, P, M, G)``: norm rows per token, their size, tokens, the quantizer's
     tokens and groups per token. Sizes may be symbolic."""
-    R, D, P = validate_norm(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value)
+    R, D, P = validate_norm(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value, in_dtype)
     if norm_dtype not in NORM_DTYPES:
         raise _err("norm_dtype", f"expected one of {NORM_DTYPES}, got {norm_dtype}")
     for name, v in (("width", width), ("group_size", group_size)):
@@ -110,13 +110,13 @@ def gated_norm_quant(sources: list[Tensor], indices: list[Tensor], z: Tensor, we
                      eps: float, activation: str, form: str, rsqrt: bool, num_tokens: int,
                      norm_dtype: torch.dtype, width: int, group_size: int, ue8m0: bool,
                      reciprocal: bool, column_major: bool, pad_value: float | None = None,
-                     eps_input: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """See the module docstring. ``eps_input`` overrides ``eps`` as in ``gated_norm_merge``."""
+                     eps_input: Tensor | None = None, in_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """See the module docstring. ``eps_input`` and ``in_dtype`` as in ``gated_norm_merge``."""
     eps = host_scalar(eps_input, "eps_input", eps)
     validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype, width,
-             group_size, ue8m0, reciprocal, column_major, pad_value)
+             group_size, ue8m0, reciprocal, column_major, pad_value, in_dtype=in_dtype)
     y = merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
-                         pad_value, check_range=True)
+                         pad_value, check_range=True, in_dtype=in_dtype)
     return quantize(y, width, group_size, ue8m0, reciprocal, column_major)
 
 
@@ -131,9 +131,10 @@ def _new_outputs(z: Tensor, M, width, G, column_major: bool) -> tuple[Tensor, Te
 
 @gated_norm_quant.register_fake
 def _gated_norm_quant_fake(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
-                           width, group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None):
+                           width, group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None,
+                           in_dtype=None):
     _, _, _, M, G = validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
-                             width, group_size, ue8m0, reciprocal, column_major, pad_value)
+                             width, group_size, ue8m0, reciprocal, column_major, pad_value, in_dtype=in_dtype)
     return _new_outputs(z, M, width, G, column_major)
 
 
@@ -150,19 +151,21 @@ def kernel_mode(R: int, D: int, group_size: int) -> tuple[int, int] | None:
 
 @gated_norm_quant.register_kernel("cuda")
 def _gated_norm_quant_cuda(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
-                           width, group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None):
+                           width, group_size, ue8m0, reciprocal, column_major, pad_value=None, eps_input=None,
+                           in_dtype=None):
     eps = host_scalar(eps_input, "eps_input", eps)
     R, D, P, M, G = validate(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, norm_dtype,
-                             width, group_size, ue8m0, reciprocal, column_major, pad_value)
+                             width, group_size, ue8m0, reciprocal, column_major, pad_value, in_dtype=in_dtype)
     partition = sum(s.shape[0] for s in sources) == num_tokens
     if not partition or kernel_mode(R, D, group_size) is None:
         y = torch.ops.kda.gated_norm_merge.default(sources, indices, z, weight, eps, activation, form, rsqrt,
-                                                   num_tokens, norm_dtype, pad_value)
+                                                   num_tokens, norm_dtype, pad_value, None, in_dtype)
         return quantize(y, width, group_size, ue8m0, reciprocal, column_major)
     q, scales = _new_outputs(z, M, width, G, column_major)
     norm_quant_triton(sources, indices, z, weight, q, scales, eps=eps, activation=activation, form=form,
                       rsqrt=rsqrt, num_tokens=num_tokens, norm_dtype=norm_dtype, group_size=group_size,
-                      ue8m0=ue8m0, reciprocal=reciprocal, column_major=column_major, pad_value=pad_value)
+                      ue8m0=ue8m0, reciprocal=reciprocal, column_major=column_major, pad_value=pad_value,
+                      in_dtype=in_dtype)
     return q, scales
 
 
@@ -239,6 +242,7 @@ if triton is not None:
         HF_DTYPE: tl.constexpr, NORM_DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
         IDENTITY: tl.constexpr, PADDED: tl.constexpr, ROW_GROUP: tl.constexpr, GROUP: tl.constexpr,
         UE8M0: tl.constexpr, RECIPROCAL: tl.constexpr, COLUMN_MAJOR: tl.constexpr, HW_CASTS: tl.constexpr,
+        ROUND_IN: tl.constexpr,
     ):
         """Program (p, h): ``gated_norm_merge``'s merge kernel's rows (``merge_norm_tile``: source
         row p -> its token's norm rows h * BLOCK_R ..), then the quantization of the groups in
@@ -248,7 +252,7 @@ if triton is not None:
         y, t, rr, dd, m, zrow = merge_norm_tile(
             src0, src1, idx0, idx1, n0, n1, src_stride0, src_stride1,
             z_ptr, z_rows_per_group, z_stride_group, z_stride_row, z_stride_col, w_ptr, T, R, D, eps, pad,
-            SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE, BLOCK_R, BLOCK_D, IDENTITY, PADDED,
+            SIGMOID, HF, RSQRT, IN_DTYPE, HF_DTYPE, BLOCK_R, BLOCK_D, IDENTITY, PADDED, ROUND_IN,
             "gated_norm_quant: index out of range")
         y = _as_norm_output(y, m, NORM_DTYPE, HW_CASTS)
         if ROW_GROUP > 0:
@@ -273,7 +277,7 @@ def _check_outputs(q: Tensor, scales: Tensor, group_size: int, column_major: boo
 def norm_quant_triton(sources, indices, z, weight, q, scales, *, eps: float, activation: str, form: str,
                       rsqrt: bool, num_tokens: int, norm_dtype: torch.dtype, group_size: int, ue8m0: bool,
                       reciprocal: bool, column_major: bool, pad_value: float | None = None,
-                      block_r: int | None = None, num_warps: int | None = None):
+                      block_r: int | None = None, num_warps: int | None = None, in_dtype: torch.dtype | None = None):
     """One launch writing ``q`` (contiguous fp8 ``[M, K]``) and ``scales`` (``[M, G]``, row- or
     column-major as ``column_major`` says). The caller has validated the arguments and checked
     that the index lengths partition ``num_tokens`` and that ``kernel_mode`` is not None. No
@@ -288,7 +292,7 @@ def norm_quant_triton(sources, indices, z, weight, q, scales, *, eps: float, act
     row_group, group = mode
     M, G = _check_outputs(q, scales, group_size, column_major)
     L = merge_launch(sources, indices, z, weight, eps=eps, activation=activation, form=form, rsqrt=rsqrt,
-                     num_tokens=num_tokens, pad_value=pad_value)
+                     num_tokens=num_tokens, pad_value=pad_value, in_dtype=in_dtype)
     if L.programs == 0:
         return q, scales
     # a group's rows in one program
@@ -315,7 +319,7 @@ def aot_variants():
                  T="i32", R="i32", D="i32", eps="fp32", pad="fp32", M="i32", G="i32")
     base = dict(SIGMOID=True, HF=False, RSQRT=True, IN_DTYPE=tl.bfloat16, HF_DTYPE=tl.float32,
                 NORM_DTYPE=tl.bfloat16, BLOCK_R=8, BLOCK_D=128, IDENTITY=False, PADDED=False, ROW_GROUP=1,
-                GROUP=0, UE8M0=False, RECIPROCAL=False, COLUMN_MAJOR=False, HW_CASTS=True)
+                GROUP=0, UE8M0=False, RECIPROCAL=False, COLUMN_MAJOR=False, HW_CASTS=True, ROUND_IN=False)
     opts = debug_options(2)
     for ue8m0 in (False, True):
         for column_major in (False, True):

@@ -223,6 +223,35 @@ def fused_into_users(n: fx.Node) -> bool:
     return True
 
 
+_FUSED_INTO_READERS = (
+    aten.alias, aten.clone, aten.permute, aten.expand, aten.slice, aten.select, aten.index, aten.cat,
+    aten.where, aten.select_scatter, aten.slice_scatter, aten.constant_pad_nd, aten._to_copy,
+    prims.convert_element_type, aten.full, aten.zeros, aten.scalar_tensor, aten.arange, prims.iota,
+)
+"""Ops Inductor generates inside the kernels that read their values (besides those tagged
+pointwise): casts, copies and rearrangements, gathers, fills."""
+_SPLITS = (aten.split, aten.split_with_sizes, aten.unbind, aten.chunk, aten.unsafe_split)
+
+
+def inline_producer(n: Any) -> fx.Node | None:
+    """The node whose code Inductor emits inside the kernels that read ``n`` (a pointwise op, a
+    cast, a copy or rearrangement, a gather), reached from ``n`` through views and splits; None
+    where ``n``'s value is a buffer Inductor writes out in any case: a graph input or constant,
+    a reduction, the output of an op that runs as a kernel of its own (a matmul, a convolution, a
+    custom op, a scatter, a sort). A fused op that reads an inline producer's value makes Inductor
+    write it out first, which moves that code into another kernel: the speed rules in context
+    (``speed_rule``) read this to judge a rewrite by the step it sits in."""
+    while isinstance(n, fx.Node) and n.op == "call_function":
+        if is_op(n, *SHAPE_VIEWS):
+            n = n.args[0]
+        elif n.target is operator.getitem and is_op(n.args[0], *_SPLITS):
+            n = n.args[0].args[0]
+        else:
+            tags = getattr(n.target, "tags", ())
+            return n if torch.Tag.pointwise in tags or is_op(n, *_FUSED_INTO_READERS) else None
+    return None
+
+
 def is_op(node: Any, *targets: Any) -> bool:
     """``node`` calls one of ``targets`` (an OpOverload or an OpOverloadPacket)."""
     if not isinstance(node, fx.Node) or node.op != "call_function":

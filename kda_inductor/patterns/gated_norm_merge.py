@@ -93,12 +93,14 @@ from kda_inductor.patterns.base import (
     aten,
     erase_dead,
     in_graph_order,
+    inline_producer,
     insert_fused,
     is_op,
     live_users,
     mutated_nodes,
     prims,
     set_fake_vals,
+    source_location,
     val,
 )
 from kda_inductor.patterns.canonical import Canon, Term, const_value
@@ -156,6 +158,9 @@ class NormMatch(Match):
     pad_value: float | None = None  # the merged buffer's fill (rows no source writes; padding tokens)
     plain: bool = False  # the merge-free norm
     source: fx.Node | None = None  # merge-free: the tensor copied into a padded output
+    reads: list[fx.Node] = dataclasses.field(default_factory=list)  # what the op reads its sources from
+    in_dtype: torch.dtype | None = None  # the dtype it rounds them to first (None: read as they are)
+    absorbed: list[fx.Node] = dataclasses.field(default_factory=list)  # the roundings it reads before
 
     @property
     def anchor(self) -> fx.Node:
@@ -188,6 +193,7 @@ class GatedNormMerge(Rewrite):
                 continue
             m = self._match(norm, canon)
             if m is not None and not taken & set(m.nodes):
+                m.reads, m.in_dtype, m.absorbed = source_reads(m)
                 matches.append(m)
                 taken |= set(m.nodes)
         return matches
@@ -196,6 +202,9 @@ class GatedNormMerge(Rewrite):
         if match.device != "cuda":
             return (f"on {match.device} the fused op's implementation is slower than the code Inductor "
                     "generates for it (measured, see patterns/gated_norm_merge.py)")
+        inline = _inline_input(match)
+        if inline is not None:
+            return inline
         if match.plain:
             rows_d = val(match.norm.x).numel()
             if not isinstance(rows_d, int):
@@ -457,25 +466,110 @@ def op_args(graph: fx.Graph, match: NormMatch) -> tuple[tuple, fx.Node]:
     norm's output), and the gate passed. ``kda::gated_norm_quant`` takes the same first ones."""
     m, n = match, match.norm
     with graph.inserting_before(n.y):
-        if m.plain:
-            sources = [_reshape(graph, m.source if m.source is not None else n.x, [-1, m.width])]
-            num_tokens = m.num_tokens
-            if m.num_tokens is None or not isinstance(m.num_tokens, int):
-                num_tokens = _sym_rows(graph, sources[0])
-        else:
-            sources = [_reshape(graph, w.values, [-1, m.width]) for w in m.writes]
-            num_tokens = m.num_tokens
+        sources = [_reshape(graph, r, [-1, m.width]) for r in m.reads]
+        num_tokens = m.num_tokens
+        if m.plain and (m.num_tokens is None or not isinstance(m.num_tokens, int)):
+            num_tokens = _sym_rows(graph, sources[0])
         z = _gate(graph, n.z, n.D)
     eps, eps_input = (0.0, n.eps[1]) if isinstance(n.eps, tuple) else (n.eps, None)
     return (sources, [w.index for w in m.writes], z, n.weight, eps, n.act, n.form, n.rsqrt, num_tokens,
-            n.out_dtype, m.pad_value, eps_input), z
+            n.out_dtype, m.pad_value, eps_input, m.in_dtype), z
+
+
+def _inline_input(match: NormMatch) -> str | None:
+    """The speed rule in context: why the op would slow the step it sits in, or None. Inductor
+    emits the code that computes the norm's input (merge-free) or its gate inside its norm kernel
+    when that code is pointwise (:func:`~kda_inductor.patterns.base.inline_producer`); the op
+    reads them from memory, so Inductor would write them out first and move that code into the
+    kernel that produces them. Measured: Qwen3.5's decode step on the H200, whose norm input was a
+    bf16 rounding of a transposed reduction output (``source_reads`` now reads before it): that
+    rounding fused into the reduction made its kernel 3.7x slower and the step 1.08-1.26x stock's
+    (``benchmarks/results/hf_models.md``). A merge's sources are left out: stock writes the merged
+    buffer they would be fused into, which the op does not."""
+    gate, _ = _gate_read(match.norm.z, match.norm.D)
+    for x, what in [*[(r, "input") for r in (match.reads if match.plain else [])], (gate, "gate")]:
+        p = inline_producer(x)
+        if p is not None:
+            where = source_location(p)[0]
+            return (f"the norm's {what} is computed by {getattr(p.target, '__name__', p.target)}"
+                    f"{' at ' + where if where else ''}, which Inductor fuses into its own norm kernel; read by the "
+                    "fused op it must be written out first, which slows the kernel that computes it (measured in "
+                    "context: see patterns/gated_norm_merge.py)")
+    return None
+
+
+def source_reads(match: NormMatch) -> tuple[list[fx.Node], torch.dtype | None, list[fx.Node]]:
+    """The nodes the op reads its sources from, the 16-bit dtype it rounds them to first (None:
+    they are read as they are) and the nodes of those roundings (dead once replaced). Where every source is a 16-bit rounding of a float32 value
+    (:func:`before_cast`: transformers' recurrent decode core writes its float32 output into a
+    zeroed ``[B, H, 1, V]`` buffer, transposes it and casts it to bf16) the op reads the float32
+    values and rounds them in registers (the same bytes): the rounding, the transpose and the
+    copy are then code of no kernel, so Inductor emits the producer's kernel as stock does. Read
+    as bf16, they were fused into the producing reduction as its epilogue, and that kernel lost
+    its tiled loop (strided loads of the recurrent state): 59 -> 221 us a call in Qwen3.5's
+    decode step on the H200, the whole step 1.08x / 1.26x stock's at 32 / 128 sequences
+    (issue 28; ``benchmarks/results/hf_models.md``)."""
+    m = match
+    nodes = [m.source if m.source is not None else m.norm.x] if m.plain else [w.values for w in m.writes]
+    found = [before_cast(x) for x in nodes]
+    dtypes = {f[2] for f in found if f is not None}
+    if m.source is not None or None in found or len(dtypes) != 1:
+        return nodes, None, []
+    return [f[0] for f in found], dtypes.pop(), [c for f in found for c in f[1]]
+
+
+def before_cast(x: fx.Node) -> tuple[fx.Node, list[fx.Node], torch.dtype] | None:
+    """``(v, chain, dtype)`` where ``x`` is ``v`` (contiguous float32) rounded to the 16-bit
+    ``dtype`` through ops that keep each value's row-major position (views, contiguous copies,
+    permutes that move only unit dims, a ``select_scatter`` that fills a unit dim of a fresh
+    buffer), every step read only by the next (``chain``, from ``x`` down); else None."""
+    chain, n, dtype = [], x, None
+    while True:
+        nxt = _order_keeping_arg(n)
+        if nxt is None and dtype is None and _rounding(n):
+            dtype, nxt = val(n).dtype, n.args[0]
+        if nxt is None:
+            break
+        if n is not x and len(live_users(n)) != 1:
+            return None
+        chain.append(n)
+        n = nxt
+    v = val(n)
+    if dtype is None or not isinstance(v, torch.Tensor) or v.dtype != _F32 or not v.is_contiguous():
+        return None
+    return n, chain, dtype
+
+
+def _rounding(n: fx.Node) -> bool:
+    """``n`` casts a float32 tensor to 16 bits (``.to(torch.bfloat16)``)."""
+    return (is_op(n, prims.convert_element_type) and isinstance(val(n.args[0]), torch.Tensor)
+            and val(n.args[0]).dtype == _F32 and val(n).dtype in _16BIT)
+
+
+def _order_keeping_arg(n: fx.Node) -> fx.Node | None:
+    """The tensor ``n`` takes its values from in the same row-major order, or None."""
+    if is_op(n, *VIEWS, aten.squeeze, aten.unsqueeze, aten.alias):
+        return n.args[0]
+    if is_op(n, aten.clone) and n.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format:
+        return n.args[0]
+    if is_op(n, aten.permute):
+        shape = val(n.args[0]).shape
+        moved = [d for d in n.args[1] if not statically_known_true(shape[d] == 1)]
+        return n.args[0] if moved == sorted(moved) else None
+    if is_op(n, aten.select_scatter):
+        base, src, dim = n.args[:3]
+        fresh = _fill(base) is not _NO_FILL
+        return src if fresh and statically_known_true(val(base).shape[dim] == 1) else None
+    return None
 
 
 def drop_gate_copy(graph: fx.Graph, match: NormMatch, z: fx.Node) -> None:
-    """After the fused op replaced the norm: the user's copy of the gate (and its views),
-    when the op reads the gate where it lies, is dead now."""
+    """After the fused op replaced the norm: the user's copy of the gate (and its views), when
+    the op reads the gate where it lies, and the roundings the op reads before
+    (:func:`source_reads`) are dead now."""
     if z is not match.norm.z:
         erase_dead(graph, _copy_chain(match.norm.z))
+    erase_dead(graph, match.absorbed)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -736,25 +830,34 @@ def _copy_chain(z: fx.Node) -> list[fx.Node]:
 
 
 def _gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
-    """The gate as the op reads it, ``[-1, D]``; where that is the user's copy of a strided
-    tensor (``reshape`` of a split of the projection: a contiguous ``clone`` then views), the
-    tensor itself viewed ``[A, B, D]`` in place: the kernel reads any strides, and the copy,
-    which stock Inductor fuses into its norm, would otherwise be written out for the op
-    (measured: ``benchmarks/results/profile_step.md``, the 16K prefill). The copied tensor may itself be a
-    reshape that no view gives as rows (transformers' Qwen3-Next with one key head: the split
-    ``[B, S, 1, 2 * Dv]`` reshaped ``[B, S, 2, Dv]``): then a reshape it was made from is viewed."""
+    """The gate as the op reads it (:func:`_gate_read`), its view inserted where it needs one."""
+    node, shape = _gate_read(z, D)
+    if shape is None:
+        return _in_place_gate(graph, z, D)
+    v = graph.call_function(aten.view.default, (node, shape))
+    set_fake_vals(graph, v)
+    return v
+
+
+def _gate_read(z: fx.Node, D: int) -> tuple[fx.Node, list | None]:
+    """``(node, shape)``: the gate is ``node`` (``z``, shape None: read as ``[-1, D]``); where
+    ``z`` is the user's copy of a strided tensor (``reshape`` of a split of the projection: a
+    contiguous ``clone`` then views), the tensor itself viewed ``shape`` = ``[A, B, D]`` in place:
+    the kernel reads any strides, and the copy, which stock Inductor fuses into its norm, would
+    otherwise be written out for the op (measured: ``benchmarks/results/profile_step.md``, the 16K
+    prefill). The copied tensor may itself be a reshape that no view gives as rows (transformers'
+    Qwen3-Next with one key head: the split ``[B, S, 1, 2 * Dv]`` reshaped ``[B, S, 2, Dv]``): then
+    a reshape it was made from is viewed."""
     src = _copy_chain(z)[-1]
     if not (is_op(src, aten.clone)
             and src.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format):
-        return _in_place_gate(graph, z, D)
-    mutated = mutated_nodes(graph)
+        return z, None
+    mutated = mutated_nodes(z.graph)
     for base in _copy_chain(src.args[0]):  # the copied tensor, then the reshapes it came from
         shape = _rows_view(val(base), D) if isinstance(base, fx.Node) else None
         if shape is not None and base not in mutated:
-            v = graph.call_function(aten.view.default, (base, shape))
-            set_fake_vals(graph, v)
-            return v
-    return _in_place_gate(graph, z, D)
+            return base, shape
+    return z, None
 
 
 def _in_place_gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:

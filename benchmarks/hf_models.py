@@ -407,12 +407,17 @@ def _run_variant(row: dict, graphs: dict, variant: str, decoder, call, reset, ex
     """Compile, check and capture one variant; kda's rewrite counts (None for other variants)."""
     from kda_inductor.testing import assert_close_to_eager
 
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     reset()
     t0 = time.perf_counter()
     try:
         step, report = compile_variant(variant, decoder, call, options)
         row[f"{variant}_compile_s"] = time.perf_counter() - t0
+        row[f"{variant}_graphs"] = counters["stats"].get("unique_graphs")
+        row[f"{variant}_breaks"] = sum(counters["graph_break"].values())
         if report is not None and variant == "kda":
             row.update(report_summary(report))
         reset()
@@ -458,7 +463,8 @@ def run_family(family: Family, *, smoke: bool, device: str, decode_batches, cont
 COLUMNS = [("family", "family", ""), ("case", "case", ""), ("date", "date", ""), ("eager_us", "eager us", ".0f"),
            ("stock_us", "stock us", ".0f"), (f"{STOCK_FIX}_us", "stock+fix us", ".0f"), ("kda_us", "kda us", ".0f"),
            ("kda_vs_stock", "kda/stock", ".3f"), ("kda_vs_stock_fix", "kda/(stock+fix)", ".3f"),
-           ("without", "kda-no-<rewrite> / kda", ""), ("noise", "spread", ""), ("stock_compile_s", "stock compile s", ".0f"),
+           ("without", "kda-no-<rewrite> / kda", ""), ("noise", "spread", ""), ("graphs", "graphs (breaks)", ""),
+           ("stock_compile_s", "stock compile s", ".0f"),
            ("kda_compile_s", "kda compile s", ".0f"), ("matches", "rewrites", ""), ("kda_timing", "timing", "")]
 
 
@@ -471,6 +477,8 @@ def _fmt_matches(row: dict) -> dict:
         out["matches"] = ", ".join(f"{k} {v}" for k, v in m.items() if v) or "-"
     out["without"] = ", ".join(f"{k[7:-7]} {v:.3f}" for k, v in row.items()
                                if k.startswith("kda-no-") and k.endswith("_vs_kda") and v is not None) or "-"
+    out["graphs"] = " / ".join(f"{v} {row.get(f'{v}_graphs')} ({row.get(f'{v}_breaks')})"
+                               for v in ("stock", STOCK_FIX, "kda") if row.get(f"{v}_graphs") is not None) or "-"
     spreads = [v for k, v in row.items() if k.endswith("_spread") and v is not None]
     out["noise"] = f"{max(spreads):.1%}" if spreads else "-"
     return out

@@ -68,6 +68,25 @@ for the merge, vLLM's padded output and KDA's 4-D norm,
   Inductor generates for the same graph, with or without the merge (measured on the
   project's 2-core CPU machine; not recorded in ``benchmarks/results/``).
 
+In context (the step the norm sits in; issue 28): the rules above were measured on the norm
+alone, which cannot see what taking the norm out of Inductor's graph does to the kernels around
+it. transformers' Qwen3.5 decode (H200, 32 sequences) ran at 1.08x stock's step with this
+rewrite and at stock's without it: the rewrite's kernel was as fast as Inductor's norm, but the
+norm's input, a bf16 rounding of the recurrent core's transposed float32 output, was then
+fused into the reduction that computes it as an epilogue, and that kernel lost its tiled loop
+(59 -> 221 us a call; ``benchmarks/hf_profile.py --code-dir`` shows both). Two rules follow:
+
+* the op reads such an input before its rounding (``source_reads``: float32 values rounded in
+  registers, the same bytes), so no code of the norm's is left to fuse into the producer;
+* on CUDA, a merge-free norm whose input, or any norm whose gate, is still computed by pointwise
+  code (``base.inline_producer``: code Inductor emits inside its own norm kernel) stays with
+  Inductor: read by the op, that code would be written out and moved into another kernel. A
+  merge's sources are exempt: stock writes the merged buffer they are fused into, the op does not.
+
+Whole-step A/B on transformers' families (kda against kda-no-gated_norm_merge, decode 32 / 128
+and prefill 4096): ``benchmarks/results/hf_models.md``; on the hybrid example's spec step:
+``benchmarks/results/profile_step.md`` (``--without-each``).
+
 Numerics: the op computes products in the order written above (and ``rsqrt`` or
 ``1 / sqrt`` as the graph does), so those spellings are bit-exact on CPU and differ from
 eager only by the reduction order on GPU; other product orders are within two bf16 ulps.

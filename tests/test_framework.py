@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from kda_inductor.patterns import REWRITE_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,3 +70,50 @@ def test_every_rewrite_has_its_benchmark_and_table_row():
         bench = (ROOT / "benchmarks" / f"bench_{name}.py").read_text(encoding="utf-8")
         assert "def report_jobs(" in bench, name
         assert cls.finds and cls.becomes and "kda::" in cls.becomes, name
+
+
+def test_an_analysis_is_computed_once_per_graph():
+    """``Analyses``: the first rewrite that asks computes a reading, the others read it; another
+    graph gets its own. ``alive`` tells which of a reading's matches an earlier rewrite erased."""
+    import torch
+    import torch.fx as fx
+
+    from kda_inductor.patterns.base import Analyses, Match, Rewrite, alive
+
+    graphs = [fx.Graph(), fx.Graph()]
+    for g in graphs:
+        a = g.placeholder("a")
+        g.output(g.call_function(torch.ops.aten.neg.default, (g.call_function(torch.ops.aten.relu.default, (a,)),)))
+    calls = []
+
+    def reading(graph):
+        calls.append(graph)
+        return [Match(nodes=[n]) for n in graph.nodes if n.op == "call_function"]
+
+    shared = Analyses()
+    first, second = Rewrite(shared), Rewrite(shared)
+    assert first.analysis(graphs[0], reading) is second.analysis(graphs[0], reading)
+    assert calls == [graphs[0]]
+    relu, neg = second.analysis(graphs[0], reading)
+    neg.nodes[0].replace_all_uses_with(relu.nodes[0])
+    graphs[0].erase_node(neg.nodes[0])
+    assert (alive(relu), alive(neg)) == (True, False)
+    first.analysis(graphs[1], reading)
+    assert calls == graphs
+
+
+def test_call_args_orders_named_arguments_by_the_schema():
+    import torch
+
+    import kda_inductor.lowerings.gated_norm_merge  # noqa: F401  (registers the op)
+    from kda_inductor.patterns.base import call_args
+
+    op = torch.ops.kda.gated_norm_merge.default
+    named = dict(sources="s", indices="i", z="z", weight="w", eps=1e-6, activation="silu", form="fla",
+                 rsqrt=True, num_tokens=4, out_dtype=torch.bfloat16)
+    assert call_args(op, **dict(reversed(named.items()))) == tuple(named.values())
+    assert call_args(op, **named, eps_input="e") == (*named.values(), None, "e")
+    with pytest.raises(TypeError, match="norm_dtype"):
+        call_args(op, **named, norm_dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="'weight' missing"):
+        call_args(op, **{k: v for k, v in named.items() if k != "weight"})

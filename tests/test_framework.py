@@ -117,3 +117,41 @@ def test_call_args_orders_named_arguments_by_the_schema():
         call_args(op, **named, norm_dtype=torch.bfloat16)
     with pytest.raises(TypeError, match="'weight' missing"):
         call_args(op, **{k: v for k, v in named.items() if k != "weight"})
+
+
+def test_the_registry_runs_each_rewrite_in_its_declared_order():
+    """Every ``runs_before`` / ``runs_after`` a rewrite declares holds in the registry's order
+    (the order the pass runs them in, ``REWRITE_NAMES``)."""
+    from kda_inductor.patterns import REWRITES
+
+    at = {name: i for i, name in enumerate(REWRITE_NAMES)}
+    declared = [(name, later) for name, cls in REWRITES.items() for later in cls.runs_before]
+    declared += [(earlier, name) for name, cls in REWRITES.items() for earlier in cls.runs_after]
+    assert ("indexer_k_write", "indexer_k_gather") in declared and ("gated_norm_quant", "gated_norm_merge") in declared
+    assert [(a, b) for a, b in declared if at[a] > at[b]] == []
+
+
+def _rewrite(name, before=(), after=()):
+    from kda_inductor.patterns.base import Rewrite
+
+    return type(name, (Rewrite,), {"name": name, "runs_before": tuple(before), "runs_after": tuple(after)})
+
+
+def test_ordered_is_a_stable_topological_order():
+    from kda_inductor.patterns.base import ordered
+
+    a, b, c, d = _rewrite("a"), _rewrite("b", before=["a"]), _rewrite("c"), _rewrite("d", after=["a"])
+    assert list(ordered([a, c, d])) == ["a", "c", "d"]  # no constraint moves anything
+    assert list(ordered([a, b, c, d])) == ["b", "a", "c", "d"]
+    assert list(ordered([d, c, a])) == ["c", "a", "d"]
+
+
+def test_a_cycle_or_an_unknown_name_in_the_order_is_an_error():
+    from kda_inductor.patterns.base import ordered
+
+    with pytest.raises(ValueError, match="cycle among"):
+        ordered([_rewrite("a", before=["b"]), _rewrite("b", before=["c"]), _rewrite("c", before=["a"])])
+    with pytest.raises(ValueError, match="cycle among"):
+        ordered([_rewrite("a", after=["b"]), _rewrite("b", after=["a"])])
+    with pytest.raises(ValueError, match=r"unregistered rewrites: nope \(in a's order\)"):
+        ordered([_rewrite("a", before=["nope"])])

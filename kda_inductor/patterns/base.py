@@ -176,6 +176,11 @@ class Rewrite:
     """What it puts in the graph instead (the table's last column)."""
     eager_form_hint: ClassVar[str | None] = None
     """Where to find a traceable spelling, for ``explain()`` when a frame fell back to eager."""
+    runs_before: ClassVar[tuple[str, ...]] = ()
+    """Rewrites (by name) that must run after this one on a graph; the registry orders by these
+    and ``runs_after`` (``ordered``), a comment beside each says why."""
+    runs_after: ClassVar[tuple[str, ...]] = ()
+    """Rewrites (by name) that must run before this one."""
 
     def __init__(self, analyses: Analyses | None = None) -> None:
         self.misses: list[Miss] = []
@@ -223,6 +228,30 @@ class Rewrite:
 
     def replace(self, graph: fx.Graph, match: Match) -> None:
         raise NotImplementedError
+
+
+def ordered(classes: Iterable[type[Rewrite]]) -> dict[str, type[Rewrite]]:
+    """The registry: ``classes`` by name, in an order where each runs after its ``runs_after``
+    and before its ``runs_before`` (a topological order, stable: among the rewrites free to go
+    next, the first listed goes first). A name no class has, or a cycle, is a ValueError."""
+    by_name = {cls.name: cls for cls in classes}
+    after: dict[str, set[str]] = {name: set(cls.runs_after) for name, cls in by_name.items()}
+    for name, cls in by_name.items():
+        for later in cls.runs_before:
+            after.setdefault(later, set()).add(name)
+    unknown = sorted(f"{n} (in {cls.name}'s order)" for cls in by_name.values()
+                     for n in (*cls.runs_before, *cls.runs_after) if n not in by_name)
+    if unknown:
+        raise ValueError(f"rewrite order names unregistered rewrites: {', '.join(unknown)}")
+    order: list[str] = []
+    while len(order) < len(by_name):
+        free = [n for n in by_name if n not in order and after[n] <= set(order)]
+        if not free:
+            stuck = [n for n in by_name if n not in order]
+            raise ValueError(f"rewrite order has a cycle among {stuck}: " + "; ".join(
+                f"{n} runs after {sorted(after[n] - set(order))}" for n in stuck))
+        order.append(free[0])
+    return {name: by_name[name] for name in order}
 
 
 # --------------------------------------------------------------------------- helpers

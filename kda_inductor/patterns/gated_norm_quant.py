@@ -97,6 +97,8 @@ class GatedNormQuant(Rewrite):
              "`forward_native`: amax, `/ 448`, optional ue8m0 power-of-two scales, the scale floor, the "
              "clamp to +-448, the cast); forced only until measured on a GPU")
     becomes = "`kda::gated_norm_quant` (one Triton kernel: merge + norm + gate + quant, no bf16 output)"
+    # it takes the norms whose output only an fp8 quantization reads; gated_norm_merge rewrites the rest
+    runs_before = ("gated_norm_merge",)
 
     def find(self, graph: fx.Graph) -> list[Match]:
         casts = graph.find_nodes(op="call_function", target=torch.ops.prims.convert_element_type.default)

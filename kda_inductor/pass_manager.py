@@ -27,7 +27,7 @@ from kda_inductor import logs
 from kda_inductor.diff import snapshot
 from kda_inductor.options import KdaOptions
 from kda_inductor.patterns import REWRITES
-from kda_inductor.patterns.base import Miss, Stage, transaction
+from kda_inductor.patterns.base import Analyses, Miss, Stage, transaction
 
 log = logs.log  # logging.getLogger("kda_inductor"): TORCH_LOGS=kda_inductor / +kda_inductor
 logs.register()
@@ -136,8 +136,9 @@ class KdaPostGradPass(CustomGraphPass):
         if observed:
             record.before, record.before_nodes = str(graph), snapshot(graph)
         matches: Counter[str] = Counter({name: 0 for name in REWRITES})
+        analyses = Analyses()  # readings of this graph the rewrites share (the gated norms)
         for name in ([] if self.grad else self.options.enabled()):
-            rewrite = REWRITES[name]()
+            rewrite = REWRITES[name](analyses)
             names_before = {n.name for n in graph.nodes} if observed else set()
             try:
                 found = rewrite.find(graph)

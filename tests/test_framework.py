@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from kda_inductor.patterns import REWRITE_NAMES
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,3 +70,88 @@ def test_every_rewrite_has_its_benchmark_and_table_row():
         bench = (ROOT / "benchmarks" / f"bench_{name}.py").read_text(encoding="utf-8")
         assert "def report_jobs(" in bench, name
         assert cls.finds and cls.becomes and "kda::" in cls.becomes, name
+
+
+def test_an_analysis_is_computed_once_per_graph():
+    """``Analyses``: the first rewrite that asks computes a reading, the others read it; another
+    graph gets its own. ``alive`` tells which of a reading's matches an earlier rewrite erased."""
+    import torch
+    import torch.fx as fx
+
+    from kda_inductor.patterns.base import Analyses, Match, Rewrite, alive
+
+    graphs = [fx.Graph(), fx.Graph()]
+    for g in graphs:
+        a = g.placeholder("a")
+        g.output(g.call_function(torch.ops.aten.neg.default, (g.call_function(torch.ops.aten.relu.default, (a,)),)))
+    calls = []
+
+    def reading(graph):
+        calls.append(graph)
+        return [Match(nodes=[n]) for n in graph.nodes if n.op == "call_function"]
+
+    shared = Analyses()
+    first, second = Rewrite(shared), Rewrite(shared)
+    assert first.analysis(graphs[0], reading) is second.analysis(graphs[0], reading)
+    assert calls == [graphs[0]]
+    relu, neg = second.analysis(graphs[0], reading)
+    neg.nodes[0].replace_all_uses_with(relu.nodes[0])
+    graphs[0].erase_node(neg.nodes[0])
+    assert (alive(relu), alive(neg)) == (True, False)
+    first.analysis(graphs[1], reading)
+    assert calls == graphs
+
+
+def test_call_args_orders_named_arguments_by_the_schema():
+    import torch
+
+    import kda_inductor.lowerings.gated_norm_merge  # noqa: F401  (registers the op)
+    from kda_inductor.patterns.base import call_args
+
+    op = torch.ops.kda.gated_norm_merge.default
+    named = dict(sources="s", indices="i", z="z", weight="w", eps=1e-6, activation="silu", form="fla",
+                 rsqrt=True, num_tokens=4, out_dtype=torch.bfloat16)
+    assert call_args(op, **dict(reversed(named.items()))) == tuple(named.values())
+    assert call_args(op, **named, eps_input="e") == (*named.values(), None, "e")
+    with pytest.raises(TypeError, match="norm_dtype"):
+        call_args(op, **named, norm_dtype=torch.bfloat16)
+    with pytest.raises(TypeError, match="'weight' missing"):
+        call_args(op, **{k: v for k, v in named.items() if k != "weight"})
+
+
+def test_the_registry_runs_each_rewrite_in_its_declared_order():
+    """Every ``runs_before`` / ``runs_after`` a rewrite declares holds in the registry's order
+    (the order the pass runs them in, ``REWRITE_NAMES``)."""
+    from kda_inductor.patterns import REWRITES
+
+    at = {name: i for i, name in enumerate(REWRITE_NAMES)}
+    declared = [(name, later) for name, cls in REWRITES.items() for later in cls.runs_before]
+    declared += [(earlier, name) for name, cls in REWRITES.items() for earlier in cls.runs_after]
+    assert ("indexer_k_write", "indexer_k_gather") in declared and ("gated_norm_quant", "gated_norm_merge") in declared
+    assert [(a, b) for a, b in declared if at[a] > at[b]] == []
+
+
+def _rewrite(name, before=(), after=()):
+    from kda_inductor.patterns.base import Rewrite
+
+    return type(name, (Rewrite,), {"name": name, "runs_before": tuple(before), "runs_after": tuple(after)})
+
+
+def test_ordered_is_a_stable_topological_order():
+    from kda_inductor.patterns.base import ordered
+
+    a, b, c, d = _rewrite("a"), _rewrite("b", before=["a"]), _rewrite("c"), _rewrite("d", after=["a"])
+    assert list(ordered([a, c, d])) == ["a", "c", "d"]  # no constraint moves anything
+    assert list(ordered([a, b, c, d])) == ["b", "a", "c", "d"]
+    assert list(ordered([d, c, a])) == ["c", "a", "d"]
+
+
+def test_a_cycle_or_an_unknown_name_in_the_order_is_an_error():
+    from kda_inductor.patterns.base import ordered
+
+    with pytest.raises(ValueError, match="cycle among"):
+        ordered([_rewrite("a", before=["b"]), _rewrite("b", before=["c"]), _rewrite("c", before=["a"])])
+    with pytest.raises(ValueError, match="cycle among"):
+        ordered([_rewrite("a", after=["b"]), _rewrite("b", after=["a"])])
+    with pytest.raises(ValueError, match=r"unregistered rewrites: nope \(in a's order\)"):
+        ordered([_rewrite("a", before=["nope"])])

@@ -157,3 +157,28 @@ def test_example_layer_with_an_fp8_output_projection(kind):
             got = c(*[a.clone() for a in args])
     assert (c.matches["gated_norm_quant"], c.matches["gated_norm_merge"], c.matches["gdn_spec_split"]) == (1, 0, 1)
     torch.testing.assert_close(got[0].float(), want[0].float(), rtol=0.1, atol=0.1)
+
+
+def _two_norms(x, z, w):
+    """One norm read by a quantization, one read in bf16: one gated_norm_quant, one gated_norm_merge."""
+    return group_quant(gated_norm(x, z, w)), gated_norm(x * 2, z, w)
+
+
+@pytest.mark.parametrize("fn, want", [(_two_norms, (1, 1)), (lambda x, z, w: gated_norm(x, z, w), (0, 1))],
+                         ids=["quant-and-norm", "no-fp8-cast"])
+def test_the_norm_search_runs_once_per_graph(fn, want, monkeypatch):
+    """Both rewrites read the norms from the framework's one ``gated_norms`` analysis: the
+    matcher searches each graph once (gated_norm_quant first, gated_norm_merge after it takes
+    what is left); a graph with no fp8 cast is searched by gated_norm_merge alone."""
+    from kda_inductor.patterns import gated_norm_merge as pattern
+
+    searches = []
+    search = pattern.GatedNormMerge.search
+    monkeypatch.setattr(pattern.GatedNormMerge, "search", lambda self, g: searches.append(g) or search(self, g))
+    args = _inputs(seed=5)
+    out, c = _run(fn, *args)
+    assert (c.matches["gated_norm_quant"], c.matches["gated_norm_merge"]) == want, c.diff()
+    assert len(searches) == len(c.records) == 1
+    if want == (1, 1):
+        _close(out[0], fn(*args)[0])
+        torch.testing.assert_close(out[1], fn(*args)[1])

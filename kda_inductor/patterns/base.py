@@ -17,7 +17,7 @@ import enum
 import operator
 import os
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
 import torch
@@ -131,6 +131,40 @@ class Match:
         return "cpu"
 
 
+class Analyses:
+    """Readings of one graph that several rewrites use, each computed once, by the first rewrite
+    that asks (``Rewrite.analysis(graph, compute)``, keyed by ``compute``), and read by the
+    others. The pass manager makes one per graph it runs on and hands it to every rewrite. A
+    reading made before another rewrite replaced some of its matches keeps them: ``alive``
+    tells which are left (a replacement erases its match's nodes, and only those)."""
+
+    def __init__(self) -> None:
+        self._values: dict[Callable[[fx.Graph], Any], tuple[fx.Graph, Any]] = {}
+
+    def get(self, graph: fx.Graph, compute: Callable[[fx.Graph], Any]) -> Any:
+        if compute not in self._values or self._values[compute][0] is not graph:
+            self._values[compute] = (graph, compute(graph))
+        return self._values[compute][1]
+
+
+def alive(match: Match) -> bool:
+    """No node ``match`` refers to (its region, the inputs its fields name) was erased since it
+    was found: a match read from an earlier ``Analyses`` reading is still there to replace."""
+    return not any(getattr(n, "_erased", False) for n in _nodes_in(match))
+
+
+def _nodes_in(x: Any) -> Iterator[fx.Node]:
+    """Every ``fx.Node`` in ``x``: a node, or one inside its dataclass fields and containers."""
+    if isinstance(x, fx.Node):
+        yield x
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        for f in dataclasses.fields(x):
+            yield from _nodes_in(getattr(x, f.name))
+    elif isinstance(x, (list, tuple, set, frozenset)):
+        for v in x:
+            yield from _nodes_in(v)
+
+
 class Rewrite:
     """Base class of one rewrite; subclasses live one per file in ``patterns/``."""
 
@@ -142,9 +176,23 @@ class Rewrite:
     """What it puts in the graph instead (the table's last column)."""
     eager_form_hint: ClassVar[str | None] = None
     """Where to find a traceable spelling, for ``explain()`` when a frame fell back to eager."""
+    runs_before: ClassVar[tuple[str, ...]] = ()
+    """Rewrites (by name) that must run after this one on a graph; the registry orders by these
+    and ``runs_after`` (``ordered``), a comment beside each says why."""
+    runs_after: ClassVar[tuple[str, ...]] = ()
+    """Rewrites (by name) that must run before this one."""
 
-    def __init__(self) -> None:
+    def __init__(self, analyses: Analyses | None = None) -> None:
         self.misses: list[Miss] = []
+        self.analyses = Analyses() if analyses is None else analyses
+        """The readings of the graph this rewrite shares with the others (the pass manager's,
+        one per graph it runs on)."""
+
+    def analysis(self, graph: fx.Graph, compute: Callable[[fx.Graph], Any]) -> Any:
+        """``compute(graph)``, computed once per run of the pass by the first rewrite that asks
+        and read by the others (``Analyses``): e.g. ``gated_norm_merge``'s norm search, which
+        ``gated_norm_quant`` reads too."""
+        return self.analyses.get(graph, compute)
 
     def miss(self, node: fx.Node, stage: Stage, check: str) -> None:
         """Record that ``node`` was a candidate rejected by ``check``, at the user's source
@@ -180,6 +228,30 @@ class Rewrite:
 
     def replace(self, graph: fx.Graph, match: Match) -> None:
         raise NotImplementedError
+
+
+def ordered(classes: Iterable[type[Rewrite]]) -> dict[str, type[Rewrite]]:
+    """The registry: ``classes`` by name, in an order where each runs after its ``runs_after``
+    and before its ``runs_before`` (a topological order, stable: among the rewrites free to go
+    next, the first listed goes first). A name no class has, or a cycle, is a ValueError."""
+    by_name = {cls.name: cls for cls in classes}
+    after: dict[str, set[str]] = {name: set(cls.runs_after) for name, cls in by_name.items()}
+    for name, cls in by_name.items():
+        for later in cls.runs_before:
+            after.setdefault(later, set()).add(name)
+    unknown = sorted(f"{n} (in {cls.name}'s order)" for cls in by_name.values()
+                     for n in (*cls.runs_before, *cls.runs_after) if n not in by_name)
+    if unknown:
+        raise ValueError(f"rewrite order names unregistered rewrites: {', '.join(unknown)}")
+    order: list[str] = []
+    while len(order) < len(by_name):
+        free = [n for n in by_name if n not in order and after[n] <= set(order)]
+        if not free:
+            stuck = [n for n in by_name if n not in order]
+            raise ValueError(f"rewrite order has a cycle among {stuck}: " + "; ".join(
+                f"{n} runs after {sorted(after[n] - set(order))}" for n in stuck))
+        order.append(free[0])
+    return {name: by_name[name] for name in order}
 
 
 # --------------------------------------------------------------------------- helpers
@@ -414,6 +486,24 @@ class Route:
     index: int | None = None
     only: Any = None  # Callable[[fx.Node], bool] | None
     shape: Any = None  # list[int | SymInt] | None
+
+
+def call_args(op: Any, **values: Any) -> tuple:
+    """``op``'s positional arguments from ``values`` by name, in its schema's order: how a
+    rewrite passes arguments that another part named (``gated_norm_quant`` passes the norm's
+    ``NormArgs`` on). A name the schema lacks, or a missing argument without a default before
+    one that is given, is an error; trailing defaults not given are left out."""
+    params = op._schema.arguments
+    unknown = sorted(set(values) - {a.name for a in params})
+    if unknown:
+        raise TypeError(f"{op}: no argument(s) {unknown} in its schema")
+    last = max((i for i, a in enumerate(params) if a.name in values), default=-1)
+    out = []
+    for a in params[:last + 1]:
+        if a.name not in values and not a.has_default_value():
+            raise TypeError(f"{op}: argument {a.name!r} missing")
+        out.append(values[a.name] if a.name in values else a.default_value)
+    return tuple(out)
 
 
 def shape_arg(shape) -> list:

@@ -96,7 +96,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -105,11 +105,14 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 from kda_inductor.lowerings import gated_norm_merge as _lowering  # noqa: F401  (registers the op)
 from kda_inductor.patterns.base import (
     Match,
+    Miss,
     Rewrite,
     Route,
     Stage,
     VIEWS,
+    alive,
     aten,
+    call_args,
     erase_dead,
     in_graph_order,
     inline_producer,
@@ -204,6 +207,12 @@ class GatedNormMerge(Rewrite):
     becomes = '`kda::gated_norm_merge` (one Triton kernel, no merged buffer; eps is an argument)'
 
     def find(self, graph: fx.Graph) -> list[Match]:
+        found = self.analysis(graph, gated_norms)
+        self.misses.extend(found.misses)
+        return [m for m in found.matches if alive(m)]  # those gated_norm_quant did not take
+
+    def search(self, graph: fx.Graph) -> list[NormMatch]:
+        """Every gated norm in ``graph`` this matcher reads (the ``gated_norms`` analysis)."""
         canon = Canon(graph)
         matches: list[Match] = []
         taken: set[fx.Node] = set()
@@ -474,15 +483,51 @@ class GatedNormMerge(Rewrite):
     # ------------------------------------------------------------------ replace
     def replace(self, graph: fx.Graph, match: NormMatch) -> None:
         n = match.norm
-        args, z = op_args(graph, match)
-        insert_fused(graph, torch.ops.kda.gated_norm_merge.default, args, before=n.y,
+        op = torch.ops.kda.gated_norm_merge.default
+        args = op_args(graph, match)
+        insert_fused(graph, op, call_args(op, **args._asdict()), before=n.y,
                      routes=[Route(n.y, shape=list(val(n.y).shape))], region=match.nodes, origin=n.y)
-        drop_gate_copy(graph, match, z)
+        drop_gate_copy(graph, match, args.z)
 
 
-def op_args(graph: fx.Graph, match: NormMatch) -> tuple[tuple, fx.Node]:
-    """``kda::gated_norm_merge``'s arguments for ``match`` (their views inserted before the
-    norm's output), and the gate passed. ``kda::gated_norm_quant`` takes the same first ones."""
+@dataclasses.dataclass(frozen=True)
+class NormSearch:
+    """The ``gated_norms`` analysis: every gated norm ``GatedNormMerge``'s matcher finds in a
+    graph, and its misses (``gated_norm_merge`` reports them)."""
+
+    matches: list[NormMatch]
+    misses: list[Miss]
+
+
+def gated_norms(graph: fx.Graph) -> NormSearch:
+    """The norm search, run once per graph: ``gated_norm_quant`` and ``gated_norm_merge`` read
+    it through ``Rewrite.analysis(graph, gated_norms)``."""
+    matcher = GatedNormMerge()
+    return NormSearch(matcher.search(graph), matcher.misses)
+
+
+class NormArgs(NamedTuple):
+    """``kda::gated_norm_merge``'s arguments for a match, by the op's names;
+    ``kda::gated_norm_quant`` takes them too (``out_dtype`` as its ``norm_dtype``)."""
+
+    sources: list
+    indices: list
+    z: fx.Node  # the gate as the op reads it (where it lies, or the user's view)
+    weight: fx.Node
+    eps: float
+    activation: str
+    form: str
+    rsqrt: bool
+    num_tokens: Any  # an int, or the SymInt node
+    out_dtype: torch.dtype
+    pad_value: float | None
+    eps_input: fx.Node | None  # eps as a graph input (``dynamic=True``)
+    in_dtype: torch.dtype | None  # float32 sources read before their rounding to it (``source_reads``)
+
+
+def op_args(graph: fx.Graph, match: NormMatch) -> NormArgs:
+    """``kda::gated_norm_merge``'s arguments for ``match``, their views inserted before the
+    norm's output."""
     m, n = match, match.norm
     with graph.inserting_before(n.y):
         sources = [_reshape(graph, r, [-1, m.width]) for r in m.reads]
@@ -491,8 +536,8 @@ def op_args(graph: fx.Graph, match: NormMatch) -> tuple[tuple, fx.Node]:
             num_tokens = _sym_rows(graph, sources[0])
         z = _gate(graph, n.z, n.D)
     eps, eps_input = (0.0, n.eps[1]) if isinstance(n.eps, tuple) else (n.eps, None)
-    return (sources, [w.index for w in m.writes], z, n.weight, eps, n.act, n.form, n.rsqrt, num_tokens,
-            n.out_dtype, m.pad_value, eps_input, m.in_dtype), z
+    return NormArgs(sources, [w.index for w in m.writes], z, n.weight, eps, n.act, n.form, n.rsqrt, num_tokens,
+                    n.out_dtype, m.pad_value, eps_input, m.in_dtype)
 
 
 def _inline_input(match: NormMatch) -> str | None:

@@ -5,7 +5,9 @@ Qwen3.5 FP8: block-wise fp8 weights, activations quantized per group of 128 by `
 the norm's bf16 output never written.
 
 Recognized: every gated RMSNorm ``gated_norm_merge`` reads (its matcher, any rank and spelling,
-with or without the merge in front) whose output ``y`` is read only by one quantization:
+with or without the merge in front; read from the framework's ``gated_norms`` analysis, so the
+norms are searched once per graph for both rewrites) whose output ``y`` is read only by one
+quantization:
 
     xg = y.view(M, K // g, g)                   (or y.view(M, K): one group per token)
     s = amax(|xg|, -1, keepdim).float() / 448
@@ -41,6 +43,7 @@ from kda_inductor.patterns.base import (
     Rewrite,
     Route,
     Stage,
+    call_args,
     earliest,
     escaping,
     in_graph_order,
@@ -94,14 +97,16 @@ class GatedNormQuant(Rewrite):
              "`forward_native`: amax, `/ 448`, optional ue8m0 power-of-two scales, the scale floor, the "
              "clamp to +-448, the cast); forced only until measured on a GPU")
     becomes = "`kda::gated_norm_quant` (one Triton kernel: merge + norm + gate + quant, no bf16 output)"
+    # it takes the norms whose output only an fp8 quantization reads; gated_norm_merge rewrites the rest
+    runs_before = ("gated_norm_merge",)
 
     def find(self, graph: fx.Graph) -> list[Match]:
-        if not any(_is_fp8_cast(n) for n in graph.nodes):
-            return []  # nothing quantized to fp8: no need to find the norms twice
+        casts = graph.find_nodes(op="call_function", target=torch.ops.prims.convert_element_type.default)
+        if not any(_is_fp8_cast(n) for n in casts):
+            return []  # nothing quantized to fp8: the norm search waits for gated_norm_merge
         canon = Canon(graph)
-        norms = norm_merge.GatedNormMerge()
         out: list[Match] = []
-        for m in norms.find(graph):
+        for m in self.analysis(graph, norm_merge.gated_norms).matches:
             quant = self._quant(m, canon)
             if quant is not None:
                 out.append(QuantMatch(nodes=in_graph_order(set(m.nodes) | quant.nodes), norm=m, quant=quant))
@@ -136,16 +141,19 @@ class GatedNormQuant(Rewrite):
 
     def replace(self, graph: fx.Graph, match: QuantMatch) -> None:
         m, qt = match.norm, match.quant
-        args, z = norm_merge.op_args(graph, m)
+        norm = norm_merge.op_args(graph, m)._asdict()
+        norm["norm_dtype"] = norm.pop("out_dtype")
+        op = torch.ops.kda.gated_norm_quant.default
+        args = call_args(op, **norm, width=qt.width, group_size=qt.group, ue8m0=qt.ue8m0, reciprocal=qt.reciprocal,
+                         column_major=False)
         inside = set(match.nodes)
         insert_fused(
-            graph, torch.ops.kda.gated_norm_quant.default,
-            (*args[:10], qt.width, qt.group, qt.ue8m0, qt.reciprocal, False, *args[10:]),
+            graph, op, args,
             before=earliest([qt.q, qt.scale]),
             routes=[Route(qt.q, index=0, shape=list(val(qt.q).shape)),
                     Route(qt.scale, index=1, shape=list(val(qt.scale).shape), only=lambda u: u not in inside)],
             region=match.nodes, origin=m.norm.y)
-        norm_merge.drop_gate_copy(graph, m, z)
+        norm_merge.drop_gate_copy(graph, m, norm["z"])
 
 
 def _value_users(n: fx.Node, limit: int = 32) -> list[fx.Node]:

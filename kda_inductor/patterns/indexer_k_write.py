@@ -654,6 +654,9 @@ class IndexerKWrite(Rewrite):
         '`dynamic=True` block size needs `mark_static`)'
     )
     becomes = '`kda::indexer_k_write` (one Triton kernel, in place on the cache: no clone, no copy)'
+    # a gather that reads the cache after the write sees a plain view of the written cache only once
+    # the write is replaced
+    runs_before = ("indexer_k_gather",)
 
     def note(self, node: fx.Node, text: str) -> None:
         """A note on a match at the user's line (``pass_manager`` adds it to the graph's note)."""

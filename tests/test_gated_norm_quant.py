@@ -7,6 +7,8 @@ that does not divide the head, the norm's output also read in bf16); the speed r
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,12 +90,71 @@ def test_norm_then_quant_is_one_op(case):
     _close(out, fn(*_inputs(seed=len(case))))
 
 
-def test_not_faster_yet_so_left_to_inductor():
-    """Unforced: the speed rule (not yet measured) leaves it; the norm alone is then the
-    gated_norm_merge rule's (on CPU: left too), and explain() says why at the quant's line."""
+def test_cpu_rule_leaves_it_to_inductor():
+    """Unforced on CPU: the speed rule leaves it (the op is the norm op then the quantization op
+    by op); the norm alone is then the gated_norm_merge rule's (on CPU: left too), and explain()
+    says why at the quant's line."""
     _, c = _run(CASES["group 128"], *_inputs(), force=False)
     assert c.matches["gated_norm_quant"] == 0
-    assert "not yet measured" in str(c.records[0].misses["gated_norm_quant"])
+    assert "on cpu the op runs the norm op" in str(c.records[0].misses["gated_norm_quant"])
+
+
+def test_speed_rule_reads_the_measured_verdicts():
+    """``faster_than_inductor`` on a made-up table: a static count fires where the measured
+    counts around it were faster (beyond the largest, where the largest was), a symbolic count
+    where the symbolic graph was never slower; an unmeasured width fires only between two
+    measured widths that both fire; another kind of shape is not measured."""
+    from kda_inductor.patterns.gated_norm_quant import Measured, Shape, faster_than_inductor
+
+    plain = Shape(False, 4096, False)
+    table = {plain: Measured(faster=(1, 256, 16384), slower=(16,), symbolic=False),
+             plain._replace(width=2048): Measured(faster=(1, 16, 256, 16384), slower=(), symbolic=True),
+             plain._replace(width=8192): Measured(faster=(16, 256), slower=(1,), symbolic=True)}
+    rule = lambda shape, T: faster_than_inductor(table, shape, T)  # noqa: E731
+    assert rule(plain, 1) is None and rule(plain, 256) is None and rule(plain, 100000) is None
+    assert "slower than Inductor's code at T=16" in rule(plain, 16) and "T=16" in rule(plain, 100)
+    assert "symbolic" in rule(plain, None) and rule(plain._replace(width=2048), None) is None
+    assert rule(plain._replace(width=3072), 256) is None  # 2048 and 4096 both faster there
+    assert "4096 values per token: slower" in rule(plain._replace(width=3072), 16)
+    assert "8192" in rule(plain._replace(width=6144), 1)  # 8192 is slower at T=1
+    assert "not measured at 16384 values" in rule(plain._replace(width=16384), 256)
+    assert "not measured" in rule(Shape(True, 4096, False), 256)
+    assert "not measured" in rule(Shape(False, 4096, True), 256)
+
+
+def vllm_norm_fp32_weight(x, z, weight, eps=1e-6):
+    """vLLM's ``RMSNormGated.forward_static`` as Qwen3.5-FP8 runs it: the norm's weight float32,
+    its input and gate bf16 (vLLM #45770: its RMSNorm + quant fusion skips such mixed dtypes)."""
+    dtype = x.dtype
+    xf, w, zf = x.float(), weight.float(), z.float()  # weight.float() is a no-op here
+    out = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * w
+    return (out * F.silu(zf)).to(dtype).flatten(-2)
+
+
+@pytest.mark.parametrize("quant", ["group 128", "per token"])
+def test_fp32_weight_bf16_input_is_one_op_and_exact(quant):
+    """The mixed-dtype spelling is the same well-defined function (float32 math whatever the
+    weight's dtype, the output rounded to the input's bf16): rewritten, the op reading the
+    float32 weight as it is (no cast of it in the graph), scales exact, values within one fp8
+    step of eager on fresh inputs."""
+    q = group_quant if quant == "group 128" else token_quant
+    fn = lambda x, z, w: q(vllm_norm_fp32_weight(x, z, w))  # noqa: E731
+
+    def inputs(seed):
+        x, z, w = _inputs(seed=seed)
+        return x, z, (w.float() + 0.01 * torch.randn(D, generator=torch.Generator().manual_seed(seed)))
+
+    out, c = _run(fn, *inputs(5))
+    assert (c.matches["gated_norm_quant"], c.matches["gated_norm_merge"]) == (1, 0), c.diff()
+    call = re.search(r"kda\.gated_norm_quant\.default\]\(args = \((\[[^]]*\]), (\[[^]]*\]), (%\w+), (%\w+)",
+                     c.records[0].after)
+    # the weight argument is a graph input (the float32 weight as it is), not a cast of it
+    assert call and re.fullmatch(r"%arg\d+_1", call.group(4)), c.records[0].after
+    _close(out, fn(*inputs(5)))
+    for seed in (6, 7):
+        args = inputs(seed)
+        with torch.inference_mode():
+            _close(c(*args), fn(*args))
 
 
 def static_scale(x, z, w):

@@ -188,14 +188,42 @@ def test_group_that_does_not_divide_the_head_is_not_matched():
 
 
 def test_benchmark_smoke(capsys):
-    """benchmarks/bench_gated_norm_quant.py's checks on CPU: stock and kda agree with eager, and
-    kda's compile rewrote (static T and the symbolic-T graph)."""
+    """benchmarks/bench_gated_norm_quant.py's sweep on CPU (two of its cases): every system
+    compared, kda's check ok and its compiles rewrote once (a failed check exits 1), the default
+    rules compiled (on CPU they leave it)."""
     from benchmarks import bench_gated_norm_quant as bench
 
-    rows = bench.main(["--smoke"])
-    assert [(r["T"], r["shape"].endswith("dynamic T")) for r in rows] == [
-        (1, False), (2, False), (8, False), (1, True), (2, True), (8, True)]
+    rows = bench.main(["--smoke", "--cases", f"vllm H=32,{bench.MODEL_SHAPE}"])
+    assert [(r["case"], r["T"], r["mode"]) for r in rows] == [
+        ("vllm H=2", 2, "symbolic"), ("vllm H=2", 8, "symbolic"), ("vllm H=2", 1, "static"),
+        ("merge H=2 (hybrid layer)", 8, "symbolic")]
+    assert all(r["check"] == "ok" and r["kda_us"] > 0 and "stock_vs_eager" in r for r in rows)
+    assert rows[0]["kda_fired"] == 1 and rows[0]["default_fired"] == 0 and "kda_fired" not in rows[1]
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+def test_benchmark_check_and_verdicts_can_fail():
+    """The benchmark's kda check passes IEEE's own output and fails a scale moved beyond one
+    bf16 ulp of the amax or a value two fp8 steps off; its verdicts follow the rows."""
+    from benchmarks import bench_gated_norm_quant as bench
+    from kda_inductor.patterns.gated_norm_quant import Measured, Shape
+
+    case = bench.CASES[0]._replace(H=2)
+    args = bench.inputs(case, 4, "cpu")
+    exact = bench.vllm_group_fp8(*args, exact=True)
+    y = bench.norm_output(case, args)
+    assert bench.kda_check(exact, exact, y, False) == "ok"
+    q, s = exact
+    assert bench.kda_check((q, s * (1 + 2.0**-6)), exact, y, False).startswith("FAIL: 8 scales")
+    bumped = (q.float() * 1.3).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert "values up to" in bench.kda_check((bumped, s), exact, y, False)
+    rows = [{"case": "vllm H=32", "T": t, "mode": m, "kda_us": k, "stock_us": 2.0}
+            for t, m, k in ((1, "static", 1.0), (16, "static", 3.0), (1, "symbolic", 2.05), (16, "symbolic", 1.0))]
+    want = {Shape(False, 4096, False): Measured(faster=(1,), slower=(16,), symbolic=True)}
+    assert bench.verdicts(rows) == want
+    assert eval(bench.measured_literal(want).split(" = ", 1)[1], {"Shape": Shape, "Measured": Measured}) == want
+    rows[2]["kda_us"] = 2.1  # 5% slower: no longer "never slower"
+    assert bench.verdicts(rows)[Shape(False, 4096, False)].symbolic is False
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])

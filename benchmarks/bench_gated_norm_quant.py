@@ -62,7 +62,7 @@ FP8_MAX, MIN_SCALE = 448.0, 1.0 / (448.0 * 512.0)
 NEVER_SLOWER = 0.03
 """Symbolic graph "never slower": kda within 3% of stock at every T (replay medians of 1-3 us
 kernels move by ~50 ns between runs)."""
-MODEL_SHAPE = "merge H=32 (hybrid layer)"
+MODEL_SHAPE = "merge + norm (hybrid layer)"
 """The report's row for the hybrid model's FP8 step: the layer's merge + norm + quant."""
 
 

@@ -196,7 +196,7 @@ def test_benchmark_smoke(capsys):
     rows = bench.main(["--smoke", "--cases", f"vllm H=32,{bench.MODEL_SHAPE}"])
     assert [(r["case"], r["T"], r["mode"]) for r in rows] == [
         ("vllm H=2", 2, "symbolic"), ("vllm H=2", 8, "symbolic"), ("vllm H=2", 1, "static"),
-        ("merge H=2 (hybrid layer)", 8, "symbolic")]
+        (bench.MODEL_SHAPE, 8, "symbolic")]
     assert all(r["check"] == "ok" and r["kda_us"] > 0 and "stock_vs_eager" in r for r in rows)
     assert rows[0]["kda_fired"] == 1 and rows[0]["default_fired"] == 0 and "kda_fired" not in rows[1]
     assert "NOT meaningful" in capsys.readouterr().out

@@ -382,13 +382,13 @@ def verdicts(rows: list[dict], cases=CASES) -> dict:
         c = by_case.get(row["case"])
         if c is None or row.get("kda_us") is None or row.get("stock_us") is None:
             continue
-        a = acc.setdefault(Shape(c.merged, c.H * D, c.per_token), {"faster": set(), "slower": set(), "symbolic": True})
+        a = acc.setdefault(Shape(c.merged, c.H * D, c.per_token), {"faster": set(), "slower": set(), "symbolic": []})
         if row["mode"] == "static":
             a["faster" if row["kda_us"] < row["stock_us"] else "slower"].add(row["T"])
-        elif row["kda_us"] > row["stock_us"] * (1 + NEVER_SLOWER):
-            a["symbolic"] = False
-    return {shape: Measured(tuple(sorted(a["faster"] - a["slower"])), tuple(sorted(a["slower"])), a["symbolic"])
-            for shape, a in acc.items()}
+        else:
+            a["symbolic"].append(row["kda_us"] <= row["stock_us"] * (1 + NEVER_SLOWER))
+    return {shape: Measured(tuple(sorted(a["faster"] - a["slower"])), tuple(sorted(a["slower"])),
+                            bool(a["symbolic"]) and all(a["symbolic"])) for shape, a in acc.items()}
 
 
 def measured_literal(table: dict) -> str:
@@ -466,7 +466,10 @@ def setup(args) -> tuple[Run, list[Case]]:
     peer = None
     if args.peer_path and not args.smoke:
         sys.path.insert(0, str(Path(args.peer_path).resolve()))
-        peer = importlib.import_module("vllm_gated_norm_quant")
+        try:
+            peer = importlib.import_module("vllm_gated_norm_quant")
+        except Exception as e:  # noqa: BLE001 - the sweep runs without the peer
+            print(f"--peer-path {args.peer_path}: no peer ({type(e).__name__}: {e})")
     device = "cpu" if args.smoke else "cuda"
     timer = ((lambda fn: TM.perf_counter_median_us(fn, 1)) if args.smoke
              else (lambda fn: TM.graph_replay_median_us(fn, reps=args.reps, inner=3, calls=10)))

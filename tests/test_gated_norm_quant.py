@@ -224,6 +224,7 @@ def test_benchmark_check_and_verdicts_can_fail():
     assert eval(bench.measured_literal(want).split(" = ", 1)[1], {"Shape": Shape, "Measured": Measured}) == want
     rows[2]["kda_us"] = 2.1  # 5% slower: no longer "never slower"
     assert bench.verdicts(rows)[Shape(False, 4096, False)].symbolic is False
+    assert bench.verdicts(rows[:2])[Shape(False, 4096, False)].symbolic is False  # not measured symbolic
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])

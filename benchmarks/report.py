@@ -1,6 +1,6 @@
 """One report of every rewrite and of the hybrid model, on a GPU: ``python -m benchmarks.report``.
 
-    python -m benchmarks.report                 # ~6 min on an H200, compiles included
+    python -m benchmarks.report                 # ~7 min on an H200 (bf16 and FP8 models), compiles included
     python -m benchmarks.report --quick         # decode and prefill sizes only (~4 min)
     python -m benchmarks.report --only model    # or: rewrites, or one rewrite's name
     python -m benchmarks.report --smoke         # CPU, tiny sizes, fake-fast: checks the code paths
@@ -16,10 +16,16 @@ Sections (progress lines on stderr as each row finishes; the final table printed
 * **model**: the hybrid model (``examples/hybrid_model.py``, real dims, the fla core where
   installed) for a T=256 spec-decode step and a 16K-token prefill step: eager, stock
   ``torch.compile`` (with the cache write left eager where stock Inductor cannot compile it),
-  kda_inductor; compile times and our pass's own time; checked against eager first.
+  kda_inductor; compile times and our pass's own time; checked against eager first. The same
+  with FP8 output projections (``--models bf16,fp8``; steps ``spec fp8``, ``prefill fp8``:
+  ``make_model(fp8=True)``), where the layers' merge + norm + input quantization is
+  ``gated_norm_quant``'s: also kda with it (``kda+gnq``: its speed rule bypassed where the
+  default compile left it) and kda without it (``kda-no-gnq``), the rewrite's whole-step evidence.
 * **targets**: per step, stock minus kda against the sum of the per-rewrite savings at the
   step's sizes (target >= 80%), and the share of the step the rewritten regions take before
-  and after (region times from the isolated benchmarks at the step's shapes).
+  and after (region times from the isolated benchmarks at the step's shapes; a rewrite's
+  benchmark may name its own regions: ``step_regions``); for the FP8 steps kda is kda+gnq, and
+  kda-no-gnq minus kda+gnq in the step against the same difference in isolation.
 
 All GPU times are CUDA-graph replay medians (``_timing``). Writes ``report.md``,
 ``report.json``, ``report_rewrites.png`` and ``report_model.png`` to ``benchmarks/results/``
@@ -58,6 +64,8 @@ SIZES = (64, 256, 4096, 16384)
 QUICK_SIZES = (256, 16384)
 SMOKE_SIZES = (12, 24)
 STEPS = {"spec": 256, "prefill": 16384}
+MODELS = ("bf16", "fp8")
+"""The hybrid model as is, and with FP8 output projections (``make_model(fp8=True)``)."""
 SMOKE_STEPS = {"spec": 24, "prefill": 20}
 FILES = ("report.md", "report.json", "report_rewrites.png", "report_model.png")
 COLUMNS = (("rewrite", "rewrite", "s"), ("shape", "shape", "s"), ("T", "T / N", ","),
@@ -65,13 +73,15 @@ COLUMNS = (("rewrite", "rewrite", "s"), ("shape", "shape", "s"), ("T", "T / N", 
            ("kda_us", "kda us", ".1f"), ("floor_us", "floor us", ".1f"), ("stock_over_kda", "stock/kda", ".2f"),
            ("kda_over_floor", "kda/floor", ".2f"))
 MODEL_COLUMNS = (("step", "step", "s"), ("T", "tokens", ","), ("core", "core", "s"), ("eager_us", "eager us", ",.0f"),
-                 ("stock_us", "stock us", ",.0f"), ("kda_us", "kda us", ",.0f"), ("stock_over_kda", "stock/kda", ".3f"),
+                 ("stock_us", "stock us", ",.0f"), ("kda_us", "kda us", ",.0f"), ("kda_gnq_us", "kda+gnq us", ",.0f"),
+                 ("kda_no_gnq_us", "kda-no-gnq us", ",.0f"), ("stock_over_kda", "stock/kda", ".3f"),
                  ("stock_compile_s", "stock compile s", ".1f"), ("kda_compile_s", "kda compile s", ".1f"),
                  ("pass_s", "our pass s", ".2f"), ("compile_overhead", "compile +%", ".1%"))
 TARGET_COLUMNS = (("step", "step", "s"), ("saved_us", "stock - kda us", ",.1f"),
                   ("sum_savings_us", "sum of rewrite savings us", ",.1f"), ("fraction", "fraction", ".0%"),
                   ("meets_80pct", ">= 80%", "s"), ("region_share_before", "rewritten share before", ".1%"),
-                  ("region_share_after", "after", ".1%"))
+                  ("region_share_after", "after", ".1%"), ("gnq_in_step_us", "FP8: no-gnq - gnq, step us", ",.1f"),
+                  ("gnq_isolated_us", "isolated us", ",.1f"))
 
 
 def log(msg: str) -> None:
@@ -111,6 +121,7 @@ class Settings:
         self.device = "cpu" if args.smoke else "cuda"
         self.sizes = SMOKE_SIZES if args.smoke else (QUICK_SIZES if args.quick else SIZES)
         self.steps = {k: v for k, v in (SMOKE_STEPS if args.smoke else STEPS).items() if k in args.steps}
+        self.models = args.models
         self.all_steps = SMOKE_STEPS if args.smoke else STEPS
         """The model's steps whether or not ``--steps`` runs them (their shapes' isolated rows)."""
         self.reps = args.reps or (1 if args.smoke else 30)
@@ -193,63 +204,122 @@ def _fmt(row: dict) -> str:
 
 # --------------------------------------------------------------------------- the model
 def run_model(s: Settings, rows: list[dict], errors: list[str]) -> None:
+    """The hybrid model's steps, for each model of ``--models`` (bf16; fp8: FP8 output
+    projections, ``hybrid_model.use_fp8_output_projections``): one row per step."""
+    import hybrid_model as HM
+
+    cfg = HM.HybridConfig.tiny() if s.smoke else HM.HybridConfig()
+    for fp8 in [m == "fp8" for m in MODELS if m in s.models]:
+        model = HM.make_model(cfg, device=s.device, fp8=fp8)
+        core = "fla" if model.gdn.uses_fla(model.attn.kv_cache) else "torch"
+        for step, T_ in s.steps.items():
+            label = f"{step} fp8" if fp8 else step
+            if step == "prefill" and core == "torch" and not s.smoke:
+                errors.append(f"model {label}: skipped, the torch core would unroll a 4096-token loop "
+                              "(install fla-core for the real core)")
+                continue
+            t0 = time.perf_counter()
+            try:
+                rows.append(model_step(s, model, label, step, T_, core, fp8))
+                m = rows[-1]
+                log(f"model {label}: eager {m['eager_us']:.0f} us, stock {m['stock_us']} us, kda {m['kda_us']:.0f} us "
+                    f"({time.perf_counter() - t0:.0f} s)")
+            except Deadline:
+                raise
+            except Exception as e:  # noqa: BLE001
+                errors.append(f"model {label}: {type(e).__name__}: {e}")
+                log(f"model {label} FAILED: {errors[-1]}\n{traceback.format_exc(limit=4)}")
+            finally:
+                model.attn.eager_write = False
+
+
+def model_step(s: Settings, model, label: str, step: str, T_: int, core: str, fp8: bool) -> dict:
+    """One step of ``model``: eager, stock, kda compiled (checked against eager first) and, for
+    the FP8 model, kda with and without the FP8 step's own rewrite (:func:`fp8_variants`),
+    timed in alternating rounds."""
     import hybrid_model as HM
 
     from kda_inductor import pass_manager
 
-    cfg = HM.HybridConfig.tiny() if s.smoke else HM.HybridConfig()
-    model = HM.make_model(cfg, device=s.device)
-    core = "fla" if model.gdn.uses_fla(model.attn.kv_cache) else "torch"
-    for step, T_ in s.steps.items():
-        t0 = time.perf_counter()
-        if step == "prefill" and core == "torch" and not s.smoke:
-            errors.append("model prefill: skipped, the torch core would unroll a 4096-token loop "
-                          "(install fla-core for the real core)")
-            continue
-        try:
-            batch = HM.spec_decode_batch(model, T_) if step == "spec" else HM.prefill_batch(model, T_)
-            args, kwargs = batch.args(), batch.kwargs()
-            row = {"step": step, "T": T_, "core": core, "requests": len(batch.kinds),
-                   "ctx_tokens": batch.indexer.num_ctx_tokens,
-                   "ctx_lens": torch.diff(batch.indexer.cu_seq_lens).tolist()}
-            # one eager step first: flash-linear-attention's autotuning and kernel builds (per
-            # process, the same for both compiles) must not be counted against whichever compiles first
-            with torch.no_grad():
-                cache = model.attn.kv_cache.clone()
-                model(*args, **kwargs)
-                model.attn.kv_cache.copy_(cache)
-            torch._dynamo.reset()
-            with torch._inductor.config.patch(force_disable_caches=True):
-                kda = s.compile_kda(model)
-                # what fired in this step's graphs (the speed rules decide per step)
-                with pass_manager.timed() as spent, pass_manager.counted() as row["rewrites"]:
-                    t1 = time.perf_counter()
-                    HM.run_step(model, batch, kda)
-                    row["kda_compile_s"] = time.perf_counter() - t1
-                row["pass_s"] = sum(spent)
-                log(f"model {step}: kda compiled in {row['kda_compile_s']:.0f} s (our pass {row['pass_s']:.2f} s)")
-                row["check"] = HM.check_against_eager(model, batch, kda)
-                stock, row["stock_note"] = _compile_stock(model, batch, row)
-            row["compile_overhead"] = (row["kda_compile_s"] / row["stock_compile_s"] - 1
-                                       if row.get("stock_compile_s") else None)
-            row["pass_share_of_compile"] = row["pass_s"] / row["kda_compile_s"]
-            variants = {"eager_us": (lambda: model(*args, **kwargs), False),
-                        "kda_us": (lambda: kda(*args, **kwargs), False)}
-            if stock is not None:
-                variants["stock_us"] = (lambda: stock(*args, **kwargs), bool(row["stock_note"]))
-            with torch.no_grad():
-                row["stock_us"] = None
-                row.update(s.model_times(model, variants))
-            rows.append(T.add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"),)))
-            log(f"model {step}: eager {row['eager_us']:.0f} us, stock {row['stock_us']} us, kda {row['kda_us']:.0f} us "
-                f"({time.perf_counter() - t0:.0f} s)")
-        except Deadline:
-            raise
-        except Exception as e:  # noqa: BLE001
-            errors.append(f"model {step}: {type(e).__name__}: {e}")
-            log(f"model {step} FAILED: {errors[-1]}\n{traceback.format_exc(limit=4)}")
-        finally:
-            model.attn.eager_write = False
+    batch = HM.spec_decode_batch(model, T_) if step == "spec" else HM.prefill_batch(model, T_)
+    args, kwargs = batch.args(), batch.kwargs()
+    row = {"step": label, "T": T_, "core": core, "requests": len(batch.kinds),
+           "ctx_tokens": batch.indexer.num_ctx_tokens, "ctx_lens": torch.diff(batch.indexer.cu_seq_lens).tolist()}
+    # one eager step first: flash-linear-attention's autotuning and kernel builds (per process, the
+    # same for every compile) must not be counted against whichever compiles first
+    HM.run_step(model, batch)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(force_disable_caches=True):
+        kda = s.compile_kda(model)
+        # what fired in this step's graphs (the speed rules decide per step)
+        with pass_manager.timed() as spent, pass_manager.counted() as row["rewrites"]:
+            t1 = time.perf_counter()
+            HM.run_step(model, batch, kda)
+            row["kda_compile_s"] = time.perf_counter() - t1
+        row["pass_s"] = sum(spent)
+        log(f"model {label}: kda compiled in {row['kda_compile_s']:.0f} s (our pass {row['pass_s']:.2f} s)")
+        row["check"] = HM.check_against_eager(model, batch, kda)
+        extra = fp8_variants(s, model, batch, row) if fp8 else {}
+        stock, row["stock_note"] = _compile_stock(model, batch, row)
+    row["compile_overhead"] = row["kda_compile_s"] / row["stock_compile_s"] - 1 if row.get("stock_compile_s") else None
+    row["pass_share_of_compile"] = row["pass_s"] / row["kda_compile_s"]
+    variants = {"eager_us": (lambda: model(*args, **kwargs), False), "kda_us": (lambda: kda(*args, **kwargs), False)}
+    variants.update({key: (lambda fn=fn: fn(*args, **kwargs), False) for key, fn in extra.items()})
+    if stock is not None:
+        variants["stock_us"] = (lambda: stock(*args, **kwargs), bool(row["stock_note"]))
+    with torch.no_grad():
+        row["stock_us"] = None
+        row.update(s.model_times(model, variants))
+    return T.add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"),))
+
+
+FP8_REWRITE = "gated_norm_quant"
+"""The FP8 model's own rewrite (the layers' merge + norm + quantization): its whole-step evidence
+is kda with it (its speed rule bypassed where the rule declines) against kda without it."""
+
+
+@contextlib.contextmanager
+def rule_bypassed(name: str):
+    """Rewrite ``name`` wherever it matches while the block compiles (its speed rule returns
+    None); every other rewrite keeps its rule."""
+    from kda_inductor.patterns import REWRITES
+
+    cls = REWRITES[name]
+    saved = cls.__dict__.get("speed_rule")
+    cls.speed_rule = lambda self, match: None
+    try:
+        yield
+    finally:
+        if saved is None:
+            del cls.speed_rule
+        else:
+            cls.speed_rule = saved
+
+
+def fp8_variants(s: Settings, model, batch, row: dict) -> dict:
+    """The FP8 step compiled with :data:`FP8_REWRITE` (where the default compile left it) and
+    without it: ``{"kda_gnq_us": fn, "kda_no_gnq_us": fn}`` to time, their counts in ``row``
+    (``rewrites_gnq``, ``rewrites_no_gnq``), the first checked against eager."""
+    import hybrid_model as HM
+
+    from kda_inductor import pass_manager
+
+    out = {}
+    if not row["rewrites"].get(FP8_REWRITE):  # (no Dynamo reset: the compiled variants must stay compiled)
+        with_it = s.compile_kda(model)
+        with rule_bypassed(FP8_REWRITE), pass_manager.counted() as row["rewrites_gnq"]:
+            HM.run_step(model, batch, with_it)
+        if not row["rewrites_gnq"].get(FP8_REWRITE):
+            raise AssertionError(f"{FP8_REWRITE} did not fire in the FP8 step with its rule bypassed "
+                                 f"({row['rewrites_gnq']}): see explain() on this step")
+        row["check_gnq"] = HM.check_against_eager(model, batch, with_it)
+        out["kda_gnq_us"] = with_it
+    kda_opts = {"disable": [FP8_REWRITE], "force": True} if s.smoke else {"disable": [FP8_REWRITE]}
+    without = torch.compile(model, backend="kda_inductor", options={"kda": kda_opts})
+    with pass_manager.counted() as row["rewrites_no_gnq"]:
+        HM.run_step(model, batch, without)
+    out["kda_no_gnq_us"] = without
+    return out
 
 
 def _compile_stock(model, batch, row):
@@ -260,7 +330,8 @@ def _compile_stock(model, batch, row):
     note = ""
     for eager_write in (False, True):
         model.attn.eager_write = eager_write
-        torch._dynamo.reset()
+        # no Dynamo reset: kda's compiled step must stay compiled for its timing (a new
+        # torch.compile is a compile of its own: its cache entries are its backend's)
         stock = torch.compile(model, backend="inductor")
         t1 = time.perf_counter()
         try:
@@ -285,7 +356,7 @@ def step_regions(step_row: dict, rewrite_rows: list[dict]) -> dict | None:
     fails), the gather; only those that fired in the step (``step_row["rewrites"]``, where
     recorded: the speed rules leave some to Inductor at some steps)."""
     T_ = step_row["T"]
-    fired = step_row.get("rewrites")
+    fired = step_row.get("rewrites_gnq", step_row.get("rewrites"))  # the FP8 step: with its own rewrite
 
     def find(rewrite, shape=None, t=T_):
         for r in rewrite_rows:
@@ -302,12 +373,17 @@ def step_regions(step_row: dict, rewrite_rows: list[dict]) -> dict | None:
         parts["gdn_spec_split (kda)"] = parts["gdn_spec_split (gdn)"]
     if any(p is None for p in parts.values()):
         return None
+    counts = {name: 2 if name.endswith("x2") else 1 for name in parts}
+    for name in REWRITES:  # a rewrite's benchmark may name its own regions in the step
+        hook = getattr(_bench(name), "step_regions", None)
+        for label, (r, n) in (hook(rewrite_rows, step_row) if hook else {}).items():
+            parts[label], counts[label] = r, n
     if fired is not None:
         parts = {name: r for name, r in parts.items() if fired.get(name.split(" ")[0])}
     before = after = 0.0
     savings = {}
     for name, r in parts.items():
-        n = 2 if name.endswith("x2") else 1
+        n = counts[name]
         b = r["stock_us"] if r.get("stock_us") is not None else r["eager_us"]
         before += n * b
         after += n * r["kda_us"]
@@ -321,16 +397,30 @@ def targets(model_rows: list[dict], rewrite_rows: list[dict]) -> list[dict]:
         reg = step_regions(m, rewrite_rows)
         if reg is None or m.get("stock_us") is None:
             continue
-        saved = m["stock_us"] - m["kda_us"]
+        kda_us = m.get("kda_gnq_us") or m["kda_us"]  # the FP8 step: with its own rewrite
+        saved = m["stock_us"] - kda_us
         total = sum(reg["savings_us"].values())
         frac = saved / total if total > 0 else None
         out.append({"step": m["step"], "saved_us": saved, "sum_savings_us": total, "fraction": frac,
                     "meets_80pct": "yes" if frac is not None and frac >= 0.8 else "no",
                     "region_share_before": reg["before_us"] / m["stock_us"],
-                    "region_share_after": reg["after_us"] / m["kda_us"],
+                    "region_share_after": reg["after_us"] / kda_us,
                     "region_before_us": reg["before_us"], "region_after_us": reg["after_us"],
-                    "savings_by_rewrite_us": reg["savings_us"]})
+                    "savings_by_rewrite_us": reg["savings_us"], **fp8_evidence(m, rewrite_rows)})
     return out
+
+
+def fp8_evidence(m: dict, rewrite_rows: list[dict]) -> dict:
+    """The FP8 step's own rewrite in the step (kda without it minus kda with it) and in
+    isolation (its regions' rows: the norm op + Inductor's quantization minus the fused op)."""
+    if m.get("kda_no_gnq_us") is None:
+        return {}
+    with_it = m.get("kda_gnq_us") or m["kda_us"]
+    hook = getattr(_bench(FP8_REWRITE), "step_regions", None)
+    regions = hook(rewrite_rows, m) if hook else {}
+    isolated = sum(n * (r["kda_no_us"] - r["kda_us"]) for r, n in regions.values()
+                   if r.get("kda_no_us") is not None) if regions else None
+    return {"gnq_in_step_us": m["kda_no_gnq_us"] - with_it, "gnq_isolated_us": isolated}
 
 
 # --------------------------------------------------------------------------- output
@@ -435,6 +525,7 @@ def parse_args(argv):
     p.add_argument("--only", default="rewrites,model",
                    help="comma-separated: rewrites, model, or rewrite names (default: rewrites,model)")
     p.add_argument("--steps", default="spec,prefill", help="model steps: spec, prefill")
+    p.add_argument("--models", default=",".join(MODELS), help=f"hybrid models: {', '.join(MODELS)} (default both)")
     p.add_argument("--quick", action="store_true", help=f"rewrites at T in {QUICK_SIZES} only")
     p.add_argument("--reps", type=int, help="timed samples per number (default 30; smoke 1)")
     p.add_argument("--timeout", type=float, default=540, help="stop after this many seconds, writing what ran")
@@ -448,6 +539,9 @@ def parse_args(argv):
     bad = args.only - set(REWRITES) - {"rewrites", "model"}
     if bad:
         p.error(f"unknown --only {sorted(bad)}; choose from rewrites, model, {', '.join(REWRITES)}")
+    args.models = {x for x in args.models.split(",") if x}
+    if args.models - set(MODELS):
+        p.error(f"unknown --models {sorted(args.models - set(MODELS))}; choose from {list(MODELS)}")
     args.steps = {x for x in args.steps.split(",") if x}
     if args.steps - set(STEPS):
         p.error(f"unknown --steps {sorted(args.steps - set(STEPS))}; choose from {list(STEPS)}")

@@ -5,6 +5,7 @@ Qwen3-Next Gated DeltaNet layer and the Kimi KDA layer (``examples/indexer_block
     python examples/hybrid_model.py             # tiny on CPU (spec step only); real dims and timings on a GPU
     python examples/hybrid_model.py --steps spec,prefill   # both steps on CPU too (two compiles)
     python examples/hybrid_model.py --small     # tiny everywhere
+    python examples/hybrid_model.py --fp8       # FP8 output projections (the layers' norm + quant fused)
 
 Three pre-norm blocks, each ``x += mixer(norm(x)); x += mlp(norm(x))``:
 
@@ -74,12 +75,16 @@ indices, which pair up by shared source (two index tensors per launch). Unforced
 speed rule leaves them to Inductor (they only feed elementwise code) and CPU never fuses."""
 
 
-def expected_matches(varlen: bool = False) -> dict[str, int]:
+def expected_matches(varlen: bool = False, fp8: bool = False) -> dict[str, int]:
     """The rewrites of one compiled step, forced: :data:`EXPECTED_MATCHES`, plus the varlen
-    conv's gathers when the step has prefill requests."""
+    conv's gathers when the step has prefill requests; with FP8 output projections
+    (``make_model(fp8=True)``) each recurrent layer's merge + norm + input quantization is one
+    ``gated_norm_quant`` instead of a ``gated_norm_merge``."""
     out = dict(EXPECTED_MATCHES)
     if varlen:
         out["gdn_spec_split"] += 2 * VARLEN_CONV_SPLITS
+    if fp8:
+        out["gated_norm_quant"], out["gated_norm_merge"] = out["gated_norm_merge"], 0
     return out
 
 
@@ -226,8 +231,9 @@ class HybridModel(nn.Module):
 
 
 def make_model(cfg: HybridConfig | None = None, *, device="cpu", dtype=torch.bfloat16, core: str = "auto",
-               seed: int = 0) -> HybridModel:
-    """An eval, no-grad model with weights scaled like trained ones."""
+               seed: int = 0, fp8: bool = False) -> HybridModel:
+    """An eval, no-grad model with weights scaled like trained ones; ``fp8``: the recurrent
+    layers' output projections as in an FP8 checkpoint (:func:`use_fp8_output_projections`)."""
     torch.manual_seed(seed)
     model = HybridModel(cfg or HybridConfig.tiny(), dtype=dtype, core=core)
     with torch.no_grad():
@@ -237,7 +243,19 @@ def make_model(cfg: HybridConfig | None = None, *, device="cpu", dtype=torch.bfl
         for mod in model.modules():
             if isinstance(mod, nn.Linear):
                 mod.weight.normal_(0, mod.in_features ** -0.5)
+    if fp8:
+        use_fp8_output_projections(model)
     return model.to(device).eval().requires_grad_(False)
+
+
+def use_fp8_output_projections(model: HybridModel) -> HybridModel:
+    """The GDN and KDA layers' ``out_proj`` as FP8 checkpoints of Qwen3-Next / Qwen3.5 hold it
+    (``gdn_layers.Fp8Linear``: block-wise e4m3 weights, the input quantized per group of 128 by
+    vLLM's ``QuantFP8`` formula; groups of one head where heads are narrower, the tiny config).
+    The layer's merge + gated norm + that quantization is what ``gated_norm_quant`` fuses."""
+    for layer in (model.gdn, model.kda):
+        layer.out_proj = G.Fp8Linear.from_linear(layer.out_proj, group=min(128, layer.head_v))
+    return model
 
 
 # --------------------------------------------------------------------------- tensor parallel
@@ -559,7 +577,7 @@ CPU_STEPS = ("spec",)
 second cold compile that doubles the run: ``--steps spec,prefill``). On a GPU both steps run."""
 
 
-def demo(small: bool | None = None, *, steps=None) -> dict:
+def demo(small: bool | None = None, *, steps=None, fp8: bool = False) -> dict:
     """Compile the hybrid model with the backend, print the rewrite table (``explain``), check
     it against eager and, on a GPU, time eager / stock ``torch.compile`` / kda_inductor by
     CUDA-graph replay. ``steps`` defaults to both on a GPU, :data:`CPU_STEPS` on CPU.
@@ -572,7 +590,7 @@ def demo(small: bool | None = None, *, steps=None) -> dict:
     small = (not on_gpu) if small is None else small
     device = "cuda" if on_gpu else "cpu"
     cfg = HybridConfig.tiny() if small else HybridConfig()
-    model = make_model(cfg, device=device)
+    model = make_model(cfg, device=device, fp8=fp8)
     # on CPU the speed rules leave everything to Inductor: force the rewrites to show them
     kda_opts = {} if on_gpu else {"force": True}
     core = "fla" if model.gdn.uses_fla(model.attn.kv_cache) else "torch"
@@ -627,10 +645,11 @@ def time_step(model, batch: HybridBatch, compiled, reps: int = 20) -> dict:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--small", action="store_true", help="tiny sizes even on a GPU")
+    parser.add_argument("--fp8", action="store_true", help="FP8 output projections (use_fp8_output_projections)")
     parser.add_argument("--steps", default=None,
                         help="which steps: spec, prefill (comma-separated; default: both on a GPU, spec on CPU)")
     args = parser.parse_args(argv)
-    demo(small=True if args.small else None, steps=tuple(args.steps.split(",")) if args.steps else None)
+    demo(small=True if args.small else None, steps=tuple(args.steps.split(",")) if args.steps else None, fp8=args.fp8)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@ that does not divide the head, the norm's output also read in bf16); the speed r
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -88,12 +90,71 @@ def test_norm_then_quant_is_one_op(case):
     _close(out, fn(*_inputs(seed=len(case))))
 
 
-def test_not_faster_yet_so_left_to_inductor():
-    """Unforced: the speed rule (not yet measured) leaves it; the norm alone is then the
-    gated_norm_merge rule's (on CPU: left too), and explain() says why at the quant's line."""
+def test_cpu_rule_leaves_it_to_inductor():
+    """Unforced on CPU: the speed rule leaves it (the op is the norm op then the quantization op
+    by op); the norm alone is then the gated_norm_merge rule's (on CPU: left too), and explain()
+    says why at the quant's line."""
     _, c = _run(CASES["group 128"], *_inputs(), force=False)
     assert c.matches["gated_norm_quant"] == 0
-    assert "not yet measured" in str(c.records[0].misses["gated_norm_quant"])
+    assert "on cpu the op runs the norm op" in str(c.records[0].misses["gated_norm_quant"])
+
+
+def test_speed_rule_reads_the_measured_verdicts():
+    """``faster_than_inductor`` on a made-up table: a static count fires where the measured
+    counts around it were faster (beyond the largest, where the largest was), a symbolic count
+    where the symbolic graph was never slower; an unmeasured width fires only between two
+    measured widths that both fire; another kind of shape is not measured."""
+    from kda_inductor.patterns.gated_norm_quant import Measured, Shape, faster_than_inductor
+
+    plain = Shape(False, 4096, False)
+    table = {plain: Measured(faster=(1, 256, 16384), slower=(16,), symbolic=False),
+             plain._replace(width=2048): Measured(faster=(1, 16, 256, 16384), slower=(), symbolic=True),
+             plain._replace(width=8192): Measured(faster=(16, 256), slower=(1,), symbolic=True)}
+    rule = lambda shape, T: faster_than_inductor(table, shape, T)  # noqa: E731
+    assert rule(plain, 1) is None and rule(plain, 256) is None and rule(plain, 100000) is None
+    assert "slower than Inductor's code at T=16" in rule(plain, 16) and "T=16" in rule(plain, 100)
+    assert "symbolic" in rule(plain, None) and rule(plain._replace(width=2048), None) is None
+    assert rule(plain._replace(width=3072), 256) is None  # 2048 and 4096 both faster there
+    assert "4096 values per token: slower" in rule(plain._replace(width=3072), 16)
+    assert "8192" in rule(plain._replace(width=6144), 1)  # 8192 is slower at T=1
+    assert "not measured at 16384 values" in rule(plain._replace(width=16384), 256)
+    assert "not measured" in rule(Shape(True, 4096, False), 256)
+    assert "not measured" in rule(Shape(False, 4096, True), 256)
+
+
+def vllm_norm_fp32_weight(x, z, weight, eps=1e-6):
+    """vLLM's ``RMSNormGated.forward_static`` as Qwen3.5-FP8 runs it: the norm's weight float32,
+    its input and gate bf16 (vLLM #45770: its RMSNorm + quant fusion skips such mixed dtypes)."""
+    dtype = x.dtype
+    xf, w, zf = x.float(), weight.float(), z.float()  # weight.float() is a no-op here
+    out = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + eps) * w
+    return (out * F.silu(zf)).to(dtype).flatten(-2)
+
+
+@pytest.mark.parametrize("quant", ["group 128", "per token"])
+def test_fp32_weight_bf16_input_is_one_op_and_exact(quant):
+    """The mixed-dtype spelling is the same well-defined function (float32 math whatever the
+    weight's dtype, the output rounded to the input's bf16): rewritten, the op reading the
+    float32 weight as it is (no cast of it in the graph), scales exact, values within one fp8
+    step of eager on fresh inputs."""
+    q = group_quant if quant == "group 128" else token_quant
+    fn = lambda x, z, w: q(vllm_norm_fp32_weight(x, z, w))  # noqa: E731
+
+    def inputs(seed):
+        x, z, w = _inputs(seed=seed)
+        return x, z, (w.float() + 0.01 * torch.randn(D, generator=torch.Generator().manual_seed(seed)))
+
+    out, c = _run(fn, *inputs(5))
+    assert (c.matches["gated_norm_quant"], c.matches["gated_norm_merge"]) == (1, 0), c.diff()
+    call = re.search(r"kda\.gated_norm_quant\.default\]\(args = \((\[[^]]*\]), (\[[^]]*\]), (%\w+), (%\w+)",
+                     c.records[0].after)
+    # the weight argument is a graph input (the float32 weight as it is), not a cast of it
+    assert call and re.fullmatch(r"%arg\d+_1", call.group(4)), c.records[0].after
+    _close(out, fn(*inputs(5)))
+    for seed in (6, 7):
+        args = inputs(seed)
+        with torch.inference_mode():
+            _close(c(*args), fn(*args))
 
 
 def static_scale(x, z, w):
@@ -127,14 +188,43 @@ def test_group_that_does_not_divide_the_head_is_not_matched():
 
 
 def test_benchmark_smoke(capsys):
-    """benchmarks/bench_gated_norm_quant.py's checks on CPU: stock and kda agree with eager, and
-    kda's compile rewrote (static T and the symbolic-T graph)."""
+    """benchmarks/bench_gated_norm_quant.py's sweep on CPU (two of its cases): every system
+    compared, kda's check ok and its compiles rewrote once (a failed check exits 1), the default
+    rules compiled (on CPU they leave it)."""
     from benchmarks import bench_gated_norm_quant as bench
 
-    rows = bench.main(["--smoke"])
-    assert [(r["T"], r["shape"].endswith("dynamic T")) for r in rows] == [
-        (1, False), (2, False), (8, False), (1, True), (2, True), (8, True)]
+    rows = bench.main(["--smoke", "--cases", f"vllm H=32,{bench.MODEL_SHAPE}"])
+    assert [(r["case"], r["T"], r["mode"]) for r in rows] == [
+        ("vllm H=2", 2, "symbolic"), ("vllm H=2", 8, "symbolic"), ("vllm H=2", 1, "static"),
+        (bench.MODEL_SHAPE, 8, "symbolic")]
+    assert all(r["check"] == "ok" and r["kda_us"] > 0 and "stock_vs_eager" in r for r in rows)
+    assert rows[0]["kda_fired"] == 1 and rows[0]["default_fired"] == 0 and "kda_fired" not in rows[1]
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+def test_benchmark_check_and_verdicts_can_fail():
+    """The benchmark's kda check passes IEEE's own output and fails a scale moved beyond one
+    bf16 ulp of the amax or a value two fp8 steps off; its verdicts follow the rows."""
+    from benchmarks import bench_gated_norm_quant as bench
+    from kda_inductor.patterns.gated_norm_quant import Measured, Shape
+
+    case = bench.CASES[0]._replace(H=2)
+    args = bench.inputs(case, 4, "cpu")
+    exact = bench.vllm_group_fp8(*args, exact=True)
+    y = bench.norm_output(case, args)
+    assert bench.kda_check(exact, exact, y, False) == "ok"
+    q, s = exact
+    assert bench.kda_check((q, s * (1 + 2.0**-6)), exact, y, False).startswith("FAIL: 8 scales")
+    bumped = (q.float() * 1.3).clamp(-448, 448).to(torch.float8_e4m3fn)
+    assert "values up to" in bench.kda_check((bumped, s), exact, y, False)
+    rows = [{"case": "vllm H=32", "T": t, "mode": m, "kda_us": k, "stock_us": 2.0}
+            for t, m, k in ((1, "static", 1.0), (16, "static", 3.0), (1, "symbolic", 2.05), (16, "symbolic", 1.0))]
+    want = {Shape(False, 4096, False): Measured(faster=(1,), slower=(16,), symbolic=True)}
+    assert bench.verdicts(rows) == want
+    assert eval(bench.measured_literal(want).split(" = ", 1)[1], {"Shape": Shape, "Measured": Measured}) == want
+    rows[2]["kda_us"] = 2.1  # 5% slower: no longer "never slower"
+    assert bench.verdicts(rows)[Shape(False, 4096, False)].symbolic is False
+    assert bench.verdicts(rows[:2])[Shape(False, 4096, False)].symbolic is False  # not measured symbolic
 
 
 @pytest.mark.parametrize("kind", ["gdn", "kda"])

@@ -34,6 +34,7 @@ from kda_inductor import GraphReport, Report
 from kda_inductor.testing import compile_for_test
 
 ROOT = Path(__file__).resolve().parents[1]
+import gdn_layers as G  # noqa: E402
 import hybrid_model as H  # noqa: E402
 from tests.helpers import stock_inductor_compiles_the_write  # noqa: E402
 
@@ -137,6 +138,21 @@ def test_spec_step_every_rewrite_fires_and_matches_eager(model):
     assert len(compiled.records) == 1
     # the pass (observed: it also snapshots the graphs for explain) against the whole first call
     assert sum(spent) < 0.1 * total, (sum(spent), total)
+
+
+def test_fp8_output_projections_spec_step():
+    """With FP8 output projections (``make_model(fp8=True)``: vLLM's FP8 checkpoints) each
+    recurrent layer's merge + gated norm + the projection's input quantization is one
+    ``gated_norm_quant`` (forced), the rest as in the bf16 model; the step as close to eager."""
+    fp8_model = H.make_model(H.HybridConfig.tiny(), core="torch", fp8=True)
+    assert isinstance(fp8_model.gdn.out_proj, G.Fp8Linear) and isinstance(fp8_model.kda.out_proj, G.Fp8Linear)
+    batch = H.spec_decode_batch(fp8_model, 24, seed=4)
+    with kernel_cache_only():
+        compiled = compile_model(fp8_model, dynamic=False)
+        step(fp8_model, batch, compiled)
+    expect = H.expected_matches(fp8=True)
+    assert expect["gated_norm_quant"] == 2 and expect["gated_norm_merge"] == 0
+    assert_every_graph_rewritten(compiled, expect)
 
 
 @pytest.mark.parametrize("kind", ["prefill", "mixed"])

@@ -71,6 +71,26 @@ def test_targets_count_only_the_rewrites_that_fired_in_the_step():
     assert prefill["region_share_before"] == pytest.approx((40 + 20 + 20) / 500)
 
 
+def test_fp8_step_counts_its_own_rewrite_and_its_evidence():
+    """The FP8 step: its regions are those its compile with gated_norm_quant rewrote (the norm
+    + quant rows of that rewrite's benchmark, not gated_norm_merge's), kda is kda+gnq, and the
+    rewrite's saving in the step (kda-no-gnq minus kda+gnq) stands beside the isolated one."""
+    rows, model = synthetic_payload()
+    gnq = report._bench("gated_norm_quant")
+    rows.append({"rewrite": "gated_norm_quant", "shape": gnq.MODEL_SHAPE, "T": 24, "eager_us": 30.0,
+                 "stock_us": 20.0, "kda_us": 10.0, "kda_no_us": 14.0})
+    fired = {"gdn_spec_split": 2, "indexer_k_write": 1, "indexer_k_gather": 1}
+    fp8 = {"step": "spec fp8", "T": 24, "core": "torch", "eager_us": 900.0, "stock_us": 500.0, "kda_us": 480.0,
+           "kda_gnq_us": 460.0, "kda_no_gnq_us": 480.0, "rewrites": {**fired, "gated_norm_merge": 2},
+           "rewrites_gnq": {**fired, "gated_norm_quant": 2}}
+    (t,) = report.targets([fp8], rows)
+    assert set(t["savings_by_rewrite_us"]) == {"gdn_spec_split (gdn)", "gdn_spec_split (kda)", "indexer_k_write",
+                                               "indexer_k_gather", "gated_norm_quant x2"}
+    assert t["savings_by_rewrite_us"]["gated_norm_quant x2"] == 20 and t["saved_us"] == 40
+    assert t["gnq_in_step_us"] == 20 and t["gnq_isolated_us"] == 8
+    assert t["region_share_after"] == pytest.approx((10 + 10 + 20 + 10 + 10) / 460)
+
+
 def test_markdown_and_plots(tmp_path):
     rows, model = synthetic_payload()
     payload = {"env": {"date": "today", "gpu": None, "torch": "x", "triton": "y"}, "fla": None, "notes": "n",

@@ -21,17 +21,64 @@ user's line: a static scale or another scale formula (another divisor, floor or 
 group that does not divide the token's values, or ``y`` also read in bf16 elsewhere (the norm's
 output must then be written anyway: ``gated_norm_merge`` alone).
 
-Speed rule: left to Inductor until measured. On CPU the op runs the norm op and then the torch
-quantization (no faster than Inductor's C++ for the same graph). On CUDA the kernel has not yet
-been timed against Inductor's code for this graph (``benchmarks/bench_gated_norm_quant.py``, T
-1..16384, H=32, D=128, symbolic T; results go to ``benchmarks/results/gated_norm_quant.md``), so
-it fires only with ``options["kda"]["force"]``. The rule changes with that measurement.
+Numerics: what each system computes, and which one vLLM's CUDA path equals. The same
+formula is computed four ways (read in the sources cited, 2026-12-03; stock's kernel as torch
+2.13 generates it; ``benchmarks/bench_gated_norm_quant.py`` measures the differences on a GPU):
+
+* **eager on CUDA** divides by the constant as a multiply by its rounded reciprocal: ATen's
+  ``div_true_kernel_cuda`` turns ``tensor / cpu_scalar`` into ``a * (1 / b)`` ("may lose one
+  bit of precision"), so ``s = amax * fl(1/448)``, one float32 ulp below or above the
+  correctly rounded ``amax / 448`` for 71 of the 128 bf16 mantissas an amax can have; the
+  values are then divided by the scale tensor with IEEE division (``x * fl(1/s)`` per token).
+  Eager on CPU divides correctly rounded (CPU ATen keeps the division).
+* **stock Inductor on CUDA** fuses the norm and the quantization into one persistent reduction
+  and (``emulate_precision_casts`` off, the default) drops the norm output's bf16 rounding
+  inside that kernel (``.to(bf16)`` becomes ``.to(tl.float32)``): the amax and the values are
+  those of the float32 norm output, so its scales differ from eager's in most groups, by up to
+  2**-9 relative, and its values by one fp8 step where the rounding mattered. It also lowers
+  ``/ 448`` to ``* fl(1/448)`` (``lowering.div_prim``, "Replace divide by constant with multiply
+  by reciprocal", skipped only on CPU, pytorch#157959) and the division by the scale to
+  Triton's ``/``, the approximate ``div.full.f32``, unless
+  ``torch._inductor.config.eager_numerics.division_rounding`` (present in torch 2.13, added by
+  pytorch#165566 of 2025-10; read with ``getattr``, older torches have no such knob).
+  ``emulate_precision_casts=True`` plus ``division_rounding`` make it eager's CUDA arithmetic.
+* **vLLM's CUDA path** (``QuantFP8.forward_cuda`` -> ``per_token_group_quant_fp8`` ->
+  ``torch.ops._C.per_token_group_fp8_quant``, ``csrc/quantization/w8a8/fp8/per_token_group_quant.cu``)
+  reads the bf16 norm output and computes ``s = max(amax, 1e-10) / 448`` and ``q = sat(x / s)``
+  with IEEE division (nvcc without ``--use_fast_math``: ``cmake/utils.cmake`` takes torch's flags):
+  the eps floors the amax *before* dividing, where ``forward_native`` clamps the scale at
+  ``1 / (448 * 512)`` after (they differ only for groups whose amax is below 1/512). Its dynamic
+  per-token kernel (``dynamic_per_token_scaled_fp8_quant``, ``fp8/common.cu``) computes
+  ``s = max(amax / 448, 1 / (448 * 512))`` and ``q = x / s`` (division, not ``forward_native``'s
+  reciprocal multiply). Its Triton fallback (``_per_token_group_quant_fp8``, non-contiguous
+  inputs) uses Triton's approximate ``/`` for both.
+* **kda** (``kda::gated_norm_quant``): the CPU op is eager's ops (bit-exact with eager on CPU);
+  the Triton kernel rounds the norm output to bf16 in registers and divides with ``div_rn``:
+  ``s = div_rn(amax, 448)`` floored at ``1 / (448 * 512)``, ``q = sat(div_rn(x, s))`` (per
+  token: ``x * div_rn(1, s)``, ``forward_native``'s spelling). So on CUDA the op equals vLLM's
+  CUDA group-quant kernel bit for bit wherever the amax is at least 1/512 (given the same norm
+  output: its norm is within one bf16 ulp of eager's), and eager's CUDA code up to that
+  one-ulp reciprocal rounding of the scale (values then within one fp8 step). The benchmark
+  checks each system against what it should equal and records the rest as findings.
+
+Speed rule (``speed_rule``, CUDA only): the op fires where ``MEASURED`` says it was faster than
+the code Inductor emits for the same graph, per :class:`Shape` (merge in front or not, values
+per token, per-token or group scales) and token count: a static count fires where the measured
+counts around it were faster (beyond the largest, where the largest was), a symbolic count
+where the graph compiled with ``T`` dynamic was never slower at any measured ``T``; widths
+between two measured ones need both. On CPU the op runs the norm op and then the quantization
+op by op, slower than Inductor's fused C++ for the graph: left to Inductor. ``MEASURED`` comes
+from ``benchmarks/bench_gated_norm_quant.py``, which prints the literal to paste (results:
+``benchmarks/results/gated_norm_quant.md``); in the step the rule is checked by
+``benchmarks/report.py``'s FP8 hybrid steps (kda against kda-no-gated_norm_quant).
+TO FILL after the H200 run: the measured verdicts in one sentence (where it fires, where not,
+the symbolic graph) and the whole-step figures.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx as fx
@@ -53,6 +100,65 @@ from kda_inductor.patterns.base import (
 )
 from kda_inductor.patterns.canonical import Canon, Term, const_value
 from kda_inductor.lowerings._fp8 import FP8_MAX, SCALE_FLOOR
+
+
+class Shape(NamedTuple):
+    """What the op's speed against Inductor's code depends on, besides the token count."""
+
+    merged: bool  # the spec / non-spec merge in front of the norm (else the norm alone)
+    width: int  # values per token as quantized (heads x head dim)
+    per_token: bool  # one scale per token (else one per group)
+
+
+class Measured(NamedTuple):
+    """One shape's verdicts from the benchmark: the static token counts where the op was faster
+    than Inductor's code for the same graph, those where it was not, and whether the graph
+    compiled with a symbolic token count was never slower (within the benchmark's tolerance)
+    at any measured count."""
+
+    faster: tuple[int, ...]
+    slower: tuple[int, ...]
+    symbolic: bool
+
+
+MEASURED: dict[str, dict[Shape, Measured]] = {
+    "cuda": {},
+    # TO FILL: the literal benchmarks/bench_gated_norm_quant.py prints after the H200 run
+    # ("MEASURED['cuda'] = {...}"), pasted over the {} above; cite the run's date in the docstring.
+}
+"""Per device type, the measured verdicts the speed rule reads (module docstring)."""
+
+
+def faster_than_inductor(table: dict[Shape, Measured], shape: Shape, tokens: int | None) -> str | None:
+    """None where ``table`` says the op is faster than Inductor's code for ``shape`` at
+    ``tokens`` (an int, or None for a symbolic count), else why not: the verdicts of the
+    measured width, or of both measured widths around it."""
+    widths = sorted(s.width for s in table if (s.merged, s.per_token) == (shape.merged, shape.per_token))
+    kind = f"{'merge + ' if shape.merged else ''}norm + {'per-token' if shape.per_token else 'group'} quant"
+    if shape.width in widths:
+        near = [shape.width]
+    elif widths and widths[0] < shape.width < widths[-1]:
+        near = [max(w for w in widths if w < shape.width), min(w for w in widths if w > shape.width)]
+    else:
+        return f"{kind} not measured at {shape.width} values per token (measured: {widths or 'none'})"
+    for w in near:
+        why = _verdict(table[shape._replace(width=w)], tokens)
+        if why is not None:
+            return f"{kind}, {w} values per token: {why}"
+    return None
+
+
+def _verdict(m: Measured, tokens: int | None) -> str | None:
+    if tokens is None:
+        return None if m.symbolic else "compiled with a symbolic token count, slower than Inductor's code at some T"
+    points = sorted({*m.faster, *m.slower})
+    below = [p for p in points if p <= tokens]
+    above = [p for p in points if p >= tokens]
+    near = set(below[-1:] + above[:1])
+    slow = sorted(near & set(m.slower))
+    if not points or slow:
+        return f"slower than Inductor's code at T={slow[0]}" if slow else "no token count measured"
+    return None
 
 
 def _is_fp8_cast(n: fx.Node) -> bool:
@@ -113,8 +219,17 @@ class GatedNormQuant(Rewrite):
         return out
 
     def speed_rule(self, match: QuantMatch) -> str | None:
-        return (f"not yet measured against Inductor's code on {match.device} "
-                "(benchmarks/bench_gated_norm_quant.py; see patterns/gated_norm_quant.py)")
+        if match.device == "cpu":
+            return ("on cpu the op runs the norm op and then the quantization op by op, slower than "
+                    "Inductor's fused code for the graph (see patterns/gated_norm_quant.py)")
+        table = MEASURED.get(match.device)
+        if not table:
+            return (f"not yet measured against Inductor's code on {match.device} "
+                    "(benchmarks/bench_gated_norm_quant.py; MEASURED in patterns/gated_norm_quant.py)")
+        tokens = val(match.quant.q).shape[0]
+        shape = Shape(not match.norm.plain, match.quant.width, match.quant.group == match.quant.width)
+        why = faster_than_inductor(table, shape, tokens if isinstance(tokens, int) else None)
+        return None if why is None else f"on {match.device}: {why} (benchmarks/results/gated_norm_quant.md)"
 
     # ------------------------------------------------------------------ the quantization
     def _quant(self, m: norm_merge.NormMatch, canon: Canon) -> Quant | None:

@@ -47,6 +47,16 @@ def vllm_per_token_fp8(x, z, w):
     return (y.to(torch.float32) * s.reciprocal()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn), s
 
 
+def vllm_fp32_norm_weight_fp8(x, z, w):
+    """Qwen3.5-FP8 as vLLM runs it: the gated norm's weight float32, its input bf16 (vLLM #45770,
+    where vLLM's own RMSNorm + quant fusion skips the mixed dtypes); the same float32 math."""
+    dtype = x.dtype
+    xf, zf = x.float(), z.float()
+    out = xf * torch.rsqrt(xf.pow(2).mean(dim=-1, keepdim=True) + 1e-6) * w.float()
+    q, s = _group_quant((out * F.silu(zf)).to(dtype).reshape(x.shape[0], -1))
+    return q, s.t().contiguous().t()
+
+
 def merged_then_quant_ue8m0(o_s, o_ns, s_idx, ns_idx, z, w):
     """Our hybrid example's layer tail in an FP8 build: merge, norm, ue8m0 group quant."""
     T = s_idx.shape[0] + ns_idx.shape[0]
@@ -61,6 +71,11 @@ def _plain_inputs(seed: int):
     T = 5
     proj = randn(g, T, 2 * H * D)
     return [randn(g, T, H, D), proj[:, H * D:].view(T, H, D), (1 + 0.1 * torch.randn(D, generator=g)).to(torch.bfloat16)]
+
+
+def _fp32_weight_inputs(seed: int):
+    x, z, w = _plain_inputs(seed)
+    return [x, z, w.float() + 0.01 * torch.randn(D, generator=gen(seed + 1))]
 
 
 def _merge_inputs(seed: int):
@@ -84,6 +99,8 @@ CASES = [
     Spelling("vllm_gdn_output_projection_fp8", SOURCE, vllm_output_projection_fp8, _plain_inputs, QUANT,
              within_one_fp8_step),
     Spelling("vllm_per_token_fp8", SOURCE, vllm_per_token_fp8, _plain_inputs, QUANT, within_one_fp8_step),
+    Spelling("vllm_fp32_norm_weight_fp8", SOURCE + " (vLLM #45770: a float32 norm weight)", vllm_fp32_norm_weight_fp8,
+             _fp32_weight_inputs, QUANT, within_one_fp8_step),
     Spelling("merged_then_quant_ue8m0", "this repo: examples/gdn_layers.py, with an FP8 output projection",
              merged_then_quant_ue8m0, _merge_inputs, QUANT, within_one_fp8_step),
 ]

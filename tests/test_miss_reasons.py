@@ -114,6 +114,22 @@ def test_gated_norm_after_a_gated_mlp_gets_its_own_reason(fn, words, precision):
     assert "test_miss_reasons.py:" in (miss.location or ""), miss
 
 
+def test_float32_gated_norm_with_no_merge_says_why():
+    """A norm-then-gate of a float32 tensor no merge wrote is a candidate the op leaves (the
+    merge-free kernel takes 16-bit tensors): shown, with that reason (before: no miss at all)."""
+    def fn(x, z, w):
+        n = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + EPS) * w
+        return n * F.silu(z)
+
+    x, z = (t.float().view(-1, C // D, D) for t in _inputs())
+    with fresh_compile():
+        c = compile_for_test(fn, options={"kda": {"strict": True}})
+        c(x, z, _weights()["w"].float())
+    misses = [m for r in c.records for m in r.misses["gated_norm_merge"]]
+    assert c.matches["gated_norm_merge"] == 0 and len(misses) == 1, misses
+    assert misses[0].shown and "the normalized tensor is float32 and no merge wrote it" in misses[0].check
+
+
 def moe_combine(h, logits, w1, w2):
     """transformers' grouped MoE (integrations/moe.py), in small: tokens sorted by expert,
     ``hidden[perm // k]`` gathered, weighted, put back in order by ``out[inv_perm]``."""

@@ -424,8 +424,9 @@ class GatedNormMerge(Rewrite):
         """The norm of a tensor no merge wrote; ``copied``: ``(src, fill)`` when it is ``src``
         copied into the first rows of a padded ``torch.zeros`` / ``full`` output."""
         xv = val(norm.x)
-        if xv.dtype not in _16BIT:
-            return None  # a float32 norm with no merge: not what the kernel was measured on
+        if xv.dtype not in _16BIT:  # not what the merge-free kernel was measured on
+            return self.miss(norm.y, Stage.LAYOUT, f"the normalized tensor is {_name(xv.dtype)} and no merge wrote "
+                             "it: the merge-free op takes bf16 / fp16 tensors (a float32 norm alone was not measured)")
         region = norm.nodes | ({norm.x, *views} if copied else set())
         if not self.region_closed(region, [norm.y], at=norm.y, what="an intermediate of the norm"):
             return None

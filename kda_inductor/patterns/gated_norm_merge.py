@@ -46,7 +46,11 @@ would recognize and the op does not compute gets a miss naming what differs
 precision differs, a 16-bit gate activation (``F.silu(z)`` of a bf16 ``z``: eager rounds the
 gate to bf16, the op keeps it in float32: outputs a bf16 ulp apart, so not rewritten), a gate
 multiplied in 16 bits, a norm with no float32 upcast, and ``nn.RMSNorm``'s rounding after its
-weight.
+weight. Only the norm's own factors are read for that: the gate before the norm where the
+normalized tensor is itself a product with an activation, the gate after it among the factors of
+the norm's product chain. A plain RMSNorm whose input holds gated values from further up (a
+SwiGLU MLP's ``silu(g) * u``, a sigmoid-gated shared expert, through their matmuls and the
+residual add: the input norm of every layer of a model) is no candidate and gets no miss.
 
 Speed rule (``speed_rule``; measured on an H200: ``benchmarks/results/gated_norm_merge.md``
 for the merge, vLLM's padded output and KDA's 4-D norm,
@@ -566,7 +570,7 @@ def _is_gated(x32: Term) -> bool:
     through casts and views): the gate inside the mean. A sum (a residual add, a MoE's
     combine) or a matmul of gated values is not."""
     x = _strip(x32)
-    return isinstance(x, Term) and x.op == "mul" and any(_strip(a).op in _ACTS for a in x.args if isinstance(_strip(a), Term))
+    return isinstance(x, Term) and x.op == "mul" and any(getattr(_strip(a), "op", None) in _ACTS for a in x.args)
 
 
 def _norm_chain(t: Any, stop: tuple, limit: int = 64) -> list[Term]:

@@ -5,6 +5,8 @@ stage, also the ``Stage.INCIDENTAL`` ones logged at DEBUG only).
     python integration/hf_explain.py --family kimi_linear --case decode32          # GPU: released dims
     python integration/hf_explain.py --family qwen3_next --case prefill --tiny     # CPU: tiny dims
 
+``--every-miss`` records every rejected candidate of each rewrite, not only the closest ones.
+
 Default options (the speed rules decide, as a user gets them); ``--force`` rewrites every match.
 Builds the model as ``benchmarks/hf_models.py`` does (4 layers, 16 experts, bf16, random weights).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections import Counter
 from pathlib import Path
 
 import torch
@@ -36,9 +39,10 @@ def details(report) -> list[str]:
         lines += [f"graph {i}: {name} FAILED: {err}" for name, err in g.errors.items()]
         lines += [f"graph {i}: note: {g.note}"] if g.note else []
         for name, misses in g.all_misses.items():
-            for m in dict.fromkeys(misses):
-                shown = "shown" if m.shown else "DEBUG only"
-                lines.append(f"graph {i}: {name} [{m.stage.name}, {shown}, matched {g.matches.get(name, 0)}]: {m}")
+            counts = Counter((m.stage, m.shown, str(m)) for m in misses)
+            for (stage, shown, text), n in counts.items():
+                lines.append(f"graph {i}: {name} [{stage.name}, {'shown' if shown else 'DEBUG only'}, "
+                             f"{n}x, matched {g.matches.get(name, 0)}]: {text}")
     return lines
 
 
@@ -48,8 +52,14 @@ def main(argv=None) -> None:
     p.add_argument("--case", default="decode32", choices=["decode32", "decode128", "prefill"])
     p.add_argument("--tiny", action="store_true", help="tiny dims on CPU")
     p.add_argument("--force", action="store_true", help="rewrite every match (ignore the speed rules)")
+    p.add_argument("--every-miss", action="store_true",
+                   help="record every rejected candidate, not only the closest (a diagnosis, not what users get)")
     args = p.parse_args(argv)
     import kda_inductor
+    from kda_inductor.patterns.base import Rewrite
+
+    if args.every_miss:
+        Rewrite.closest_misses = lambda self: list(self.misses)
 
     device = "cpu" if args.tiny or not torch.cuda.is_available() else "cuda"
     family = hf_models.BY_NAME[args.family]

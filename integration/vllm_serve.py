@@ -92,7 +92,7 @@ def main() -> None:
         "graphs": len(records),
         "nodes": [r.before.count("\n") for r in records if r.before is not None],
         "matches": {k: sum(r.matches.get(k, 0) for r in records) for k in (records[0].matches if records else {})},
-        "misses": sorted({f"{k}: {m}" for r in records for k, ms in r.misses.items() for m in ms}),
+        "misses": sorted({f"{k}: {m}" for r in records for k, ms in r.misses.items() for m in ms if m.shown}),
     }
     print("KDA_RESULT " + json.dumps(result), flush=True)
 

@@ -12,7 +12,7 @@ from typing import Any, TYPE_CHECKING
 
 from kda_inductor import logs, pass_manager
 from kda_inductor.diff import records_diff, rewrite_table, short_location, unified
-from kda_inductor.patterns.base import Miss
+from kda_inductor.patterns.base import Miss, shown_misses
 from kda_inductor.patterns import REWRITES
 
 _DATA_DEPENDENT = re.compile(r"data[- ]dependent", re.IGNORECASE)
@@ -45,7 +45,14 @@ class GraphReport:
 
     @property
     def misses(self) -> dict[str, list[Miss]]:
-        """Rewrite -> its closest rejected candidates (each with the user's source line)."""
+        """Rewrite -> its closest rejected candidates a user would recognize (each with the user's
+        source line; ``Miss.shown``): what ``explain()`` prints."""
+        return {name: shown_misses(ms) for name, ms in self.record.misses.items()}
+
+    @property
+    def all_misses(self) -> dict[str, list[Miss]]:
+        """Rewrite -> its closest rejected candidates, also those no user would look for
+        (``Stage.INCIDENTAL``: logged at DEBUG only)."""
         return self.record.misses
 
     @property

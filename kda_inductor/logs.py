@@ -74,7 +74,8 @@ def graph_done(record: PassRecord) -> None:
     for name, misses in record.misses.items():
         for m in {(m.location, m.check): m for m in misses}.values():
             where = f"{short_location(m.location)}: " if m.location else ""
-            lines.append(f"  {name}: {where}not rewritten: {m.check}")
+            hidden = "" if m.shown else " (DEBUG only: not a candidate a user would look for)"
+            lines.append(f"  {name}: {where}not rewritten: {m.check}{hidden}")
             if m.code:
                 lines.append(f"      {m.code}")
     if lines:

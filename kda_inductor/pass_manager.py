@@ -49,7 +49,8 @@ class PassRecord:
     changes: dict[str, dict[str, list[str]]] = dataclasses.field(default_factory=dict)
     """Rewrite -> ``{"removed": [...], "added": [...]}`` FX node names."""
     misses: dict[str, list[Miss]] = dataclasses.field(default_factory=dict)
-    """Rewrite -> its closest rejected candidates, at the user's source lines."""
+    """Rewrite -> its closest rejected candidates, at the user's source lines (also those no
+    user would look for, ``Stage.INCIDENTAL``: ``Miss.shown`` tells them apart)."""
     parts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
     """Rewrite -> {part -> count} where a match says how much it fused (``Match.part``)."""
     skipped: str | None = None

@@ -149,7 +149,7 @@ def rewrite_mismatch(records: Sequence[PassRecord], expect: dict[str, int]) -> s
             if got[name] > want:
                 lines.append(f"{name}: {got[name] - want} more match(es) than expected")
             continue
-        misses = {(m.location, m.check): m for r in records for m in r.misses.get(name, [])}
+        misses = {(m.location, m.check): m for r in records for m in r.misses.get(name, []) if m.shown}
         if not misses:
             if not all(r.skipped for r in records):
                 lines.append(f"{name}: {want - got[name]} fewer match(es); no {'other ' if got[name] else ''}"

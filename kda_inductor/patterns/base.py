@@ -36,6 +36,10 @@ class Stage(enum.IntEnum):
     """How far a rejected candidate got, in the order every matcher checks: a miss at a later
     stage is closer to a match (``Rewrite.closest_misses`` keeps the furthest ones)."""
 
+    INCIDENTAL = 0
+    """The anchor op is there, in code no user would look for as this computation (a MoE's
+    routing gathers for the spec split): logged at DEBUG (``TORCH_LOGS=+kda_inductor``), never
+    shown by ``explain()``, the CLI, the HTML report or ``assert_rewrites`` (``Miss.shown``)."""
     FORM = 1
     """The anchor op is there, but not in this computation's form (dims, index shapes)."""
     LAYOUT = 2
@@ -75,6 +79,17 @@ class Miss:
     def __str__(self) -> str:
         where = f"{self.location}: " if self.location else ""
         return f"{where}not rewritten: {self.check}"
+
+    @property
+    def shown(self) -> bool:
+        """A candidate a user would recognize: reported by ``explain()`` and the tools; the
+        rest (:attr:`Stage.INCIDENTAL`) only at DEBUG."""
+        return self.stage > Stage.INCIDENTAL
+
+
+def shown_misses(misses: Iterable[Miss]) -> list[Miss]:
+    """The misses of ``misses`` a user would recognize (``Miss.shown``), in order."""
+    return [m for m in misses if m.shown]
 
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)\n(?P<code>[^\n]*)')

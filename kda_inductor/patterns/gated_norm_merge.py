@@ -46,7 +46,11 @@ would recognize and the op does not compute gets a miss naming what differs
 precision differs, a 16-bit gate activation (``F.silu(z)`` of a bf16 ``z``: eager rounds the
 gate to bf16, the op keeps it in float32: outputs a bf16 ulp apart, so not rewritten), a gate
 multiplied in 16 bits, a norm with no float32 upcast, and ``nn.RMSNorm``'s rounding after its
-weight.
+weight. Only the norm's own factors are read for that: the gate before the norm where the
+normalized tensor is itself a product with an activation, the gate after it among the factors of
+the norm's product chain. A plain RMSNorm whose input holds gated values from further up (a
+SwiGLU MLP's ``silu(g) * u``, a sigmoid-gated shared expert, through their matmuls and the
+residual add: the input norm of every layer of a model) is no candidate and gets no miss.
 
 Speed rule (``speed_rule``; measured on an H200: ``benchmarks/results/gated_norm_merge.md``
 for the merge, vLLM's padded output and KDA's 4-D norm,
@@ -259,7 +263,7 @@ class GatedNormMerge(Rewrite):
             if found is not None:
                 yield found
             elif users and is_op(n, aten.rsqrt, aten.reciprocal):
-                why = _why_not_a_gated_norm(canon(users[-1]))
+                why = _why_not_a_gated_norm([canon(u) for u in users], canon(n))
                 if why is not None:
                     self.miss(n, Stage.FORM, why)
 
@@ -461,8 +465,9 @@ class GatedNormMerge(Rewrite):
         """The norm of a tensor no merge wrote; ``copied``: ``(src, fill)`` when it is ``src``
         copied into the first rows of a padded ``torch.zeros`` / ``full`` output."""
         xv = val(norm.x)
-        if xv.dtype not in _16BIT:
-            return None  # a float32 norm with no merge: not what the kernel was measured on
+        if xv.dtype not in _16BIT:  # not what the merge-free kernel was measured on
+            return self.miss(norm.y, Stage.LAYOUT, f"the normalized tensor is {_name(xv.dtype)} and no merge wrote "
+                             "it: the merge-free op takes bf16 / fp16 tensors (a float32 norm alone was not measured)")
         region = norm.nodes | ({norm.x, *views} if copied else set())
         if not self.region_closed(region, [norm.y], at=norm.y, what="an intermediate of the norm"):
             return None
@@ -664,57 +669,97 @@ _GENERIC = ("a gated norm that does not read as x * rsqrt(mean(x^2, -1) + eps) *
 _PRECISION = "precision differs from the fused op's float32 math, so it is not rewritten"
 
 
-def _why_not_a_gated_norm(t: Term) -> str | None:
-    """Why the products around an RMSNorm's ``rsqrt`` (``t``, the outermost of them) are a gated
-    norm the op does not compute, naming what differs; None where nothing gates it (a plain
-    RMSNorm, also of an activation's output: every model has them, no candidate)."""
-    terms = _all_subterms(t)
-    rstd = next(_rstds(terms), None)
-    x32 = rstd[1] if rstd is not None else None
-    inside = _all_subterms(x32) if x32 is not None else []
-    acts = [f for f in terms if f.op in ("silu", "sigmoid") or f.op in _OTHER_ACTS]
-    if any(_gates(f, acts) for f in inside):
+def _why_not_a_gated_norm(outs: list[Term], rstd: Term) -> str | None:
+    """Why the products around the RMSNorm whose rstd is ``rstd`` (``outs``: the terms of the
+    nodes reached from it, innermost first) are a gated norm the op does not compute, naming what
+    differs; None where nothing gates it (a plain RMSNorm, also of an activation's output or of a
+    layer whose MLP gates: every model has them, no candidate). Only the norm's own factors count:
+    the normalized tensor itself a product with an activation (the gate before the norm), and the
+    factors of the norm's product chain (:func:`_norm_chain`), never what computed ``x``."""
+    got = next(_rstds([rstd]), None)
+    if got is None:
+        return None  # not the rsqrt of a mean of squares (a LayerNorm's): no RMSNorm
+    x32 = got[1]
+    if _is_gated(x32):
         return ("the gate is applied before the norm (norm_before_gate=False: the gate inside the mean), "
                 "a different function from the fused op's norm-then-gate")
-    outside = [f for f in terms if f not in inside]
-    acts = [f for f in acts if f in outside]
+    chain = next((c for c in map(lambda t: _norm_chain(t, (rstd, x32)), reversed(outs))
+                  if any(f is rstd or f == rstd for f in c)), [])
+    acts = _activations(chain)
     if not acts:
         return None
-    if x32 is not None and _dtype_of(x32) in _16BIT:
+    if _dtype_of(x32) in _16BIT:
         return (f"the norm is computed in {_name(_dtype_of(x32))} (no float32 upcast of x before the mean of squares): "
                 f"{_PRECISION}; write x.float()")
     if not any(f.op in ("silu", "sigmoid") for f in acts):
         return f"the gate's activation is {_OTHER_ACTS[acts[0].op]}; the fused op takes silu or sigmoid"
-    gate16 = [f for f in outside if f.op == "cast" and f.attr("dtype") in _16BIT and f.args[0] in acts]
+    return _precision_reason(chain, acts, rstd)
+
+
+def _precision_reason(chain: list[Term], acts: list[Term], rstd: Term) -> str:
+    """Why a norm-then-gate with silu or sigmoid (``chain``: its products, ``acts``: the gate's
+    activations among them) differs from the op: where only a rounding does, which; else the
+    generic reason."""
+    gate16 = [f for f in chain if f.op == "cast" and f.attr("dtype") in _16BIT and f.args[0] in acts]
     if gate16:
         return (f"the gate's activation is rounded to {_name(gate16[0].attr('dtype'))} "
                 f"(F.silu / sigmoid of a 16-bit gate) where the fused op keeps it in float32: {_PRECISION}; write F.silu(z.float())")
-    if any(_gates(f, acts) and f.attr("dtype") in _16BIT for f in outside):
+    if any(_gates(f, acts) and f.attr("dtype") in _16BIT for f in chain):
         return f"the gate is multiplied in 16 bits (both factors 16-bit): {_PRECISION}"
-    if rstd is not None and any(f.op == "cast" and f.attr("dtype") in _16BIT and rstd[0] in _subterms([f.args[0]], 2)
-                                for f in outside):
+    if any(f.op == "cast" and f.attr("dtype") in _16BIT and rstd in _subterms([f.args[0]], 2) for f in chain):
         return ("the norm is rounded to 16 bits after its weight and before the gate (nn.RMSNorm / F.rms_norm "
                 "of a 16-bit tensor): the fused op rounds before the weight (transformers) or not at all (fla): "
                 f"{_PRECISION}")
     return _GENERIC
 
 
+_ACTS = ("silu", "sigmoid", *_OTHER_ACTS)
+
+
+def _strip(t: Any) -> Any:
+    """``t`` without the casts and views around it."""
+    while isinstance(t, Term) and t.op in ("cast", "view"):
+        t = t.args[0]
+    return t
+
+
+def _is_gated(x32: Term) -> bool:
+    """The normalized tensor is itself a product with an activation factor (``x * silu(z)``,
+    through casts and views): the gate inside the mean. A sum (a residual add, a MoE's
+    combine) or a matmul of gated values is not."""
+    x = _strip(x32)
+    return isinstance(x, Term) and x.op == "mul" and any(getattr(_strip(a), "op", None) in _ACTS for a in x.args)
+
+
+def _norm_chain(t: Any, stop: tuple, limit: int = 64) -> list[Term]:
+    """The terms of the product chain ending at ``t``: ``t``, and through products, divisions,
+    casts and views the factors below it, each once; the ``stop`` terms (the rstd, the
+    normalized tensor) and every other factor are listed but not entered."""
+    out, seen, stack = [], set(), [t]
+    while stack and len(out) < limit:
+        f = stack.pop()
+        if not isinstance(f, Term) or f.op in ("leaf", "const") or id(f) in seen:
+            continue
+        seen.add(id(f))
+        out.append(f)
+        if f.op in ("mul", "div", "cast", "view") and not any(f is s or f == s for s in stop):
+            stack.extend(f.args)
+    return out
+
+
+def _activations(chain: list[Term]) -> list[Term]:
+    """The activations among the factors of a norm's product chain, also inside a factor that a
+    decomposed activation leaves (gelu's ``1 + erf(z / sqrt(2))``)."""
+    acts = [f for f in chain if f.op in _ACTS]
+    for f in chain:
+        if f.op in ("add", "sub"):
+            acts += [a for a in f.args if isinstance(a, Term) and a.op in ("erf", "tanh")]
+    return acts
+
+
 def _gates(f: Term, acts: list[Term]) -> bool:
     """``f`` is a product with an activation (or its cast) among its factors."""
     return f.op == "mul" and any((a.args[0] if isinstance(a, Term) and a.op == "cast" else a) in acts for a in f.args)
-
-
-def _all_subterms(t: Any, limit: int = 256) -> list[Term]:
-    """Every term below ``t`` (``t`` included), each once, leaves and constants left out."""
-    out, seen, stack = [], set(), [t]
-    while stack and len(out) < limit:
-        x = stack.pop()
-        if not isinstance(x, Term) or x.op in ("leaf", "const") or id(x) in seen:
-            continue
-        seen.add(id(x))
-        out.append(x)
-        stack.extend(x.args)
-    return out
 
 
 def _name(dtype: torch.dtype | None) -> str:

@@ -17,7 +17,10 @@ Must not match: gathers along a dim that has a non-1 dim before it (column gathe
 lookups of single elements (``x[idx]`` of a 1-D tensor, e.g. the bytes of a flattened cache:
 an indexer gather, not a split of token rows);
 index tensors or sources that the graph mutates (moving the read would see the new
-values); more than ``MAX_SOURCES`` sources are split into several launches.
+values); more than ``MAX_SOURCES`` sources are split into several launches. A lone row
+gather, whose index no other gather shares and whose source no other index gathers (a MoE's
+routing: ``hidden[perm // top_k]``, ``out[inv_perm]``), is nothing like a split: its miss is
+``Stage.INCIDENTAL`` (logged at DEBUG, not shown by ``explain()``).
 
 Speed rule ("never make a graph slower"), decided by measurement (an H200:
 ``benchmarks/results/gdn_spec_split.md`` for the split and the Qwen3-Next layer,
@@ -173,6 +176,10 @@ class GdnSpecSplit(Rewrite):
             if partner is not None and overlap[partner] > 0:
                 done.add(partner)
                 members = members + groups[partner]
+            if len(members) == 1:  # a MoE's routing gather (hidden[perm // k]): nothing like a split
+                self.miss(members[0].node, Stage.INCIDENTAL, "a lone row gather: no other gather shares its index "
+                          "or reads its source, nothing like a spec / non-spec split")
+                continue
             for launch in _legal_launches(members, pos):
                 if len(launch) >= 2:
                     matches.append(SplitMatch(nodes=[g.node for g in launch], gathers=launch))
@@ -251,14 +258,14 @@ def _legal_launches(members: list[_RowGather], pos: dict[fx.Node, int]) -> list[
     launches = []
     while todo:
         launch, later = [todo[0]], []
-        fed = set(downstream(todo[0].node))
+        fed = {todo[0].node, *downstream(todo[0].node)}  # the gather itself too: a split of its output
         for g in todo[1:]:
             inputs = {x for m in launch for x in (m.src, m.idx)}
             ok = (len(launch) < _lowering.MAX_SOURCES and g.src not in fed and g.idx not in fed
-                  and not (downstream(g.node) & inputs))
+                  and not ({g.node, *downstream(g.node)} & inputs))
             if ok:
                 launch.append(g)
-                fed |= downstream(g.node)
+                fed |= {g.node, *downstream(g.node)}
             else:
                 later.append(g)
         launches.append(launch)

@@ -287,10 +287,13 @@ def prefill_case(model, config, *, tokens: int, device: str):
 
 
 def report_summary(report) -> dict[str, Any]:
-    """explain()'s rewrite table (nonzero matches) and its misses as text lines."""
-    misses = [line.strip() for line in report.misses_text() if line.strip()] if hasattr(report, "misses_text") else []
-    return {"matches": dict(report.matches), "misses": misses,
-            "graph_breaks": len(getattr(report, "breaks", []) or [])}
+    """explain()'s rewrite table, its shown misses as text lines, the rewrites that failed (and
+    why), the graph breaks and the frames that fell back to eager, each with its reason."""
+    misses = [line.strip() for line in report.misses_text() if line.strip()]
+    errors = {name: err for g in report.graphs for name, err in g.errors.items()}
+    return {"matches": dict(report.matches), "misses": misses, "errors": errors,
+            "graph_breaks": [f"{b.count}x {b.reason}" for b in report.graph_breaks],
+            "eager_frames": [f"{f.name} ({f.location}): {f.reason}" for f in report.eager_frames]}
 
 
 def kda_compile(decoder, call: Callable, options: dict | None):

@@ -1,6 +1,7 @@
 """The kda-inductor command.
 
-    kda-inductor rewrites [--update README.md]   the registered rewrites (the README's table)
+    kda-inductor rewrites [--update [README.md]]   the registered rewrites (the README's table;
+                                                   --update also writes docs/rewrites.md)
     kda-inductor graph-diff TARGET [--rewrite NAME] [--mode MODE] [--force] [--grad]
                                    [--explain-misses] [--html FILE] [--color auto|always|never]
                                    [--traceback]
@@ -334,13 +335,15 @@ def _bold(text: str, color: bool) -> str:
 
 
 def rewrites(argv: list[str]) -> int:
-    """``kda-inductor rewrites [--update FILE]``: the registered rewrites as the README's
-    markdown table; ``--update`` replaces the table in ``FILE`` (the lines from its header row
-    to the next blank line) instead of printing it."""
-    from kda_inductor.patterns import markdown_table
+    """``kda-inductor rewrites [--update [FILE]]``: the registered rewrites as the README's
+    markdown table; ``--update`` replaces the table in ``FILE`` (README.md by default: the lines
+    from its header row to the next blank line) and writes ``docs/rewrites.md`` beside it (every
+    spelling of each rewrite) instead of printing it."""
+    from kda_inductor.patterns import markdown_table, rewrites_page
 
     p = argparse.ArgumentParser(prog="kda-inductor rewrites")
-    p.add_argument("--update", metavar="FILE", help="rewrite the table in FILE (README.md) in place")
+    p.add_argument("--update", metavar="FILE", nargs="?", const="README.md",
+                   help="rewrite the table in FILE (default README.md) in place, and FILE's docs/rewrites.md")
     args = p.parse_args(argv)
     table = markdown_table()
     if args.update is None:
@@ -355,6 +358,9 @@ def rewrites(argv: list[str]) -> int:
         return 1
     end = text.find("\n\n", start)
     path.write_text(text[:start] + table + text[end + 1 if end >= 0 else len(text):], encoding="utf-8")
+    page = path.parent / "docs" / "rewrites.md"
+    page.parent.mkdir(exist_ok=True)
+    page.write_text(rewrites_page(), encoding="utf-8")
     return 0
 
 

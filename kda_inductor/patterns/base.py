@@ -170,8 +170,11 @@ class Rewrite:
 
     name: ClassVar[str]
     finds: ClassVar[str]
-    """What the rewrite recognizes, in the words of the README's rewrite table (generated from
-    these: ``kda-inductor rewrites``)."""
+    """What the rewrite recognizes, in one line: the README's rewrite table (generated from these:
+    ``kda-inductor rewrites``)."""
+    spellings: ClassVar[str | None] = None
+    """Every spelling it reads, at length (``docs/rewrites.md``, generated too); None: ``finds``
+    says it all."""
     becomes: ClassVar[str]
     """What it puts in the graph instead (the table's last column)."""
     eager_form_hint: ClassVar[str | None] = None

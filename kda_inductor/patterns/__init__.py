@@ -31,22 +31,30 @@ def markdown_table() -> str:
 
 def rewrites_page() -> str:
     """``docs/rewrites.md``: every registered rewrite in the order the pass runs them, with what
-    it finds, every spelling it reads, what it becomes, its declared order and its pattern file
-    (``kda-inductor rewrites --update`` writes it; ``tests/test_readme.py`` checks it)."""
+    it finds, every spelling it reads, what it becomes, its place in the order (declared by it
+    or by the other) and its pattern file (``kda-inductor rewrites --update`` writes it;
+    ``tests/test_readme.py`` checks it)."""
     out = ["# The rewrites", "",
            "<!-- generated from the registry: kda-inductor rewrites --update (tests/test_readme.py checks it) -->",
            "", "In the order the pass runs them. Each pattern file's docstring holds the rest: the canonical form it",
            "reads, what must not match, its speed rule and the measurement behind it.", ""]
     for name, cls in REWRITES.items():
         path = f"kda_inductor/patterns/{cls.__module__.rsplit('.', 1)[-1]}.py"
-        order = [f"runs before {', '.join(f'`{n}`' for n in cls.runs_before)}"] if cls.runs_before else []
-        order += [f"runs after {', '.join(f'`{n}`' for n in cls.runs_after)}"] if cls.runs_after else []
-        out += [f"## `{name}`", "", f"**Finds** {cls.finds}.", ""]
-        out += [f"**Spellings** {cls.spellings}.", ""] if cls.spellings else []
-        out += [f"**Replaces with** {cls.becomes}.", ""]
-        out += [f"**Order** {'; '.join(order)}.", ""] if order else []
+        out += [f"## `{name}`", "", f"**Finds:** {cls.finds}.", ""]
+        out += [f"**Spellings:** {cls.spellings}.", ""] if cls.spellings else []
+        out += [f"**Replaces with:** {cls.becomes}.", ""]
+        out += [f"**Order:** {_order_of(name)}.", ""] if _order_of(name) else []
         out += [f"Pattern: [`{path}`](../{path}).", ""]
     return "\n".join(out)
+
+
+def _order_of(name: str) -> str:
+    """``"runs before `b`; runs after `a`"``: what ``name`` declares and what others declare of it."""
+    before = [*REWRITES[name].runs_before, *(n for n, c in REWRITES.items() if name in c.runs_after)]
+    after = [*REWRITES[name].runs_after, *(n for n, c in REWRITES.items() if name in c.runs_before)]
+    parts = [f"{word} {', '.join(f'`{n}`' for n in names)}" for word, names in
+             (("runs before", before), ("runs after", after)) if names]
+    return "; ".join(parts)
 
 
 __all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite", "markdown_table", "ordered", "rewrites_page"]

@@ -244,3 +244,16 @@ def test_no_import_cycle():
             visit(m, [m])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
     assert "kda_inductor.pass_manager" not in graph["kda_inductor.logs"] | graph["kda_inductor.diff"]
+
+
+def test_no_lowering_imports_another_lowerings_private_names():
+    """Helpers two lowerings share are public in their module (``gated_norm_merge``'s tile,
+    ``_fp8``'s roundings): no ``from kda_inductor.lowerings.x import _private``."""
+    modules = {_module(p) for p in (ROOT / "kda_inductor").rglob("*.py")}
+    found = []
+    for p in sorted((ROOT / "kda_inductor" / "lowerings").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kda_inductor.lowerings"):
+                found += [f"{p.name}:{node.lineno} {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and f"{node.module}.{a.name}" not in modules]
+    assert not found, found

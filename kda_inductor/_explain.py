@@ -18,7 +18,7 @@ from kda_inductor.patterns import REWRITES
 _DATA_DEPENDENT = re.compile(r"data[- ]dependent", re.IGNORECASE)
 
 if TYPE_CHECKING:
-    from kda_inductor.pass_manager import PassRecord
+    from kda_inductor.record import PassRecord
 
 
 @dataclasses.dataclass

@@ -66,18 +66,25 @@ def kda_inductor(
     try:
         return compile_with(ours)
     except Exception as exc:  # noqa: BLE001 - only a failure on code our speed rules left is retried
-        left = sorted(ours.left_to_inductor)
-        if not left:
+        if not ours.left_to_inductor:
             raise
         failure = exc
-    # Stock Inductor cannot compile code that a speed rule left to it (torch 2.9's CPU lowering
-    # of the cache write's byte view, for example): our op is better than a failed compile.
+    return _compile_forced(compile_with, ours, failure)
+
+
+def _compile_forced(compile_with: Callable[[KdaPostGradPass], Any], ours: KdaPostGradPass,
+                    failure: Exception) -> Any:
+    """Stock Inductor cannot compile code that a speed rule left to it (torch 2.9's CPU lowering
+    of the cache write's byte view, for example): our op is better than a failed compile. Warn,
+    take back what ``ours`` reported, and compile again with every match rewritten; if that
+    fails too, raise Inductor's first error with a note."""
+    left = sorted(ours.left_to_inductor)
     note = (f"Inductor could not compile this graph with {', '.join(left)} left to it by the speed "
             f"rules ({_one_line(failure)}); compiled again with every match rewritten")
-    warnings.warn(f"kda_inductor: {note}", RuntimeWarning, stacklevel=2)
+    warnings.warn(f"kda_inductor: {note}", RuntimeWarning, stacklevel=3)
     ours.retract()
     try:
-        return compile_with(KdaPostGradPass(dataclasses.replace(kda_options, force=True), grad=grad, note=note))
+        return compile_with(KdaPostGradPass(dataclasses.replace(ours.options, force=True), grad=ours.grad, note=note))
     except Exception as again:  # noqa: BLE001
         if hasattr(failure, "add_note"):  # Python 3.11+
             failure.add_note(f"kda_inductor: compiling again with every match rewritten failed too: {_one_line(again)}")

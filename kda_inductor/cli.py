@@ -1,6 +1,7 @@
 """The kda-inductor command.
 
-    kda-inductor rewrites [--update README.md]   the registered rewrites (the README's table)
+    kda-inductor rewrites [--update [README.md]]   the registered rewrites (the README's table;
+                                                   --update also writes docs/rewrites.md)
     kda-inductor graph-diff TARGET [--rewrite NAME] [--mode MODE] [--force] [--grad]
                                    [--explain-misses] [--html FILE] [--color auto|always|never]
                                    [--traceback]
@@ -94,33 +95,51 @@ def load_target(spec: str) -> tuple[Any, tuple, dict]:
     or returns something else) is a :class:`TargetError` with a short message."""
     path, _, func = spec.partition(":")
     if path.endswith(".py") or os.sep in path or Path(path).is_file():
-        file = Path(path)
-        if not file.is_file():
-            raise TargetError(f"graph-diff: no such file: {path}")
-        name = f"_kda_target_{file.stem}"
-        module_spec = importlib.util.spec_from_file_location(name, file)
-        module = importlib.util.module_from_spec(module_spec)
-        sys.modules[name] = module
-        sys.path.insert(0, str(file.resolve().parent))
-        files = {str(file.resolve())}
-        try:
-            module_spec.loader.exec_module(module)
-        except Exception as exc:  # noqa: BLE001 - the user's module: say what failed, briefly
-            sys.modules.pop(name, None)
-            raise _failed(f"importing {path}", exc, files) from None
+        module, files = _import_file(path)
     else:
-        sys.path.insert(0, os.getcwd())
-        try:
-            module = importlib.import_module(path)
-        except Exception as exc:  # noqa: BLE001
-            missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
-            if missing and f"{path}.".startswith(f"{missing}."):
-                raise TargetError(f"graph-diff: no module named {missing!r} (TARGET {spec}: file.py[:builder], or "
-                                  "package.module:builder importable from the current directory or sys.path)"
-                                  ) from None
-            raise _failed(f"importing {path}", exc, set()) from None
-        files = {str(Path(module.__file__).resolve())} if getattr(module, "__file__", None) else set()
+        module, files = _import_module(path, spec)
     func = func or "build"
+    return _build(_builder(module, path, func), func, files)
+
+
+def _import_file(path: str) -> tuple[Any, set[str]]:
+    """TARGET's file as a module (its folder first on ``sys.path``), and the files that are the
+    target's (for the line of a failure)."""
+    file = Path(path)
+    if not file.is_file():
+        raise TargetError(f"graph-diff: no such file: {path}")
+    name = f"_kda_target_{file.stem}"
+    module_spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    sys.path.insert(0, str(file.resolve().parent))
+    files = {str(file.resolve())}
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:  # noqa: BLE001 - the user's module: say what failed, briefly
+        sys.modules.pop(name, None)
+        raise _failed(f"importing {path}", exc, files) from None
+    return module, files
+
+
+def _import_module(path: str, spec: str) -> tuple[Any, set[str]]:
+    """TARGET's ``package.module``, importable from the current directory or ``sys.path``."""
+    sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(path)
+    except Exception as exc:  # noqa: BLE001
+        missing = getattr(exc, "name", None) if isinstance(exc, ModuleNotFoundError) else None
+        if missing and f"{path}.".startswith(f"{missing}."):
+            raise TargetError(f"graph-diff: no module named {missing!r} (TARGET {spec}: file.py[:builder], or "
+                              "package.module:builder importable from the current directory or sys.path)"
+                              ) from None
+        raise _failed(f"importing {path}", exc, set()) from None
+    return module, {str(Path(module.__file__).resolve())} if getattr(module, "__file__", None) else set()
+
+
+def _builder(module: Any, path: str, func: str) -> Any:
+    """``module.func``, a function that takes no arguments, or a TargetError naming the ones
+    that do."""
     builder = getattr(module, func, None)
     if not callable(builder):
         candidates = [b for b in _builders(module) if b.startswith(("build", "make"))] or _builders(module)
@@ -137,6 +156,11 @@ def load_target(spec: str) -> tuple[Any, tuple, dict]:
                           f"function that takes none{hint}. See --help for the convention.") from None
     except ValueError:  # pragma: no cover - no signature (a builtin): call it and see
         pass
+    return builder
+
+
+def _build(builder: Any, func: str, files: set[str]) -> tuple[Any, tuple, dict]:
+    """Call the builder: ``(fn, args, kwargs)``, or a TargetError saying what it did instead."""
     try:
         built = builder()
     except Exception as exc:  # noqa: BLE001
@@ -196,17 +220,38 @@ def _parser() -> argparse.ArgumentParser:
 
 def graph_diff(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    grad = "grad mode on (--grad)" if args.grad else "torch.inference_mode() (--grad keeps grad)"
+    report = _compile_target(args, grad)
+    color = _use_color(args.color)
+    shown = [args.rewrite] if args.rewrite else list(REWRITE_NAMES)
+    out = [""]
+    for i, g in enumerate(report.graphs):
+        out += _graph_lines(i, g, shown, args.explain_misses, color)
+    if not report.graphs:
+        out.append("no graph was compiled (everything ran in eager)")
+    out.append(report.obstacles())
+    print("\n".join(out))
+    if args.html:
+        from kda_inductor.report_html import page
 
+        notes = [f"Target: {args.target}; run under {grad}."]
+        Path(args.html).write_text(page(report, title=f"kda_inductor report: {args.target}", notes=notes),
+                                   encoding="utf-8")
+        print(f"\nwrote {args.html}")
+    return 0
+
+
+def _compile_target(args: argparse.Namespace, grad: str) -> Any:
+    """Build TARGET and compile it with the backend under the command's settings, a live line
+    saying what runs; returns the ``explain`` report."""
     import contextlib
 
     import torch
 
-    from kda_inductor.diff import readable_names, short_location
     from kda_inductor._explain import Explainer
     from kda_inductor.progress import compile_progress
 
     mode, options = compile_settings(args.mode, args.rewrite, args.force)
-    grad = "grad mode on (--grad)" if args.grad else "torch.inference_mode() (--grad keeps grad)"
     settings = [f"mode={args.mode}" if args.mode else None, f"only {args.rewrite}" if args.rewrite else None,
                 "force (speed rules off)" if args.force else None]
     title = f"graph-diff {Path(args.target.partition(':')[0]).name}"
@@ -224,46 +269,44 @@ def graph_diff(argv: list[str]) -> int:
           f"{''.join(f', {s}' for s in settings if s)}; run under {grad}")
     with compile_progress(title) as step:
         step("compiling (Dynamo, AOTAutograd, our pass, Inductor)")
-        ctx = contextlib.nullcontext() if args.grad else torch.inference_mode()
-        with ctx:
+        with contextlib.nullcontext() if args.grad else torch.inference_mode():
             report = Explainer(mode=mode, options=options)(fn, *fargs, **fkwargs)
         step("writing the report")
-    color = _use_color(args.color)
-    shown = [args.rewrite] if args.rewrite else list(REWRITE_NAMES)
-    out = [""]
-    for i, g in enumerate(report.graphs):
-        out += [_bold(f"=== graph {i} ===", color), *g.table(), ""]
-        if g.skipped:
-            out += [f"not rewritten: {g.skipped}", ""]
-        diff = g.diff(color=color, title=f"graph {i}")
-        out += [diff] if diff else _unchanged(g, shown, listed=args.explain_misses)
-        out.append("")
-        if args.explain_misses and not g.skipped:
-            names = readable_names(g.record.before_nodes, g.record.after_nodes)
-            for rewrite in shown:
-                if g.matches.get(rewrite):
-                    continue
-                misses = g.misses.get(rewrite, [])
-                out.append(f"{rewrite}: no match" + ("; closest candidates:" if misses else
-                                                     "; no candidate node at all"))
-                for m in misses:
-                    where = f"{short_location(m.location)}: " if m.location else ""
-                    out.append(f"  {where}not rewritten: {m.check} (node {names.get(m.node, m.node)})")
-                    if m.code:
-                        out.append(f"      {m.code}")
-            out.append("")
-    if not report.graphs:
-        out.append("no graph was compiled (everything ran in eager)")
-    out.append(report.obstacles())
-    print("\n".join(out))
-    if args.html:
-        from kda_inductor.report_html import page
+    return report
 
-        notes = [f"Target: {args.target}; run under {grad}."]
-        Path(args.html).write_text(page(report, title=f"kda_inductor report: {args.target}", notes=notes),
-                                   encoding="utf-8")
-        print(f"\nwrote {args.html}")
-    return 0
+
+def _graph_lines(i: int, g: Any, shown: list[str], explain_misses: bool, color: bool) -> list[str]:
+    """One compiled graph's part of the output: its rewrite table, why it was not rewritten,
+    its diff (or why it is empty), and with ``--explain-misses`` the closest misses."""
+    out = [_bold(f"=== graph {i} ===", color), *g.table(), ""]
+    if g.skipped:
+        out += [f"not rewritten: {g.skipped}", ""]
+    diff = g.diff(color=color, title=f"graph {i}")
+    out += [diff] if diff else _unchanged(g, shown, listed=explain_misses)
+    out.append("")
+    if explain_misses and not g.skipped:
+        out += [*_miss_lines(g, shown), ""]
+    return out
+
+
+def _miss_lines(g: Any, shown: list[str]) -> list[str]:
+    """``--explain-misses``: for each shown rewrite that found nothing in graph ``g``, its
+    closest candidates at the user's source lines (with the line's code)."""
+    from kda_inductor.diff import readable_names, short_location
+
+    names = readable_names(g.record.before_nodes, g.record.after_nodes)
+    out = []
+    for rewrite in shown:
+        if g.matches.get(rewrite):
+            continue
+        misses = g.misses.get(rewrite, [])
+        out.append(f"{rewrite}: no match" + ("; closest candidates:" if misses else "; no candidate node at all"))
+        for m in misses:
+            where = f"{short_location(m.location)}: " if m.location else ""
+            out.append(f"  {where}not rewritten: {m.check} (node {names.get(m.node, m.node)})")
+            if m.code:
+                out.append(f"      {m.code}")
+    return out
 
 
 LEFT = "left to Inductor: "
@@ -292,13 +335,15 @@ def _bold(text: str, color: bool) -> str:
 
 
 def rewrites(argv: list[str]) -> int:
-    """``kda-inductor rewrites [--update FILE]``: the registered rewrites as the README's
-    markdown table; ``--update`` replaces the table in ``FILE`` (the lines from its header row
-    to the next blank line) instead of printing it."""
-    from kda_inductor.patterns import markdown_table
+    """``kda-inductor rewrites [--update [FILE]]``: the registered rewrites as the README's
+    markdown table; ``--update`` replaces the table in ``FILE`` (README.md by default: the lines
+    from its header row to the next blank line) and writes ``docs/rewrites.md`` beside it (every
+    spelling of each rewrite) instead of printing it."""
+    from kda_inductor.patterns import markdown_table, rewrites_page
 
     p = argparse.ArgumentParser(prog="kda-inductor rewrites")
-    p.add_argument("--update", metavar="FILE", help="rewrite the table in FILE (README.md) in place")
+    p.add_argument("--update", metavar="FILE", nargs="?", const="README.md",
+                   help="rewrite the table in FILE (default README.md) in place, and FILE's docs/rewrites.md")
     args = p.parse_args(argv)
     table = markdown_table()
     if args.update is None:
@@ -313,6 +358,9 @@ def rewrites(argv: list[str]) -> int:
         return 1
     end = text.find("\n\n", start)
     path.write_text(text[:start] + table + text[end + 1 if end >= 0 else len(text):], encoding="utf-8")
+    page = path.parent / "docs" / "rewrites.md"
+    page.parent.mkdir(exist_ok=True)
+    page.write_text(rewrites_page(), encoding="utf-8")
     return 0
 
 

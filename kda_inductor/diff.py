@@ -28,7 +28,7 @@ import torch
 import torch.fx as fx
 
 if TYPE_CHECKING:
-    from kda_inductor.pass_manager import PassRecord
+    from kda_inductor.record import PassRecord
 
 
 @dataclasses.dataclass(frozen=True)

@@ -31,7 +31,7 @@ _graphs_logged = 0
 """Graphs our pass reported on, for :func:`cache_scope` (counts only while logging is on)."""
 
 if TYPE_CHECKING:
-    from kda_inductor.pass_manager import PassRecord
+    from kda_inductor.record import PassRecord
 
 
 def register() -> None:

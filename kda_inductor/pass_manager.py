@@ -9,7 +9,6 @@ FX graph cache stays on and never serves code compiled with other options.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import pathlib
@@ -27,7 +26,8 @@ from kda_inductor import logs
 from kda_inductor.diff import snapshot
 from kda_inductor.options import KdaOptions
 from kda_inductor.patterns import REWRITES
-from kda_inductor.patterns.base import Analyses, Miss, Stage, transaction
+from kda_inductor.patterns.base import Analyses, Match, Rewrite, Stage, transaction
+from kda_inductor.record import PassRecord
 
 log = logs.log  # logging.getLogger("kda_inductor"): TORCH_LOGS=kda_inductor / +kda_inductor
 logs.register()
@@ -35,34 +35,8 @@ logs.register()
 COUNTER_KEY = "kda_inductor"
 """``torch._dynamo.utils.counters[COUNTER_KEY][rewrite_name]`` counts replacements."""
 
-
-
-@dataclasses.dataclass
-class PassRecord:
-    """What our pass did to one graph, for the observers (``observe``, ``explain()``, logs,
-    ``TORCH_TRACE``). The graph texts and snapshots are taken only while someone observes."""
-
-    matches: dict[str, int] = dataclasses.field(default_factory=dict)
-    """Every registered rewrite -> how many matches it replaced in this graph."""
-    errors: dict[str, str] = dataclasses.field(default_factory=dict)
-    """Rewrite -> the error it raised (the graph compiled without it)."""
-    changes: dict[str, dict[str, list[str]]] = dataclasses.field(default_factory=dict)
-    """Rewrite -> ``{"removed": [...], "added": [...]}`` FX node names."""
-    misses: dict[str, list[Miss]] = dataclasses.field(default_factory=dict)
-    """Rewrite -> its closest rejected candidates, at the user's source lines (also those no
-    user would look for, ``Stage.INCIDENTAL``: ``Miss.shown`` tells them apart)."""
-    parts: dict[str, dict[str, int]] = dataclasses.field(default_factory=dict)
-    """Rewrite -> {part -> count} where a match says how much it fused (``Match.part``)."""
-    skipped: str | None = None
-    """Why no rewrite ran on this graph (a training graph), or None."""
-    note: str | None = None
-    """Why the backend compiled this graph again, and notes on matches; or None."""
-    before: str | None = None
-    after: str | None = None
-    """The graph's text before and after the pass."""
-    before_nodes: list | None = None
-    after_nodes: list | None = None
-    """``kda_inductor.diff.snapshot`` of the graph before and after the pass."""
+__all__ = ["COUNTER_KEY", "KdaPostGradPass", "PassRecord", "combine_with", "counted", "graph_caches_off", "observe",
+           "timed", "total_matches"]
 
 
 _observers: list[Callable[[PassRecord], None]] = []
@@ -136,58 +110,89 @@ class KdaPostGradPass(CustomGraphPass):
         record = PassRecord(skipped=GRAD_SKIP if self.grad else None, note=self.note)
         if observed:
             record.before, record.before_nodes = str(graph), snapshot(graph)
-        matches: Counter[str] = Counter({name: 0 for name in REWRITES})
-        analyses = Analyses()  # readings of this graph the rewrites share (the gated norms)
-        for name in ([] if self.grad else self.options.enabled()):
-            rewrite = REWRITES[name](analyses)
-            names_before = {n.name for n in graph.nodes} if observed else set()
-            try:
-                found = rewrite.find(graph)
-                for match in found:
-                    why = None if self.options.force else rewrite.speed_rule(match)
-                    if why:
-                        rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}")
-                        self.left_to_inductor.add(name)
-                        continue
-                    with transaction(graph):
-                        rewrite.replace(graph, match)
-                    matches[name] += 1
-                    if match.part is not None:
-                        parts = record.parts.setdefault(name, {})
-                        parts[match.part] = parts.get(match.part, 0) + 1
-            except Exception as exc:  # noqa: BLE001 - any failure falls back
-                if self.options.strict:
-                    raise
-                msg = (
-                    f"kda_inductor: rewrite {name!r} failed and was skipped "
-                    f"({type(exc).__name__}: {exc}); the graph compiles without it"
-                )
-                warnings.warn(msg, RuntimeWarning, stacklevel=2)
-                log.warning(msg, exc_info=True)
-                record.errors[name] = f"{type(exc).__name__}: {exc}"
-            if observed:
-                names_after = {n.name for n in graph.nodes}
-                record.changes[name] = {
-                    "removed": sorted(names_before - names_after),
-                    "added": sorted(names_after - names_before),
-                }
-                record.misses[name] = rewrite.closest_misses()
-                notes = getattr(rewrite, "notes", ())  # notes on matches (indexer_k_write's racy spelling)
-                if notes:
-                    record.note = "; ".join([*filter(None, [record.note]), *notes])
+        matches = self.apply(graph, record, observed=observed)
         for name, n in matches.items():
             if n:
                 counters[COUNTER_KEY][name] += n
         self._runs.append((record if observed else None, +matches))
         graph.lint()
         if observed:
-            record.matches = dict(matches)
-            record.after, record.after_nodes = str(graph), snapshot(graph)
-            if tracing:
-                _trace(record)
-            logs.graph_done(record)
-            for observe in list(_observers):
-                observe(record)
+            self.observe(graph, record, matches, tracing=tracing)
+
+    def apply(self, graph: fx.Graph, record: PassRecord, *, observed: bool = False) -> Counter[str]:
+        """Run every enabled rewrite once over ``graph``, in registry order, sharing one
+        ``Analyses``; returns the replacements per rewrite. ``record`` gets the failures and
+        parts (and, when ``observed``, each rewrite's node changes, misses and notes)."""
+        matches: Counter[str] = Counter({name: 0 for name in REWRITES})
+        analyses = Analyses()  # readings of this graph the rewrites share (the gated norms)
+        for name in ([] if self.grad else self.options.enabled()):
+            rewrite = REWRITES[name](analyses)
+            names_before = {n.name for n in graph.nodes} if observed else set()
+            try:
+                for match in rewrite.find(graph):
+                    if self._replace(graph, rewrite, match):
+                        matches[name] += 1
+                        _count_part(record, name, match)
+            except Exception as exc:  # noqa: BLE001 - any failure falls back
+                self._failed(name, exc, record)
+            if observed:
+                _note_rewrite(graph, rewrite, record, names_before)
+        return matches
+
+    def _replace(self, graph: fx.Graph, rewrite: Rewrite, match: Match) -> bool:
+        """Replace ``match`` in a transaction, unless its speed rule leaves it to Inductor (a
+        ``Stage.SPEED_RULE`` miss, and False)."""
+        why = None if self.options.force else rewrite.speed_rule(match)
+        if why:
+            rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}")
+            self.left_to_inductor.add(rewrite.name)
+            return False
+        with transaction(graph):
+            rewrite.replace(graph, match)
+        return True
+
+    def _failed(self, name: str, exc: Exception, record: PassRecord) -> None:
+        """A rewrite raised: re-raised under ``strict``, else a warning and the record's error
+        (the graph compiles without it)."""
+        if self.options.strict:
+            raise exc
+        msg = (
+            f"kda_inductor: rewrite {name!r} failed and was skipped "
+            f"({type(exc).__name__}: {exc}); the graph compiles without it"
+        )
+        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+        log.warning(msg, exc_info=exc)
+        record.errors[name] = f"{type(exc).__name__}: {exc}"
+
+    def observe(self, graph: fx.Graph, record: PassRecord, matches: Counter[str], *, tracing: bool) -> None:
+        """Complete ``record`` with the outcome and the graph after the pass, and hand it to the
+        observers: ``TORCH_TRACE``, the logs, ``observe()`` (explain, tests)."""
+        record.matches = dict(matches)
+        record.after, record.after_nodes = str(graph), snapshot(graph)
+        if tracing:
+            _trace(record)
+        logs.graph_done(record)
+        for observer in list(_observers):
+            observer(record)
+
+
+def _count_part(record: PassRecord, name: str, match: Match) -> None:
+    """Count a replaced match's part (``Match.part``) in the record."""
+    if match.part is not None:
+        parts = record.parts.setdefault(name, {})
+        parts[match.part] = parts.get(match.part, 0) + 1
+
+
+def _note_rewrite(graph: fx.Graph, rewrite: Rewrite, record: PassRecord, names_before: set[str]) -> None:
+    """What one rewrite did, for an observed record: the nodes it removed and added, its
+    closest misses, its notes on matches (indexer_k_write's racy spelling)."""
+    names_after = {n.name for n in graph.nodes}
+    record.changes[rewrite.name] = {"removed": sorted(names_before - names_after),
+                                    "added": sorted(names_after - names_before)}
+    record.misses[rewrite.name] = rewrite.closest_misses()
+    notes = getattr(rewrite, "notes", ())
+    if notes:
+        record.note = "; ".join([*filter(None, [record.note]), *notes])
 
 
 def _tracing_enabled() -> bool:

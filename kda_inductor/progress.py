@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from kda_inductor.pass_manager import PassRecord
+    from kda_inductor.record import PassRecord
 
 
 def enabled(stream: Any = None) -> bool:

@@ -119,74 +119,109 @@ def region_diff(before: Sequence[NodeRow], after: Sequence[NodeRow], removed: Se
     folded into ``<details>``."""
     names = readable_names(before, after)
     old, new = listing(before, names), listing(after, names)
-    removed_set, added_set, other_set = set(removed), set(added), set(others)
-    after_by_name = {r.name: r for r in after}
-
-    def mine(row: NodeRow, side: str) -> bool:
-        if row.name in (removed_set if side == "-" else added_set):
-            return True
-        if row.name in other_set:
-            return False
-        new_row = after_by_name.get(row.name) if side == "-" else row  # a rerouted user
-        return new_row is not None and bool(added_set.intersection(new_row.inputs))
-
     ops = difflib.SequenceMatcher(None, old, new, autojunk=False).get_opcodes()
+    owned = _owned_changes(ops, old, new, _Mine(before, after, removed, added, others))
+    if not owned:
+        return ""
     gone = {old[i] for tag, i1, i2, _, _ in ops if tag != "equal" for i in range(i1, i2)}
     moved = gone & {new[j] for tag, _, _, j1, j2 in ops if tag != "equal" for j in range(j1, j2)}
+    first, last = min(owned), max(owned)
+    parts = ['<div class="diff">', *_leading_context(ops, old, first, context)]
+    for k in range(first, last + 1):
+        tag, i1, i2, j1, j2 = ops[k]
+        if tag == "equal":
+            parts += _unchanged_run(old[i1:i2], context)
+            continue
+        lines = owned.get(k) or [("-", old[i], False) for i in range(i1, i2)] + [
+            ("+", new[j], False) for j in range(j1, j2)]
+        parts += _change(lines, moved)
+    parts += [*_trailing_context(ops, old, last, context), "</div>"]
+    return "".join(parts)
+
+
+class _Mine:
+    """Which diff lines are this rewrite's: its removed and added nodes, and the users it
+    rerouted to its new nodes; not those of ``others`` (another rewrite's nodes)."""
+
+    def __init__(self, before, after, removed, added, others):
+        self.before, self.after = before, after
+        self.removed, self.added, self.others = set(removed), set(added), set(others)
+        self.after_by_name = {r.name: r for r in after}
+
+    def __call__(self, row: NodeRow, side: str) -> bool:
+        if row.name in (self.removed if side == "-" else self.added):
+            return True
+        if row.name in self.others:
+            return False
+        new_row = self.after_by_name.get(row.name) if side == "-" else row  # a rerouted user
+        return new_row is not None and bool(self.added.intersection(new_row.inputs))
+
+
+def _owned_changes(ops, old, new, mine: _Mine) -> dict[int, list[tuple[str, str, bool]]]:
+    """The changed opcodes with a line of this rewrite: index -> ``(sign, text, mine)`` lines."""
     owned: dict[int, list[tuple[str, str, bool]]] = {}
     for k, (tag, i1, i2, j1, j2) in enumerate(ops):
         if tag == "equal":
             continue
-        lines = [("-", old[i], mine(before[i], "-")) for i in range(i1, i2)]
-        lines += [("+", new[j], mine(after[j], "+")) for j in range(j1, j2)]
+        lines = [("-", old[i], mine(mine.before[i], "-")) for i in range(i1, i2)]
+        lines += [("+", new[j], mine(mine.after[j], "+")) for j in range(j1, j2)]
         if any(m for _, _, m in lines):
             owned[k] = lines
-    if not owned:
-        return ""
-    first, last = min(owned), max(owned)
-    parts = ['<div class="diff">']
+    return owned
+
+
+def _leading_context(ops, old, first: int, context: int) -> list[str]:
+    """Before the first change: a note for the lines not shown, then ``context`` lines."""
     lead = ops[first - 1] if first > 0 and ops[first - 1][0] == "equal" else None
     start = max(lead[1], lead[2] - context) if lead else ops[first][1]
-    if start > 0:
-        parts.append(f'<div class="edge">lines 1-{start} of the graph: not shown</div>')
+    parts = [f'<div class="edge">lines 1-{start} of the graph: not shown</div>'] if start > 0 else []
     if lead is not None:
         parts += [_line("ctx", t) for t in old[start:lead[2]]]
-    for k in range(first, last + 1):
-        tag, i1, i2, j1, j2 = ops[k]
-        if tag == "equal":
-            run = old[i1:i2]
-            if len(run) <= 2 * context + 1:
-                parts += [_line("ctx", t) for t in run]
-            else:
-                parts += [_line("ctx", t) for t in run[:context]]
-                parts.append(_fold(run[context:-context], f"{len(run) - 2 * context} unchanged lines"))
-                parts += [_line("ctx", t) for t in run[-context:]]
-            continue
-        lines = owned.get(k) or [("-", old[i], False) for i in range(i1, i2)] + [
-            ("+", new[j], False) for j in range(j1, j2)]
-        pending: list[str] = []
-        pending_kind = ""
-        labels = {"moved": "line(s) of nodes that only moved (same node, another place)",
-                  "other": "line(s) changed by another rewrite"}
-        for sign, text, is_mine in [*lines, ("", "", True)]:
-            kind = "" if is_mine else ("moved" if text in moved else "other")
-            if pending and kind != pending_kind:
-                parts.append(_fold(pending, f"{len(pending)} {labels[pending_kind]}"))
-                pending = []
-            if kind:
-                pending.append(f"{sign} {text}")
-                pending_kind = kind
-            elif sign:
-                parts.append(_line("del" if sign == "-" else "add", text))
+    return parts
+
+
+def _trailing_context(ops, old, last: int, context: int) -> list[str]:
+    """After the last change: ``context`` lines, then a note for the lines not shown."""
     end = ops[last][2]
     tail = ops[last + 1] if last + 1 < len(ops) and ops[last + 1][0] == "equal" else None
+    parts = []
     if tail is not None:
         end = min(tail[2], tail[1] + context)
         parts += [_line("ctx", t) for t in old[tail[1]:end]]
     if end < len(old):
         parts.append(f'<div class="edge">lines {end + 1}-{len(old)} of the graph: not shown</div>')
-    parts.append("</div>")
-    return "".join(parts)
+    return parts
+
+
+def _unchanged_run(run: Sequence[str], context: int) -> list[str]:
+    """Unchanged lines between two changes: all of them, or ``context`` on each side of a fold."""
+    if len(run) <= 2 * context + 1:
+        return [_line("ctx", t) for t in run]
+    return [*(_line("ctx", t) for t in run[:context]),
+            _fold(run[context:-context], f"{len(run) - 2 * context} unchanged lines"),
+            *(_line("ctx", t) for t in run[-context:])]
+
+
+_FOLDED = {"moved": "line(s) of nodes that only moved (same node, another place)",
+           "other": "line(s) changed by another rewrite"}
+
+
+def _change(lines: list[tuple[str, str, bool]], moved: set[str]) -> list[str]:
+    """One change's lines: this rewrite's as - / +, runs of moved or other rewrites' lines folded."""
+    parts: list[str] = []
+    pending: list[str] = []
+    pending_kind = ""
+    for sign, text, is_mine in [*lines, ("", "", True)]:
+        kind = "" if is_mine else ("moved" if text in moved else "other")
+        if pending and kind != pending_kind:
+            parts.append(_fold(pending, f"{len(pending)} {_FOLDED[pending_kind]}"))
+            pending = []
+        if kind:
+            pending.append(f"{sign} {text}")
+            pending_kind = kind
+        elif sign:
+            parts.append(_line("del" if sign == "-" else "add", text))
+    return parts
 
 
 def _rewrite_sections(report: Report) -> str:

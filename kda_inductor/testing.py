@@ -10,13 +10,17 @@ enough). Typical use::
         compiled = kda_compile(layer)                      # caches off, strict rewrites
         assert_close_to_eager(compiled(x), layer(x))
         assert_rewrites(compiled, expect={"gdn_spec_split": 1})   # fails with the graph diff
+        ops = op_counts(compiled)                          # the graph's ops before / after our pass
+        assert ops.before[torch.ops.aten.index] == 6 and ops.after[torch.ops.kda.gdn_spec_split] == 1
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, TYPE_CHECKING
 
 import torch
@@ -28,19 +32,23 @@ from kda_inductor.patterns import REWRITE_NAMES
 
 __all__ = [
     "CompiledForTest",
+    "OpCounter",
+    "OpCounts",
     "assert_close_in_range",
     "assert_close_to_eager",
     "assert_cudagraph_safe",
     "assert_no_cudagraph_skips",
     "assert_rewrites",
     "compile_for_test",
+    "counting_ops",
     "default_tolerance",
     "fresh_compile",
     "max_ulps",
+    "op_counts",
 ]
 
-if TYPE_CHECKING:
-    from kda_inductor.pass_manager import PassRecord
+if TYPE_CHECKING:  # pragma: no cover
+    from kda_inductor.record import PassRecord
 
 
 @contextlib.contextmanager
@@ -85,6 +93,61 @@ class CompiledForTest:
     def diff(self) -> str:
         """Rewrite table and before/after diff of every graph compiled so far."""
         return records_diff(self.records) or "(no graph was compiled: cached, or not called yet)"
+
+
+class OpCounter(Counter):
+    """How many ``call_function`` nodes call each op, by name (``"aten.index.Tensor"``,
+    ``"kda.gated_norm_merge.default"``; a mutating op by its own name, not
+    ``auto_functionalized``'s); also indexed by the op (``counts[torch.ops.aten.index.Tensor]``)
+    or its packet (``counts[torch.ops.aten.index]``: every overload)."""
+
+    def __getitem__(self, op: Any) -> int:
+        if isinstance(op, str):
+            return super().__getitem__(op)
+        if isinstance(op, torch._ops.OpOverloadPacket):
+            return sum(n for name, n in self.items() if name.startswith(f"{op}."))
+        return super().__getitem__(str(op))
+
+
+@dataclasses.dataclass
+class OpCounts:
+    """The ops of the graphs our pass ran on, counted before and after it (summed over the
+    graphs), as vLLM's fusion tests count a pass's ops: ``before[op]``, ``after[op]``."""
+
+    before: OpCounter = dataclasses.field(default_factory=OpCounter)
+    after: OpCounter = dataclasses.field(default_factory=OpCounter)
+
+    def changed(self) -> dict[str, tuple[int, int]]:
+        """Op name -> ``(before, after)`` for every op whose count our pass changed."""
+        names = sorted(set(self.before) | set(self.after))
+        return {n: (self.before[n], self.after[n]) for n in names if self.before[n] != self.after[n]}
+
+    def add(self, records: Iterable[PassRecord]) -> OpCounts:
+        """Count the graphs of ``records`` (observed records: they hold the graphs' snapshots)."""
+        for r in records:
+            for counter, rows in ((self.before, r.before_nodes), (self.after, r.after_nodes)):
+                counter.update(row.target for row in rows or () if row.op == "call_function")
+        return self
+
+
+def op_counts(compiled: CompiledForTest | Iterable[PassRecord]) -> OpCounts:
+    """The ops of every graph ``compiled`` (a :func:`compile_for_test` result, or
+    ``pass_manager.observe`` records) compiled so far, before and after our pass."""
+    records = compiled.records if isinstance(compiled, CompiledForTest) else compiled
+    return OpCounts().add(records)
+
+
+@contextlib.contextmanager
+def counting_ops() -> Iterator[OpCounts]:
+    """The ops of the graphs our pass runs on while the block runs, before and after it, for any
+    compile with the backend (``torch.compile(fn, backend="kda_inductor")``; a graph a cache served
+    is not seen: ``fresh_compile()``). Filled in on exit."""
+    counts = OpCounts()
+    with pass_manager.observe() as records:
+        try:
+            yield counts
+        finally:
+            counts.add(records)
 
 
 @contextlib.contextmanager

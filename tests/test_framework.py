@@ -1,12 +1,14 @@
 """The framework's promises about the code itself (issue: a rewrite file holds only the meaning
-of its computation): no function in ``kda_inductor/patterns/`` over 40 lines, and the registry
-as the only list of rewrites, so that a new rewrite costs its pattern file, its lowering file,
-one registry line, its tests, its corpus cases (``tests/spellings/cases_*.py``, found by name)
-and its benchmark (``benchmarks/bench_<name>.py``, found by name) and no other edit."""
+of its computation): no function in ``kda_inductor/`` over 40 lines, the registry as the only
+list of rewrites, so that a new rewrite costs its pattern file, its lowering file, one registry
+line, its tests, its corpus cases (``tests/spellings/cases_*.py``, found by name) and its
+benchmark (``benchmarks/bench_<name>.py``, found by name) and no other edit; the rewrites' declared
+order; the shared analyses."""
 
 from __future__ import annotations
 
 import ast
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -17,24 +19,73 @@ ROOT = Path(__file__).resolve().parents[1]
 MAX_LINES = 40
 
 
-def _functions(path: Path):
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            yield node.name, node.lineno, node.end_lineno - node.lineno + 1
+# Functions other helpers are splitting in their own branches (issue 31: the bound covers all of
+# kda_inductor/). The lead empties this list at merge time; test_the_allow_list_is_current fails
+# once an entry is short enough (or gone), so that it cannot outlive its reason.
+OVER_40_ALLOWED = {
+    # the `dynamic` helper's (issue 32: validators, the gather's launcher, the cache check)
+    "kda_inductor.lowerings.check_kv_cache",
+    "kda_inductor.lowerings.indexer_k_gather._launch",
+    "kda_inductor.lowerings.indexer_k_gather._check_values_cpu",
+    # in the `dynamic` helper's file too: its two kernels (split as indexer_k_write's were, PTX-checked:
+    # python tests/aot_sm90.py --ptx DIR before and after, diff -r)
+    "kda_inductor.lowerings.indexer_k_gather._gather_by_block_kernel",
+    "kda_inductor.lowerings.indexer_k_gather._gather_by_token_kernel",
+}
+OVER_40_ALLOWED_FILES = {
+    # the `conv` helper's new files (issue 30), written in parallel
+    "kda_inductor/lowerings/causal_conv1d.py",
+    "kda_inductor/patterns/causal_conv1d.py",
+}
 
 
-def test_no_pattern_function_over_40_lines():
-    long = [f"{p.relative_to(ROOT)}:{line} {name} ({n} lines)"
-            for p in sorted((ROOT / "kda_inductor" / "patterns").glob("*.py"))
-            for name, line, n in _functions(p) if n > MAX_LINES]
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _functions(path: Path, prefix: str = ""):
+    """``(qualified name, line, lines)`` of every function in ``path``, methods and nested
+    functions included (``pkg.module.Class.method``)."""
+    def walk(node, qual):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield f"{qual}.{child.name}", child.lineno, child.end_lineno - child.lineno + 1
+                yield from walk(child, f"{qual}.{child.name}")
+            elif isinstance(child, ast.ClassDef):
+                yield from walk(child, f"{qual}.{child.name}")
+            else:
+                yield from walk(child, qual)
+
+    yield from walk(ast.parse(path.read_text(encoding="utf-8")), prefix or path.stem)
+
+
+def _long_functions():
+    for p in sorted((ROOT / "kda_inductor").rglob("*.py")):
+        for name, line, n in _functions(p, _module(p)):
+            if n > MAX_LINES:
+                yield p, name, line, n
+
+
+def test_no_function_over_40_lines():
+    long = [f"{p.relative_to(ROOT)}:{line} {name} ({n} lines)" for p, name, line, n in _long_functions()
+            if name not in OVER_40_ALLOWED and str(p.relative_to(ROOT)) not in OVER_40_ALLOWED_FILES]
     assert not long, "split these into named steps:\n" + "\n".join(long)
 
 
+def test_the_allow_list_is_current():
+    """Every allowed name is still a function over the bound (else drop it from the list)."""
+    long = {name for _, name, _, _ in _long_functions()}
+    assert sorted(OVER_40_ALLOWED - long) == []
+
+
 def test_the_bound_can_fail(tmp_path):
-    body = "\n".join(f"    x{i} = {i}" for i in range(MAX_LINES))
+    body = "\n".join(f"x{i} = {i}" for i in range(MAX_LINES))
     path = tmp_path / "long.py"
-    path.write_text(f"def f():\n{body}\n")
-    assert [n for *_, n in _functions(path)] == [MAX_LINES + 1]
+    path.write_text(f"def f():\n{textwrap.indent(body, ' ' * 4)}\n\nclass C:\n    def m(self):\n"
+                    f"        def inner():\n{textwrap.indent(body, ' ' * 12)}\n        return inner\n")
+    assert [(name, n) for name, _, n in _functions(path)] == [
+        ("long.f", MAX_LINES + 1), ("long.C.m", MAX_LINES + 3), ("long.C.m.inner", MAX_LINES + 1)]
 
 
 def _hand_lists(path: Path) -> list[str]:
@@ -155,3 +206,54 @@ def test_a_cycle_or_an_unknown_name_in_the_order_is_an_error():
         ordered([_rewrite("a", after=["b"]), _rewrite("b", after=["a"])])
     with pytest.raises(ValueError, match=r"unregistered rewrites: nope \(in a's order\)"):
         ordered([_rewrite("a", before=["nope"])])
+
+
+def _module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules ``path`` imports at its top level (``TYPE_CHECKING`` blocks
+    included: a type hint is a dependency too); ``from pkg import module`` is that module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    body = [*tree.body, *(n for stmt in tree.body if isinstance(stmt, ast.If) for n in stmt.body)]
+    found = set()
+    for node in body:
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            subs = {f"{node.module}.{a.name}" for a in node.names} & modules
+            found |= subs or {node.module}
+        elif isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+    return found & modules
+
+
+def test_no_import_cycle():
+    """No two modules of the package import each other, directly or around a loop (the pass
+    manager, the logs and the diff used to, for ``PassRecord``'s type hints)."""
+    paths = {_module(p): p for p in (ROOT / "kda_inductor").rglob("*.py")}
+    graph = {m: _module_imports(p, set(paths)) for m, p in paths.items()}
+    cycles = []
+
+    def visit(m, stack):
+        for n in sorted(graph[m]):
+            if n in stack:
+                cycles.append(" -> ".join([*stack[stack.index(n):], n]))
+            elif n not in done:
+                visit(n, [*stack, n])
+        done.add(m)
+
+    done: set[str] = set()
+    for m in sorted(graph):
+        if m not in done:
+            visit(m, [m])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+    assert "kda_inductor.pass_manager" not in graph["kda_inductor.logs"] | graph["kda_inductor.diff"]
+
+
+def test_no_lowering_imports_another_lowerings_private_names():
+    """Helpers two lowerings share are public in their module (``gated_norm_merge``'s tile,
+    ``_fp8``'s roundings): no ``from kda_inductor.lowerings.x import _private``."""
+    modules = {_module(p) for p in (ROOT / "kda_inductor").rglob("*.py")}
+    found = []
+    for p in sorted((ROOT / "kda_inductor" / "lowerings").glob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("kda_inductor.lowerings"):
+                found += [f"{p.name}:{node.lineno} {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_") and f"{node.module}.{a.name}" not in modules]
+    assert not found, found

@@ -1,6 +1,7 @@
-"""Every command and snippet in README.md runs as written.
+"""Every command and snippet in README.md and in the pages of ``docs/`` runs as written.
 
-Extracts the fenced blocks of README.md (and of ``README_*.md`` drafts beside it):
+Extracts the fenced blocks of README.md (and of ``README_*.md`` drafts beside it) and of every
+``docs/*.md`` (found by name: a new page is covered as it is added):
 
 * ``bash`` / ``sh`` / ``shell`` / ``console`` blocks run as one bash script (``set -e``) in a
   scratch folder that holds the repository's files and ``tests/readme_standins/`` (stand-ins
@@ -63,7 +64,7 @@ def blocks(path: Path) -> list[Block]:
         lang = m.group(1).lower()
         if lang not in SHELLS and lang != "python":
             continue
-        block = Block(path.name, text.count("\n", 0, m.start()) + 1, lang, m.group(2))
+        block = Block(_name(path), text.count("\n", 0, m.start()) + 1, lang, m.group(2))
         before = text[:m.start()].rstrip()
         if (d := re.search(r"<!--[^<]*?-->\s*\Z", before, re.S)) and (dm := _DIRECTIVE.search(d.group(0))):
             if dm.group(1) == "skip":
@@ -79,14 +80,26 @@ def blocks(path: Path) -> list[Block]:
     return found
 
 
+def _name(path: Path) -> str:
+    """``README.md``, ``docs/vllm.md``: the file as the repository names it (ids, messages)."""
+    try:
+        return path.resolve().relative_to(ROOT).as_posix()
+    except ValueError:
+        return path.name
+
+
 def _search_path() -> str:
     """PATH as the shell blocks get it: this Python's scripts first."""
     return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
 
 
+def _pages() -> list[Path]:
+    """README.md, its ``README_*.md`` drafts and every page in ``docs/``."""
+    return [ROOT / "README.md", *sorted(ROOT.glob("README_*.md")), *sorted((ROOT / "docs").glob("*.md"))]
+
+
 def _all_blocks() -> list[Block]:
-    files = [ROOT / "README.md", *sorted(ROOT.glob("README_*.md"))]
-    return [b for f in files if f.is_file() for b in blocks(f)]
+    return [b for f in _pages() if f.is_file() for b in blocks(f)]
 
 
 BLOCKS = _all_blocks()
@@ -95,6 +108,24 @@ BLOCKS = _all_blocks()
 def test_readme_has_snippets():
     assert any(b.file == "README.md" and b.lang in SHELLS for b in BLOCKS)
     assert any(b.file == "README.md" and b.lang == "python" for b in BLOCKS)
+    assert any(b.file.startswith("docs/") and b.lang in SHELLS for b in BLOCKS)  # the docs are covered
+    assert any(b.file.startswith("docs/") and b.lang == "python" for b in BLOCKS)
+
+
+def test_readme_stays_short_and_links_the_docs():
+    """The README a newcomer reads: at most 150 lines, and a link to the docs folder (every page
+    there is one click away)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    assert "](docs/)" in text
+
+
+def test_relative_links_resolve():
+    """Every relative link of README.md and the docs pages names a file or folder that exists."""
+    broken = [f"{_name(page)}: {link}" for page in _pages() if page.is_file()
+              for link in re.findall(r"\]\(([^)#\s]+)[^)]*\)", page.read_text(encoding="utf-8"))
+              if "://" not in link and not (page.parent / link).exists()]
+    assert not broken, broken
 
 
 def test_directives_are_read(tmp_path):
@@ -211,8 +242,14 @@ def test_python_block_runs(block: Block, tmp_path, monkeypatch):
 def test_rewrite_table_is_the_registry(tmp_path):
     """The README's rewrite table is ``kda-inductor rewrites``' output: every registered rewrite,
     in registry order, with its pattern class's ``finds`` / ``becomes`` (a new rewrite needs no
-    README edit: regenerate the table). The command's own output is checked too."""
-    from kda_inductor.patterns import REWRITE_NAMES, markdown_table
+    README edit: regenerate the table), and ``docs/rewrites.md`` is the registry's page (every
+    spelling). The command's own output is checked too: ``--update`` writes both."""
+    from kda_inductor.patterns import REWRITE_NAMES, markdown_table, rewrites_page
+
+    page = rewrites_page()
+    assert (ROOT / "docs" / "rewrites.md").read_text(encoding="utf-8") == page, (
+        "docs/rewrites.md differs from the registry: run `kda-inductor rewrites --update`")
+    assert [line[4:-1] for line in page.splitlines() if line.startswith("## `")] == list(REWRITE_NAMES)
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     table = markdown_table()
@@ -226,3 +263,4 @@ def test_rewrite_table_is_the_registry(tmp_path):
     run = subprocess.run([sys.executable, "-m", "kda_inductor.cli", "rewrites", "--update", str(stale)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and stale.read_text() == text, run.stderr
+    assert (tmp_path / "docs" / "rewrites.md").read_text() == page

@@ -51,7 +51,6 @@ from kda_inductor.lowerings._fp8 import FP8_MAX, SCALE_FLOOR
 from kda_inductor.lowerings._triton import tl, triton
 from kda_inductor.lowerings.gated_norm_merge import (
     TL_DTYPES,
-    gate_rows,
     host_scalar,
     merge_launch,
     merge_then_norm,

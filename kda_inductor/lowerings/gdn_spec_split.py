@@ -123,6 +123,18 @@ if triton is not None:
                 v = tl.load(src_ptr + r * src_stride + c, mask=m)
                 tl.store(dst_ptr + row.to(tl.int64) * width + c, v, mask=m)
 
+    @triton.jit
+    def _output_row(p, idx0_ptr, idx1_ptr, n0, n1):
+        """``(sel, row, ok, r)`` of program row ``p``: index tensor 0 (p < n0) or 1, output row
+        ``row`` of it (``ok``: there is one), and the source row ``r`` it reads (int64)."""
+        first = p < n0
+        sel = tl.where(first, 0, 1)
+        row = tl.where(first, p, p - n0)
+        ok = row < tl.where(first, n0, n1)
+        r0 = tl.load(idx0_ptr + row, mask=first & ok, other=0).to(tl.int64)
+        r1 = tl.load(idx1_ptr + row, mask=(p >= n0) & ok, other=0).to(tl.int64)
+        return sel, row, ok, tl.where(first, r0, r1)
+
     @triton.jit(do_not_specialize=["n0", "n1"], debug=True)
     def _gdn_spec_split_kernel(
         idx0_ptr, idx1_ptr, n0, n1,
@@ -136,13 +148,7 @@ if triton is not None:
         of output row p of index tensor 0 (p < n0) or p - n0 of tensor 1."""
         p = tl.program_id(0)
         col = tl.program_id(1)
-        first = p < n0
-        sel = tl.where(first, 0, 1)
-        row = tl.where(first, p, p - n0)
-        ok = row < tl.where(first, n0, n1)
-        r0 = tl.load(idx0_ptr + row, mask=first & ok, other=0).to(tl.int64)
-        r1 = tl.load(idx1_ptr + row, mask=(p >= n0) & ok, other=0).to(tl.int64)
-        r = tl.where(first, r0, r1)
+        sel, row, ok, r = _output_row(p, idx0_ptr, idx1_ptr, n0, n1)
         # One block per source slot: Triton kernels take no arrays of pointers (tuple
         # arguments are too new for the triton versions torch 2.9-2.14 ship with).
         if NUM > 0:

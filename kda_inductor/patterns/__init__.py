@@ -17,15 +17,44 @@ from kda_inductor.patterns.indexer_k_write import IndexerKWrite
 REWRITES: dict[str, type[Rewrite]] = ordered((IndexerKWrite, IndexerKGather, GdnSpecSplit, GatedNormQuant, GatedNormMerge))
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 """The only list of rewrites: the pass, the options, ``benchmarks/report.py``, ``.ci/gpu``, the
-spelling corpus and the README's rewrite table all read it."""
+spelling corpus, the README's rewrite table and ``docs/rewrites.md`` all read it."""
 
 
 def markdown_table() -> str:
     """The README's rewrite table, one row per registered rewrite (``kda-inductor rewrites``;
-    ``tests/test_readme.py`` checks the README holds exactly this)."""
+    ``tests/test_readme.py`` checks the README holds exactly this); each name links to its
+    section of ``docs/rewrites.md``."""
     lines = ["| name | finds | replaces with |", "|---|---|---|"]
-    lines += [f"| `{name}` | {cls.finds} | {cls.becomes} |" for name, cls in REWRITES.items()]
+    lines += [f"| [`{name}`](docs/rewrites.md#{name}) | {cls.finds} | {cls.becomes} |" for name, cls in REWRITES.items()]
     return "\n".join(lines) + "\n"
 
 
-__all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite", "markdown_table", "ordered"]
+def rewrites_page() -> str:
+    """``docs/rewrites.md``: every registered rewrite in the order the pass runs them, with what
+    it finds, every spelling it reads, what it becomes, its place in the order (declared by it
+    or by the other) and its pattern file (``kda-inductor rewrites --update`` writes it;
+    ``tests/test_readme.py`` checks it)."""
+    out = ["# The rewrites", "",
+           "<!-- generated from the registry: kda-inductor rewrites --update (tests/test_readme.py checks it) -->",
+           "", "In the order the pass runs them. Each pattern file's docstring holds the rest: the canonical form it",
+           "reads, what must not match, its speed rule and the measurement behind it.", ""]
+    for name, cls in REWRITES.items():
+        path = f"kda_inductor/patterns/{cls.__module__.rsplit('.', 1)[-1]}.py"
+        out += [f"## `{name}`", "", f"**Finds:** {cls.finds}.", ""]
+        out += [f"**Spellings:** {cls.spellings}.", ""] if cls.spellings else []
+        out += [f"**Replaces with:** {cls.becomes}.", ""]
+        out += [f"**Order:** {_order_of(name)}.", ""] if _order_of(name) else []
+        out += [f"Pattern: [`{path}`](../{path}).", ""]
+    return "\n".join(out)
+
+
+def _order_of(name: str) -> str:
+    """``"runs before `b`; runs after `a`"``: what ``name`` declares and what others declare of it."""
+    before = [*REWRITES[name].runs_before, *(n for n, c in REWRITES.items() if name in c.runs_after)]
+    after = [*REWRITES[name].runs_after, *(n for n, c in REWRITES.items() if name in c.runs_before)]
+    parts = [f"{word} {', '.join(f'`{n}`' for n in names)}" for word, names in
+             (("runs before", before), ("runs after", after)) if names]
+    return "; ".join(parts)
+
+
+__all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite", "markdown_table", "ordered", "rewrites_page"]

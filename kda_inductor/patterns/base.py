@@ -185,8 +185,11 @@ class Rewrite:
 
     name: ClassVar[str]
     finds: ClassVar[str]
-    """What the rewrite recognizes, in the words of the README's rewrite table (generated from
-    these: ``kda-inductor rewrites``)."""
+    """What the rewrite recognizes, in one line: the README's rewrite table (generated from these:
+    ``kda-inductor rewrites``)."""
+    spellings: ClassVar[str | None] = None
+    """Every spelling it reads, at length (``docs/rewrites.md``, generated too); None: ``finds``
+    says it all."""
     becomes: ClassVar[str]
     """What it puts in the graph instead (the table's last column)."""
     eager_form_hint: ClassVar[str | None] = None
@@ -389,12 +392,20 @@ def positions(graph: fx.Graph) -> dict[fx.Node, int]:
 
 
 def in_graph_order(nodes: Iterable[fx.Node]) -> list[fx.Node]:
-    """``nodes`` (of one graph) sorted as the graph runs them: a match's ``nodes``."""
+    """``nodes`` (of one graph) sorted as the graph runs them: a match's ``nodes``. By torch's
+    own order key of each node (``Node._sort_key``, which FX keeps as nodes are inserted and
+    ``Node.__lt__`` compares), where this torch has it; else by a position map of the graph."""
     nodes = list(dict.fromkeys(nodes))
     if not nodes:
         return []
+    if getattr(nodes[0], "_sort_key", None) is not None:
+        return sorted(nodes, key=_sort_key)
     order = positions(nodes[0].graph)
     return sorted(nodes, key=order.__getitem__)
+
+
+def _sort_key(n: fx.Node) -> Any:
+    return n._sort_key
 
 
 def earliest(nodes: Iterable[fx.Node]) -> fx.Node:
@@ -437,13 +448,12 @@ def mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
 def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
     """Erase the given nodes that nothing live reads any more, with the dead nodes that
     read them (views Inductor left unused), users before producers."""
-    order = positions(graph)
     doomed: set[fx.Node] = set()
     for n in set(nodes):
         if n.op == "call_function" and is_dead(n):
             doomed.add(n)
             doomed |= reachable([n], upstream=False)
-    for n in sorted(doomed, key=order.__getitem__, reverse=True):
+    for n in reversed(in_graph_order(doomed)):
         if not n.users:
             graph.erase_node(n)
 
@@ -457,9 +467,14 @@ def fake_mode_of(graph: fx.Graph):
 
 
 def set_fake_vals(graph: fx.Graph, node: fx.Node) -> None:
-    """Run ``node``'s target on the fake values of its args and record the result."""
+    """Run ``node``'s target on the fake values of its args (Inductor's ``get_fake_args_kwargs``)
+    in the graph's fake mode and record the result."""
+    from torch._inductor.fx_utils import get_fake_args_kwargs
+
     mode = fake_mode_of(graph)
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: val(n))
+    ok, args, kwargs = get_fake_args_kwargs(node)
+    if not ok:
+        raise RuntimeError(f"kda_inductor: an input of the new node {node.name} has no fake value")
     ctx = mode if mode is not None else contextlib.nullcontext()
     with ctx:
         node.meta["val"] = node.target(*args, **kwargs)

@@ -201,6 +201,10 @@ class NormMatch(Match):
 class GatedNormMerge(Rewrite):
     name = "gated_norm_merge"
     finds = (
+        "a GDN/KDA layer's spec / non-spec merge (`index_copy_` into a fresh or padded buffer) and the gated "
+        "RMSNorm that reads it; also that norm alone"
+    )
+    spellings = (
         "a GDN/KDA layer's spec / non-spec merge (`index_copy_` / `index_put_` / `out[:, idx] = v` "
         "into `torch.empty` or `torch.zeros`), also copied into a padded output (vLLM's "
         '`core_attn_out[:n] = merged.squeeze(0)`, `out[0, :n] = ...`), read by a gated RMSNorm of any'

@@ -198,10 +198,14 @@ class QuantMatch(Match):
 
 class GatedNormQuant(Rewrite):
     name = "gated_norm_quant"
-    finds = ("a gated RMSNorm as `gated_norm_merge` reads it (with or without the merge) whose output only "
-             "feeds a dynamic fp8 e4m3 quantization per token group or per token (vLLM's `QuantFP8` "
-             "`forward_native`: amax, `/ 448`, optional ue8m0 power-of-two scales, the scale floor, the "
-             "clamp to +-448, the cast); forced only until measured on a GPU")
+    finds = (
+        "a gated RMSNorm (with or without the merge) whose output only feeds vLLM's dynamic fp8 quantization, "
+        "per token group or per token; forced only until measured on a GPU"
+    )
+    spellings = ("a gated RMSNorm as `gated_norm_merge` reads it (with or without the merge) whose output only "
+                 "feeds a dynamic fp8 e4m3 quantization per token group or per token (vLLM's `QuantFP8` "
+                 "`forward_native`: amax, `/ 448`, optional ue8m0 power-of-two scales, the scale floor, the "
+                 "clamp to +-448, the cast); forced only until measured on a GPU")
     becomes = "`kda::gated_norm_quant` (one Triton kernel: merge + norm + gate + quant, no bf16 output)"
     # it takes the norms whose output only an fp8 quantization reads; gated_norm_merge rewrites the rest
     runs_before = ("gated_norm_merge",)

@@ -129,7 +129,8 @@ def _indices(match: SplitMatch) -> set[fx.Node]:
 
 class GdnSpecSplit(Rewrite):
     name = "gdn_spec_split"
-    finds = (
+    finds = "a GDN/KDA layer's spec / non-spec token gathers (`index_select` / `x[idx]`), grouped by shared index"
+    spellings = (
         "a GDN/KDA layer's token gathers (`index_select` / `x[idx]` along the token dim) grouped by "
         "shared index, spec and non-spec together (up to 12 gathers: vLLM's BailingMoeV3 KDA has 10)"
     )

@@ -160,6 +160,10 @@ class _Rows:
 class IndexerKGather(Rewrite):
     name = "indexer_k_gather"
     finds = (
+        "DeepSeek-V3.2's indexer K-cache gather written sync-free (`searchsorted` and advanced indexing into "
+        "the blocked fp8 paged cache)"
+    )
+    spellings = (
         'DeepSeek-V3.2 indexer K-cache gather written sync-free (`searchsorted`/`bucketize`, '
         '`searchsorted(cu, t + 1) - 1`, a clamped request index; advanced indexing into any view of '
         'the blocked fp8 paged cache: flat 2-D or 1-D views, `as_strided` regions, 1-D flat byte '

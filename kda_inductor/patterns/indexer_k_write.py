@@ -640,6 +640,10 @@ class WriteMatch(Match):
 class IndexerKWrite(Rewrite):
     name = "indexer_k_write"
     finds = (
+        "DeepSeek-V3.2's indexer K write: optional LayerNorm, fp8 e4m3 quantization per 128 values (plain or "
+        "ue8m0 scales), the store into the blocked paged cache at `slot_mapping`"
+    )
+    spellings = (
         'DeepSeek-V3.2 indexer K write: optional LayerNorm, fp8 e4m3 quantization per 128 values '
         '(plain or ue8m0 scales, in every spelling the canonical layer reads: `clamp_min` / '
         '`torch.maximum(amax, torch.tensor(eps))`, amax without keepdim then `unsqueeze`, '

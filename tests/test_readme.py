@@ -237,6 +237,7 @@ def test_python_block_runs(block: Block, tmp_path, monkeypatch):
                              "tests/readme_standins/snippets.py or a <!-- readme-test: setup --> comment") from err
     finally:
         torch._dynamo.reset()
+        torch._logging.set_logs()  # a block that turns logs on (docs/inspecting.md) leaves them as found
 
 
 def test_rewrite_table_is_the_registry(tmp_path):

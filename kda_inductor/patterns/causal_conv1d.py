@@ -284,7 +284,9 @@ class CausalConv1d(Rewrite):
             why = f"a dilated conv (dilation {list(dilation)[0]})"
         elif list(stride) != [1]:
             why = f"a strided conv (stride {list(stride)[0]})"
-        elif not (isinstance(width, int) and width <= _lowering.MAX_WIDTH):
+        elif not isinstance(width, int):
+            why = f"the kernel width {width} is symbolic (the op needs it static: torch._dynamo.mark_static)"
+        elif width > _lowering.MAX_WIDTH:
             why = f"kernel width {width} is wider than the op's {_lowering.MAX_WIDTH}"
         elif any(p != 0 for p in output_padding) or len(padding) != 1:
             why = "output padding"

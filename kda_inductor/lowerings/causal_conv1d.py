@@ -15,12 +15,14 @@ Inputs, state and bias are first converted to the weight's dtype (the user's ``x
 
 That is aten's own order: ``conv_depthwise2d_forward_kernel_generic`` (CUDA, the kernel
 transformers' fallback runs) starts from the bias and adds ``weight * input`` per tap, oldest
-first, in float32, each an FMA (nvcc contracts ``value += w * x``), and rounds the sum to the
-conv's dtype; aten's CPU conv gives the same bits for float32 (checked on this project's CPU
-machine) and, for 16-bit inputs and weights, any order of exact products... The products of
-two 16-bit floats are exact in float32, so for bf16 / fp16 models only the summation order
-matters, and it is aten's: bit-exact on GPU, up to eager's own silu (``x / (1 + expf(-x))``
-with IEEE division, which the kernel computes with libdevice's ``expf`` and ``div_rn``).
+first, in float32, each an FMA (nvcc contracts ``value += w * x``; the kernel calls ``tl.fma``),
+and rounds the sum to the conv's dtype. aten's CPU conv sums float32 the same way: the kernel's
+float32 conv is bit-identical to it under the interpreter (``tests/test_lowering_causal_conv1d.py``).
+The product of two 16-bit floats is exact in float32, so for bf16 / fp16 models the FMA does not
+matter and the order is aten's: bit-exact with eager on GPU, the silu included where it is
+eager's own ``x / (1 + expf(-x))`` with IEEE division (the kernel's libdevice ``expf`` and
+``div_rn``; checked on the H200 by ``tests/test_causal_conv1d_cuda.py``). On CPU, aten's fp16
+conv adds the bias last: there the CPU op (aten's conv) and the kernel differ by an ulp at times.
 
 * ``x``: ``[B, C, T]`` (channel-first, as ``F.conv1d`` reads it), any strides; the fast layout
   is token-major (``x.transpose(1, 2)`` of a ``[B, T, C]`` projection: channels contiguous,
@@ -358,8 +360,9 @@ if triton is not None:
     def _conv_sum(x_row, w_ptr, b_ptr, s_ptr, seq, t, live, start, c, cmask, S, sx_t, sx_c, ss_n, ss_c, ss_t,
                   sw_c, sw_k, K: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr,
                   HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr):
-        """aten's sum: the bias (or 0), then each tap's product added oldest first, skipped
-        taps leaving it as is."""
+        """aten's sum: the bias (or 0), then each tap's product added oldest first with one
+        rounding (an FMA, as nvcc compiles aten's ``value += w * x``), skipped taps leaving it
+        as is."""
         D = w_ptr.dtype.element_ty
         if HAS_BIAS:
             bias = tl.load(b_ptr + c, mask=cmask, other=0.0).to(D).to(tl.float32)
@@ -370,7 +373,7 @@ if triton is not None:
             wk = tl.load(w_ptr + c * sw_c + k * sw_k, mask=cmask, other=0.0).to(tl.float32)
             v, valid = _tap(x_row, s_ptr, seq, t, live, start, c, cmask, S, sx_t, sx_c, ss_n, ss_c, ss_t, K - 1 - k,
                             HAS_STATE, D)
-            acc = tl.where(valid[:, None], acc + wk[None, :] * v, acc)
+            acc = tl.where(valid[:, None], tl.fma(tl.broadcast_to(wk[None, :], (BLOCK_T, BLOCK_C)), v, acc), acc)
         return acc
 
     def _conv_body(x_ptr, w_ptr, b_ptr, s_ptr, cu_ptr, y_ptr, T, C, S, num_seqs,

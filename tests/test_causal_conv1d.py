@@ -254,3 +254,23 @@ def test_symbolic_token_count():
             torch._dynamo.mark_dynamic(x, 2)
             assert_close_to_eager(c(x, w), _plain(x, w), exact=True)
     assert c.matches["causal_conv1d"] == len(c.records) >= 1
+
+
+def test_symbolic_token_count_cached_prefill():
+    """transformers' continued prefill at a symbolic T: its ``[:, :, -seq_len:]`` counts from a
+    symbolic end; the state write is fused; one graph, exact at two sizes."""
+    conv_fn, _ = _hf()
+    g, w, b = _weights(7, bias=True)
+
+    def fn(x, state):
+        return _cache_prefill(conv_fn, w, b, x.shape[1])(x, state, True)
+
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(fn)
+        for T in (5, 9):
+            x, state = torch.randn(2, T, C, generator=g).to(BF), torch.randn(2, C, K, generator=g).to(BF)
+            torch._dynamo.mark_dynamic(x, 1)
+            want_state = state.clone()
+            want = fn(x, want_state)
+            assert_close_to_eager([c(x, state), state], [want, want_state], exact=True)
+    assert len(c.records) == 1 and _parts(c) == {"conv + state update + silu": 1}

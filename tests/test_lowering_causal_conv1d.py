@@ -12,6 +12,8 @@ import os
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kda_inductor.lowerings import causal_conv1d as mod
 from kda_inductor.testing import assert_close_to_eager, max_ulps
@@ -302,3 +304,37 @@ def test_triton_kernel_float32_is_atens_own_sum():
     w, b = _params(g, 64, 4, torch.float32)
     got = mod.conv_triton(*_dev(x, w, b), activation="none")
     assert_close_to_eager(got.cpu(), eager_fn(x, w, b, act="none"), exact=True)
+
+
+@st.composite
+def _cases(draw):
+    """A conv of any small geometry: rows, channels (masked ones), tokens (block edges), width,
+    bias, activation, dtype, layout, a state of any width >= K - 1, varlen with empty sequences."""
+    K = draw(st.integers(1, mod.MAX_WIDTH))
+    varlen = draw(st.booleans())
+    B = 1 if varlen else draw(st.integers(1, 3))
+    T = draw(st.integers(1, 40))
+    cuts = sorted(draw(st.lists(st.integers(0, T), max_size=4))) if varlen else []
+    cu = torch.tensor([0, *cuts, T], dtype=torch.int32) if varlen else None
+    n = B if cu is None else cu.numel() - 1
+    width = draw(st.one_of(st.none(), st.integers(max(K - 1, 0), K + 2)))
+    return dict(B=B, C=draw(st.integers(1, 40)), T=T, K=K, cu=cu, n=n, width=width, bias=draw(st.booleans()),
+                act=draw(st.sampled_from(["silu", "none"])), layout=draw(st.sampled_from(["token-major", "channel-first",
+                                                                                         "strided rows"])),
+                dtype=draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32])),
+                seed=draw(st.integers(0, 2**16)))
+
+
+@needs_runner
+@settings(max_examples=int(os.environ.get("KDA_PROPERTY_EXAMPLES", "25")), deadline=None, derandomize=True,
+          database=None)
+@given(_cases())
+def test_triton_kernel_property(case):
+    """The kernel against the reference over random geometries (the interpreter on CPU)."""
+    c = case
+    g = torch.Generator().manual_seed(c["seed"])
+    x = _x(g, c["B"], c["C"], c["T"], c["dtype"], c["layout"])
+    w, b = _params(g, c["C"], c["K"], c["dtype"], c["bias"])
+    st_ = None if c["width"] is None else torch.randn(c["n"], c["C"], c["width"], generator=g).to(c["dtype"])
+    out = mod.conv_triton(*_dev(x, w, b, st_, c["cu"]), activation=c["act"])
+    _same(out, taps_reference(x, w, b, st_, c["cu"], act=c["act"]), c["act"], str(c))

@@ -195,14 +195,12 @@ def _time_slice(n: fx.Node, length: Any) -> tuple[Any, Any] | None:
         return None
     start, end = (val(a) if isinstance(a, fx.Node) else a for a in (start, end))
     start = 0 if start is None else start
-    if isinstance(start, int) and start < 0:
-        start = max(length + start, 0) if isinstance(length, int) else length + start
-    if end is None or (isinstance(end, int) and isinstance(length, int) and end > length):
+    if definitely(start < 0):  # counted from the end (symbolic too: x[..., -seq_len:])
+        start = length + start
+    if end is None or (isinstance(end, int) and end >= 2**62) or definitely(end >= length):
         end = length
-    elif isinstance(end, int) and end < 0:
+    elif definitely(end < 0):
         end = length + end
-    elif isinstance(end, int) and end >= 2**62:
-        end = length
     return start, end
 
 

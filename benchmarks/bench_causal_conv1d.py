@@ -330,7 +330,7 @@ def main(argv=None) -> list[dict]:
         print_table(rows, (("T", "T", ","), ("B", "B", ","), ("config", "config", "s"), ("us", "us", ".2f"),
                            ("floor_us", "floor us", ".2f"), ("default", "default", "s")), title="launch configs")
         return rows
-    t_values = (1, 5, 16) if args.smoke else tuple(int(v) for v in (args.T or ",".join(map(str, T_VALUES))).split(","))
+    t_values = (tuple(int(v) for v in args.T.split(",")) if args.T else (1, 5, 16) if args.smoke else T_VALUES)
     names = args.widths.split(",") if args.widths else list(WIDTHS)
     widths = {"smoke": 64} if args.smoke else {n: WIDTHS[n] for n in names}
     rows = _prefill_rows(args, device, timer, bandwidth, t_values, widths)

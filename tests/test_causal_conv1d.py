@@ -274,3 +274,22 @@ def test_symbolic_token_count_cached_prefill():
             want = fn(x, want_state)
             assert_close_to_eager([c(x, state), state], [want, want_state], exact=True)
     assert len(c.records) == 1 and _parts(c) == {"conv + state update + silu": 1}
+
+
+def test_benchmark_smoke(capsys):
+    """``benchmarks/bench_causal_conv1d.py --smoke``: every variant checked against eager on
+    CPU (kda forced bit-exact), the decode row too; timings not meaningful."""
+    import importlib.util
+    import pathlib
+    import sys
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "bench_causal_conv1d.py"
+    spec = importlib.util.spec_from_file_location("bench_causal_conv1d", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_causal_conv1d"] = bench
+    spec.loader.exec_module(bench)
+    with torch._inductor.config.patch(force_disable_caches=True):
+        rows = bench.main(["--smoke", "--T", "5"])
+    assert [(r["case"], r["T"], r["B"]) for r in rows] == [("smoke proj", 5, 1), ("smoke decode", 1, 2)]
+    assert all(r["exact"].startswith("kda yes") and r["forced_us"] for r in rows), rows
+    assert "NOT meaningful" in capsys.readouterr().out

@@ -321,7 +321,7 @@ def main(argv=None) -> list[dict]:
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (use --smoke on CPU)")
     timer = ((lambda fn: perf_counter_median_us(fn, 1)) if args.smoke
-             else (lambda fn: graph_replay_median_us(fn, reps=args.reps, inner=10)))
+             else (lambda fn: graph_replay_median_us(fn, reps=args.reps, inner=5, calls=10)))
     bandwidth = None if args.smoke else measure_copy_bandwidth(device)
     torch._inductor.config.force_disable_caches = True
     t0 = time.perf_counter()
@@ -336,14 +336,14 @@ def main(argv=None) -> list[dict]:
     rows = _prefill_rows(args, device, timer, bandwidth, t_values, widths)
     rows += _decode_rows(args, device, timer, bandwidth, (2,) if args.smoke else DECODE_BATCHES, widths)
     rule = crossover(rows)
-    print_table(rule, (("case", "case", "s"), ("min_tokens", "kda faster from B*T", "s"),
-                       ("worst", "worst forced/stock", ".3f")), title="speed rule input (CUDA_MIN_TOKENS)")
     notes = ("NOT meaningful (CPU smoke run)" if args.smoke else
              f"CUDA-graph replay medians, 10 calls per graph; copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16, K=4, "
              f"prefill T {'static' if args.static else 'dynamic'}; crossover: "
              + "; ".join(f"{r['case']} from {r['min_tokens']}" for r in rule))
     finish(NAME, rows, COLUMNS, notes, smoke=args.smoke, record=not args.no_record, results_dir=_HERE / "results",
            started=t0)
+    print_table(rule, (("case", "case", "s"), ("min_tokens", "kda faster from B*T", "s"),
+                       ("worst", "worst forced/stock", ".3f")), title="speed rule input (CUDA_MIN_TOKENS)")
     return rows
 
 

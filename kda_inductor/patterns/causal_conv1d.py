@@ -216,9 +216,10 @@ class CausalConv1d(Rewrite):
     name = "causal_conv1d"
     finds = (
         "a depthwise causal short conv (`F.conv1d(x, w, bias, padding=K - 1, groups=C)[..., :T]`, or on "
-        "`torch.cat([state, x], -1)` / `F.pad(x, (P, 0))`, K <= 8) with its silu and casts, as "
-        "transformers' GDN / KDA layers, Dao's causal-conv1d references (vLLM's tests) and FLA's "
-        "`causal_conv1d_ref_torch` spell it; the decode form's `conv_state.copy_(new[:, :, -S:])` too"
+        "`torch.cat([state, x], -1)` / `F.pad(x, (P, 0))`, K <= 8) with its silu and casts, as transformers' "
+        "GDN / KDA layers (and Mamba's `nn.Conv1d`), Dao's causal-conv1d references (vLLM's tests), FLA's "
+        "`causal_conv1d_ref_torch` and vLLM's CPU fallback spell it; the decode form's "
+        "`conv_state.copy_(new[:, :, -S:])` too"
     )
     becomes = ("`kda::causal_conv1d` / `kda::causal_conv1d_update` (one Triton kernel reading x where it lies, "
                "token-major output; the state shifted in place)")

@@ -256,17 +256,18 @@ def sweep(device, timer, bandwidth) -> list[dict]:
 # --------------------------------------------------------------------------- report / main
 
 
+def _report_row(s, case: str, T: int, B: int, C: int) -> dict:
+    row = run(case, T, B, C, device=s.device, timer=s.timer, bandwidth=s.bandwidth)
+    return {"rewrite": NAME, "shape": f"{case.split(':')[0]} C={C}" + (f" B={B}" if B > 1 else ""),
+            **row, "peer_us": row.get("fla_us")}
+
+
 def report_jobs(s) -> list:
     """``benchmarks/report.py``'s rows: the Qwen3-Next-width prefill at its sizes (static T) and
-    the 32-sequence decode (``s``: its ``Settings``)."""
+    the 32-sequence decode (``s``: its ``Settings``); the peer is FLA's Triton conv."""
     C = 64 if s.smoke else WIDTHS["qwen3_next"]
-    jobs = [lambda T=T: {"rewrite": NAME, "shape": f"prefill C={C}",
-                         **run("prefill:proj", T, 1, C, device=s.device, timer=s.timer, bandwidth=s.bandwidth)}
-            for T in s.sizes]
-    jobs.append(lambda: {"rewrite": NAME, "shape": f"decode C={C}",
-                         **run("decode", 1, 32 if not s.smoke else 2, C, device=s.device, timer=s.timer,
-                               bandwidth=s.bandwidth)})
-    return jobs
+    jobs = [lambda T=T: _report_row(s, "prefill:proj", T, 1, C) for T in s.sizes]
+    return jobs + [lambda: _report_row(s, "decode", 1, 2 if s.smoke else 32, C)]
 
 
 def _prefill_rows(args, device, timer, bandwidth, t_values, widths) -> list[dict]:

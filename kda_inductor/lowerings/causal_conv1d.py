@@ -63,7 +63,11 @@ from kda_inductor.lowerings import check_tensor, definitely, interpreter_checks,
 try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
     import triton
     import triton.language as tl
-    from triton.language.extra import libdevice
+
+    try:
+        from triton.language.extra import libdevice
+    except ImportError:  # pragma: no cover - Triton 3.0 keeps it per backend
+        from triton.language.extra.cuda import libdevice
 except ImportError:  # pragma: no cover
     triton = None
     tl = None

@@ -19,10 +19,12 @@ first, in float32, each an FMA (nvcc contracts ``value += w * x``; the kernel ca
 and rounds the sum to the conv's dtype. aten's CPU conv sums float32 the same way: the kernel's
 float32 conv is bit-identical to it under the interpreter (``tests/test_lowering_causal_conv1d.py``).
 The product of two 16-bit floats is exact in float32, so for bf16 / fp16 models the FMA does not
-matter and the order is aten's: bit-exact with eager on GPU, the silu included where it is
-eager's own ``x / (1 + expf(-x))`` with IEEE division (the kernel's libdevice ``expf`` and
-``div_rn``; checked on the H200 by ``tests/test_causal_conv1d_cuda.py``). On CPU, aten's fp16
-conv adds the bias last: there the CPU op (aten's conv) and the kernel differ by an ulp at times.
+matter and the order is aten's: bit-exact with aten's depthwise kernel on GPU, the silu included
+where it is eager's own ``x / (1 + expf(-x))`` with IEEE division (the kernel's libdevice
+``expf`` and ``div_rn``). Eager may hand a token-major 16-bit input (channels-last to cuDNN's
+eyes) to cuDNN instead, whose sums may round otherwise: within one ulp of that
+(``tests/test_causal_conv1d_cuda.py`` checks both on the H200). On CPU, aten's fp16 conv adds
+the bias last: there the CPU op (aten's conv) and the kernel differ by an ulp at times.
 
 * ``x``: ``[B, C, T]`` (channel-first, as ``F.conv1d`` reads it), any strides; the fast layout
   is token-major (``x.transpose(1, 2)`` of a ``[B, T, C]`` projection: channels contiguous,

@@ -293,3 +293,29 @@ def test_benchmark_smoke(capsys):
     assert [(r["case"], r["T"], r["B"]) for r in rows] == [("smoke proj", 5, 1), ("smoke decode", 1, 2)]
     assert all(r["exact"].startswith("kda yes") and r["forced_us"] for r in rows), rows
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+def test_the_examples_convs_are_gathers_and_sums_not_convolutions():
+    """``examples/gdn_layers.py`` writes its conv as a sum of shifted products (fixed-length
+    sets) and, for a varlen set, as row gathers of ``x`` by shifted token indices: no
+    ``aten.convolution``, so causal_conv1d takes neither. Forced, ``gdn_spec_split`` takes the
+    varlen taps' gathers (three launches: they pair up by source), as today; by default (CUDA)
+    its rule leaves them to Inductor, which fuses the whole conv into one pointwise kernel."""
+    import gdn_layers as G
+
+    g = torch.Generator().manual_seed(8)
+    w = (0.3 * torch.randn(C, K, generator=g)).to(BF)
+    state = torch.randn(3, C, K - 1, generator=g).to(BF)
+    cu = torch.tensor([0, 1, 5, 9], dtype=torch.int32)
+
+    def varlen(x, state, cu):
+        req, pos = G.varlen_positions(cu, x.shape[0])
+        return G.causal_conv_varlen(x, state, w, cu, req, pos)
+
+    x = torch.randn(9, C, generator=g).to(BF)
+    out, c = _run(varlen, x, state, cu)
+    assert c.matches["causal_conv1d"] == 0 and c.matches["gdn_spec_split"] == 3
+    assert_close_to_eager(list(out), list(_eager(varlen, x, state, cu)))
+    fixed = torch.randn(3, 2, C, generator=g).to(BF)
+    out, c = _run(lambda x, s: G.causal_conv(x, s, w), fixed, state)
+    assert c.matches["causal_conv1d"] == 0 and not _misses(c)

@@ -248,7 +248,7 @@ def sweep(device, timer, bandwidth) -> list[dict]:
                         us = None
                         print(f"sweep {T}x{B} {cfg}: {type(e).__name__}: {e}", flush=True)
                     rows.append({"T": T, "B": B, "config": f"{bt}x{bc} w{nw}", "us": us,
-                                 "default": cfg == L.launch_config(T, C, update=state is not None),
+                                 "default": cfg == L.launch_config(T, C, B, update=state is not None),
                                  "floor_us": bytes_moved(T, B, C, T == 1) / bandwidth * 1e6 if bandwidth else None})
     return rows
 

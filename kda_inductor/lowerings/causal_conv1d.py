@@ -442,14 +442,28 @@ UPDATE_MAX_T = 64
 block per row); above, a second launch does."""
 
 
-def launch_config(tokens: int, channels: int, *, update: bool = False) -> LaunchConfig:
+TARGET_PROGRAMS = 512
+"""Blocks shrink (channels first, down to 32) while fewer programs than this would run."""
+
+
+def launch_config(tokens: int, channels: int, batch: int = 1, *, update: bool = False) -> LaunchConfig:
     """Tokens x channels per program (powers of two) and warps (one per 1024 values, 1 to 8).
     Prefill: 32 x 128 (each tap's loads beyond the block's 32 tokens, K - 1 of them, hit the
-    cache); decode and the update op: every token of a row in one program. Not yet measured on
-    a GPU: ``benchmarks/bench_causal_conv1d.py --sweep`` times the alternatives."""
+    cache); decode and the update op: every token of a row in one program (the state shift
+    needs them), 256 channels; both shrink while fewer than ``TARGET_PROGRAMS`` programs would
+    fill the GPU. Not yet measured on a GPU: ``benchmarks/bench_causal_conv1d.py --sweep``
+    times the alternatives."""
     cap = UPDATE_MAX_T if update else MAX_BLOCK_T
     block_t = min(triton.next_power_of_2(max(int(tokens), 1)), cap)
     block_c = min(triton.next_power_of_2(max(int(channels), 1)), MAX_BLOCK_C if block_t > 1 else 256)
+
+    def programs(bt, bc):
+        return -(-int(tokens) // bt) * -(-int(channels) // bc) * max(int(batch), 1)
+
+    while programs(block_t, block_c) < TARGET_PROGRAMS and block_c > 32:
+        block_c //= 2
+    while programs(block_t, block_c) < TARGET_PROGRAMS and block_t > 8 and not update:
+        block_t //= 2
     return LaunchConfig(block_t, block_c, max(1, min(8, block_t * block_c // 1024)))
 
 
@@ -463,7 +477,7 @@ def _launch(x, weight, bias, state, cu_seqlens, out, activation, act_dtype, meta
         raise RuntimeError("causal_conv1d: the Triton kernel needs triton, which is not installed")
     if meta.tokens == 0 or meta.batch == 0 or meta.channels == 0:
         return
-    cfg = config or launch_config(meta.tokens, meta.channels, update=update)
+    cfg = config or launch_config(meta.tokens, meta.channels, meta.batch, update=update)
     fused = update and cfg.block_t >= meta.tokens
     hw = x.is_cuda
     w = weight.reshape(weight.shape[0], weight.shape[-1])

@@ -295,3 +295,49 @@ def test_launch_config():
     assert mod.launch_config(5, 8192, 32, update=True) == (8, 128, 1)
     assert mod.launch_config(100, 8192, update=True).block_t == mod.UPDATE_MAX_T
     assert mod.launch_config(64, 4096) == (16, 32, 1)
+
+
+@needs_runner
+def test_triton_kernel_float32_is_atens_own_sum():
+    """float32 products round, so here the order and the FMA show: the kernel's conv (no
+    activation) is bit-identical to aten's CPU conv (the same order as its CUDA depthwise
+    kernel: the bias, then each tap oldest first, fused multiply-adds)."""
+    g = torch.Generator().manual_seed(11)
+    x = _x(g, 2, 64, 50, torch.float32)
+    w, b = _params(g, 64, 4, torch.float32)
+    got = mod.conv_triton(*_dev(x, w, b), activation="none")
+    assert_close_to_eager(got.cpu(), eager_fn(x, w, b, act="none"), exact=True)
+
+
+@st.composite
+def _cases(draw):
+    """A conv of any small geometry: rows, channels (masked ones), tokens (block edges), width,
+    bias, activation, dtype, layout, a state of any width >= K - 1, varlen with empty sequences."""
+    K = draw(st.integers(1, mod.MAX_WIDTH))
+    varlen = draw(st.booleans())
+    B = 1 if varlen else draw(st.integers(1, 3))
+    T = draw(st.integers(1, 40))
+    cuts = sorted(draw(st.lists(st.integers(0, T), max_size=4))) if varlen else []
+    cu = torch.tensor([0, *cuts, T], dtype=torch.int32) if varlen else None
+    n = B if cu is None else cu.numel() - 1
+    width = draw(st.one_of(st.none(), st.integers(max(K - 1, 0), K + 2)))
+    return dict(B=B, C=draw(st.integers(1, 40)), T=T, K=K, cu=cu, n=n, width=width, bias=draw(st.booleans()),
+                act=draw(st.sampled_from(["silu", "none"])), layout=draw(st.sampled_from(["token-major", "channel-first",
+                                                                                         "strided rows"])),
+                dtype=draw(st.sampled_from([torch.float16, torch.bfloat16, torch.float32])),
+                seed=draw(st.integers(0, 2**16)))
+
+
+@needs_runner
+@settings(max_examples=int(os.environ.get("KDA_PROPERTY_EXAMPLES", "8" if DEVICE == "cuda" else "25")),
+          deadline=None, derandomize=True, database=None)  # on a GPU each example compiles its variant
+@given(_cases())
+def test_triton_kernel_property(case):
+    """The kernel against the reference over random geometries (the interpreter on CPU)."""
+    c = case
+    g = torch.Generator().manual_seed(c["seed"])
+    x = _x(g, c["B"], c["C"], c["T"], c["dtype"], c["layout"])
+    w, b = _params(g, c["C"], c["K"], c["dtype"], c["bias"])
+    st_ = None if c["width"] is None else torch.randn(c["n"], c["C"], c["width"], generator=g).to(c["dtype"])
+    out = mod.conv_triton(*_dev(x, w, b, st_, c["cu"]), activation=c["act"])
+    _same(out, taps_reference(x, w, b, st_, c["cu"], act=c["act"]), c["act"], str(c))

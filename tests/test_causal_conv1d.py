@@ -243,6 +243,23 @@ def test_cpu_speed_rule_and_disable():
     assert c.matches["causal_conv1d"] == 0 and not _misses(c)
 
 
+def test_cuda_speed_rule(monkeypatch):
+    """On CUDA (the match's device reported as cuda here) every size is rewritten by default;
+    a ``CUDA_MIN_TOKENS`` filled in from the benchmark leaves smaller convs to Inductor, saying so."""
+    from kda_inductor.patterns import causal_conv1d as pattern
+
+    monkeypatch.setattr(pattern.ConvMatch, "device", "cuda")
+    g, w, _ = _weights(9)
+    x = torch.randn(1, C, 9, generator=g).to(BF)
+    out, c = _run(_plain, x, w, force=False)
+    assert c.matches["causal_conv1d"] == 1
+    assert_close_to_eager(out, _plain(x, w), exact=True)
+    monkeypatch.setattr(pattern, "CUDA_MIN_TOKENS", 64)
+    _, c = _run(_plain, x, w, force=False)
+    assert c.matches["causal_conv1d"] == 0
+    assert any("from 64 tokens (this one: 9" in m.check for m in _misses(c)), _misses(c)
+
+
 def test_symbolic_token_count():
     """A symbolic token count (``mark_dynamic``): one graph for every T, rewritten, exact at two
     sizes."""

@@ -54,6 +54,7 @@ K = 4
 T_VALUES = (1, 2, 4, 16, 64, 256, 1024, 4096, 16384)
 DECODE_BATCHES = (32, 128)
 WIDTHS = {"qwen3_next": 8192, "kimi_hf": 12288, "olmo_hybrid": 11520, "kimi_vllm": 4096}
+"""In the order they run (a spent ``--budget`` drops the last)."""
 COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("B", "B", ","), ("C", "C", ","), ("eager_us", "eager us", ".2f"),
            ("stock_us", "stock us", ".2f"), ("kda_us", "kda us", ".2f"), ("forced_us", "kda forced us", ".2f"),
            ("fla_us", "FLA us", ".2f"), ("floor_us", "floor us", ".2f"), ("kda_over_stock", "forced/stock", ".3f"),
@@ -272,41 +273,35 @@ def report_jobs(s) -> list:
     return jobs + [lambda: _report_row(s, "decode", 1, 2 if s.smoke else 32, C)]
 
 
-def _prefill_rows(args, device, timer, bandwidth, t_values, widths) -> list[dict]:
-    rows = []
-    for label, C in widths.items():
-        forms = ("proj", "cat") if label == "qwen3_next" and not args.smoke else ("proj",)
-        for form in forms:
-            case = f"prefill:{form}"
-            torch._dynamo.reset()
-            module = Prefill(C, form, device)
-            fns = None if args.static else variants(module, dynamic_T=True)
-            for T in t_values:
-                if args.static:
-                    torch._dynamo.reset()
-                try:
-                    rows.append(run(case, T, 1, C, device=device, timer=timer, bandwidth=bandwidth, fns=fns,
-                                    module=module))
-                    rows[-1]["case"] = f"{label} {form}"
-                    progress(rows[-1])
-                except Exception as e:  # noqa: BLE001 - a failing case prints and the others go on
-                    traceback.print_exc()
-                    rows.append({"case": f"{label} {form}", "T": T, "B": 1, "C": C, "note": f"{type(e).__name__}"})
-    return rows
+def _row(rows: list[dict], label: str, case: str, T: int, B: int, C: int, **kw) -> None:
+    """One row appended (a failure printed and recorded as the row's note: the others go on)."""
+    try:
+        rows.append({**run(case, T, B, C, **kw), "case": f"{label} {case.split(':')[-1]}"})
+        progress(rows[-1])
+    except Exception as e:  # noqa: BLE001
+        traceback.print_exc()
+        rows.append({"case": f"{label} {case.split(':')[-1]}", "T": T, "B": B, "C": C, "note": type(e).__name__})
 
 
-def _decode_rows(args, device, timer, bandwidth, batches, widths) -> list[dict]:
-    rows = []
-    for label, C in widths.items():
-        for B in batches:
-            torch._dynamo.reset()
-            try:
-                rows.append(run("decode", 1, B, C, device=device, timer=timer, bandwidth=bandwidth))
-                rows[-1]["case"] = f"{label} decode"
-                progress(rows[-1])
-            except Exception as e:  # noqa: BLE001
-                traceback.print_exc()
-                rows.append({"case": f"{label} decode", "T": 1, "B": B, "C": C, "note": f"{type(e).__name__}"})
+def _width_rows(args, label: str, C: int, t_values, batches, deadline: float, **kw) -> list[dict]:
+    """One width: its prefill forms over T (one compile for every T unless ``--static``), then
+    its decode batches; nothing new starts past ``deadline`` (the rows so far are recorded)."""
+    rows: list[dict] = []
+    for form in (("proj", "cat") if label == "qwen3_next" and not args.smoke else ("proj",)):
+        torch._dynamo.reset()
+        module = Prefill(C, form, kw["device"])
+        fns = None if args.static else variants(module, dynamic_T=True)
+        for T in t_values:
+            if time.perf_counter() > deadline:
+                return rows
+            if args.static:
+                torch._dynamo.reset()
+            _row(rows, label, f"prefill:{form}", T, 1, C, fns=fns, module=module, **kw)
+    for B in batches:
+        if time.perf_counter() > deadline:
+            return rows
+        torch._dynamo.reset()
+        _row(rows, label, "decode", 1, B, C, **kw)
     return rows
 
 
@@ -317,6 +312,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--static", action="store_true", help="prefill compiled per T (default: T dynamic)")
     p.add_argument("--sweep", action="store_true", help="time the kernel's launch configs instead")
+    p.add_argument("--budget", type=float, default=450, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
     args = p.parse_args(argv)
@@ -343,8 +339,12 @@ def main(argv=None) -> list[dict]:
     t_values = (tuple(int(v) for v in args.T.split(",")) if args.T else (1, 5, 16) if args.smoke else T_VALUES)
     names = args.widths.split(",") if args.widths else list(WIDTHS)
     widths = {"smoke": 64} if args.smoke else {n: WIDTHS[n] for n in names}
-    rows = _prefill_rows(args, device, timer, bandwidth, t_values, widths)
-    rows += _decode_rows(args, device, timer, bandwidth, (2,) if args.smoke else DECODE_BATCHES, widths)
+    deadline, rows = t0 + args.budget, []
+    for label, C in widths.items():
+        rows += _width_rows(args, label, C, t_values, (2,) if args.smoke else DECODE_BATCHES, deadline,
+                            device=device, timer=timer, bandwidth=bandwidth)
+    if time.perf_counter() > deadline:
+        print(f"time budget of {args.budget:.0f} s spent: later cases not run", flush=True)
     rule = crossover(rows)
     notes = ("NOT meaningful (CPU smoke run)" if args.smoke else
              f"CUDA-graph replay medians, 10 calls per graph; copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16, K=4, "

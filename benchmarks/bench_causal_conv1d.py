@@ -6,7 +6,8 @@ eager, stock ``torch.compile``, kda_inductor with the default rules and forced, 
 (bytes read and written over the measured copy bandwidth). CUDA-graph replay medians; every
 compiled variant is first checked against eager (kda must be bit-exact; the ``exact`` column).
 
-    python benchmarks/bench_causal_conv1d.py                  # prefill (T dynamic) + decode, all widths
+    python benchmarks/bench_causal_conv1d.py                  # prefill (T dynamic) + decode, all widths (~5-8 min)
+    python benchmarks/bench_causal_conv1d.py --widths qwen3_next --T 1,16,256,4096,16384   # the quick look
     python benchmarks/bench_causal_conv1d.py --static         # prefill compiled per T (static sizes)
     python benchmarks/bench_causal_conv1d.py --sweep          # the kernel's launch configs (tune launch_config)
     python benchmarks/bench_causal_conv1d.py --smoke          # CPU, tiny, checks only
@@ -18,7 +19,8 @@ reads a projection's ``[1, T, C]`` output, Qwen3.5), ``cat`` (Qwen3-Next: ``cat(
 of the ``qkvz`` projection, the cat included in every variant). Each variant returns the conv's
 result token-major and contiguous (what the layer's split and its consumers read).
 
-The table ends with the speed rule's input: per width and form, the smallest T from which kda
+Widths run one at a time (prefill, then decode); no new case starts after ``--budget`` seconds
+(450), and the rows done are recorded. The run ends with the speed rule's input: per width and form, the smallest T from which kda
 (forced) is faster than stock at that T and every larger one (``CUDA_MIN_TOKENS`` in
 ``kda_inductor/patterns/causal_conv1d.py``; 1 when it never loses). Results:
 ``benchmarks/results/causal_conv1d.{md,json}``.

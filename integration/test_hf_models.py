@@ -18,15 +18,19 @@ from kda_inductor.diff import short_location  # noqa: E402
 from kda_inductor.patterns import REWRITE_NAMES  # noqa: E402
 from kda_inductor.testing import assert_close_to_eager, compile_for_test  # noqa: E402
 
-# gated_norm_merge per compiled step: the merge-free gated norm of each linear-attention layer
-# (transformers has no spec-decode split and no paged fp8 indexer cache: the other rewrites 0)
+# per compiled step, each linear-attention layer's merge-free gated norm (gated_norm_merge) and its
+# short conv (causal_conv1d: transformers' causal_conv1d_fn at prefill, causal_conv1d_update with
+# the state in place at decode); transformers has no spec-decode split and no paged fp8 indexer
+# cache: the other rewrites 0
 NORMS = hf_models.N_LAYERS - 1
-EXPECTED = {f.name: {"gated_norm_merge": hf_models.linear_layers(f)} for f in hf_models.FAMILIES}
+EXPECTED = {f.name: {"gated_norm_merge": hf_models.linear_layers(f), "causal_conv1d": hf_models.linear_layers(f)}
+            for f in hf_models.FAMILIES}
+CONV_PARTS = {"decode": "conv + state update + silu", "prefill": "conv + silu"}
 # families whose gated norm is spelled in a way gated_norm_merge does not match today:
 # family -> the words explain()'s miss gives at the transformers line
 NOT_REWRITTEN: dict[str, str] = {}
 for _name in NOT_REWRITTEN:
-    EXPECTED[_name] = {"gated_norm_merge": 0}
+    EXPECTED[_name] = {**EXPECTED[_name], "gated_norm_merge": 0}
 # the misses a user is shown (``Miss.shown``; explain() prints those of the rewrites that matched
 # nothing in a graph) per family and case, with the rewrites forced: every one must be true. None
 # today: a plain RMSNorm (its input holds the previous MLP's silu(g) * u) is no candidate, a MoE's
@@ -91,6 +95,12 @@ def test_rewrite_counts(family_run, case):
     assert records, f"{family.name} {case}: no graph went through our pass"
     want = {name: 0 for name in REWRITE_NAMES} | EXPECTED[family.name]
     assert pass_manager.total_matches(records) == want
+    convs = want["causal_conv1d"]
+    parts = {}
+    for r in records:
+        for part, n in r.parts.get("causal_conv1d", {}).items():
+            parts[part] = parts.get(part, 0) + n
+    assert parts == ({CONV_PARTS[case]: convs} if convs else {}), parts
 
 
 @pytest.mark.parametrize("case", ["decode", "prefill"])

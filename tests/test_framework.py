@@ -32,11 +32,7 @@ OVER_40_ALLOWED = {
     "kda_inductor.lowerings.indexer_k_gather._gather_by_block_kernel",
     "kda_inductor.lowerings.indexer_k_gather._gather_by_token_kernel",
 }
-OVER_40_ALLOWED_FILES = {
-    # the `conv` helper's new files (issue 30), written in parallel
-    "kda_inductor/lowerings/causal_conv1d.py",
-    "kda_inductor/patterns/causal_conv1d.py",
-}
+OVER_40_ALLOWED_FILES: set[str] = set()
 
 
 def _module(path: Path) -> str:

@@ -22,9 +22,10 @@ ON_CUDA = [
     # (trtllm_unravel_scatter is not matched, and stock Inductor cannot lower its scale.view(uint8) on CUDA)
     "sglang_set_k_and_s_2d", "unmasked_negative_slot_wraps", "deepseek_act_quant_ue8m0",
     "sglang_get_k_and_s", "flat_indices_then_view_2d", "xpu_gather_searchsorted_left_clamp", "sglang_write_then_gather",
+    "hf_qwen3_next_conv_prefill", "hf_qwen3_next_conv_decode", "hf_cached_prefill_padded", "dao_causal_conv1d_update_ref_2d",
 ]
 CUDAGRAPH = ["qwen_gdn_merge_padded", "bailing_kda_merge_4d", "vllm_kimi_norm_4d_padded", "hf_kimi_linear_norm_4d",
-             "sglang_set_k_and_s_2d", "flat_indices_then_view_2d"]
+             "sglang_set_k_and_s_2d", "flat_indices_then_view_2d", "hf_qwen3_next_conv_decode"]
 
 
 def test_names_exist():

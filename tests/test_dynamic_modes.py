@@ -148,10 +148,10 @@ def gather_inputs(T: int, seed: int, blocks: int = CACHES[0], block_size: int = 
     return cache, dst_value, dst_scale, wide, cu
 
 
-def write_inputs(T: int, seed: int, blocks: int = CACHES[0]):
+def write_inputs(T: int, seed: int, blocks: int = CACHES[0], block_size: int = BLOCK):
     g = _gen(seed)
-    cache = torch.randint(0, 256, (blocks, BLOCK, D + 4), generator=g, dtype=torch.uint8)  # poisoned
-    slots = torch.randperm(blocks * BLOCK, generator=g)[:T]
+    cache = torch.randint(0, 256, (blocks, block_size, D + 4), generator=g, dtype=torch.uint8)  # poisoned
+    slots = torch.randperm(blocks * block_size, generator=g)[:T]
     return ((torch.randn(T, D, generator=g) * 3).bfloat16(), torch.rand(D, generator=g) + 0.5,
             torch.randn(D, generator=g) * 0.1, cache, slots)
 
@@ -351,8 +351,8 @@ def test_bad_ids_after_the_recompile_are_named(rewrite):
 
 def test_a_specialized_size_recompiles_for_another_value():
     """Under dynamic=True the block size and the head dim are symbolic; the rewrites read
-    their example values and add a guard, so another block size (the gather) or head dim (the
-    norm) compiles again, rewritten for that value, bytes equal to eager."""
+    their example values and add a guard, so another block size (the gather, the write) or head
+    dim (the norm) compiles again, rewritten for that value, bytes equal to eager."""
     with fresh_compile():
         s = sweep(CASES["indexer_k_gather"], "dynamic")
         assert s.backend.compiles == 1
@@ -363,6 +363,14 @@ def test_a_specialized_size_recompiles_for_another_value():
             s.run(args)
             assert_close_to_eager((args[1].view(torch.uint8), args[2].view(torch.uint8)),
                                   (eager[1].view(torch.uint8), eager[2].view(torch.uint8)), exact=True)
+        assert s.backend.compiles == 2 and s.counts == [1, 1], (s.backend.compiles, s.counts)
+    with fresh_compile():
+        s = sweep(CASES["indexer_k_write"], "dynamic")
+        args = write_inputs(64, 6, CACHES[1], block_size=32)
+        eager = _clone(args)
+        indexer_write(*eager)
+        s.run(args)
+        assert _same_bytes(args, eager)
         assert s.backend.compiles == 2 and s.counts == [1, 1], (s.backend.compiles, s.counts)
     with fresh_compile():
         s = sweep(CASES["gated_norm_merge"], "dynamic")

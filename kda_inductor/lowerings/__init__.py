@@ -99,40 +99,54 @@ def check_kv_cache(kv_cache: Tensor, head_dim, block_size=0) -> tuple[int, int]:
       unit dims between (TensorRT-LLM's pool view ``[num_blocks, 1, 1, block_bytes]``).
 
     Returns ``(num_blocks, block_size)``. The block stride is free in both. (The matchers'
-    reading of a cache's shape, without errors, is :meth:`CacheLayout.parse`.)"""
+    reading of a cache's shape, without errors, is :meth:`CacheLayout.parse`.) Symbolic sizes
+    (a fake impl's) are checked only where the answer is known at trace time (``definitely``):
+    never a guard; the real call checks the rest."""
     check_block_size(block_size)
     row = CacheLayout(head_dim).row_bytes
-    if kv_cache.dim() > 3 and all(s == 1 for s in kv_cache.shape[1:-1]):  # pages with unit dims between
+    if kv_cache.dim() > 3 and all(definitely(s == 1) for s in kv_cache.shape[1:-1]):  # pages, unit dims between
         kv_cache = kv_cache.as_strided((kv_cache.shape[0], kv_cache.shape[-1]), (kv_cache.stride(0), kv_cache.stride(-1)))
     if kv_cache.dtype != torch.uint8 or kv_cache.dim() not in (2, 3):
         raise arg_error("kv_cache", f"expected a 3-D uint8 tensor [num_blocks, block_size, {row}] or a 2-D "
                         f"uint8 page buffer [num_pages, block_size * {row}], got {kv_cache.dim()}-D {kv_cache.dtype}")
     if kv_cache.dim() == 2:
-        num_blocks, page = kv_cache.shape
-        if block_size == 0:
-            raise arg_error("block_size", f"required (tokens per page) for a 2-D kv_cache [num_pages, "
-                            f"block_size * {row}], got 0")
-        if page != block_size * row:
-            raise arg_error(
-                "block_size",
-                f"a 2-D kv_cache's rows must hold block_size tokens of head_dim + 4 * (head_dim // "
-                f"{QUANT_GROUP}) = {row} bytes for head_dim {head_dim}: expected {block_size} * {row} = "
-                f"{block_size * row} bytes per page, got {page}",
-            )
-        if kv_cache.stride(1) != 1 and page > 1:
-            raise arg_error("kv_cache", f"each page must be contiguous (stride(1) == 1), got strides "
-                            f"{tuple(kv_cache.stride())}")
-        return num_blocks, block_size
+        return _check_pages(kv_cache, head_dim, row, block_size)
+    return _check_blocks(kv_cache, head_dim, row, block_size)
+
+
+def _check_pages(kv_cache: Tensor, head_dim, row, block_size) -> tuple[int, int]:
+    """:func:`check_kv_cache` of a 2-D page buffer ``[num_pages, block_size * row]``."""
+    num_blocks, page = kv_cache.shape
+    if definitely(block_size == 0):
+        raise arg_error("block_size", f"required (tokens per page) for a 2-D kv_cache [num_pages, "
+                        f"block_size * {row}], got 0")
+    if definitely(page != block_size * row):
+        raise arg_error(
+            "block_size",
+            f"a 2-D kv_cache's rows must hold block_size tokens of head_dim + 4 * (head_dim // "
+            f"{QUANT_GROUP}) = {row} bytes for head_dim {head_dim}: expected {block_size} * {row} = "
+            f"{block_size * row} bytes per page, got {page}",
+        )
+    if definitely(kv_cache.stride(1) != 1) and definitely(page > 1):
+        raise arg_error("kv_cache", f"each page must be contiguous (stride(1) == 1), got strides "
+                        f"{tuple(kv_cache.stride())}")
+    return num_blocks, block_size
+
+
+def _check_blocks(kv_cache: Tensor, head_dim, row, block_size) -> tuple[int, int]:
+    """:func:`check_kv_cache` of a 3-D cache ``[num_blocks, block_size, row]``."""
     num_blocks, bs, last = kv_cache.shape
-    if last != row:
+    if definitely(last != row):
         raise arg_error(
             "kv_cache",
             f"expected last dim head_dim + 4 * (head_dim // {QUANT_GROUP}) = {row} "
             f"for head_dim {head_dim}, got {last}",
         )
-    if block_size not in (0, bs):
+    if definitely(block_size != 0) and definitely(block_size != bs):
         raise arg_error("block_size", f"expected 0 or kv_cache.shape[1] = {bs} for a 3-D kv_cache, got {block_size}")
-    if (kv_cache.stride(2) != 1 and last > 1) or (kv_cache.stride(1) != last and bs > 1):
+    strided = ((definitely(kv_cache.stride(2) != 1) and definitely(last > 1))
+               or (definitely(kv_cache.stride(1) != last) and definitely(bs > 1)))
+    if strided:
         raise arg_error(
             "kv_cache",
             f"each block must be contiguous (strides (*, {last}, 1)), got strides {tuple(kv_cache.stride())}",

@@ -72,6 +72,7 @@ from kda_inductor.lowerings import (
     cache_bytes,
     check_kv_cache,
     check_tensor,
+    definitely,
     interpreter_checks,
     triton_launch_options,
 )
@@ -138,7 +139,7 @@ def _check_meta(kv_cache, block_table, cu_seq_lens, head_dim, head_dim_arg: str,
             "cu_seq_lens",
             f"expected a 1-D int32/int64 tensor, got {cu_seq_lens.dim()}-D {cu_seq_lens.dtype}",
         )
-    if not 1 <= cu_seq_lens.shape[0] <= block_table.shape[0] + 1:
+    if definitely(cu_seq_lens.shape[0] < 1) or definitely(cu_seq_lens.shape[0] > block_table.shape[0] + 1):
         raise _err(
             "cu_seq_lens",
             f"expected length num_requests + 1 with 1 <= length <= block_table.shape[0] + 1 "
@@ -152,21 +153,22 @@ def _check_meta(kv_cache, block_table, cu_seq_lens, head_dim, head_dim_arg: str,
 
 
 def _check_dst(dst, arg: str, num_tokens, row_bytes, device) -> None:
-    """``dst`` must be 2-D ``[num_tokens, *]`` with ``row_bytes`` contiguous bytes per row."""
+    """``dst`` must be 2-D ``[num_tokens, *]`` with ``row_bytes`` contiguous bytes per row
+    (symbolic sizes: checked where known at trace time, never a guard)."""
     check_tensor(dst, arg)
     if dst.dim() != 2:
         raise _err(arg, f"expected a 2-D tensor, got {dst.dim()}-D")
     if dst.device != device:
         raise _err(arg, f"expected device {device} (kv_cache's), got {dst.device}")
-    if dst.shape[0] != num_tokens:
+    if definitely(dst.shape[0] != num_tokens):
         raise _err(arg, f"expected {num_tokens} rows (dst_value.shape[0]), got {dst.shape[0]}")
-    if dst.shape[1] * dst.element_size() != row_bytes:
+    if definitely(dst.shape[1] * dst.element_size() != row_bytes):
         raise _err(
             arg,
             f"expected {row_bytes} bytes per row, got {dst.shape[1]} x {dst.dtype} "
             f"({dst.shape[1] * dst.element_size()} bytes)",
         )
-    if dst.stride(1) != 1 and dst.shape[1] > 1:
+    if definitely(dst.stride(1) != 1) and definitely(dst.shape[1] > 1):
         raise _err(arg, f"rows must be contiguous (stride(1) == 1), got strides {tuple(dst.stride())}")
 
 
@@ -174,7 +176,9 @@ def validate(kv_cache, block_table, cu_seq_lens, num_tokens=None, head_dim=None,
              dst_value=None, dst_scale=None) -> _Meta:
     """The ops' one validator (their CPU, CUDA and fake impls, :func:`gather_triton`, and the
     pattern, whose ``Stage.VALIDATED`` misses quote its errors): sync-free checks of everything
-    but the data, each bad argument an error naming it; returns the cache geometry.
+    but the data, each bad argument an error naming it; returns the cache geometry. Symbolic
+    sizes (the fake impls' and the pattern's) are checked where known at trace time: never a
+    guard.
     ``kda::indexer_k_gather`` passes ``num_tokens`` and ``head_dim``; ``kda::indexer_k_gather_out``
     passes ``dst_value`` and ``dst_scale`` instead, whose shapes give them."""
     if dst_value is None and dst_scale is None:
@@ -198,12 +202,8 @@ def _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, block_s
     return meta
 
 
-def _check_values_cpu(block_table, cu_seq_lens, num_tokens: int, meta: _Meta, n_arg: str):
-    """Data checks (syncs), the module's rule. Returns each token's ``(block id, offset)``
-    as int64 tensors, negative block ids wrapped as Python indexing wraps them.
-
-    ``n_arg`` names where ``num_tokens`` came from (``num_tokens`` or ``dst_value``).
-    """
+def _check_lengths_cpu(cu_seq_lens, num_tokens: int, n_arg: str) -> Tensor:
+    """Data checks of ``cu_seq_lens`` (syncs), the module's rule; returns it as int64."""
     cu = cu_seq_lens.to(torch.int64)
     dec = torch.nonzero(cu[1:] < cu[:-1])
     if dec.numel():
@@ -220,6 +220,16 @@ def _check_values_cpu(block_table, cu_seq_lens, num_tokens: int, meta: _Meta, n_
     if num_tokens > 0 and int(cu[0]) > 0:
         raise _err("cu_seq_lens", f"expected cu_seq_lens[0] <= 0 (usually == 0), got {int(cu[0])}: "
                    f"tokens before it belong to no request")
+    return cu
+
+
+def _check_values_cpu(block_table, cu_seq_lens, num_tokens: int, meta: _Meta, n_arg: str):
+    """Data checks (syncs), the module's rule. Returns each token's ``(block id, offset)``
+    as int64 tensors, negative block ids wrapped as Python indexing wraps them.
+
+    ``n_arg`` names where ``num_tokens`` came from (``num_tokens`` or ``dst_value``).
+    """
+    cu = _check_lengths_cpu(cu_seq_lens, num_tokens, n_arg)
     token = torch.arange(num_tokens, dtype=torch.int64, device=cu.device)
     req = torch.searchsorted(cu, token, right=True) - 1
     pos = token - cu[req]
@@ -491,6 +501,36 @@ requests differ in length; it is used while that is at most this many times the 
 grid (one program per tile of output rows), else the by-token kernel."""
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """How one launch covers the output rows (see :func:`_plan`)."""
+
+    grid_by: str  # "block" or "token"
+    block_t: int  # tokens per program
+    subtiles: int  # programs per block (by-block grid)
+    programs: int  # the by-token grid's programs
+    num_warps: int
+
+
+def _plan(meta: _Meta, num_tokens: int, num_reqs: int, width: int, value_bytes: int, block_t, num_warps,
+          grid_by: str) -> _Plan:
+    """The grid, tile and warps of a launch: ``grid_by`` "auto" takes the by-block grid while
+    it has at most ``MAX_EMPTY_PROGRAMS`` times the by-token grid's programs."""
+    if block_t is None:
+        block_t = default_block_t(num_tokens)
+    if width == 0:  # no column for a by-block program to read: the by-token kernel checks tokens
+        grid_by = "token"
+    block_t = min(block_t, triton.next_power_of_2(max(1, meta.block_size))) if grid_by != "token" else block_t
+    subtiles = triton.cdiv(meta.block_size, block_t)
+    by_token_programs = triton.cdiv(num_tokens, block_t)
+    if grid_by == "auto":
+        fits = num_reqs * width * subtiles <= MAX_EMPTY_PROGRAMS * by_token_programs
+        grid_by = "block" if fits else "token"
+    if num_warps is None:
+        num_warps = default_num_warps(block_t, value_bytes // 4)
+    return _Plan(grid_by, block_t, subtiles, by_token_programs, num_warps)
+
+
 def _launch(kv_cache, block_table, cu_seq_lens, dv, ds, meta: _Meta, block_t, num_warps,
             fanout: int = DEFAULT_FANOUT, grid_by: str = "auto", check: bool = True) -> int:
     """Launch on pre-validated args; ``dv``/``ds`` are uint8 row views. Returns the word size.
@@ -508,39 +548,23 @@ def _launch(kv_cache, block_table, cu_seq_lens, dv, ds, meta: _Meta, block_t, nu
         return w
     kv_w, dv_w, ds_w = _as_words(kv, w), _as_words(dv, w), _as_words(ds, w)
     vw, sw = meta.head_dim // w, meta.scale_bytes // w
-    if block_t is None:
-        block_t = default_block_t(num_tokens)
     num_reqs, width = cu_seq_lens.shape[0] - 1, block_table.shape[1]  # spare table rows unused
-    if width == 0:  # no column for a by-block program to read: the by-token kernel checks tokens
-        grid_by = "token"
-    block_t = min(block_t, triton.next_power_of_2(max(1, meta.block_size))) if grid_by != "token" else block_t
-    subtiles = triton.cdiv(meta.block_size, block_t)
-    by_block_programs = num_reqs * width * subtiles
-    by_token_programs = triton.cdiv(num_tokens, block_t)
-    if grid_by == "auto":
-        fits = by_block_programs <= MAX_EMPTY_PROGRAMS * by_token_programs
-        grid_by = "block" if fits else "token"
-    if num_warps is None:
-        num_warps = default_num_warps(block_t, vw * w // 4)
+    plan = _plan(meta, num_tokens, num_reqs, width, vw * w, block_t, num_warps, grid_by)
     common = dict(
         BLOCK_SIZE=meta.block_size, VALUE_WORDS=vw, VALUE_WORDS_P2=triton.next_power_of_2(vw),
-        SCALE_WORDS=sw, SCALE_WORDS_P2=triton.next_power_of_2(sw), BLOCK_T=block_t, CHECK=bool(check),
-        num_warps=num_warps, **(triton_launch_options() if kv_cache.is_cuda else {}),
+        SCALE_WORDS=sw, SCALE_WORDS_P2=triton.next_power_of_2(sw), BLOCK_T=plan.block_t, CHECK=bool(check),
+        num_warps=plan.num_warps, **(triton_launch_options() if kv_cache.is_cuda else {}),
     )
+    args = (kv_w, block_table, cu_seq_lens, dv_w, ds_w, num_tokens, num_reqs, meta.num_blocks, width)
     strides = (kv_w.stride(0), block_table.stride(0), block_table.stride(1), dv_w.stride(0), ds_w.stride(0))
     with interpreter_checks(check and not kv_cache.is_cuda):
-        if grid_by == "block":
-            grid = (width * subtiles, num_reqs + 1)
-            _gather_by_block_kernel[grid](
-                kv_w, block_table, cu_seq_lens, dv_w, ds_w, num_tokens, num_reqs, meta.num_blocks, width,
-                *strides, SUBTILES=subtiles, **common,
-            )
+        if plan.grid_by == "block":
+            _gather_by_block_kernel[(width * plan.subtiles, num_reqs + 1)](
+                *args, *strides, SUBTILES=plan.subtiles, **common)
         else:
             levels = _search_levels(num_reqs, fanout)
-            _gather_by_token_kernel[(by_token_programs,)](
-                kv_w, block_table, cu_seq_lens, dv_w, ds_w, num_tokens, num_reqs, meta.num_blocks,
-                width, levels, fanout**levels, *strides, FANOUT=fanout, **common,
-            )
+            _gather_by_token_kernel[(plan.programs,)](
+                *args, levels, fanout**levels, *strides, FANOUT=fanout, **common)
     return w
 
 

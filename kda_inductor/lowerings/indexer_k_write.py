@@ -58,6 +58,7 @@ from kda_inductor.lowerings import (
     cache_bytes,
     check_kv_cache,
     check_tensor,
+    definitely,
     interpreter_checks,
     triton_launch_options,
 )
@@ -90,7 +91,8 @@ class _Meta:
 def validate(kv_cache, k, slot_mapping, weight, bias, eps, block_size=0, wrap_negative=False) -> _Meta:
     """The op's one validator (its CPU, CUDA and fake impls, :func:`write_triton`, and the
     pattern, whose ``Stage.VALIDATED`` misses quote its errors): sync-free checks of everything
-    but slot values, each bad argument an error naming it; returns the geometry."""
+    but slot values, each bad argument an error naming it; returns the geometry. Symbolic sizes
+    (the fake impl's and the pattern's) are checked where known at trace time: never a guard."""
     for x, arg in ((kv_cache, "kv_cache"), (k, "k"), (slot_mapping, "slot_mapping")):
         check_tensor(x, arg)
     if k.dim() != 2 or k.dtype not in _K_DTYPES:
@@ -107,22 +109,27 @@ def validate(kv_cache, k, slot_mapping, weight, bias, eps, block_size=0, wrap_ne
             "slot_mapping",
             f"expected a 1-D int32/int64 tensor, got {slot_mapping.dim()}-D {slot_mapping.dtype}",
         )
-    if slot_mapping.shape[0] != num_tokens:
+    if definitely(slot_mapping.shape[0] != num_tokens):
         raise _err("slot_mapping", f"expected {num_tokens} entries (k.shape[0]), got {slot_mapping.shape[0]}")
+    _check_norm(weight, bias, eps, head_dim)
+    for x, arg in ((k, "k"), (slot_mapping, "slot_mapping"), (weight, "weight"), (bias, "bias")):
+        if x is not None and x.device != kv_cache.device:
+            raise _err(arg, f"expected device {kv_cache.device} (kv_cache's), got {x.device}")
+    return _Meta(num_tokens, num_blocks, block_size, head_dim, groups)
+
+
+def _check_norm(weight, bias, eps, head_dim) -> None:
+    """The LayerNorm's arguments: float32 ``[head_dim]`` weight and bias (both or neither), eps."""
     if (weight is None) != (bias is None):
         raise _err("weight" if weight is None else "bias", "weight and bias come together (both or neither)")
     for x, arg in ((weight, "weight"), (bias, "bias")):
         if x is None:
             continue
         check_tensor(x, arg)
-        if x.dim() != 1 or x.dtype != torch.float32 or x.shape[0] != head_dim:
+        if x.dim() != 1 or x.dtype != torch.float32 or definitely(x.shape[0] != head_dim):
             raise _err(arg, f"expected a float32 tensor [{head_dim}], got {x.dtype}{list(x.shape)}")
     if not (isinstance(eps, (int, float)) and math.isfinite(eps) and eps >= 0):
         raise _err("eps", f"expected a finite float >= 0, got {eps!r}")
-    for x, arg in ((k, "k"), (slot_mapping, "slot_mapping"), (weight, "weight"), (bias, "bias")):
-        if x is not None and x.device != kv_cache.device:
-            raise _err(arg, f"expected device {kv_cache.device} (kv_cache's), got {x.device}")
-    return _Meta(num_tokens, num_blocks, block_size, head_dim, groups)
 
 
 # --------------------------------------------------------------------------------------

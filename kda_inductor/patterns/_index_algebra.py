@@ -30,6 +30,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from kda_inductor.patterns._layout import static_size
 from kda_inductor.patterns.base import VIEWS, aten, is_op, prims, val
 
 _counter = itertools.count()
@@ -86,6 +87,9 @@ class IndexAlgebra:
         self._tables: dict[str, fx.Node] = {}
         self.symints: dict[sympy.Symbol, Any] = {}
         """Symbols standing for symbolic sizes used as clamp bounds -> their SymInt values."""
+        self.static: set = set()
+        """Size symbols the rewrite specializes (a cache's block size and row width): a symbolic
+        size of only these reads as its example value (``_layout.static_size``)."""
 
     # ---------------------------------------------------------------- tables
     def table_fn(self, node: fx.Node) -> Any:
@@ -117,6 +121,9 @@ class IndexAlgebra:
             return node
         if not isinstance(node, fx.Node):
             return None
+        if isinstance(val(node), torch.SymInt):  # a size (not memoized: ``static`` may grow)
+            got = static_size(node, self.static)
+            return got if isinstance(got, int) else None
         if node not in self._memo:
             self._memo[node] = self._interpret(node)
             if isinstance(self._memo[node], Sym):

@@ -15,6 +15,7 @@ from typing import Any
 import sympy
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from kda_inductor.patterns.base import VIEWS, aten, is_op, val
 
@@ -27,9 +28,10 @@ def is_view_op(n: Any) -> bool:
     return is_op(n, *_REPLAYED)
 
 
-def size_value(x: Any, shift: int = 0) -> int | None:
+def size_value(x: Any, shift: int = 0, fixed: Any = ()) -> int | None:
     """``x`` (an int, a SymInt, or a node holding one) as an int: each symbol of a symbolic
-    size takes its example value plus ``shift``; None when there is none (no hint, no int)."""
+    size takes its example value plus ``shift`` (the symbols in ``fixed``: their example value);
+    None when there is none (no hint, no int)."""
     if isinstance(x, fx.Node):
         x = val(x)
     if isinstance(x, bool) or not isinstance(x, (int, torch.SymInt)):
@@ -41,30 +43,150 @@ def size_value(x: Any, shift: int = 0) -> int | None:
         env = node.shape_env  # backed_var_to_val: torch 2.13+ (var_to_val warns there)
         values = env.backed_var_to_val if hasattr(env, "backed_var_to_val") else env.var_to_val
         expr = env.replace(node.expr) if hasattr(env, "replace") else node.expr  # sizes guarded to constants
-        return int(expr.xreplace({s: int(values[s]) + shift for s in expr.free_symbols}))
+        return int(expr.xreplace({s: int(values[s]) + (0 if s in fixed else shift) for s in expr.free_symbols}))
     except Exception:  # noqa: BLE001 - no example value (an unbacked size)
         return None
 
 
-def concrete_args(args: Any, shift: int = 0) -> Any:
+def concrete_args(args: Any, shift: int = 0, fixed: Any = ()) -> Any:
     """``args`` with every symbolic size (a SymInt, or a node holding one) as :func:`size_value`
     gives it; None when a leaf is neither that, an int, None nor a dtype."""
     if isinstance(args, (list, tuple)):
-        out = [concrete_args(x, shift) for x in args]
+        out = [concrete_args(x, shift, fixed) for x in args]
         return None if any(o is None and x is not None for o, x in zip(out, args)) else type(args)(out)
     if args is None or isinstance(args, torch.dtype) or (isinstance(args, int) and not isinstance(args, bool)):
         return args
-    return size_value(args, shift)
+    return size_value(args, shift, fixed)
 
 
-def meta_like(t: torch.Tensor, shift: int = 0) -> torch.Tensor:
+def meta_like(t: torch.Tensor, shift: int = 0, fixed: Any = ()) -> torch.Tensor:
     """A meta tensor with ``t``'s dtype, sizes, strides and storage offset, symbolic sizes
-    replaced by their example values (plus ``shift``: see :func:`symbolic_layout_from`)."""
-    parts = concrete_args([list(t.shape), list(t.stride()), t.storage_offset()], shift)
+    replaced by their example values (plus ``shift`` but for ``fixed``: see
+    :func:`symbolic_layout_from`)."""
+    parts = concrete_args([list(t.shape), list(t.stride()), t.storage_offset()], shift, fixed)
     if parts is None:
         raise ValueError("a size without an example value")
     shape, stride, offset = parts
     return torch.empty_strided(shape, stride, dtype=t.dtype, device="meta").as_strided(shape, stride, offset)
+
+
+# --------------------------------------------------------------------------- static sizes
+
+
+def _expr(x: Any) -> Any:
+    """The sympy expression of a SymInt (a node holding one: its value's), else None."""
+    x = val(x) if isinstance(x, fx.Node) else x
+    if not isinstance(x, torch.SymInt):
+        return None
+    env = x.node.shape_env
+    return env.replace(x.node.expr) if hasattr(env, "replace") else x.node.expr  # guarded sizes: constants
+
+
+def plain_sizes(*sizes: Any) -> dict:
+    """``{symbol: SymInt}`` of the ``sizes`` that are one backed symbol each (an input's dim,
+    with an example value): the sizes a rewrite may specialize (:func:`specialize`). Static
+    sizes and sizes computed from several symbols give none."""
+    out = {}
+    for x in sizes:
+        e = _expr(x)
+        x = val(x) if isinstance(x, fx.Node) else x
+        if isinstance(e, sympy.Symbol) and size_value(x) is not None:
+            out.setdefault(e, x)
+    return out
+
+
+def input_sizes(graph: fx.Graph, symbols: Any) -> dict:
+    """``{symbol: SymInt}`` for each of ``symbols`` that is one of the graph inputs' sizes (a
+    SymInt input, or a size of a tensor input) with an example value: the symbols a rewrite can
+    specialize (every backed size symbol is an input's). Others are left out."""
+    wanted, out = set(symbols), {}
+    for n in graph.nodes:
+        if n.op != "placeholder" or len(out) == len(wanted):
+            break  # placeholders come first
+        v = val(n)
+        sizes = [v] if isinstance(v, torch.SymInt) else list(v.shape) if isinstance(v, torch.Tensor) else []
+        out.update({s: x for s, x in plain_sizes(*sizes).items() if s in wanted})
+    return out
+
+
+def free_symbols(*sizes: Any) -> set:
+    """The size symbols of ``sizes`` (ints, SymInts or nodes holding them)."""
+    return set().union(*[e.free_symbols for e in map(_expr, sizes) if e is not None])
+
+
+def same_count(a: Any, b: Any) -> bool:
+    """Two counts that eager requires equal (an ``index_put_``'s values and index rows) may be
+    read as one: proven equal, or both symbolic with equal example values (Dynamo keeps some
+    such counts as separate symbols; the op's validator compares them at every call)."""
+    if isinstance(a, (bool, torch.SymBool)) or isinstance(b, (bool, torch.SymBool)):
+        return False
+    if statically_known_true(a == b):
+        return True
+    return (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and size_value(a) is not None
+            and size_value(a) == size_value(b))
+
+
+def static_size(x: Any, fixed: Any) -> Any:
+    """``x`` (an int, a SymInt or a node holding one) as an int where every symbol of it is in
+    ``fixed`` (its example value: the match specializes those symbols), else as it is (a
+    SymInt, or a node's value)."""
+    x = val(x) if isinstance(x, fx.Node) else x
+    e = _expr(x)
+    if e is None or not e.free_symbols <= set(fixed):
+        return x
+    got = size_value(x)
+    return x if got is None else got
+
+
+def static_equal(a: Any, b: Any, fixed: Any) -> bool:
+    """Sizes ``a`` and ``b`` are equal once ``fixed``'s symbols take their example values (the
+    match specializes them; the other symbols stay free): e.g. ``x.numel()`` and ``k.numel()``
+    of ``x = k.view(-1, D // 128, 128)`` with ``D`` specialized."""
+    ea, eb = (_expr(x) if _expr(x) is not None else sympy.sympify(x) for x in (a, b))
+    values = {s: size_value(fixed[s]) for s in (ea.free_symbols | eb.free_symbols) & set(fixed)}
+    if None in values.values():
+        return False
+    return sympy.expand(ea.xreplace(values) - eb.xreplace(values)) == 0
+
+
+def marked_dynamic(fixed: dict) -> str | None:
+    """The first of ``fixed``'s sizes that the user marked dynamic (``torch._dynamo.mark_dynamic``
+    on that dim, or ``Dim.DYNAMIC``), by its source (``L['kv_cache'].size()[1]``), else None:
+    specializing it would fail the compile (Dynamo's ``ConstraintViolationError``), so a
+    rewrite that needs it static does not match it. ``dynamic=True``, automatic dynamic and
+    ``maybe_mark_dynamic`` allow the specialization. Read from Dynamo's tracing context
+    (``tensor_to_context``, each input's symbolic context): None where this torch has none."""
+    try:
+        contexts = {_name(c.tensor_source): c for c in torch._guards.TracingContext.try_get().tensor_to_context.values()}
+    except Exception:  # noqa: BLE001 - not under Dynamo, or another torch: nothing marked that we can see
+        return None
+    for symbol, size in fixed.items():
+        for src in getattr(size.node.shape_env, "var_to_sources", {}).get(symbol, ()):
+            ctx = contexts.get(_name(getattr(src, "base", None)))
+            sizes = getattr(ctx, "constraint_sizes", None) or ()
+            idx = getattr(src, "idx", None)
+            if getattr(getattr(src, "prop", None), "name", "") == "SIZE" and isinstance(idx, int) and idx < len(sizes) \
+                    and sizes[idx] is not None and not getattr(sizes[idx], "warn_only", True):
+                return _name(src)
+    return None
+
+
+def _name(source: Any) -> str | None:
+    """A Dynamo source's name (a property from torch 2.10, a method before)."""
+    name = getattr(source, "name", None)
+    return name() if callable(name) else name
+
+
+def specialize(fixed: dict) -> None:
+    """Make each of ``fixed``'s sizes (``{symbol: SymInt}``, :func:`plain_sizes`) static at its
+    example value with a guard, as Inductor does where a kernel needs a size (``guard_int``:
+    torch 2.9-2.14): the graph compiled with a rewrite that read them so is used only for those
+    values; another value recompiles (and is specialized again). Called by a rewrite's
+    ``replace``, never while matching: code left to Inductor keeps every size symbolic."""
+    from torch.fx.experimental.symbolic_shapes import guard_int
+
+    for size in fixed.values():
+        guard_int(size)
 
 
 def same_addressing(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
@@ -73,11 +195,11 @@ def same_addressing(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
             and tuple(a.stride()) == tuple(b.stride()) and a.storage_offset() == b.storage_offset())
 
 
-def replay_view(n: fx.Node, layout: torch.Tensor, shift: int = 0) -> torch.Tensor | None:
+def replay_view(n: fx.Node, layout: torch.Tensor, shift: int = 0, fixed: Any = ()) -> torch.Tensor | None:
     """``n``'s layout over the same storage, given its input's ``layout``; None when ``n`` is
     no view op or is not a view of its input (a reshape that copies). Symbolic sizes among its
-    arguments take their example values plus ``shift``, as in ``layout``."""
-    args = concrete_args(n.args[1:], shift) if is_op(n, *_REPLAYED) and not n.kwargs else None
+    arguments take their example values plus ``shift`` (``fixed``'s: none), as in ``layout``."""
+    args = concrete_args(n.args[1:], shift, fixed) if is_op(n, *_REPLAYED) and not n.kwargs else None
     if args is None:
         return None
     try:
@@ -92,7 +214,7 @@ def replay_view(n: fx.Node, layout: torch.Tensor, shift: int = 0) -> torch.Tenso
 
 
 def layout_from(n: Any, root: fx.Node, root_layout: torch.Tensor, memo: dict | None = None,
-                shift: int = 0) -> torch.Tensor | None:
+                shift: int = 0, fixed: Any = ()) -> torch.Tensor | None:
     """The layout of ``n``, a chain of views of ``root`` (laid out as ``root_layout``), else None."""
     if not isinstance(n, fx.Node):
         return None
@@ -102,32 +224,51 @@ def layout_from(n: Any, root: fx.Node, root_layout: torch.Tensor, memo: dict | N
     if n not in memo:
         memo[n] = None
         if n.op == "call_function" and n.args:
-            base = layout_from(n.args[0], root, root_layout, memo, shift)
-            memo[n] = None if base is None else replay_view(n, base, shift)
+            base = layout_from(n.args[0], root, root_layout, memo, shift, fixed)
+            memo[n] = None if base is None else replay_view(n, base, shift, fixed)
     return memo[n]
 
 
-def symbolic_layout_from(n: Any, root: fx.Node) -> torch.Tensor | None:
+def symbolic_layout_from(n: Any, root: fx.Node, fixed: Any = ()) -> torch.Tensor | None:
     """:func:`layout_from` where sizes may be symbolic (a cache whose block count varies, a
     view sized by it): the views are replayed with the example sizes and again with every
-    symbol one larger; the layout counts only where both address alike (its strides and
-    offset do not depend on the symbolic sizes), else None. Raises ValueError for a root
-    size without an example value."""
+    symbol but ``fixed``'s one larger; the layout counts only where both address alike (its
+    strides and offset do not depend on the sizes left symbolic), else None. ``fixed``: the
+    symbols the match specializes (:func:`specialize`; a cache's block size and row width).
+    Raises ValueError for a root size without an example value."""
     lay = layout_from(n, root, meta_like(val(root)))
     if lay is None:
         return None
-    other = layout_from(n, root, meta_like(val(root), 1), shift=1)
+    other = layout_from(n, root, meta_like(val(root), 1, fixed), shift=1, fixed=fixed)
     return lay if same_addressing(lay, other) else None
 
 
-SYMBOLIC_ROW = ("the cache's block size or row width is symbolic (dynamic=True makes every size symbolic): "
-                "the op needs them static; torch._dynamo.mark_static(kv_cache, 1) and mark_static(kv_cache, 2) "
-                "(and mark_static(k, 1) for the write) keep only the block count and token count dynamic")
+SYMBOLIC_ROW = ("the cache's block size or row width is symbolic without an example value (an unbacked size): "
+                "the op needs them static, and only a size with an example value can be specialized; "
+                "torch._dynamo.mark_static(kv_cache, 1) and mark_static(kv_cache, 2) keep only the block count "
+                "and token count dynamic")
 
 
-def symbolic_row(t: Any) -> bool:
-    """A cache whose sizes after the first (block size, row width) are symbolic."""
-    return isinstance(t, torch.Tensor) and any(not isinstance(x, int) for x in t.shape[1:])
+def marked_dynamic_miss(source: str) -> str:
+    """The miss of a match that needs ``source``'s size static where the user marked it dynamic."""
+    return (f"{source} is marked dynamic (torch._dynamo.mark_dynamic) but the op needs it static (a block size, "
+            "row width or head dim), and specializing a marked size fails the compile: mark only the token and "
+            "block counts, or use torch._dynamo.maybe_mark_dynamic")
+
+
+def row_sizes(cache: fx.Node) -> dict:
+    """The sizes of a cache input's dims after its first (block size, row width) that a match
+    specializes: ``{symbol: SymInt}`` of the input sizes they are made of (``input_sizes``; a
+    row width may be read as ``head_dim + 4``: k's dim then)."""
+    t = val(cache)
+    return input_sizes(cache.graph, free_symbols(*t.shape[1:])) if isinstance(t, torch.Tensor) else {}
+
+
+def symbolic_row(cache: fx.Node) -> bool:
+    """A cache whose sizes after the first (block size, row width) are symbolic and not all of
+    them can be specialized (a symbol with no example value, or none an input size gives)."""
+    t = val(cache)
+    return isinstance(t, torch.Tensor) and row_sizes(cache).keys() != free_symbols(*t.shape[1:])
 
 
 def view_root(n: Any, accept) -> fx.Node | None:

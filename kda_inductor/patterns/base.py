@@ -538,11 +538,23 @@ def call_args(op: Any, **values: Any) -> tuple:
 
 def shape_arg(shape) -> list:
     """A reshape's size argument for ``shape``, which may hold symbolic sizes: one of them
-    becomes ``-1`` (inferred from the element count); more than one is not supported here."""
+    becomes ``-1`` (inferred from the element count); more than one is not supported here.
+    A size the rewrite specialized (``_layout.specialize``) counts as the int it now is."""
+    shape = [_specialized(s) for s in shape]
     sym = [i for i, s in enumerate(shape) if not isinstance(s, int)]
     if len(sym) > 1:
         raise NotImplementedError(f"reshape to a shape with several symbolic sizes: {list(shape)}")
     return [-1 if i in sym else s for i, s in enumerate(shape)]
+
+
+def _specialized(size: Any) -> Any:
+    """A SymInt that a guard made constant, as that int; any other size as it is."""
+    try:
+        env, expr = size.node.shape_env, size.node.expr
+        expr = env.replace(expr) if hasattr(env, "replace") else expr
+        return int(expr) if expr.is_Integer else size
+    except AttributeError:  # an int, or no shape env
+        return size
 
 
 def insert_fused(graph: fx.Graph, op: Any, args: tuple = (), kwargs: dict | None = None, *,

@@ -107,6 +107,7 @@ import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from kda_inductor.lowerings import gated_norm_merge as _lowering  # noqa: F401  (registers the op)
+from kda_inductor.patterns._layout import free_symbols, input_sizes, marked_dynamic, specialize, static_size
 from kda_inductor.patterns.base import (
     Match,
     Miss,
@@ -164,6 +165,7 @@ class Norm:
     out_dtype: torch.dtype
     D: int
     nodes: set[fx.Node]
+    fixed: dict = dataclasses.field(default_factory=dict)  # D's size if symbolic: specialized on replacing
 
 
 @dataclasses.dataclass
@@ -187,6 +189,7 @@ class NormMatch(Match):
     reads: list[fx.Node] = dataclasses.field(default_factory=list)  # what the op reads its sources from
     in_dtype: torch.dtype | None = None  # the dtype it rounds them to first (None: read as they are)
     absorbed: list[fx.Node] = dataclasses.field(default_factory=list)  # the roundings it reads before
+    fixed: dict = dataclasses.field(default_factory=dict)  # D's and width's sizes, specialized on replacing
 
     @property
     def anchor(self) -> fx.Node:
@@ -259,7 +262,7 @@ class GatedNormMerge(Rewrite):
         for n in graph.nodes:
             if not is_op(n, aten.rsqrt, aten.reciprocal, aten.sqrt, aten.pow):
                 continue
-            found, users = None, _elementwise_users(n)
+            found, users, self._unspecialized = None, _elementwise_users(n), None
             for y in users:
                 got = self._read_norm(canon, y)
                 if got is not None:
@@ -267,7 +270,7 @@ class GatedNormMerge(Rewrite):
             if found is not None:
                 yield found
             elif users and is_op(n, aten.rsqrt, aten.reciprocal):
-                why = _why_not_a_gated_norm([canon(u) for u in users], canon(n))
+                why = self._unspecialized or _why_not_a_gated_norm([canon(u) for u in users], canon(n))
                 if why is not None:
                     self.miss(n, Stage.FORM, why)
 
@@ -296,13 +299,18 @@ class GatedNormMerge(Rewrite):
             x = x32.args[0] if x32.op == "cast" else x32
             if x.node is None or val(x.node).dtype not in (*_16BIT, _F32) or (x32.op == "cast") == (val(x.node).dtype == _F32):
                 continue
-            D = val(x.node).shape[-1]
             xv, zv, wv = val(x.node), val(z.node), val(weight)
-            if not (isinstance(D, int) and wv.dim() == 1 and statically_known_true(wv.shape[0] == D)
-                    and zv.shape[-1] == D and statically_known_true(zv.numel() == xv.numel())):
+            D, fixed = _static(y.graph, xv.shape[-1])  # dynamic=True: D symbolic, specialized on replacing
+            if not (wv.dim() == 1 and statically_known_true(wv.shape[0] == xv.shape[-1])
+                    and statically_known_true(zv.shape[-1] == xv.shape[-1])
+                    and statically_known_true(zv.numel() == xv.numel())):
+                continue
+            if not isinstance(D, int):  # a gated norm, but its D cannot be specialized: say so (_norms)
+                self._unspecialized = _UNSPECIALIZED.format(marked_dynamic(input_sizes(y.graph, free_symbols(D)))
+                                                            or f"D = {D}")
                 continue
             nodes = canon.region(canon(y), stop=lambda s: s is x or s is z)
-            return Norm(y, x.node, z.node, weight, eps, act.op, form, rsqrt, out_dtype, D, nodes)
+            return Norm(y, x.node, z.node, weight, eps, act.op, form, rsqrt, out_dtype, D, nodes, fixed)
         return None
 
     @staticmethod
@@ -366,23 +374,24 @@ class GatedNormMerge(Rewrite):
         writes, T, chain, pad_value = merge
         if any(len(live_users(v)) != 1 for v in views if v is not norm.x) or len(live_users(last)) != 1:
             return self.miss(last, Stage.LAYOUT, "the merged buffer is read elsewhere")
-        per_token = math.prod(val(last).shape[writes[0].dim + 1:])
-        if not statically_known_true(per_token % norm.D == 0):
+        per_token_size = math.prod(val(last).shape[writes[0].dim + 1:])
+        per_token, fixed = _static(last.graph, per_token_size, norm.fixed)
+        if not (isinstance(per_token, int) and per_token % norm.D == 0):
             return self.miss(last, Stage.LAYOUT, "norm rows straddle tokens")
         if pad is not None:
             fill, end, base = pad
             end = val(end) if isinstance(end, fx.Node) else end
             if not statically_known_true(end == val(last).shape[writes[0].dim]):
                 return self.miss(last, Stage.LAYOUT, "the merge is copied into part of the padded output other than its first rows")
-            if (not statically_known_true(math.prod(val(base).shape) % per_token == 0)
-                    or val(base).shape[-1] != val(last).shape[-1]):
+            if (not statically_known_true(math.prod(val(base).shape) % per_token_size == 0)
+                    or not statically_known_true(val(base).shape[-1] == val(last).shape[-1])):
                 return self.miss(last, Stage.LAYOUT, "the padded output's rows are not the merge's tokens")
             pad_value = fill  # torch.empty's uncovered merged rows are undefined: the padding's fill will do
         region = norm.nodes | {norm.x, *views, *chain, *extra}
         if not self.region_closed(region, [norm.y], at=last, what="an intermediate of the norm"):
             return None
         return NormMatch(nodes=in_graph_order(region | {norm.y}), norm=norm, writes=writes, num_tokens=T,
-                         width=per_token, pad_value=pad_value)
+                         width=per_token, pad_value=pad_value, fixed=fixed)
 
     def _merge(self, last: fx.Node):
         """The index_put chain into a fresh buffer (``torch.empty`` / ``zeros`` / ``full``)
@@ -479,15 +488,16 @@ class GatedNormMerge(Rewrite):
             rows = xv.numel() // norm.D
             R = math.gcd(rows, 32) if isinstance(rows, int) else 1  # norm rows per "token": any split in order
             return NormMatch(nodes=in_graph_order(region | {norm.y}), norm=norm, writes=[],
-                             num_tokens=rows // R if isinstance(rows, int) else None, width=R * norm.D, plain=True)
+                             num_tokens=rows // R if isinstance(rows, int) else None, width=R * norm.D, plain=True,
+                             fixed=norm.fixed)
         src, fill = copied
         sv = val(src)
         lead = next((i for i, s_ in enumerate(sv.shape) if s_ != 1), sv.dim() - 1)
-        width = math.prod(sv.shape[lead + 1:])
+        width, fixed = _static(norm.y.graph, math.prod(sv.shape[lead + 1:]), norm.fixed)
         if not (isinstance(width, int) and width % norm.D == 0):
             return self.miss(norm.y, Stage.LAYOUT, "the copied rows straddle norm rows")
         return NormMatch(nodes=in_graph_order(region | {norm.y}), norm=norm, writes=[], num_tokens=sv.shape[lead],
-                         width=width, plain=True, pad_value=fill, source=src)
+                         width=width, plain=True, pad_value=fill, source=src, fixed=fixed)
 
     # ------------------------------------------------------------------ replace
     def replace(self, graph: fx.Graph, match: NormMatch) -> None:
@@ -536,8 +546,10 @@ class NormArgs(NamedTuple):
 
 def op_args(graph: fx.Graph, match: NormMatch) -> NormArgs:
     """``kda::gated_norm_merge``'s arguments for ``match``, their views inserted before the
-    norm's output."""
+    norm's output. Specializes the sizes the match read static (``_layout.specialize``): call it
+    only to replace."""
     m, n = match, match.norm
+    specialize(m.fixed)
     with graph.inserting_before(n.y):
         sources = [_reshape(graph, r, [-1, m.width]) for r in m.reads]
         num_tokens = m.num_tokens
@@ -995,6 +1007,27 @@ def _rows_view(v: Any, D: int) -> list | None:
     if all(statically_known_true(st0 == st1 * s1) for (_, st0), (s1, st1) in zip(lead, lead[1:])):
         return [-1, v.shape[-1] // D, D]
     return None
+
+
+_UNSPECIALIZED = ("the norm's last dim ({}) is symbolic and cannot be made static (marked dynamic with "
+                  "torch._dynamo.mark_dynamic, or without an example value): the fused op's matching needs it "
+                  "static; mark only the token dims, or use torch._dynamo.maybe_mark_dynamic")
+
+
+def _static(graph: fx.Graph, size: Any, fixed: dict | None = None) -> tuple[Any, dict]:
+    """``(size as an int, fixed)``: a symbolic per-row size (``dynamic=True``: the norm's D, a
+    token's heads x D) as its example value, its symbols added to ``fixed`` (specialized on
+    replacing: the graph serves that value, another recompiles); ``(size, fixed)`` unchanged
+    where it is static or cannot be specialized (a symbol no input size gives, or one the user
+    marked dynamic)."""
+    fixed = dict(fixed or {})
+    if isinstance(size, int):
+        return size, fixed
+    more = input_sizes(graph, free_symbols(size))
+    if more.keys() != free_symbols(size) or marked_dynamic(more):
+        return size, fixed
+    fixed.update(more)
+    return static_size(size, fixed), fixed
 
 
 def _sym_rows(graph: fx.Graph, src: fx.Node) -> fx.Node:

@@ -53,10 +53,13 @@ Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement
   1939 vs 1769 us; 200: 402 vs 234 us); symbolic counts are left to Inductor (the small
   steps would lose).
 
-Symbolic sizes: the token count and the cache's block count may be symbolic (an automatic-
-dynamic recompile): the cache's views are replayed with their example sizes and again with
-every symbol one larger (``_layout.symbolic_layout_from``) and read only where both address
-alike. A symbolic block size or row width (``dynamic=True``) is a miss naming ``mark_static``.
+Symbolic sizes (``docs/dynamic.md``): the token count, the number of requests and the cache's
+block count stay symbolic (automatic dynamic, ``mark_dynamic``, ``dynamic=True``): the cache's
+views are replayed with their example sizes and again with every such symbol one larger
+(``_layout.symbolic_layout_from``) and read only where both address alike. The kernel needs the
+block size, the row width and the head dim static: symbolic there (``dynamic=True``), they are
+read as their example values and specialized when the match is replaced (``_layout.specialize``:
+a guard, so another value compiles again); a size the user marked dynamic is a miss naming it.
 """
 
 from __future__ import annotations
@@ -88,7 +91,21 @@ from kda_inductor.patterns.base import (
     set_fake_vals,
     val,
 )
-from kda_inductor.patterns._layout import SYMBOLIC_ROW, byte_address, is_view_op, symbolic_layout_from, symbolic_row, view_root
+from kda_inductor.patterns._layout import (
+    SYMBOLIC_ROW,
+    byte_address,
+    free_symbols,
+    input_sizes,
+    is_view_op,
+    marked_dynamic,
+    marked_dynamic_miss,
+    row_sizes,
+    specialize,
+    static_size,
+    symbolic_layout_from,
+    symbolic_row,
+    view_root,
+)
 from kda_inductor.reference import CacheLayout
 
 _T, _J = sympy.symbols("t j", integer=True, nonnegative=True)
@@ -110,6 +127,7 @@ class _Gather:
     t_axis: sympy.Symbol
     region: tuple = ()  # nodes between the aten.index and ``node`` (the 1-D form's views)
     views: tuple = ()  # the view chain from the cache to what is indexed
+    fixed: dict = dataclasses.field(default_factory=dict)  # the cache's sizes read static (_layout.row_sizes)
 
 
 def _is_cache(n: fx.Node) -> bool:
@@ -130,6 +148,7 @@ class GatherMatch(Match):
     head_dim: int
     block_size: int
     dst: Any = None  # ((dst_value, copy_), (dst_scale, copy_)) when copied into graph inputs
+    fixed: dict = dataclasses.field(default_factory=dict)  # sizes specialized on replacing (_layout.specialize)
 
     @property
     def anchor(self) -> fx.Node:
@@ -167,8 +186,8 @@ class IndexerKGather(Rewrite):
         'DeepSeek-V3.2 indexer K-cache gather written sync-free (`searchsorted`/`bucketize`, '
         '`searchsorted(cu, t + 1) - 1`, a clamped request index; advanced indexing into any view of '
         'the blocked fp8 paged cache: flat 2-D or 1-D views, `as_strided` regions, 1-D flat byte '
-        "indices viewed back, SGLang's 2-D page buffers; symbolic token and block counts, a "
-        '`dynamic=True` block size needs `mark_static`), returned or copied into preallocated buffers'
+        "indices viewed back, SGLang's 2-D page buffers; symbolic token, request and block counts; "
+        'a `dynamic=True` block size and head dim specialized), returned or copied into preallocated buffers'
     )
     becomes = '`kda::indexer_k_gather` / `kda::indexer_k_gather_out` (one Triton kernel)'
     eager_form_hint = (
@@ -218,28 +237,35 @@ class IndexerKGather(Rewrite):
         cache = view_root(src, lambda x: not is_view_op(x))
         if cache is None or not _is_cache(cache):
             return None
-        lay = self._view_layout(n, src, cache)
+        fixed = row_sizes(cache)  # a symbolic block size and row width: read static, specialized
+        lay = self._view_layout(n, src, cache, fixed)
         rows = None if lay is None else self._rows(n, list(indices), lay)
         if rows is None:
             return None
         node, indices, out, region = rows
+        fixed = {**fixed, **input_sizes(n.graph, free_symbols(*out.shape[1:]))}  # and the gathered row's width
+        marked = marked_dynamic(fixed)
+        if marked:
+            return self.miss(n, Stage.FORM, marked_dynamic_miss(marked))
+        algebra.static |= set(fixed)
         read = self._bytes_read(n, indices, out, lay, algebra)
         if read is None:
             return None
         addr, t_axis = read
-        width = out.shape[1] * out.element_size()
+        width = static_size(out.shape[1], fixed) * out.element_size()
         views = tuple(v for v in reachable([src], upstream=True) | {src} if v is not cache and is_view_op(v)
                       and cache in reachable([v], upstream=True))
-        return _Gather(node, cache, addr, width, t_axis, region, views)
+        return _Gather(node, cache, addr, width, t_axis, region, views, fixed)
 
-    def _view_layout(self, n: fx.Node, src: fx.Node, cache: fx.Node):
-        """The layout (a meta tensor) of the cache's view ``src`` that ``n`` indexes, else None."""
+    def _view_layout(self, n: fx.Node, src: fx.Node, cache: fx.Node, fixed: dict):
+        """The layout (a meta tensor) of the cache's view ``src`` that ``n`` indexes, the sizes
+        ``fixed`` at their example values, else None."""
         try:
-            lay = symbolic_layout_from(src, cache)
+            lay = symbolic_layout_from(src, cache, fixed)
         except ValueError:
             return None
         if lay is None:
-            return self.miss(n, Stage.FORM, SYMBOLIC_ROW) if symbolic_row(val(cache)) else None
+            return self.miss(n, Stage.FORM, SYMBOLIC_ROW) if symbolic_row(cache) else None
         return lay
 
     def _rows(self, n: fx.Node, indices: list, lay: torch.Tensor):
@@ -278,7 +304,8 @@ class IndexerKGather(Rewrite):
         if bound is None:
             return self.miss(n, Stage.FORM, "index tensors do not broadcast to [tokens, bytes] from two aranges")
         exprs, axes = bound
-        if p_rank == 2 and not known(algebra.axis_len.get(axes[1], -1) == out.shape[1]):
+        across = [static_size(x, algebra.static) for x in (algebra.axis_len.get(axes[1], -1), out.shape[1])]
+        if p_rank == 2 and not known(across[0] == across[1]):
             return None  # not an arange across the row
         return byte_address(lay, exprs, _J, trailing == 1), axes[0]
 
@@ -286,9 +313,9 @@ class IndexerKGather(Rewrite):
     def _layout(self, values: _Gather) -> CacheLayout | None:
         """The cache's layout (a page buffer's block size from the candidate's width), else
         None (a ``Stage.LAYOUT`` miss for a 3-D cache whose rows fit no head_dim)."""
-        cv = val(values.cache)
-        layout = CacheLayout.parse(cv.shape, values.width)
-        if layout is None and cv.dim() == 3 and cv.shape[1] != 1:
+        shape = _shape(values.cache, values.fixed)
+        layout = CacheLayout.parse(shape, values.width)
+        if layout is None and len(shape) == 3 and shape[1] != 1:
             self.miss(values.node, Stage.LAYOUT, "cache row width is not head_dim + 4 * head_dim // 128")
         return layout
 
@@ -323,7 +350,7 @@ class IndexerKGather(Rewrite):
         req = algebra.count_le_fn(cu)(_T) - 1
         pos = _T - algebra.table_fn(cu)(req)
         rows = _Rows(cu, bt, algebra.table_fn(bt)(req, sympy.floor(pos / bs)), sympy.Mod(pos, bs),
-                     val(values.cache).stride(0))
+                     static_size(val(values.cache).stride(0), values.fixed))
         if not rows.fits(values, layout.value_byte(rows.off) + _J):
             return self.miss(
                 values.node, Stage.PIECES, f"indices differ from block_table[req, pos // {bs}] and "
@@ -337,8 +364,8 @@ class IndexerKGather(Rewrite):
         num_tokens = algebra.axis_len[values.t_axis]
         n_val = val(num_tokens) if isinstance(num_tokens, fx.Node) else num_tokens
         try:
-            _lowering.validate(_blocks(val(values.cache), layout), val(rows.bt), val(rows.cu), n_val,
-                               layout.head_dim)
+            cache, block_size = _blocks(values.cache, layout, values.fixed)
+            _lowering.validate(cache, val(rows.bt), val(rows.cu), n_val, layout.head_dim, block_size)
         except (ValueError, TypeError) as exc:
             self.miss(values.node, Stage.VALIDATED, f"kda.indexer_k_gather rejects these inputs: {exc}")
             return False
@@ -379,7 +406,8 @@ class IndexerKGather(Rewrite):
                 algebra: IndexAlgebra) -> GatherMatch:
         """The match: the region, the user's views of the cache and, where both gathers are
         copied into preallocated graph inputs, those copies' dtype views."""
-        dst = _preallocated_dst(values.node, scales.node, _blocks(val(values.cache), layout), rows.bt, rows.cu)
+        cache, block_size = _blocks(values.cache, layout, values.fixed)
+        dst = _preallocated_dst(values.node, scales.node, cache, rows.bt, rows.cu, block_size)
         extra = {n for (_, copy) in (dst or ()) for n in _chain(copy)}
         flats = set(values.views) | set(scales.views)
         return GatherMatch(
@@ -387,14 +415,16 @@ class IndexerKGather(Rewrite):
             dst=dst, values=values.node, scales=scales.node, cache=values.cache, block_table=rows.bt,
             cu_seq_lens=rows.cu, num_tokens=algebra.axis_len[values.t_axis], head_dim=layout.head_dim,
             block_size=layout.block_size,
+            fixed=input_sizes(values.node.graph, algebra.static),  # every size the shared algebra read static
         )
 
     # --------------------------------------------------------------- replace
     def replace(self, graph: fx.Graph, match: GatherMatch) -> None:
         m = match
+        specialize(m.fixed)  # the kernel's block size and row width: this graph serves these values
         first = earliest([m.values, m.scales, *[n for n in m.nodes if is_op(n, aten.index)]])
-        cv = val(m.cache)
-        if not (cv.dim() == 3 and cv.shape[1] == m.block_size):  # a page buffer: read as [pages, block_size, row]
+        shape = _shape(m.cache, m.fixed)
+        if not (len(shape) == 3 and shape[1] == m.block_size):  # a page buffer: read as [pages, block_size, row]
             with graph.inserting_before(first):
                 cache = graph.call_function(aten.reshape.default, (m.cache, [-1, m.block_size, m.layout.row_bytes]))
                 set_fake_vals(graph, cache)
@@ -480,14 +510,25 @@ def _copied_into_input(node: fx.Node) -> tuple[fx.Node, fx.Node] | None:
     return None
 
 
-def _blocks(cache, layout: CacheLayout):
-    """A (fake) cache as ``[num_blocks, block_size, row]`` (a 2-D page buffer's view)."""
-    if cache.dim() == 3 and cache.shape[1] == layout.block_size:
-        return cache
-    return cache.view(cache.shape[0], layout.block_size, layout.row_bytes)
+def _shape(cache: fx.Node, fixed: dict) -> list:
+    """The cache's sizes, those of ``fixed`` as their example values (the block count may stay
+    symbolic)."""
+    return [static_size(x, fixed) for x in val(cache).shape]
 
 
-def _preallocated_dst(values, scales, cache, bt, cu):
+def _blocks(cache: fx.Node, layout: CacheLayout, fixed: dict) -> tuple:
+    """``(cache, block_size)`` as the op's validator reads the (fake) cache: a 3-D cache and 0,
+    a page buffer and its block size (``[num_pages, 1, page]`` viewed as ``[num_pages,
+    block_size, row]`` where its sizes are static)."""
+    cv, shape = val(cache), _shape(cache, fixed)
+    if len(shape) == 3 and shape[1] == layout.block_size:
+        return cv, 0
+    if cv.dim() == 3 and all(isinstance(x, int) for x in cv.shape[1:]):
+        return cv.view(cv.shape[0], layout.block_size, layout.row_bytes), 0
+    return cv, layout.block_size
+
+
+def _preallocated_dst(values, scales, cache, bt, cu, block_size=0):
     """``((dst_value, copy), (dst_scale, copy))`` if both gathers are only copied into
     graph inputs that ``kda.indexer_k_gather_out`` accepts as destinations, else None."""
     dst = (_copied_into_input(values), _copied_into_input(scales))
@@ -497,7 +538,7 @@ def _preallocated_dst(values, scales, cache, bt, cu):
     if not known(dv.shape[0] == val(values).shape[0]):
         return None
     try:
-        _lowering.validate(cache, val(bt), val(cu), dst_value=dv, dst_scale=ds)
+        _lowering.validate(cache, val(bt), val(cu), block_size=block_size, dst_value=dv, dst_scale=ds)
     except (ValueError, TypeError):
         return None
     return dst

@@ -58,11 +58,13 @@ the same way): it is replaced with ``wrap_negative=True``, which does exactly th
 but unmasked code is not matched; nor is an accumulating write that does not add a masked
 delta.
 
-Symbolic sizes: the block count and the token count may be symbolic (automatic dynamic,
-``mark_dynamic``): the cache's views are replayed with their example sizes and again with
-every symbol one larger, and match only where the byte addresses agree. A symbolic block
-size or row width (``dynamic=True``) is a miss that names ``mark_static``: the op needs them
-static.
+Symbolic sizes (``docs/dynamic.md``): the block count and the token count stay symbolic
+(automatic dynamic, ``mark_dynamic``, ``dynamic=True``): the cache's views are replayed with
+their example sizes and again with every such symbol one larger, and match only where the byte
+addresses agree. The kernel needs the block size, row width, head dim and group count static:
+symbolic there (``dynamic=True``), they are read as their example values and specialized when
+the match is replaced (``_layout.specialize``: a guard, so another value compiles again); a size
+the user marked dynamic is a miss naming it.
 
 Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement:
 
@@ -86,6 +88,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 from typing import Any, NamedTuple
 
 import sympy
@@ -94,7 +97,23 @@ import torch.fx as fx
 
 from kda_inductor.lowerings import indexer_k_write as _lowering  # registers the op
 from kda_inductor.patterns._index_algebra import IndexAlgebra, Sym, Table, known, same
-from kda_inductor.patterns._layout import SYMBOLIC_ROW, concrete_args, meta_like, same_addressing, symbolic_row
+from kda_inductor.patterns._layout import (
+    SYMBOLIC_ROW,
+    concrete_args,
+    free_symbols,
+    input_sizes,
+    is_view_op,
+    marked_dynamic,
+    marked_dynamic_miss,
+    meta_like,
+    row_sizes,
+    same_addressing,
+    same_count,
+    specialize,
+    static_equal,
+    static_size,
+    symbolic_row,
+)
 from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
     VIEWS,
@@ -156,12 +175,15 @@ def _same_layout(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 class _Chain:
     """Reads the functional write chain of one graph-input cache. Symbolic sizes (a block
-    count that varies) take their example values plus ``shift`` (see ``_same_addressing``)."""
+    count that varies) take their example values plus ``shift`` (see ``_sizes_do_not_matter``),
+    but for ``fixed``'s (the block size and row width, specialized on replacing): their example
+    values."""
 
-    def __init__(self, cache: fx.Node, shift: int = 0):  # ValueError: a size without an example value
+    def __init__(self, cache: fx.Node, shift: int = 0, fixed: dict | None = None):  # ValueError: no example value
         self.cache = cache
         self.shift = shift
-        self.root = meta_like(val(cache), shift)
+        self.fixed = row_sizes(cache) if fixed is None else fixed  # IndexerKWrite._written adds the rows' widths
+        self.root = meta_like(val(cache), shift, self.fixed)
         self.memo: dict[fx.Node, _State | None] = {}
 
     def state(self, n: Any) -> _State | None:
@@ -213,7 +235,7 @@ class _Chain:
         """A tensor node as it is; a size (int or symbolic) as an int; anything else: not ours."""
         if isinstance(x, (bool, torch.dtype)) or isinstance(x, fx.Node) and isinstance(val(x), torch.Tensor):
             return x
-        got = concrete_args(x, self.shift)
+        got = concrete_args(x, self.shift, self.fixed)
         if got is None and x is not None:
             raise ValueError(f"not a size: {x!r}")
         return got
@@ -251,7 +273,7 @@ class _SlotAlgebra(IndexAlgebra):
         out = super()._interpret(n)
         if (
             isinstance(out, Table) and out.offset == 0 and isinstance(v, torch.Tensor)
-            and v.dim() == 1 and known(v.shape[0] == self.num_tokens)
+            and v.dim() == 1 and same_count(v.shape[0], self.num_tokens)
         ):
             self.sequences.add(n)
             return Sym(self.seq_fn(n)(self.tok), (self.tok,))
@@ -270,16 +292,39 @@ def _through_views(n: Any, views=_VALUE_VIEWS) -> tuple[Any, list[fx.Node]]:
     return n, seen
 
 
-def _sizes_do_not_matter(copy: fx.Node, final: _State) -> bool:
-    """The chain addresses the cache alike with every symbolic size one larger (a block count
-    that varies moves no byte the writes address): ``final``'s writes and result read again."""
+def _sizes_do_not_matter(copy: fx.Node, final: _State, fixed: dict) -> bool:
+    """The chain addresses the cache alike with every symbolic size but ``fixed``'s one larger
+    (a block count that varies moves no byte the writes address): ``final``'s writes and result
+    read again."""
     try:
-        chain = _Chain(copy.args[0], shift=1)
+        chain = _Chain(copy.args[0], shift=1, fixed=fixed)
     except ValueError:  # a size without an example value
         return False
     other = chain.state(copy.args[1])
     return (other is not None and _same_layout(other.layout, chain.root) and len(other.writes) == len(final.writes)
             and all(same_addressing(w.layout, o.layout) for w, o in zip(final.writes, other.writes)))
+
+
+def _fixed_sizes(copy: fx.Node, chain: _Chain, final: _State) -> dict:
+    """The sizes a match reads as their example values, specialized when it is replaced
+    (``_layout.specialize``): the cache's block size and row width, and the widths of the rows
+    the writes store (k's head dim, its groups). Token and block counts stay symbolic."""
+    widths = []
+    for w in final.writes:
+        indices = list(w.node.args[1])
+        got = None if any(i is None for i in indices) else _unwrapped(w, indices, w.node.args[2])
+        if isinstance(got, tuple) and isinstance(val(got[1]), torch.Tensor):
+            widths += list(val(got[1]).shape[1:])
+    return {**chain.fixed, **input_sizes(copy.graph, free_symbols(*widths))}
+
+
+def _sizes_for(n: fx.Node, versions: dict, depth: int = 0) -> bool:
+    """``n`` reads only sizes of a cache version, for the chain's own views (``dynamic=True``
+    graphs size them so: ``sym_size(view(slice(cache_version)), 1)``): no byte of it."""
+    if is_op(n, aten.sym_size, aten.sym_stride, aten.sym_numel):
+        return all(u in versions or isinstance(val(u), torch.SymInt) for u in n.users)
+    return (is_view_op(n) and depth < 8 and bool(n.users)
+            and all(u in versions or _sizes_for(u, versions, depth + 1) for u in n.users))
 
 
 def _masked_delta(values: Any) -> tuple[fx.Node, fx.Node, fx.Node, set[fx.Node]] | None:
@@ -298,7 +343,7 @@ def _flat_pair(indices: list, values: Any) -> tuple[fx.Node, fx.Node] | None:
     2-D shape -> ``(idx, v)``; else None."""
     if len(indices) == 1 and val(indices[0]).dim() == 1 and is_op(indices[0], *VIEWS) and is_op(values, *VIEWS):
         xi, xv = indices[0].args[0], values.args[0]
-        if val(xi).dim() == 2 and tuple(val(xi).shape) == tuple(val(xv).shape):
+        if val(xi).dim() == 2 and val(xv).dim() == 2 and all(map(known, map(operator.eq, val(xi).shape, val(xv).shape))):
             return xi, xv
     return None
 
@@ -328,31 +373,32 @@ def _f32(x: float) -> float:
     return float(torch.tensor(x, dtype=torch.float32))
 
 
-def _read_quant(q: fx.Node, canon: Canon) -> _Quant | str:
+def _read_quant(q: fx.Node, canon: Canon, fixed: dict | None = None) -> _Quant | str:
     """Check, in canonical terms, that ``q`` is the fp8 group quantization
     ``fp8(clamp(x / s, -448, 448))`` with ``s = max(amax(|x|, -1), 1e-4) / 448`` (or its
     ue8m0 rounding ``exp2(ceil(log2(s)))``) over groups of 128 values of float32 ``x``:
     every spelling :mod:`.canonical` normalizes matches (``clamp_min`` / ``torch.maximum`` with
     ``torch.tensor(eps)``, ``amax`` without keepdim then ``unsqueeze``, ``max(dim)[0]``,
     ``pow(2, .)`` / ``exp2``, one group per row or ``[T, G, 128]`` views, ``.float()`` /
-    ``type_as``...). A string says why not."""
+    ``type_as``...). A string says why not. ``fixed``: the sizes read as their example values
+    (``_fixed_sizes``)."""
     t = canon(q)
     if not (t.op == "cast" and t.attr("dtype") == torch.float8_e4m3fn):
         return "values are not an fp8 e4m3 cast"
     c = t.args[0]
     if isinstance(c, Term) and c.op == "div":  # no clamp: proven unneeded below (_UNCLAMPED)
-        got = _read_scaled(q, t, c, canon)
+        got = _read_scaled(q, t, c, canon, fixed or {})
         return got if not isinstance(got, str) else f"{got} {_UNCLAMPED}"
     if not (isinstance(c, Term) and c.op == "clamp" and c.attr("lo") == -FP8_MAX and c.attr("hi") == FP8_MAX):
         return f"values are not clamped to [-{FP8_MAX:g}, {FP8_MAX:g}] before the fp8 cast"
-    return _read_scaled(q, t, c.args[0], canon)
+    return _read_scaled(q, t, c.args[0], canon, fixed or {})
 
 
 _UNCLAMPED = (f"(the values are not clamped to [-{FP8_MAX:g}, {FP8_MAX:g}] before the fp8 cast: that is "
               f"only safe with exactly this scale, which bounds them)")
 
 
-def _read_scaled(q: fx.Node, t: Term, d: Any, canon: Canon) -> _Quant | str:
+def _read_scaled(q: fx.Node, t: Term, d: Any, canon: Canon, fixed: dict) -> _Quant | str:
     """The rest of :func:`_read_quant`: ``d`` is ``x / scale``. Without the clamp (``t``'s
     input is ``d`` itself) the same checks prove it a no-op: with ``|x| <= amax`` and
     ``scale = max(amax, 1e-4) / 448`` (float32, or its ue8m0 power-of-two ceiling, which only
@@ -374,7 +420,7 @@ def _read_scaled(q: fx.Node, t: Term, d: Any, canon: Canon) -> _Quant | str:
     fp8_max_input = _scale_formula(plain, exact, xt, canon)
     if isinstance(fp8_max_input, str):
         return fp8_max_input
-    k = _quantized_k(xt, exact, canon)
+    k = _quantized_k(xt, exact, canon, fixed)
     if isinstance(k, str):
         return k
     nodes = canon.region(t, stop=lambda s_: s_.node is k) | canon.region(st, stop=lambda s_: s_.node is k)
@@ -418,9 +464,9 @@ def _scale_formula(plain: Term, exact: bool, xt: Term, canon: Canon) -> fx.Node 
     return fp8_max_input
 
 
-def _quantized_k(xt: Term, exact: bool, canon: Canon) -> fx.Node | str:
+def _quantized_k(xt: Term, exact: bool, canon: Canon, fixed: dict) -> fx.Node | str:
     """The ``[T, D]`` tensor whose ``.float()`` is the quantized ``x`` (itself when float32),
-    or why not."""
+    or why not (``fixed``: :func:`_read_quant`'s)."""
     src = canon.strip(xt, "view")
     if src.op == "cast" and src.attr("dtype") == torch.float32:
         k = src.args[0].node
@@ -428,7 +474,7 @@ def _quantized_k(xt: Term, exact: bool, canon: Canon) -> fx.Node | str:
         k = src.node
     kv = val(k) if k is not None else None
     if kv is None or kv.dim() != 2 or kv.dtype not in (torch.bfloat16, torch.float16, torch.float32) \
-            or not known(kv.numel() == val(xt.node).numel()):
+            or not (known(kv.numel() == val(xt.node).numel()) or static_equal(kv.numel(), val(xt.node).numel(), fixed)):
         return "k is not a [T, D] bfloat16/float16/float32 tensor quantized in groups of 128"
     if exact and kv.dtype == torch.float32:
         # the exact power-of-two ceiling equals 2 ** ceil(log2(s)) (what the op computes), and
@@ -491,7 +537,7 @@ def _read_layer_norm(k: fx.Node):
 def _is_param(p: Any, k0: fx.Node) -> bool:
     pv, kv = val(p), val(k0)
     return (isinstance(pv, torch.Tensor) and pv.dtype == torch.float32 and pv.dim() == 1
-            and pv.shape[0] == kv.shape[1])
+            and known(pv.shape[0] == kv.shape[1]))
 
 
 # --------------------------------------------------------------------------- one write, read
@@ -556,11 +602,12 @@ def _byte_address(lay: torch.Tensor, indices: list, vv: torch.Tensor, algebra: _
     exprs, axes = bound
     if axes[0] is not algebra.tok:
         return "the first index dim is not the token axis"
-    if p_rank == 2 and not known(algebra.axis_len.get(axes[1], -1) == vv.shape[1]):
+    width = static_size(vv.shape[1], algebra.static)
+    if p_rank == 2 and not known(static_size(algebra.axis_len.get(axes[1], -1), algebra.static) == width):
         return "the byte axis does not span the stored row"
     elem = sum(e * st for e, st in zip(exprs, lay.stride())) + lay.storage_offset()
     if tail:
-        if not known(tail[0] == vv.shape[1]):
+        if not known(tail[0] == width):
             return "the stored row does not fill the indexed row"
         elem = elem + _J * lay.stride(len(indices))
     esize = lay.element_size()
@@ -572,11 +619,12 @@ def _byte_address(lay: torch.Tensor, indices: list, vv: torch.Tensor, algebra: _
     return addr
 
 
-def _stored_source(values: Any, vv: torch.Tensor, esize: int):
+def _stored_source(values: Any, vv: torch.Tensor, esize: int, fixed: Any):
     """``(kind, source, views, row bytes)`` of the stored ``values``: fp8 values (an fp8 cast)
-    or float32 scales (also as a view of their bits), all of it; or why not."""
+    or float32 scales (also as a view of their bits), all of it; or why not. ``fixed``: the
+    size symbols read as their example values (the row width's, specialized on replacing)."""
     src, views = _through_views(values)
-    row_bytes = vv.shape[1] * esize
+    row_bytes = static_size(vv.shape[1], fixed) * esize
     if not isinstance(row_bytes, int):
         return "the stored rows have a symbolic width"
     f32 = [v for v in [*views, src] if val(v) is not None and val(v).dtype == torch.float32]
@@ -635,6 +683,7 @@ class WriteMatch(Match):
     fp8_max_input: fx.Node | None  # the scale divisor as a lifted float (dynamic=True), checked at launch
     readers: list[fx.Node]  # last-version nodes read outside the chain: they get the new cache
     first: fx.Node  # the first write: the op goes before it
+    fixed: dict = dataclasses.field(default_factory=dict)  # sizes specialized on replacing (_layout.specialize)
 
 
 class IndexerKWrite(Rewrite):
@@ -655,7 +704,7 @@ class IndexerKWrite(Rewrite):
         ' a plain `index_put_` of `torch.where(slot >= 0, new, old)` is matched too but races where a'
         " real token shares padding's slot (eager undefined; the graph's note says so); unmasked "
         'negative slots land where Python indexing puts them; symbolic token and block counts (a '
-        '`dynamic=True` block size needs `mark_static`)'
+        '`dynamic=True` block size and head dim specialized)'
     )
     becomes = '`kda::indexer_k_write` (one Triton kernel, in place on the cache: no clone, no copy)'
     # a gather that reads the cache after the write sees a plain view of the written cache only once
@@ -711,8 +760,8 @@ class IndexerKWrite(Rewrite):
             return None
         region |= quant.nodes | values.algebra.visited
         norm = _fused_norm(quant.k, region)
-        cv = val(copy.args[0])
-        block_size = 0 if cv.dim() == 3 and cv.shape[1] == layout.block_size else layout.block_size
+        shape = [static_size(x, values.algebra.static) for x in val(copy.args[0]).shape]
+        block_size = 0 if len(shape) == 3 and shape[1] == layout.block_size else layout.block_size
         if not self._validated(copy, norm, slot, block_size, values.masked):
             return None
         closed = self._region_closed(copy, written[0], len(written[1].writes), reads)
@@ -729,6 +778,7 @@ class IndexerKWrite(Rewrite):
             eps=float(norm.eps), ue8m0=quant.ue8m0, round_norm=norm.round_norm, wrap_negative=not values.masked,
             block_size=block_size, fp8_max_input=quant.fp8_max_input, readers=readers,
             first=earliest((values.write.node, scales.write.node)),
+            fixed=input_sizes(copy.graph, values.algebra.static),
         )
 
     # ------------------------------------------------------------------ recognition
@@ -746,8 +796,12 @@ class IndexerKWrite(Rewrite):
             return self.miss(copy, Stage.FORM, "not a chain of index_put / slice_scatter / views of the copied cache")
         if len(final.writes) != 2:
             return self.miss(copy, Stage.FORM, f"the cache is written {len(final.writes)} times, not twice (values and scales)")
-        if not _sizes_do_not_matter(copy, final):
-            return self.miss(copy, Stage.FORM, SYMBOLIC_ROW if symbolic_row(val(cache)) else
+        chain.fixed = _fixed_sizes(copy, chain, final)  # read as their example values from here on
+        marked = marked_dynamic(chain.fixed)
+        if marked:
+            return self.miss(copy, Stage.FORM, marked_dynamic_miss(marked))
+        if not _sizes_do_not_matter(copy, final, chain.fixed):
+            return self.miss(copy, Stage.FORM, SYMBOLIC_ROW if symbolic_row(cache) else
                              "the writes' byte addresses depend on the cache's symbolic sizes")
         return chain, final
 
@@ -760,7 +814,7 @@ class IndexerKWrite(Rewrite):
         found: dict[str, list[_Stored]] = {}
         algebra = None
         for w in final.writes:
-            got = self._read_write(w, chain, algebra)
+            got = self._read_write(w, chain, algebra, chain.fixed)
             if isinstance(got, str):
                 return self.miss(w.node, Stage.PIECES, got)
             algebra = got.algebra
@@ -775,9 +829,9 @@ class IndexerKWrite(Rewrite):
     def _layout(self, copy: fx.Node, values: _Stored, scales: _Stored) -> CacheLayout | None:
         """The cache's layout for the stored rows' head_dim, else None (a ``Stage.LAYOUT``
         miss; a ``Stage.PIECES`` one when the scale rows are not that layout's)."""
-        cv = val(copy.args[0])
-        layout = CacheLayout.parse(cv.shape, values.row_bytes)
-        if layout is None or layout.head_dim != values.row_bytes or cv.stride(-1) != 1:
+        cv, fixed = val(copy.args[0]), values.algebra.static
+        layout = CacheLayout.parse([static_size(x, fixed) for x in cv.shape], values.row_bytes)
+        if layout is None or layout.head_dim != values.row_bytes or static_size(cv.stride(-1), fixed) != 1:
             return self.miss(copy, Stage.LAYOUT, "cache row width is not head_dim + 4 * head_dim // 128")
         if scales.row_bytes != layout.scale_bytes:
             return self.miss(scales.write.node, Stage.PIECES,
@@ -801,7 +855,7 @@ class IndexerKWrite(Rewrite):
         bs, hd = layout.block_size, layout.head_dim
         seq = values.algebra.seq_fn(slot)(_T)
         blk, off = sympy.floor(seq / bs), sympy.Mod(seq, bs)
-        block = blk * val(copy.args[0]).stride(0)  # the block stride is free
+        block = blk * static_size(val(copy.args[0]).stride(0), values.algebra.static)  # the block stride is free
         if not same(values.addr, block + layout.value_byte(off) + _J):
             self.miss(values.write.node, Stage.ADDRESSING, f"value bytes do not go to block slot // {bs}, byte "
                       f"(slot % {bs}) * {hd} + j (another layout or block size)")
@@ -818,7 +872,7 @@ class IndexerKWrite(Rewrite):
                    canon: Canon) -> _Quant | None:
         """The quantization whose fp8 values and scales are stored, of a ``k`` that fits the
         cache and ``slot_mapping``; else None (a ``Stage.VALUES`` miss)."""
-        quant = _read_quant(values.src, canon)
+        quant = _read_quant(values.src, canon, input_sizes(values.write.node.graph, values.algebra.static))
         if isinstance(quant, str):
             return self.miss(values.write.node, Stage.VALUES, quant)
         s_src = scales.src
@@ -826,7 +880,8 @@ class IndexerKWrite(Rewrite):
                 quant.scale_node)[0]:
             return self.miss(scales.write.node, Stage.VALUES, "the stored scales are not the ones the values were divided by")
         kv = val(quant.k)
-        if kv.shape[1] != layout.head_dim or not known(kv.shape[0] == val(slot).shape[0]):
+        if (static_size(kv.shape[1], values.algebra.static) != layout.head_dim
+                or not same_count(kv.shape[0], val(slot).shape[0])):
             return self.miss(values.write.node, Stage.VALUES, "k's shape does not fit the cache and slot_mapping")
         return quant
 
@@ -848,7 +903,8 @@ class IndexerKWrite(Rewrite):
         chain (they get the new cache) read it whole; else None (a ``Stage.REGION`` miss)."""
         versions = {n: s for n, s in chain.memo.items() if s is not None}
         for n, s in versions.items():
-            if 0 < len(s.writes) < last and any(u not in versions and u not in reads for u in n.users):
+            if 0 < len(s.writes) < last and any(u not in versions and u not in reads and not _sizes_for(u, versions)
+                                                for u in n.users):
                 return self.miss(n, Stage.REGION, "a partly written cache is read elsewhere")
         readers = []
         for n, s in versions.items():
@@ -861,8 +917,9 @@ class IndexerKWrite(Rewrite):
         return readers, versions
 
     # ------------------------------------------------------------------ one write
-    def _read_write(self, w: _Write, chain: _Chain, algebra) -> _Stored | str:
-        """One write -> what it stores where (:class:`_Stored`), or why not."""
+    def _read_write(self, w: _Write, chain: _Chain, algebra, fixed: dict) -> _Stored | str:
+        """One write -> what it stores where (:class:`_Stored`), or why not. ``fixed``: the
+        sizes read as their example values (:func:`_fixed_sizes`)."""
         indices = w.node.args[1]
         if any(i is None for i in indices) or len(indices) > w.layout.dim():
             return "index_put with None (slice) indices"
@@ -875,6 +932,7 @@ class IndexerKWrite(Rewrite):
             return "the stored values are not [tokens, bytes]"
         if algebra is None:
             algebra = _SlotAlgebra(vv.shape[0])
+            algebra.static |= set(fixed)
         elif not known(algebra.num_tokens == vv.shape[0]):
             return "the two writes store different numbers of tokens"
         addr = _byte_address(w.layout, indices, vv, algebra)
@@ -888,7 +946,7 @@ class IndexerKWrite(Rewrite):
             reads.add(masked[1])
             ge, views = _through_views(masked[0], (aten.unsqueeze, aten.expand, *VIEWS))
             nodes |= {masked[1], ge, *views}
-        stored = _stored_source(values, vv, w.layout.element_size())
+        stored = _stored_source(values, vv, w.layout.element_size(), algebra.static)
         if isinstance(stored, str):
             return stored
         kind, src, views, row_bytes = stored
@@ -921,6 +979,7 @@ class IndexerKWrite(Rewrite):
     # --------------------------------------------------------------- replace
     def replace(self, graph: fx.Graph, match: WriteMatch) -> None:
         m = match
+        specialize(m.fixed)  # the kernel's block size, head dim and groups: this graph serves these values
         new_cache = [Route(m.copy.args[1], 1, only=lambda u: u is m.copy)]
         # every reader of the written cache reads the op's new cache, viewed as it was
         new_cache += [Route(r, 1, only=lambda u: u is not m.copy, shape=list(val(r).shape)) for r in m.readers]

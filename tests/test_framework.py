@@ -23,10 +23,6 @@ MAX_LINES = 40
 # kda_inductor/). The lead empties this list at merge time; test_the_allow_list_is_current fails
 # once an entry is short enough (or gone), so that it cannot outlive its reason.
 OVER_40_ALLOWED = {
-    # the `dynamic` helper's (issue 32: validators, the gather's launcher, the cache check)
-    "kda_inductor.lowerings.check_kv_cache",
-    "kda_inductor.lowerings.indexer_k_gather._launch",
-    "kda_inductor.lowerings.indexer_k_gather._check_values_cpu",
     # in the `dynamic` helper's file too: its two kernels (split as indexer_k_write's were, PTX-checked:
     # python tests/aot_sm90.py --ptx DIR before and after, diff -r)
     "kda_inductor.lowerings.indexer_k_gather._gather_by_block_kernel",

@@ -304,9 +304,10 @@ class IndexerKGather(Rewrite):
         if bound is None:
             return self.miss(n, Stage.FORM, "index tensors do not broadcast to [tokens, bytes] from two aranges")
         exprs, axes = bound
-        across = [static_size(x, algebra.static) for x in (algebra.axis_len.get(axes[1], -1), out.shape[1])]
-        if p_rank == 2 and not known(across[0] == across[1]):
-            return None  # not an arange across the row
+        if p_rank == 2:
+            across = [static_size(x, algebra.static) for x in (algebra.axis_len.get(axes[1], -1), out.shape[1])]
+            if not known(across[0] == across[1]):
+                return None  # not an arange across the row
         return byte_address(lay, exprs, _J, trailing == 1), axes[0]
 
     # ------------------------------------------------------------------ layout

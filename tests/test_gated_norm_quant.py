@@ -272,3 +272,23 @@ def test_the_norm_search_runs_once_per_graph(fn, want, monkeypatch):
     if want == (1, 1):
         _close(out[0], fn(*args)[0])
         torch.testing.assert_close(out[1], fn(*args)[1])
+
+
+def test_dynamic_true_keeps_the_norm_and_says_why_not_the_quant():
+    """Under ``dynamic=True`` Dynamo makes the quantization's Python floats (448, the floor)
+    graph inputs: the op's formula needs constants, so the quantization stays with Inductor and
+    the miss says that at the user's line (not "another divisor"); the norm, with its heads
+    symbolic too, is still one ``gated_norm_merge`` (the output's reshape reads the size inputs);
+    one graph for every T, close to eager."""
+    fn = CASES["group 128"]
+    with fresh_compile():
+        c = compile_for_test(fn, dynamic=True)
+        with torch.inference_mode():
+            for T, seed in ((5, 1), (9, 2)):
+                args = _inputs(T=T, seed=seed, h=3)
+                _close(c(*args), fn(*args))
+    assert len(c.records) == 1
+    assert (c.matches["gated_norm_quant"], c.matches["gated_norm_merge"]) == (0, 1)
+    (miss,) = c.records[0].misses["gated_norm_quant"]
+    assert "is a graph input here, not a constant: dynamic=True" in miss.check
+    assert miss.location and "test_gated_norm_quant.py" in miss.location

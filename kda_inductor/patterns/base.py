@@ -536,15 +536,23 @@ def call_args(op: Any, **values: Any) -> tuple:
     return tuple(out)
 
 
-def shape_arg(shape) -> list:
+def shape_arg(shape, graph: fx.Graph | None = None) -> list:
     """A reshape's size argument for ``shape``, which may hold symbolic sizes: one of them
-    becomes ``-1`` (inferred from the element count); more than one is not supported here.
-    A size the rewrite specialized (``_layout.specialize``) counts as the int it now is."""
+    becomes ``-1`` (inferred from the element count); with several (``dynamic=True``: the heads
+    too), each is the graph input that holds its symbol (``graph``: Dynamo passes every size
+    symbol as a ``SymInt`` placeholder). A size the rewrite specialized (``_layout.specialize``)
+    counts as the int it now is."""
     shape = [_specialized(s) for s in shape]
     sym = [i for i, s in enumerate(shape) if not isinstance(s, int)]
-    if len(sym) > 1:
-        raise NotImplementedError(f"reshape to a shape with several symbolic sizes: {list(shape)}")
-    return [-1 if i in sym else s for i, s in enumerate(shape)]
+    if len(sym) <= 1:
+        return [-1 if i in sym else s for i, s in enumerate(shape)]
+    inputs = {str(val(p).node.expr): p for p in (graph.find_nodes(op="placeholder") if graph is not None else ())
+              if isinstance(val(p), torch.SymInt)}
+    out = [inputs.get(str(s.node.expr), s) if i in sym else s for i, s in enumerate(shape)]
+    missing = [s for s in out if isinstance(s, torch.SymInt)]
+    if len(missing) > 1:
+        raise NotImplementedError(f"reshape to a shape with several symbolic sizes no graph input holds: {missing}")
+    return [-1 if isinstance(s, torch.SymInt) else s for s in out]
 
 
 def _specialized(size: Any) -> Any:
@@ -611,7 +619,7 @@ def _route_output(graph: fx.Graph, fused: fx.Node, route: Route, made: dict[tupl
     if route.shape is not None and list(val(out).shape) != list(route.shape):
         key = ("view", route.index, tuple(map(str, route.shape)))
         if key not in made:
-            made[key] = graph.call_function(aten.reshape.default, (out, shape_arg(route.shape)))
+            made[key] = graph.call_function(aten.reshape.default, (out, shape_arg(route.shape, graph)))
             set_fake_vals(graph, made[key])
         out = made[key]
     return out

@@ -301,6 +301,8 @@ def _is_output(t: Any, canon: Canon, y: fx.Node) -> bool:
 def _read_quant(cast: fx.Node, canon: Canon, y: fx.Node) -> Quant | str:
     """Read ``cast`` as the quantization of the module docstring over ``y``, or say why not."""
     c = canon(cast).args[0]
+    if isinstance(c, Term) and c.op == "clamp" and (_lifted(c.attr("lo")) or _lifted(c.attr("hi"))):
+        return _LIFTED.format(what="the fp8 clamp's bounds")
     if not (isinstance(c, Term) and c.op == "clamp" and c.attr("lo") == -FP8_MAX and c.attr("hi") == FP8_MAX):
         return f"the values are not clamped to [-{FP8_MAX:g}, {FP8_MAX:g}] before the fp8 cast"
     scaled = _scaled(c.args[0])
@@ -333,16 +335,34 @@ def _scaled(d: Any) -> tuple[Term, Term, bool] | str:
     return "the values are not x / scale or x * (1 / scale) (a static scale of another meaning?)"
 
 
+_LIFTED = ("{what} is a graph input here, not a constant: dynamic=True makes Python floats inputs "
+           "(torch._dynamo.config.specialize_float off), and the fused op's formula needs the constants; "
+           "compile with dynamic=None and torch._dynamo.mark_dynamic on the token dim (vLLM's way), or set "
+           "specialize_float")
+
+
+def _lifted(t: Any) -> bool:
+    """``t`` is a Python float that ``dynamic=True`` turned into a graph input (a ``lifted``
+    term, or a SymFloat leaf)."""
+    if not isinstance(t, Term):
+        return False
+    return t.op == "lifted" or (t.op == "leaf" and isinstance(val(t.leaf), torch.SymFloat))
+
+
 def _scale_formula(st: Term, canon: Canon, y: fx.Node) -> bool | str:
     """``ue8m0`` of ``clamp(r(amax(|x|) / 448), min=1 / (448 * 512))`` with ``r`` the identity or
     ``exp2(ceil(log2(.)))``, ``x`` the norm's output; or why not."""
     s = canon.strip(st, "view")
+    if s.op == "clamp" and _lifted(s.attr("lo")):
+        return _LIFTED.format(what="the scale's floor")
     if not (s.op == "clamp" and s.attr("hi") is None and const_value(s.attr("lo")) is not None
             and _f32(s.attr("lo")) == _f32(SCALE_FLOOR)):
         return f"the scale is not floored at 1 / ({FP8_MAX:g} * 512) (another scale formula)"
     raw, ue8m0 = s.args[0], False
     if raw.op == "exp2" and raw.args[0].op == "ceil" and raw.args[0].args[0].op == "log2":
         raw, ue8m0 = raw.args[0].args[0].args[0], True
+    if raw.op == "div" and _lifted(raw.args[1]):
+        return _LIFTED.format(what=f"the scale's divisor ({FP8_MAX:g})")
     if not (raw.op == "div" and const_value(raw.args[1]) == FP8_MAX):
         return f"the scale is not amax / {FP8_MAX:g} (another divisor or rounding)"
     amax = canon.strip(raw.args[0], "cast", "view")

@@ -389,22 +389,33 @@ if triton is not None:
                 kv_ptr, dv_ptr, ds_ptr, row, store, store & blk_ok, blk, off, kv_block_stride, dv_stride,
                 ds_stride, BLOCK_SIZE, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
             )
-        else:  # rows before cu_seq_lens[0] or past cu_seq_lens[-1]: no request's
-            cu0 = tl.load(cu_ptr).to(tl.int64)
-            last = tl.load(cu_ptr + num_reqs).to(tl.int64)
-            if CHECK:
-                tl.device_assert((num_tokens == 0) | (cu0 <= 0),
-                                 "indexer_k_gather: a token before cu_seq_lens[0] (> 0) belongs to no request")
-                tl.device_assert(num_tokens <= last,
-                                 "indexer_k_gather: num_tokens past cu_seq_lens[-1]: tokens of no request")
-            step = tl.num_programs(0) * BLOCK_T
-            # without CHECK, zeros; both ranges are empty for valid input: these loops then cost nothing
-            for r0 in range(pid * BLOCK_T, tl.minimum(cu0, num_tokens), step):
-                _zero_rows(dv_ptr, ds_ptr, r0 + tl.arange(0, BLOCK_T), cu0, num_tokens,
-                           dv_stride, ds_stride, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2)
-            for r0 in range(tl.maximum(last, 0) + pid * BLOCK_T, num_tokens, step):
-                _zero_rows(dv_ptr, ds_ptr, r0 + tl.arange(0, BLOCK_T), num_tokens, num_tokens,
-                           dv_stride, ds_stride, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2)
+        else:
+            _uncovered_rows(cu_ptr, dv_ptr, ds_ptr, pid, num_tokens, num_reqs, dv_stride, ds_stride, VALUE_WORDS,
+                            VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2, BLOCK_T, CHECK)
+
+    @triton.jit
+    def _uncovered_rows(
+        cu_ptr, dv_ptr, ds_ptr, pid, num_tokens, num_reqs, dv_stride, ds_stride,
+        VALUE_WORDS: tl.constexpr, VALUE_WORDS_P2: tl.constexpr, SCALE_WORDS: tl.constexpr,
+        SCALE_WORDS_P2: tl.constexpr, BLOCK_T: tl.constexpr, CHECK: tl.constexpr,
+    ):
+        """The block kernel's last grid row: rows before cu_seq_lens[0] or past cu_seq_lens[-1],
+        no request's: checked (``CHECK``) or zero-filled."""
+        cu0 = tl.load(cu_ptr).to(tl.int64)
+        last = tl.load(cu_ptr + num_reqs).to(tl.int64)
+        if CHECK:
+            tl.device_assert((num_tokens == 0) | (cu0 <= 0),
+                             "indexer_k_gather: a token before cu_seq_lens[0] (> 0) belongs to no request")
+            tl.device_assert(num_tokens <= last,
+                             "indexer_k_gather: num_tokens past cu_seq_lens[-1]: tokens of no request")
+        step = tl.num_programs(0) * BLOCK_T
+        # without CHECK, zeros; both ranges are empty for valid input: these loops then cost nothing
+        for r0 in range(pid * BLOCK_T, tl.minimum(cu0, num_tokens), step):
+            _zero_rows(dv_ptr, ds_ptr, r0 + tl.arange(0, BLOCK_T), cu0, num_tokens,
+                       dv_stride, ds_stride, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2)
+        for r0 in range(tl.maximum(last, 0) + pid * BLOCK_T, num_tokens, step):
+            _zero_rows(dv_ptr, ds_ptr, r0 + tl.arange(0, BLOCK_T), num_tokens, num_tokens,
+                       dv_stride, ds_stride, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2)
 
     @triton.jit
     def _zero_rows(
@@ -437,23 +448,8 @@ if triton is not None:
             _check_sorted(cu_ptr, pid * BLOCK_T, num_reqs, tl.num_programs(0) * BLOCK_T, BLOCK_T)
         tok = pid.to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
         in_range = tok < num_tokens
-        # req = how many request ends (cu_seq_lens[1:]) are <= tok, by a FANOUT-ary search:
-        # each level compares the last entry of FANOUT sub-ranges at once, so only
-        # ceil(log_FANOUT(num_reqs)) dependent loads (2 for 256 requests). The largest end
-        # seen that is <= tok is cu_seq_lens[req], the request's start: no extra load.
         cu0 = tl.load(cu_ptr).to(tl.int64)
-        lo = tl.zeros([BLOCK_T], dtype=tl.int64)
-        start = tl.zeros([BLOCK_T], dtype=tl.int64) + cu0
-        k = tl.arange(0, FANOUT).to(tl.int64)
-        span = search_span  # FANOUT ** levels >= num_reqs
-        for _ in range(search_levels):
-            span = span // FANOUT
-            idx = lo[:, None] + (k[None, :] + 1) * span - 1
-            ends = tl.load(cu_ptr + 1 + idx, mask=idx < num_reqs, other=0).to(tl.int64)
-            below = (ends <= tok[:, None]) & (idx < num_reqs)
-            lo += tl.sum(below.to(tl.int64), axis=1) * span
-            start = tl.maximum(start, tl.max(tl.where(below, ends, cu0), axis=1))
-        req = lo
+        req, start = _request_of(cu_ptr, tok, cu0, num_reqs, search_levels, search_span, BLOCK_T, FANOUT)
         if CHECK:
             tl.device_assert(~in_range | (tok >= cu0),
                              "indexer_k_gather: a token before cu_seq_lens[0] (> 0) belongs to no request")
@@ -475,6 +471,29 @@ if triton is not None:
             kv_ptr, dv_ptr, ds_ptr, tok, in_range, valid & blk_ok, blk, off, kv_block_stride, dv_stride,
             ds_stride, BLOCK_SIZE, VALUE_WORDS, VALUE_WORDS_P2, SCALE_WORDS, SCALE_WORDS_P2,
         )
+
+
+if triton is not None:
+
+    @triton.jit
+    def _request_of(cu_ptr, tok, cu0, num_reqs, search_levels, search_span, BLOCK_T: tl.constexpr,
+                    FANOUT: tl.constexpr):
+        """``(req, start)`` of each row ``tok``: how many request ends (cu_seq_lens[1:]) are <= tok,
+        by a FANOUT-ary search: each level compares the last entry of FANOUT sub-ranges at once,
+        so only ceil(log_FANOUT(num_reqs)) dependent loads (2 for 256 requests). The largest end
+        seen that is <= tok is cu_seq_lens[req], the request's start: no extra load."""
+        lo = tl.zeros([BLOCK_T], dtype=tl.int64)
+        start = tl.zeros([BLOCK_T], dtype=tl.int64) + cu0
+        k = tl.arange(0, FANOUT).to(tl.int64)
+        span = search_span  # FANOUT ** levels >= num_reqs
+        for _ in range(search_levels):
+            span = span // FANOUT
+            idx = lo[:, None] + (k[None, :] + 1) * span - 1
+            ends = tl.load(cu_ptr + 1 + idx, mask=idx < num_reqs, other=0).to(tl.int64)
+            below = (ends <= tok[:, None]) & (idx < num_reqs)
+            lo += tl.sum(below.to(tl.int64), axis=1) * span
+            start = tl.maximum(start, tl.max(tl.where(below, ends, cu0), axis=1))
+        return lo, start
 
 
 def default_block_t(num_tokens: int) -> int:

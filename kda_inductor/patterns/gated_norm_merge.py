@@ -958,7 +958,7 @@ def _gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
     """The gate as the op reads it (:func:`_gate_read`), its view inserted where it needs one."""
     node, shape = _gate_read(z, D)
     if shape is None:
-        return _in_place_gate(graph, z, D)
+        return _in_place_gate(graph, node, D)
     v = graph.call_function(aten.view.default, (node, shape))
     set_fake_vals(graph, v)
     return v
@@ -973,6 +973,7 @@ def _gate_read(z: fx.Node, D: int) -> tuple[fx.Node, list | None]:
     prefill). The copied tensor may itself be a reshape that no view gives as rows (transformers'
     Qwen3-Next with one key head: the split ``[B, S, 1, 2 * Dv]`` reshaped ``[B, S, 2, Dv]``): then
     a reshape it was made from is viewed."""
+    z = _before_upcast(z)
     src = _copy_chain(z)[-1]
     if not (is_op(src, aten.clone)
             and src.kwargs.get("memory_format", torch.contiguous_format) == torch.contiguous_format):
@@ -983,6 +984,22 @@ def _gate_read(z: fx.Node, D: int) -> tuple[fx.Node, list | None]:
         if shape is not None and base not in mutated:
             return base, shape
     return z, None
+
+
+def _before_upcast(z: fx.Node) -> fx.Node:
+    """``z`` without the unit-dim views and the exact float32 upcast of a 16-bit tensor around it
+    (``torch.sigmoid(z.float().unsqueeze(0))``): the op upcasts the gate itself, so it reads the
+    16-bit tensor where it lies instead of an upcast copy Inductor would write out for it."""
+    n = z
+    while is_op(n, aten.unsqueeze, aten.squeeze) or (is_op(n, prims.convert_element_type) and _upcast(n)):
+        n = n.args[0]
+    return n if n is not z and len(live_users(n)) >= 1 else z
+
+
+def _upcast(n: fx.Node) -> bool:
+    """``n`` casts a 16-bit tensor to float32 (exact)."""
+    src = val(n.args[0])
+    return isinstance(src, torch.Tensor) and src.dtype in _16BIT and val(n).dtype == _F32
 
 
 def _in_place_gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:

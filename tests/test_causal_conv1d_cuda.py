@@ -38,7 +38,7 @@ class Prefill(torch.nn.Module):
                                          requires_grad=False)
 
     def forward(self, x):  # x [1, T, C]: transformers' layer around causal_conv1d_fn
-        return eager_fn(x.transpose(1, 2), self.weight).transpose(1, 2)
+        return eager_fn(x.transpose(1, 2), self.weight, None).transpose(1, 2)
 
 
 class Decode(torch.nn.Module):

@@ -973,3 +973,33 @@ def _line_of(fn, text: str) -> int:
 
     lines, first = inspect.getsourcelines(fn)
     return first + next(i for i, line in enumerate(lines) if line.strip().startswith(text))
+
+
+def _norm_then_amax(x, z, w):
+    """A norm whose output an fp8 quantization reduces again (its amax over each row)."""
+    y = fla(x.reshape(-1, D), z.reshape(-1, D), w)
+    return y, y.abs().amax(dim=-1)
+
+
+def _norm_then_matmul(x, z, w, proj):
+    """A norm whose output goes to the output projection (a matmul): nothing fuses into it."""
+    return fla(x.reshape(-1, D), z.reshape(-1, D), w) @ proj
+
+
+def test_speed_rule_reads_the_consumers(monkeypatch):
+    """The CUDA rule in context, the norm's consumers: where its output is reduced again (the amax
+    of a quantization, which Inductor fuses into its own norm kernel) the norm stays with Inductor
+    and the miss says so; where a matmul reads it, it is rewritten."""
+    from kda_inductor.patterns import gated_norm_merge as pattern
+
+    monkeypatch.setattr(pattern.NormMatch, "device", "cuda")
+    unforced = {"kda": {"strict": True, "force": False}}
+    _, x, _, _, z, w = _inputs(T=6, n_spec=0, seed=7)
+    out, c = _run(_norm_then_amax, x, z, w, options=unforced)
+    assert c.matches["gated_norm_merge"] == 0
+    (miss,) = c.records[0].misses["gated_norm_merge"]
+    assert "the norm's output is reduced again" in miss.check and "test_gated_norm_merge.py" in miss.check
+    proj = torch.randn(D, 8).to(torch.bfloat16)
+    out, c = _run(_norm_then_matmul, x, z, w, proj, options=unforced)
+    assert c.matches["gated_norm_merge"] == 1
+    assert_close_to_eager(out, _norm_then_matmul(x, z, w, proj), exact=True)

@@ -342,6 +342,28 @@ def inline_producer(n: Any) -> fx.Node | None:
     return None
 
 
+_REDUCTIONS = (aten.amax, aten.amin, aten.max, aten.min, aten.sum, aten.mean, aten.var, aten.prod)
+
+
+def fused_consumer_reduction(n: fx.Node, limit: int = 24) -> fx.Node | None:
+    """A reduction that reads ``n``'s values through views, casts and pointwise code (a dynamic
+    quantization's ``amax(|y|)`` over the norm's rows), which Inductor fuses, with that code, into
+    the kernel that computes ``n`` when ``n`` is its own reduction over the same rows; None where
+    no reduction reads it so (a matmul, an output). A fused op that writes ``n`` breaks that
+    fusion: the speed rules in context read this."""
+    stack, seen = list(n.users), set()
+    while stack and len(seen) < limit:
+        u = stack.pop()
+        if u in seen or u.op != "call_function":
+            continue
+        seen.add(u)
+        if is_op(u, *_REDUCTIONS):
+            return u
+        if is_op(u, *SHAPE_VIEWS, aten.abs) or torch.Tag.pointwise in getattr(u.target, "tags", ()):
+            stack.extend(u.users)
+    return None
+
+
 def is_op(node: Any, *targets: Any) -> bool:
     """``node`` calls one of ``targets`` (an OpOverload or an OpOverloadPacket)."""
     if not isinstance(node, fx.Node) or node.op != "call_function":

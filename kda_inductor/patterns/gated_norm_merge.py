@@ -85,7 +85,12 @@ fused into the reduction that computes it as an epilogue, and that kernel lost i
 * on CUDA, a merge-free norm whose input, or any norm whose gate, is still computed by pointwise
   code (``base.inline_producer``: code Inductor emits inside its own norm kernel) stays with
   Inductor: read by the op, that code would be written out and moved into another kernel. A
-  merge's sources are exempt: stock writes the merged buffer they are fused into, the op does not.
+  merge's sources are exempt: stock writes the merged buffer they are fused into, the op does not;
+* on CUDA, a norm whose output is reduced again (``base.fused_consumer_reduction``: an fp8
+  quantization's amax, vLLM's ``QuantFP8`` after the norm where ``gated_norm_quant`` does not
+  fire) stays with Inductor, which fuses that reduction into its norm kernel: norm op + Inductor's
+  quantization took 201 us at T = 16384 (H200, T symbolic), stock's one kernel 156 us
+  (``benchmarks/results/gated_norm_quant.md``, the "kda default" column).
 
 Whole-step A/B on transformers' families (kda against kda-no-gated_norm_merge, decode 32 / 128
 and prefill 4096): ``benchmarks/results/hf_models.md``; on the hybrid example's spec step:
@@ -119,6 +124,7 @@ from kda_inductor.patterns.base import (
     aten,
     call_args,
     erase_dead,
+    fused_consumer_reduction,
     in_graph_order,
     inline_producer,
     insert_fused,
@@ -244,6 +250,13 @@ class GatedNormMerge(Rewrite):
         inline = _inline_input(match)
         if inline is not None:
             return inline
+        reduced = fused_consumer_reduction(match.norm.y)
+        if reduced is not None:
+            where = source_location(reduced)[0]
+            return (f"the norm's output is reduced again (a {getattr(reduced.target, '__name__', reduced.target)}"
+                    f"{' at ' + where if where else ''}: an fp8 quantization's amax?), which Inductor fuses into its "
+                    "own norm kernel; written out by the fused op it is read twice (measured: vLLM's norm + QuantFP8 "
+                    "at T = 16384, 201 vs 156 us, benchmarks/results/gated_norm_quant.md)")
         if match.plain:
             rows_d = val(match.norm.x).numel()
             if not isinstance(rows_d, int):

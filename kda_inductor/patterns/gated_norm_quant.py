@@ -71,8 +71,18 @@ op by op, slower than Inductor's fused C++ for the graph: left to Inductor. ``ME
 from ``benchmarks/bench_gated_norm_quant.py``, which prints the literal to paste (results:
 ``benchmarks/results/gated_norm_quant.md``); in the step the rule is checked by
 ``benchmarks/report.py``'s FP8 hybrid steps (kda against kda-no-gated_norm_quant).
-TO FILL after the H200 run: the measured verdicts in one sentence (where it fires, where not,
-the symbolic graph) and the whole-step figures.
+Measured (H200, 2026-12-03, vLLM's spelling, H=32, D=128, T symbolic; ``--quick``, the static
+sizes and the other shapes skipped by the run's budget): the op is faster than stock only at
+T=1 (2.0 vs 5.0 us) and slower at T=256 (7.0 vs 6.5) and T=16384 (318 vs 156 us, the floor 80):
+its IEEE division of every value (``div_rn``, vLLM's CUDA arithmetic) costs what Inductor's code
+costs with eager numerics (``stock-en``, 319 us); stock is faster because it divides approximately
+and drops the bf16 rounding of the norm's output (its scales up to 37,000 float32 ulps off
+eager's). So the rule leaves the symbolic graph to Inductor on CUDA, and static sizes too until
+measured: the rewrite is forced only. (``gated_norm_merge`` also leaves such a norm to Inductor:
+its output's amax is fused into Inductor's norm kernel; norm op + Inductor's quant was 201 us.)
+Not measured: the FP8 hybrid step (``benchmarks/report.py --models fp8``). The way to a faster
+op is known and not taken here: the values need only be within one fp8 step, so a reciprocal
+multiply per value (one ``div_rn`` per group) would do; it must be measured first.
 """
 
 from __future__ import annotations
@@ -122,9 +132,11 @@ class Measured(NamedTuple):
 
 
 MEASURED: dict[str, dict[Shape, Measured]] = {
-    "cuda": {},
-    # TO FILL: the literal benchmarks/bench_gated_norm_quant.py prints after the H200 run
-    # ("MEASURED['cuda'] = {...}"), pasted over the {} above; cite the run's date in the docstring.
+    # benchmarks/bench_gated_norm_quant.py --quick on the H200, 2026-12-03 08:33 UTC (torch 2.11, triton
+    # 3.6): its printed literal; the static sizes were skipped by the run's budget
+    "cuda": {
+        Shape(merged=False, width=4096, per_token=False): Measured(faster=(), slower=(), symbolic=False),
+    },
 }
 """Per device type, the measured verdicts the speed rule reads (module docstring)."""
 
@@ -200,12 +212,13 @@ class GatedNormQuant(Rewrite):
     name = "gated_norm_quant"
     finds = (
         "a gated RMSNorm (with or without the merge) whose output only feeds vLLM's dynamic fp8 quantization, "
-        "per token group or per token; forced only until measured on a GPU"
+        "per token group or per token; forced only (measured slower than Inductor's code from 256 tokens)"
     )
     spellings = ("a gated RMSNorm as `gated_norm_merge` reads it (with or without the merge) whose output only "
                  "feeds a dynamic fp8 e4m3 quantization per token group or per token (vLLM's `QuantFP8` "
                  "`forward_native`: amax, `/ 448`, optional ue8m0 power-of-two scales, the scale floor, the "
-                 "clamp to +-448, the cast); forced only until measured on a GPU")
+                 "clamp to +-448, the cast); on CUDA left to Inductor where measured slower (T >= 256; static sizes "
+                 "not yet measured): forced only")
     becomes = "`kda::gated_norm_quant` (one Triton kernel: merge + norm + gate + quant, no bf16 output)"
     # it takes the norms whose output only an fp8 quantization reads; gated_norm_merge rewrites the rest
     runs_before = ("gated_norm_merge",)

@@ -39,13 +39,18 @@ Speed rule (``speed_rule``):
 * CPU: never. The op's CPU implementation is aten's own conv (``F.conv1d``, the kernel
   Inductor calls for ``aten.convolution``) followed by eager's silu: the same conv with the
   activation unfused, so it cannot beat Inductor's graph (not timed).
-* CUDA: always, provisionally (``CUDA_MIN_TOKENS``): aten runs the conv as
+* CUDA: every size (``CUDA_MIN_TOKENS = 1``): aten runs the conv as
   ``conv_depthwise2d_forward_kernel_generic`` at about ten times the copy floor (1,058 us of a
   4096-token Qwen3-Next prefill, 3 layers; ``benchmarks/results/hf_profile_qwen3_next_prefill.md``)
   with Inductor's layout copies around it, where the op reads and writes each byte once.
-  ``benchmarks/bench_causal_conv1d.py`` (eager, stock, kda, FLA's Triton conv, the floor; T
-  1 .. 16384, the models' widths) prints the smallest token count from which kda is faster at
-  every size; until it has run on the H200 the rule rewrites every size.
+  Measured (H200, 2026-12-03, ``benchmarks/results/causal_conv1d.md``; Qwen3-Next's 8192
+  channels, the projection's token-major layout, T dynamic): faster than stock at every T from 1
+  to 4096 (1.56 vs 3.80 us at T=1, 151.7 vs 661.6 us at 4096, 0.34-0.54x), so the crossover is 1.
+  In the step (``benchmarks/results/hf_models.md``, kda against kda-no-causal_conv1d): Qwen3-Next
+  prefill 4096, 840 us of 10,510 saved; decode 32, 47 us of 1,080. Not yet near the floor: 4.8x
+  it at 4096 (31.8 us), where FLA's Triton conv takes 53 us (its launch configuration is
+  ``launch_config``'s to tune: ``bench_causal_conv1d.py --sweep``, not run on the H200 yet); the
+  other families' widths (12288, 11520, 4096) were not measured this session.
 
 Turn it off with ``options={"kda": {"disable": ["causal_conv1d"]}}``.
 """
@@ -77,7 +82,7 @@ from kda_inductor.patterns.base import (
 from kda_inductor.patterns.canonical import Canon, Term
 
 CUDA_MIN_TOKENS = 1
-"""Tokens per conv (``B * T``, static) from which the op runs on CUDA: provisional (every size)
+"""Tokens per conv (``B * T``, static) from which the op runs on CUDA: every size (measured faster from 1)
 until ``benchmarks/bench_causal_conv1d.py`` has measured the crossover on the H200; a symbolic
 count is rewritten as long as this is 1 (then no size is slower)."""
 _CASTS = (prims.convert_element_type, aten._to_copy)

@@ -82,8 +82,8 @@ from kda_inductor.patterns.base import (
 from kda_inductor.patterns.canonical import Canon, Term
 
 CUDA_MIN_TOKENS = 1
-"""Tokens per conv (``B * T``, static) from which the op runs on CUDA: every size (measured faster from 1)
-until ``benchmarks/bench_causal_conv1d.py`` has measured the crossover on the H200; a symbolic
+"""Tokens per conv (``B * T``, static) from which the op runs on CUDA: 1, the crossover
+``benchmarks/bench_causal_conv1d.py`` measured on the H200 (faster at every size); a symbolic
 count is rewritten as long as this is 1 (then no size is slower)."""
 _CASTS = (prims.convert_element_type, aten._to_copy)
 _TIME = 2

@@ -45,7 +45,9 @@ Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement
   lookups into those kernels and never writes the fp8 bytes out; the op would add that
   write and its read back: left to Inductor (measured on the hybrid model's T=256
   spec-decode step with its former dequantize-then-window stand-in, 58K tokens of context:
-  the rewrite alone made the step 3.9 us slower, 962.8 vs 958.9 us, 2026-12-01);
+  the rewrite alone made the step 3.9 us slower, 962.8 vs 958.9 us, 2026-12-01); in context
+  with the opaque logits op, kda without it is 10.1 us slower in the T=256 spec step
+  (``profile_step.py --without-each``, ``benchmarks/results/profile_step.md``);
 * CPU (this project's 2-core machine, torch 2.13, forced op vs the same graph left to
   Inductor): only with a static count of at least ``CPU_MIN_TOKENS`` gathered tokens. The
   op's CPU implementation wins from about 12K tokens (12000: 2343 vs 2483 us; 16000: 2832 vs

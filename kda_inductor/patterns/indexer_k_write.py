@@ -72,7 +72,9 @@ Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement
   there ("must be 1 to view Float as Byte"), so the alternative is eager, which the op beats
   by more than 30x at T=256 and T=16384 (the figures: ``benchmarks/results/report.md``, rows
   ``indexer_k_write``); in the hybrid model's T=256 spec-decode step (quant + write after the
-  rotary) the rewrite alone saves 40 us of the step (918.7 vs 958.9 us, 2026-12-01);
+  rotary) the rewrite alone saves 40 us of the step (918.7 vs 958.9 us, 2026-12-01), and kda
+  without it is 92.1 us slower in that step (``profile_step.py --without-each``,
+  ``benchmarks/results/profile_step.md``);
 * CPU (this project's 2-core machine, torch 2.13, forced op vs the same graph left to
   Inductor, which compiles it there): only with a static count of at least
   ``CPU_MIN_TOKENS`` tokens. The op's CPU implementation wins from 512 tokens (512: 793 vs

@@ -68,14 +68,8 @@ import torch
 from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
-from kda_inductor.lowerings import (
-    cache_bytes,
-    check_kv_cache,
-    check_tensor,
-    definitely,
-    interpreter_checks,
-    triton_launch_options,
-)
+from kda_inductor.lowerings import cache_bytes, check_kv_cache, check_tensor, definitely
+from kda_inductor.lowerings import interpreter_checks, triton_launch_options
 from kda_inductor.reference import QUANT_GROUP, CacheLayout
 
 try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
@@ -202,12 +196,17 @@ def _check_out(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, block_s
     return meta
 
 
+def _first(cond: Tensor) -> int | None:
+    """The first index where the 1-D ``cond`` holds (a host sync), or None."""
+    hit = torch.nonzero(cond)
+    return int(hit[0, 0]) if hit.numel() else None
+
+
 def _check_lengths_cpu(cu_seq_lens, num_tokens: int, n_arg: str) -> Tensor:
     """Data checks of ``cu_seq_lens`` (syncs), the module's rule; returns it as int64."""
     cu = cu_seq_lens.to(torch.int64)
-    dec = torch.nonzero(cu[1:] < cu[:-1])
-    if dec.numel():
-        i = int(dec[0, 0])
+    i = _first(cu[1:] < cu[:-1])
+    if i is not None:
         raise _err(
             "cu_seq_lens",
             f"expected non-decreasing values, got cu_seq_lens[{i}] = {int(cu[i])} > "
@@ -247,9 +246,8 @@ def _check_values_cpu(block_table, cu_seq_lens, num_tokens: int, meta: _Meta, n_
         )
     blk = block_table[req, col].to(torch.int64)
     nb = meta.num_blocks
-    bad = torch.nonzero((blk < -nb) | (blk >= nb))
-    if bad.numel():
-        t = int(bad[0, 0])
+    t = _first((blk < -nb) | (blk >= nb))
+    if t is not None:
         raise _err(
             "block_table",
             f"block id {int(blk[t])} out of range [-{nb}, {nb}) for request {int(req[t])} "

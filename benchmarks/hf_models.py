@@ -401,8 +401,10 @@ def _capture(row: dict, graphs: dict, variant: str, step: Callable, device: str)
             torch.cuda.synchronize()
             print(f"    {variant}: CUDA graph capture failed ({type(err).__name__}: {str(err)[:120]}); "
                   "timing with events", flush=True)
-    row[f"{variant}_us"], row[f"{variant}_timing"] = time_us(step, device) if device != "cuda" else (
-        _timing.eager_median_us(step, reps=10, warmup=2), "events")
+    if device == "cuda":
+        row[f"{variant}_us"], row[f"{variant}_timing"] = _timing.eager_median_us(step, reps=10, warmup=2), "events"
+    else:
+        row[f"{variant}_us"], row[f"{variant}_timing"] = time_us(step, device)
 
 
 def _run_variant(row: dict, graphs: dict, variant: str, decoder, call, reset, expected, *, device: str,

@@ -36,6 +36,15 @@ def test_is_exporting_true_under_torch_export():
 
 
 @pytest.fixture
+def hub():
+    """transformers' hub-kernel dispatch module (skipped where this transformers lacks it)."""
+    module = pytest.importorskip("transformers.integrations.hub_kernels")
+    if not hasattr(module, "use_kernel_func_from_hub_with_fallback"):
+        pytest.skip("this transformers has no use_kernel_func_from_hub_with_fallback")
+    return module
+
+
+@pytest.fixture
 def fake_kernel_package(monkeypatch):
     pkg = types.ModuleType("kda_fake_kernels")
     pkg.fast_rule = lambda x, g=None: x.cos()
@@ -50,12 +59,9 @@ def _torch_folds_is_exporting() -> bool:
     return torch.equal(torch.compile(_flags, backend="eager", fullgraph=True)(x), x + 1)
 
 
-def test_transformers_dispatch_package_for_chunk_reference_for_recurrent(fake_kernel_package):
+def test_transformers_dispatch_package_for_chunk_reference_for_recurrent(fake_kernel_package, hub):
     """transformers' dispatch under kda_inductor: a chunked core gets the package's kernel; a
     recurrent one keeps the reference where torch folds the flag (measured faster there)."""
-    hub = pytest.importorskip("transformers.integrations.hub_kernels")
-    if not hasattr(hub, "use_kernel_func_from_hub_with_fallback"):
-        pytest.skip("this transformers has no use_kernel_func_from_hub_with_fallback")
 
     @hub.use_kernel_func_from_hub_with_fallback("fast_rule", "kda_fake_kernels")
     def torch_chunk_rule(x, g=None):
@@ -131,12 +137,9 @@ def test_the_feature_check_can_say_needed(monkeypatch):
         _dynamo_fixes._installed = isinstance(original(), _dynamo_fixes._TracingState)
 
 
-def test_applied_to_every_backend_gives_stock_the_package(fake_kernel_package):
+def test_applied_to_every_backend_gives_stock_the_package(fake_kernel_package, hub):
     """``applied_to_every_backend()``: stock Inductor traces with the fix (the benchmarks' "stock +
     fix" baseline): transformers' chunked core dispatches to the package's kernel."""
-    hub = pytest.importorskip("transformers.integrations.hub_kernels")
-    if not hasattr(hub, "use_kernel_func_from_hub_with_fallback"):
-        pytest.skip("this transformers has no use_kernel_func_from_hub_with_fallback")
 
     @hub.use_kernel_func_from_hub_with_fallback("fast_rule", "kda_fake_kernels")
     def torch_chunk_rule(x, g=None):

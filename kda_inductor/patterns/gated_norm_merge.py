@@ -252,11 +252,10 @@ class GatedNormMerge(Rewrite):
             return inline
         reduced = fused_consumer_reduction(match.norm.y)
         if reduced is not None:
-            where = source_location(reduced)[0]
-            return (f"the norm's output is reduced again (a {getattr(reduced.target, '__name__', reduced.target)}"
-                    f"{' at ' + where if where else ''}: an fp8 quantization's amax?), which Inductor fuses into its "
-                    "own norm kernel; written out by the fused op it is read twice (measured: vLLM's norm + QuantFP8 "
-                    "at T = 16384, 201 vs 156 us, benchmarks/results/gated_norm_quant.md)")
+            return (f"the norm's output is reduced again (a {_op_at(reduced)}: an fp8 quantization's amax?), "
+                    "which Inductor fuses into its own norm kernel; written out by the fused op it is read twice "
+                    "(measured: vLLM's norm + QuantFP8 at T = 16384, 201 vs 156 us, "
+                    "benchmarks/results/gated_norm_quant.md)")
         if match.plain:
             rows_d = val(match.norm.x).numel()
             if not isinstance(rows_d, int):
@@ -588,12 +587,17 @@ def _inline_input(match: NormMatch) -> str | None:
     for x, what in [*[(r, "input") for r in (match.reads if match.plain else [])], (gate, "gate")]:
         p = inline_producer(x)
         if p is not None:
-            where = source_location(p)[0]
-            return (f"the norm's {what} is computed by {getattr(p.target, '__name__', p.target)}"
-                    f"{' at ' + where if where else ''}, which Inductor fuses into its own norm kernel; read by the "
+            return (f"the norm's {what} is computed by {_op_at(p)}, which Inductor fuses into its own norm "
+                    "kernel; read by the "
                     "fused op it must be written out first, which slows the kernel that computes it (measured in "
                     "context: see patterns/gated_norm_merge.py)")
     return None
+
+
+def _op_at(n: fx.Node) -> str:
+    """``n``'s op and the user's line that made it, for a speed rule's reason."""
+    where = source_location(n)[0]
+    return f"{getattr(n.target, '__name__', n.target)}{' at ' + where if where else ''}"
 
 
 def source_reads(match: NormMatch) -> tuple[list[fx.Node], torch.dtype | None, list[fx.Node]]:

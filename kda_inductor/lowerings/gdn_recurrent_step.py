@@ -28,7 +28,7 @@ grouping, read by index, never repeated) and token ``t``, in float32 (``S [K, V]
   ``v.dtype``).
 
 The CPU kernel is that loop in plain float32 torch (:func:`reference_step`, the spec). The CUDA
-kernel (:func:`step_triton`; not in this first commit: CPU and fake impls only) is one Triton launch: program ``(b, h, j)`` holds the float32 tile
+kernel (:func:`step_triton`) is one Triton launch: program ``(b, h, j)`` holds the float32 tile
 ``S[b, h, :, j * BV : (j + 1) * BV]`` in registers, read once and written once, and runs every
 token through it. Per token it reduces ``S`` over ``K`` once, for two sums at a time
 (``tl.reduce`` of a pair), by the identity
@@ -59,7 +59,8 @@ from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import check_tensor, definitely
 from kda_inductor.lowerings._triton import tl, triton
 
-__all__ = ["MAX_K", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace", "reference_step", "validate"]
+__all__ = ["CONFIGS", "MAX_K", "LaunchConfig", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace",
+           "launch_config", "reference_step", "step_triton", "validate"]
 
 MAX_K = 256
 """The largest key head dim: a program holds every key row of its tile (Qwen3-Next, Qwen3.5 and
@@ -247,3 +248,220 @@ def gdn_recurrent_step_inplace(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta:
 def _gdn_recurrent_step_inplace_fake(q, k, v, g, beta, state, scale, use_qk_l2norm, eps=1e-6, out_dtype=None):
     meta = validate(q, k, v, g, beta, state, scale, use_qk_l2norm, eps, out_dtype, state_arg="state")
     return _new_output(v, meta, out_dtype)
+
+
+@gdn_recurrent_step.register_kernel("cuda")
+def _gdn_recurrent_step_cuda(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, eps=1e-6, out_dtype=None):
+    meta = validate(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, eps, out_dtype)
+    out, final = _new_outputs(v, meta, out_dtype)
+    _launch(q, k, v, g, beta, initial_state, final, out, scale, use_qk_l2norm, eps, meta)
+    return out, final
+
+
+@gdn_recurrent_step_inplace.register_kernel("cuda")
+def _gdn_recurrent_step_inplace_cuda(q, k, v, g, beta, state, scale, use_qk_l2norm, eps=1e-6, out_dtype=None):
+    meta = validate(q, k, v, g, beta, state, scale, use_qk_l2norm, eps, out_dtype, state_arg="state")
+    out = _new_output(v, meta, out_dtype)
+    _launch(q, k, v, g, beta, state, state, out, scale, use_qk_l2norm, eps, meta)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Triton
+# --------------------------------------------------------------------------------------
+if triton is not None:
+
+    @triton.jit
+    def _add2(a0, b0, a1, b1):
+        return a0 + a1, b0 + b1
+
+    @triton.jit
+    def _add3(a0, b0, c0, a1, b1, c1):
+        return a0 + a1, b0 + b1, c0 + c1
+
+    @triton.jit
+    def _program(V, HV, BV: tl.constexpr):
+        """This program's sequence ``b``, value head ``h`` and column block ``j`` (the column
+        blocks of one head run side by side: they read the same q / k)."""
+        pid = tl.program_id(0)
+        nv = tl.cdiv(V, BV)
+        bh = pid // nv
+        return bh // HV, bh % HV, pid % nv
+
+    @triton.jit
+    def _tile(ptr, b, h, rk, rv, s_b, s_h, s_k, s_v):
+        """The addresses of the state tile ``[b, h, rk, rv]``."""
+        base = ptr + b.to(tl.int64) * s_b + h.to(tl.int64) * s_h
+        return base + rk[:, None] * s_k + rv[None, :] * s_v
+
+    @triton.jit
+    def _keys(q_row, k_row, rk, kmask, sq_k, sk_k, scale, eps, L2NORM: tl.constexpr):
+        """One token's ``q`` (normalized, scaled) and ``k`` (normalized): float32 ``[KP]``, and
+        their dot product ``q . k`` (the three sums in one reduction)."""
+        q = tl.load(q_row + rk * sq_k, mask=kmask, other=0.0).to(tl.float32)
+        k = tl.load(k_row + rk * sk_k, mask=kmask, other=0.0).to(tl.float32)
+        if L2NORM:
+            qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, _add3)
+            nq = tl.math.rsqrt(qq + eps)
+            nk = tl.math.rsqrt(kk + eps)
+            q = q * nq * scale
+            k = k * nk
+            qk = qk * (nq * nk) * scale
+        else:
+            q = q * scale
+            qk = tl.sum(q * k, 0)
+        return q, k, qk
+
+    @triton.jit
+    def _decay(g_row, rk, kmask, sg_k, PER_CHANNEL: tl.constexpr):
+        """``exp(g_t)``: float32 ``[KP]`` (per key channel; 1 on masked rows) or a scalar."""
+        if PER_CHANNEL:
+            e = tl.exp(tl.load(g_row + rk * sg_k, mask=kmask, other=0.0).to(tl.float32))
+        else:
+            e = tl.exp(tl.load(g_row).to(tl.float32))
+        return e
+
+    @triton.jit
+    def _update(S, q, k, qk, v, beta, e, PER_CHANNEL: tl.constexpr):
+        """One token through the tile ``S [KP, BV]``: the new tile and this token's output.
+        ``S_new = S e + k delta`` with ``delta = (v - sum_K(S e k)) beta``, and
+        ``out = sum_K(S_new q) = sum_K(S e q) + (q . k) delta``: one reduction over K of the old
+        tile for both sums."""
+        kv, oq = tl.reduce((S * (k * e)[:, None], S * (q * e)[:, None]), 0, _add2)
+        delta = (v - kv) * beta
+        if PER_CHANNEL:
+            S = S * e[:, None] + k[:, None] * delta[None, :]
+        else:
+            S = S * e + k[:, None] * delta[None, :]
+        return S, oq + qk * delta
+
+    def _step_body(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, f_ptr, o_ptr, T, HV, K, V, GROUP, scale, eps,
+                   sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, sg_b, sg_t, sg_h, sg_k,
+                   sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, ss_v, sf_b, sf_h, sf_k, sf_v,
+                   KP: tl.constexpr, BV: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
+                   HAS_STATE: tl.constexpr):
+        """Program ``(b, h, j)``: the state tile ``[b, h, :, j * BV : (j + 1) * BV]`` read once
+        into registers (zeros without a state), every token run through it, written once."""
+        b, h, j = _program(V, HV, BV)
+        rk = tl.arange(0, KP)
+        rv = j * BV + tl.arange(0, BV)
+        kmask, vmask = rk < K, rv < V
+        mask = kmask[:, None] & vmask[None, :]
+        if HAS_STATE:
+            S = tl.load(_tile(s_ptr, b, h, rk, rv, ss_b, ss_h, ss_k, ss_v), mask=mask, other=0.0)
+        else:
+            S = tl.zeros((KP, BV), tl.float32)
+        b64, hk = b.to(tl.int64), h // GROUP
+        q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
+        v_row, g_row = v_ptr + b64 * sv_b + h * sv_h + rv * sv_v, g_ptr + b64 * sg_b + h * sg_h
+        b_row, o_row = b_ptr + b64 * sb_b + h * sb_h, o_ptr + (b64 * T * HV + h) * V + rv
+        for t in range(T):
+            q, k, qk = _keys(q_row + t * sq_t, k_row + t * sk_t, rk, kmask, sq_k, sk_k, scale, eps, L2NORM)
+            v = tl.load(v_row + t * sv_t, mask=vmask, other=0.0).to(tl.float32)
+            beta = tl.load(b_row + t * sb_t).to(tl.float32)
+            e = _decay(g_row + t * sg_t, rk, kmask, sg_k, PER_CHANNEL)
+            S, o = _update(S, q, k, qk, v, beta, e, PER_CHANNEL)
+            tl.store(o_row + t * HV * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
+        tl.store(_tile(f_ptr, b, h, rk, rv, sf_b, sf_h, sf_k, sf_v), S, mask=mask)
+
+    _step_kernel = triton.jit(_step_body)
+
+
+# --------------------------------------------------------------------------------------
+# launch configuration: a fixed table (no run-time autotuning)
+# --------------------------------------------------------------------------------------
+class LaunchConfig(NamedTuple):
+    block_v: int
+    """State columns per program (``BV``, a power of two)."""
+    num_warps: int
+    num_stages: int = 1
+
+
+CONFIGS = {16: LaunchConfig(64, 1), 32: LaunchConfig(64, 2), 64: LaunchConfig(32, 2), 128: LaunchConfig(32, 4),
+           256: LaunchConfig(32, 8)}
+"""Per padded key dim ``KP``: the launch when there are programs enough to fill the GPU. ``BV =
+32`` float32 columns are one 128-byte line per key row (16-byte loads, four lanes per line);
+warps so that each thread holds ~32 state values (``KP * BV / (32 * num_warps)``): registers
+for the tile and its products with no spill, and ~8 16-byte loads in flight per thread. Not yet
+measured on a GPU: ``benchmarks/bench_gdn_recurrent_step.py --sweep`` times the alternatives."""
+MIN_BLOCK_V = 8
+"""32 bytes per key row: one DRAM sector."""
+TARGET_PROGRAMS = 512
+"""Column blocks shrink (down to ``MIN_BLOCK_V``) while fewer programs than this would run: about
+four per SM of an H100 / H200 (132), so that small batches still spread over the GPU."""
+
+
+def launch_config(batch: int, v_heads: int, k_dim: int, v_dim: int) -> LaunchConfig:
+    """The table's launch for ``KP = next_power_of_2(k_dim)``; for few ``batch * v_heads`` the
+    column block halves (warps with it: the same ~32 values per thread) until ``TARGET_PROGRAMS``
+    programs run. B = 1 at Qwen3-Next's dims (32 heads, V = 128): 8 columns, 1 warp, 512 programs;
+    B >= 4: 32 columns, 4 warps."""
+    kp = max(16, triton.next_power_of_2(int(k_dim)))
+    cfg = CONFIGS[kp]
+    bv, warps = min(cfg.block_v, max(MIN_BLOCK_V, triton.next_power_of_2(max(int(v_dim), 1)))), cfg.num_warps
+    heads = max(int(batch) * int(v_heads), 1)
+    while bv > MIN_BLOCK_V and heads * triton.cdiv(int(v_dim), bv) < TARGET_PROGRAMS:
+        bv //= 2
+        warps = max(1, warps // 2)
+    return LaunchConfig(bv, warps, cfg.num_stages)
+
+
+def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta: StepMeta,
+            config: LaunchConfig | None = None) -> None:
+    """One launch of :data:`_step_kernel` on validated arguments (``state`` None: zeros; ``final``
+    may be ``state`` itself: the in-place op)."""
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("gdn_recurrent_step: the Triton kernel needs triton, which is not installed")
+    cfg = config or launch_config(meta.batch, meta.v_heads, meta.k_dim, meta.v_dim)
+    programs = meta.batch * meta.v_heads * triton.cdiv(meta.v_dim, cfg.block_v)
+    if programs == 0:
+        return
+    s = state if state is not None else final
+    g_strides = g.stride() if meta.per_channel else (*g.stride(), 0)
+    _step_kernel[(programs,)](
+        q, k, v, g, beta, s, final, out, meta.tokens, meta.v_heads, meta.k_dim, meta.v_dim, meta.group,
+        float(scale), float(eps), *q.stride(), *k.stride(), *v.stride(), *g_strides, *beta.stride(),
+        *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),
+        KP=max(16, triton.next_power_of_2(meta.k_dim)), BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
+        L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+def step_triton(q, k, v, g, beta, state=None, scale=1.0, use_qk_l2norm=False, eps=1e-6, out_dtype=None, *,
+                inplace: bool = False, out: Tensor | None = None, config: LaunchConfig | None = None):
+    """The Triton kernel on checked arguments (what the CUDA impls launch; also on CPU tensors
+    under ``TRITON_INTERPRET=1``): ``(out, final_state)``; ``inplace``: ``state`` is overwritten
+    and returned as the final state. ``out``: a contiguous ``[B, T, Hv, V]`` to write (default
+    a new one); ``config``: the launch (default :func:`launch_config`)."""
+    meta = validate(q, k, v, g, beta, state, scale, use_qk_l2norm, eps, out_dtype,
+                    state_arg="state" if inplace else "initial_state")
+    if inplace and state is None:
+        raise _err("state", "the in-place step needs a state to overwrite, got None")
+    want = _new_output(v, meta, out.dtype if out is not None else out_dtype)
+    if out is None:
+        out = want
+    elif out.shape != want.shape or not out.is_contiguous() or out.device != v.device:
+        raise _err("out", f"expected a contiguous {list(want.shape)} on {v.device}, got {list(out.shape)} "
+                   f"strides {out.stride()}")
+    final = state if inplace else _new_outputs(v, meta, None)[1]
+    _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta, config)
+    return out, final
+
+
+def aot_variants():
+    """The launches to compile ahead of time for sm_90: Qwen3-Next's decode (bf16 q / k / v and
+    beta, float32 g, K = 128, scalar decay, l2norm, a state), its small-batch config, Kimi's
+    per-channel decay, a float32 step without l2norm or state, and K = 256."""
+    from kda_inductor.lowerings import AotVariant
+
+    names = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "b_ptr", "s_ptr", "f_ptr", "o_ptr")
+    ints = ("T", "HV", "K", "V", "GROUP", "sq_b", "sq_t", "sq_h", "sq_k", "sk_b", "sk_t", "sk_h", "sk_k", "sv_b",
+            "sv_t", "sv_h", "sv_v", "sg_b", "sg_t", "sg_h", "sg_k", "sb_b", "sb_t", "sb_h", "ss_b", "ss_h", "ss_k",
+            "ss_v", "sf_b", "sf_h", "sf_k", "sf_v")
+    bf16 = dict(zip(names, ("*bf16", "*bf16", "*bf16", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16")),
+                **dict.fromkeys(ints, "i32"), scale="fp32", eps="fp32")
+    fp32 = {**bf16, **dict.fromkeys(names, "*fp32")}
+    base = dict(KP=128, BV=32, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True)
+    for types, consts, warps in ((bf16, base, 4), (bf16, dict(base, BV=8), 1), (bf16, dict(base, PER_CHANNEL=True), 4),
+                                 (fp32, dict(base, L2NORM=False, HAS_STATE=False), 4), (bf16, dict(base, KP=256), 8)):
+        yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1})

@@ -295,11 +295,27 @@ if triton is not None:
         return base + rk[:, None] * s_k + rv[None, :] * s_v
 
     @triton.jit
-    def _keys(q_row, k_row, rk, kmask, sq_k, sk_k, scale, eps, L2NORM: tl.constexpr):
-        """One token's ``q`` (normalized, scaled) and ``k`` (normalized): float32 ``[KP]``, and
-        their dot product ``q . k`` (the three sums in one reduction)."""
-        q = tl.load(q_row + rk * sq_k, mask=kmask, other=0.0).to(tl.float32)
-        k = tl.load(k_row + rk * sk_k, mask=kmask, other=0.0).to(tl.float32)
+    def _load_token(q_row, k_row, v_row, g_row, b_row, t, T, rk, kmask, vmask, sq_t, sk_t, sv_t, sg_t, sb_t,
+                    sq_k, sk_k, sg_k, PER_CHANNEL: tl.constexpr):
+        """Token ``t``'s raw ``q``, ``k`` (``[KP]``), ``v`` (``[BV]``), ``g`` (scalar or ``[KP]``) and
+        ``beta``, as float32; all zeros for ``t >= T`` (the prefetch past the last token)."""
+        live = (tl.program_id(0) * 0 + t) < T
+        km = kmask & (rk * 0 + t < T)  # (a vector & a scalar mask trips the interpreter)
+        q = tl.load(q_row + t * sq_t + rk * sq_k, mask=km, other=0.0).to(tl.float32)
+        k = tl.load(k_row + t * sk_t + rk * sk_k, mask=km, other=0.0).to(tl.float32)
+        v = tl.load(v_row + t * sv_t, mask=vmask & (tl.zeros_like(vmask.to(tl.int32)) + t < T), other=0.0)
+        v = v.to(tl.float32)
+        if PER_CHANNEL:
+            g = tl.load(g_row + t * sg_t + rk * sg_k, mask=km, other=0.0).to(tl.float32)
+        else:
+            g = tl.load(g_row + t * sg_t, mask=live, other=0.0).to(tl.float32)
+        beta = tl.load(b_row + t * sb_t, mask=live, other=0.0).to(tl.float32)
+        return q, k, v, g, beta
+
+    @triton.jit
+    def _keys(q, k, scale, eps, L2NORM: tl.constexpr):
+        """``q`` normalized and scaled, ``k`` normalized (float32 ``[KP]``), and ``q . k`` (the three
+        sums in one reduction)."""
         if L2NORM:
             qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, _add3)
             nq = tl.math.rsqrt(qq + eps)
@@ -311,15 +327,6 @@ if triton is not None:
             q = q * scale
             qk = tl.sum(q * k, 0)
         return q, k, qk
-
-    @triton.jit
-    def _decay(g_row, rk, kmask, sg_k, PER_CHANNEL: tl.constexpr):
-        """``exp(g_t)``: float32 ``[KP]`` (per key channel; 1 on masked rows) or a scalar."""
-        if PER_CHANNEL:
-            e = tl.exp(tl.load(g_row + rk * sg_k, mask=kmask, other=0.0).to(tl.float32))
-        else:
-            e = tl.exp(tl.load(g_row).to(tl.float32))
-        return e
 
     @triton.jit
     def _update(S, q, k, qk, v, beta, e, PER_CHANNEL: tl.constexpr):
@@ -341,26 +348,29 @@ if triton is not None:
                    KP: tl.constexpr, BV: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
                    HAS_STATE: tl.constexpr):
         """Program ``(b, h, j)``: the state tile ``[b, h, :, j * BV : (j + 1) * BV]`` read once
-        into registers (zeros without a state), every token run through it, written once."""
+        into registers (zeros without a state), every token run through it (the next token's
+        inputs loaded before this one's reductions), written once."""
         b, h, j = _program(V, HV, BV)
         rk = tl.arange(0, KP)
         rv = j * BV + tl.arange(0, BV)
         kmask, vmask = rk < K, rv < V
+        b64, hk = b.to(tl.int64), h // GROUP
+        q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
+        v_row, g_row = v_ptr + b64 * sv_b + h * sv_h + rv * sv_v, g_ptr + b64 * sg_b + h * sg_h
+        b_row, o_row = b_ptr + b64 * sb_b + h * sb_h, o_ptr + (b64 * T * HV + h) * V + rv
+        nxt = _load_token(q_row, k_row, v_row, g_row, b_row, 0, T, rk, kmask, vmask, sq_t, sk_t, sv_t, sg_t,
+                          sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
         mask = kmask[:, None] & vmask[None, :]
         if HAS_STATE:
             S = tl.load(_tile(s_ptr, b, h, rk, rv, ss_b, ss_h, ss_k, ss_v), mask=mask, other=0.0)
         else:
             S = tl.zeros((KP, BV), tl.float32)
-        b64, hk = b.to(tl.int64), h // GROUP
-        q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
-        v_row, g_row = v_ptr + b64 * sv_b + h * sv_h + rv * sv_v, g_ptr + b64 * sg_b + h * sg_h
-        b_row, o_row = b_ptr + b64 * sb_b + h * sb_h, o_ptr + (b64 * T * HV + h) * V + rv
         for t in range(T):
-            q, k, qk = _keys(q_row + t * sq_t, k_row + t * sk_t, rk, kmask, sq_k, sk_k, scale, eps, L2NORM)
-            v = tl.load(v_row + t * sv_t, mask=vmask, other=0.0).to(tl.float32)
-            beta = tl.load(b_row + t * sb_t).to(tl.float32)
-            e = _decay(g_row + t * sg_t, rk, kmask, sg_k, PER_CHANNEL)
-            S, o = _update(S, q, k, qk, v, beta, e, PER_CHANNEL)
+            q, k, v, g, beta = nxt
+            nxt = _load_token(q_row, k_row, v_row, g_row, b_row, t + 1, T, rk, kmask, vmask, sq_t, sk_t,
+                              sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
+            q, k, qk = _keys(q, k, scale, eps, L2NORM)
+            S, o = _update(S, q, k, qk, v, beta, tl.exp(g), PER_CHANNEL)
             tl.store(o_row + t * HV * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
         tl.store(_tile(f_ptr, b, h, rk, rv, sf_b, sf_h, sf_k, sf_v), S, mask=mask)
 

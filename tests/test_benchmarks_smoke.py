@@ -272,3 +272,51 @@ def test_hf_models_smoke_three_compiles_in_fresh_processes(tmp_path):
     assert all(r["caches"].get("fx_hit") and not r["pass_runs"] for r in kda[1:])
     assert all(r["numerics"]["argmax_agree"] > 0.5 for r in records)
     assert "<!-- hf-section" in (tmp_path / "hf_models.md").read_text()
+
+
+# --------------------------------------------------------------------------- benchmarks.hf_generate
+
+
+def test_hf_generate_compiles_as_transformers_documents():
+    """stock and kda: a static cache, and generate's own compile through ``CompileConfig``
+    naming the backend; eager: generate as it comes."""
+    from benchmarks import hf_generate
+
+    eager = hf_generate.generate_kwargs("eager", new_tokens=5, smoke=False)
+    assert "compile_config" not in eager and "cache_implementation" not in eager
+    assert eager["min_new_tokens"] == eager["max_new_tokens"] == 5
+    for variant, backend in (("stock", "inductor"), ("kda", "kda_inductor")):
+        kw = hf_generate.generate_kwargs(variant, new_tokens=5, smoke=False)
+        assert kw["cache_implementation"] == "static" and kw["compile_config"].backend == backend
+        assert kw["compile_config"].mode == "reduce-overhead"
+
+
+def test_hf_generate_eager_tokens_per_second():
+    """The CPU path of one measurement (eager: no compile): tokens counted, times recorded."""
+    from benchmarks import hf_generate
+
+    r = hf_generate.run_one({"smoke": True, "device": "cpu", "family": "qwen3_next", "batch": 2, "prompt": 4,
+                             "new_tokens": 3, "reps": 1, "variant": "eager"})
+    assert r["new_tokens"] == 3 and r["tokens_per_s"] == 2 * 3 / r["s"] and not r["compiled"]
+    rows = hf_generate.summarize([{**r, "family": "qwen3_next", "case": "batch 2", "variant": "eager", "cache": "cold"}])
+    assert rows[0]["cold_tps"] == r["tokens_per_s"]
+
+
+@pytest.mark.slow
+def test_hf_generate_smoke_cold_and_warm(tmp_path):
+    """generate() with stock and kda compiled by transformers itself, a process on an empty cache
+    and one reading it; the same greedy tokens in every variant; a section of this commit."""
+    from benchmarks import hf_generate
+
+    records = hf_generate.main(["--smoke", "--family", "qwen3_next", "--batch", "1", "--reps", "1",
+                                "--results-dir", str(tmp_path)])
+    assert not [r for r in records if r.get("error")], records
+    assert [(r["variant"], r["cache"]) for r in records] == [("eager", "cold"), ("stock", "cold"), ("stock", "warm"),
+                                                             ("kda", "cold"), ("kda", "warm")]
+    assert all(r["compiled"] for r in records if r["variant"] != "eager")
+    assert len({json_tokens(r) for r in records}) == 1
+    assert "<!-- hf-section" in (tmp_path / "hf_generate.md").read_text()
+
+
+def json_tokens(record):
+    return str(record["tokens"])

@@ -415,9 +415,12 @@ def inductor_kernels() -> dict[str, dict[str, Any]]:
     for mod in modules:
         for value in list(vars(mod).values()):
             if isinstance(value, CachingAutotuner):
-                name = getattr(getattr(value, "fn", None), "__name__", None) or value.inductor_meta.get("kernel_name")
-                if name:
-                    out[name] = _kernel_info(value)
+                name = (getattr(value, "inductor_meta", None) or {}).get("kernel_name") or \
+                    getattr(getattr(value, "fn", None), "__name__", None)
+                info = _kernel_info(value)
+                # a kernel's own module holds an autotuner that never ran; the output code's ran
+                if name and ("config" in info or "config" not in out.get(name, {})):
+                    out[name] = info
     return out
 
 
@@ -470,6 +473,19 @@ def reference_logits(model, config, case: str, *, smoke: bool, device: str) -> t
     del ref
     if device == "cuda":
         torch.cuda.empty_cache()
+    return logits
+
+
+def _reference(spec: dict[str, Any], model, config) -> torch.Tensor:
+    """The fp32 copy's logits of this case: computed by the case's first compile and kept in
+    ``spec["reference_path"]`` (beside its caches) for the others (the same weights: one seed)."""
+    path = Path(spec["reference_path"]) if spec.get("reference_path") else None
+    if path is not None and path.exists():
+        return torch.load(path, map_location=spec["device"])
+    logits = reference_logits(model, config, spec["case"], smoke=spec["smoke"], device=spec["device"])
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(logits, path)
     return logits
 
 
@@ -526,8 +542,7 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
         return {"error": "not in this transformers"}
     model, config = built
     record: dict[str, Any] = {}
-    reference = reference_logits(model, config, spec["case"], smoke=smoke, device=device) \
-        if spec.get("numerics", True) else None
+    reference = _reference(spec, model, config) if spec.get("numerics", True) else None
     call, reset = make_case(model, config, spec["case"], smoke=smoke, device=device)
     torch._dynamo.reset()
     counters.clear()
@@ -647,6 +662,7 @@ def _spec(settings: RunSettings, family: str, case: str, variant: str, round_: i
             "device": settings.device, "options": settings.options, "via": settings.via,
             "replay_rounds": settings.replay_rounds, "numerics": settings.numerics, "profile": settings.profile,
             "all_kernels": settings.all_kernels, "check": settings.smoke,
+            "reference_path": str(Path(settings.cache_root) / family / case / "fp32_logits.pt"),
             "autotune_cache": settings.caches != "no-autotune"}
 
 
@@ -950,92 +966,118 @@ transformers, building the model on the GPU, the fp32 reference, the step's repl
 PLAN_WARM_SHARE = 0.4
 """Assumed warm compile time as a share of the cold one (no warm compile was recorded yet)."""
 PLAN_DEFAULT_COLD_S = 30.0
-PLAN_FIRES = {"linear": 3, "indexer": 0}
-"""Assumed kda-no-<rewrite> variants of a family with no recorded kda compile: the GDN / KDA
-families' causal_conv1d, gated_norm_merge and gdn_recurrent_step."""
+"""Assumed cold compile seconds of a (family, case) with none recorded."""
+PLAN_ASSUMED_FIRES = {("linear", "decode"): ("causal_conv1d", "gated_norm_merge", "gdn_recurrent_step"),
+                      ("linear", "prefill"): ("causal_conv1d",)}
+"""The rewrites assumed to fire (a kda-no-<rewrite> variant each) where no kda compile of the
+(family, case) is recorded: in the GDN / KDA families' decode step the conv, the gated norm and
+the recurrent step; in their prefill the conv (the speed rule leaves a 4096-token norm to
+Inductor); nothing in the indexer families (no paged cache in transformers)."""
 
 
-def _recorded_compile_s(sections: list[dict]) -> dict[tuple, dict[str, float]]:
-    """The newest recorded cold compile seconds per (family, case) and variant kind
-    (stock, kda), from legacy rows and cold compile records."""
-    out: dict[tuple, dict[str, float]] = {}
+def _recorded(sections: list[dict]) -> dict[tuple, dict[str, Any]]:
+    """The newest recorded cold compile seconds per (family, case) and variant kind (stock,
+    kda), from legacy rows and cold compile records, and the rewrites kda's cold compile made
+    (records only: the legacy rows' are from older code)."""
+    out: dict[tuple, dict[str, Any]] = {}
     label_to_case = {case_label(c, smoke=False): c for c in CASES}
     for s in sections:
         for row in s.get("legacy_rows", []):
-            key = (row.get("family"), label_to_case.get(row.get("case")))
+            rec = out.setdefault((row.get("family"), label_to_case.get(row.get("case"))), {})
             for kind in ("stock", "kda"):
                 v = row.get(f"{kind}_compile_s") or (row.get(f"{STOCK_FIX}_compile_s") if kind == "stock" else None)
                 if v:
-                    out.setdefault(key, {})[kind] = v
+                    rec[kind] = v
         for r in s.get("records", []):
-            if r.get("cache") == "cold" and r.get("compile_s"):
-                kind = "kda" if r["variant"].startswith("kda") else "stock"
-                out.setdefault((r["family"], r["case"]), {})[kind] = r["compile_s"]
+            if r.get("cache") == "cold" and r.get("compile_s") and r.get("variant") != "eager":
+                rec = out.setdefault((r["family"], r["case"]), {})
+                rec["kda" if r["variant"].startswith("kda") else "stock"] = r["compile_s"]
+                if r["variant"] == "kda" and r.get("pass_runs"):
+                    rec["fired"] = [k for k, v in (r.get("matches") or {}).items() if v]
     return out
 
 
-def plan(sections: list[dict], families: list[Family], cases: list[str], compiles: int, fix: bool,
-         call_s: float) -> list[dict]:
+def plan_variants(family: Family, case: str, fired: list[str] | None) -> list[str]:
+    """The variants proposed for a (family, case): eager, stock, stock+fix for prefill only (the
+    fix changes what transformers dispatches for the chunked prefill core; decode keeps the
+    reference core either way), kda, and kda-no-<rewrite> by name for the rewrites that fired in
+    a recorded kda compile, else for every registered rewrite of ``PLAN_ASSUMED_FIRES`` (by
+    name, so that a case can be split across calls; one that does not fire runs as kda)."""
+    from kda_inductor.patterns import REWRITE_NAMES
+
+    kind = "prefill" if case == "prefill" else "decode"
+    names = fired if fired is not None else PLAN_ASSUMED_FIRES.get((family.kind, kind), ())
+    names = [n for n in names if n in REWRITE_NAMES]
+    return ["eager", "stock"] + ([STOCK_FIX] if case == "prefill" else []) + ["kda"] + [f"kda-no-{n}" for n in names]
+
+
+def plan(sections: list[dict], families: list[Family], cases: list[str], compiles: int, call_s: float,
+         lanes: int = 1) -> tuple[list[dict], list[list[list[str]]]]:
     """Estimated seconds per (family, case) at ``compiles`` compiles per variant, from the
     recorded cold compile times (``PLAN_*`` assumptions where none), and a split into device
-    calls of at most ``call_s`` seconds of work each (a case too long for one call is split by
-    variant)."""
-    recorded = _recorded_compile_s(sections)
-    rows = []
+    calls of ``lanes`` GPUs, each lane at most ``call_s`` seconds of work (a case longer than
+    that split by variant). Returns (rows, calls: each a list of lanes, each a list of argument
+    strings run one after the other)."""
+    recorded = _recorded(sections)
+    rows, jobs = [], []
     for fam in families:
         for case in cases:
             rec = recorded.get((fam.name, case), {})
             stock = rec.get("stock", PLAN_DEFAULT_COLD_S)
             kda = rec.get("kda", stock)
-            n_kda = 1 + PLAN_FIRES[fam.kind]
-            per = {"eager": PLAN_OVERHEAD_S}
-            for v, cold in [("stock", stock)] + ([(STOCK_FIX, stock)] if fix else []) + [("kda", kda)] + \
-                    [("kda-no-*", kda)] * (n_kda - 1):
-                per[v] = per.get(v, 0.0) + compiles * PLAN_OVERHEAD_S + cold * (1 + PLAN_WARM_SHARE * (compiles - 1))
-            rows.append({"family": fam.name, "case": case, "recorded": bool(rec), "stock_cold_s": stock,
-                         "kda_cold_s": kda, "total_s": sum(per.values()), "per_variant_s": per})
-    return _split(rows, call_s)
+            per = {}
+            for v in plan_variants(fam, case, rec.get("fired")):
+                cold = 0.0 if v == "eager" else (kda if v.startswith("kda") else stock)
+                n = 1 if v == "eager" else compiles
+                per[v] = n * PLAN_OVERHEAD_S + (cold * (1 + PLAN_WARM_SHARE * (compiles - 1)) if cold else 0.0)
+            total = sum(per.values())
+            rows.append({"family": fam.name, "case": case, "recorded": "stock" in rec, "stock_cold_s": stock,
+                         "kda_cold_s": kda, "fired_known": "fired" in rec, "total_s": total, "per_variant_s": per})
+            jobs += _jobs(fam.name, case, per, call_s)
+    return rows, _pack(jobs, call_s, lanes)
 
 
-def _split(rows: list[dict], call_s: float) -> list[dict]:
-    """Give each row its device calls: whole cases packed into calls while they fit, a case
-    longer than a call split into variant groups."""
-    calls: list[dict] = []
-    for r in rows:
-        if r["total_s"] <= call_s:
-            target = next((c for c in calls if c["s"] + r["total_s"] <= call_s and c["whole"]), None)
-            if target is None:
-                target = {"s": 0.0, "args": [], "whole": True}
-                calls.append(target)
-            target["s"] += r["total_s"]
-            target["args"].append(f"--family {r['family']} --case {r['case']}")
-            r["calls"] = [len(calls) if target is calls[-1] else calls.index(target) + 1]
-            continue
-        r["calls"] = []
-        group, s = [], 0.0
-        for variant, cost in r["per_variant_s"].items():
-            if group and s + cost > call_s:
-                calls.append({"s": s, "args": [f"--family {r['family']} --case {r['case']} --variant {','.join(group)}"],
-                              "whole": False})
-                r["calls"].append(len(calls))
-                group, s = [], 0.0
-            group.append(variant)
-            s += cost
-        calls.append({"s": s, "args": [f"--family {r['family']} --case {r['case']} --variant {','.join(group)}"],
-                      "whole": False})
-        r["calls"].append(len(calls))
-    return rows if not calls else rows + [{"call": i + 1, **c} for i, c in enumerate(calls)]
+def _jobs(family: str, case: str, per: dict[str, float], call_s: float) -> list[tuple[float, str]]:
+    """One (family, case) as device jobs of at most ``call_s`` seconds where it can be split
+    (by variant, in order)."""
+    head = f"--family {family} --case {case}"
+    groups: list[list[str]] = [[]]
+    for v, cost in per.items():
+        if groups[-1] and sum(per[x] for x in groups[-1]) + cost > call_s:
+            groups.append([])
+        groups[-1].append(v)
+    return [(sum(per[v] for v in g), f"{head} --variant {','.join(g)} (~{sum(per[v] for v in g):.0f} s)")
+            for g in groups]
 
 
-def print_plan(items: list[dict]) -> None:
-    for it in items:
-        if "call" in it:
-            print(f"call {it['call']}: ~{it['s']:.0f} s: " + " ; ".join(it["args"]))
+def _pack(jobs: list[tuple[float, str]], call_s: float, lanes: int) -> list[list[list[str]]]:
+    """First-fit of the jobs into lanes of at most ``call_s`` s, ``lanes`` lanes a call."""
+    lane_list: list[tuple[float, list[str]]] = []
+    for cost, args in sorted(jobs, key=lambda j: -j[0]):
+        for i, (used, members) in enumerate(lane_list):
+            if used + cost <= call_s:
+                lane_list[i] = (used + cost, members + [args])
+                break
         else:
-            per = ", ".join(f"{k} {v:.0f}" for k, v in it["per_variant_s"].items())
-            print(f"{it['family']:12s} {it['case']:9s} ~{it['total_s']:5.0f} s  (cold compile s: stock "
-                  f"{it['stock_cold_s']:.0f}, kda {it['kda_cold_s']:.0f}{'' if it['recorded'] else ', assumed'}; "
-                  f"{per}) -> call(s) {it['calls']}")
+            lane_list.append((cost, [args]))
+    lane_args = [members for _, members in lane_list]
+    return [lane_args[i:i + lanes] for i in range(0, len(lane_args), lanes)]
+
+
+def print_plan(rows: list[dict], calls: list[list[list[str]]]) -> None:
+    for it in rows:
+        per = ", ".join(f"{k} {v:.0f}" for k, v in it["per_variant_s"].items())
+        print(f"{it['family']:12s} {it['case']:9s} ~{it['total_s']:5.0f} s  (cold compile s: stock "
+              f"{it['stock_cold_s']:.0f}, kda {it['kda_cold_s']:.0f}{'' if it['recorded'] else ' (assumed)'}"
+              f"{'' if it['fired_known'] else '; rewrites assumed'}: {per})")
+    total = sum(it["total_s"] for it in rows)
+    print(f"total ~{total:.0f} s of work; {len(calls)} device call(s) of {len(calls[0]) if calls else 0} lane(s); "
+          f"assumed: {PLAN_OVERHEAD_S:.0f} s a compile's process beyond compiling, warm compile "
+          f"{PLAN_WARM_SHARE:.0%} of cold, {PLAN_DEFAULT_COLD_S:.0f} s cold where none is recorded")
+    for i, call in enumerate(calls, 1):
+        print(f"call {i}:")
+        for j, lane in enumerate(call):
+            print(f"  lane {j}: " + " ; ".join(lane))
 
 
 # --------------------------------------------------------------------------- main
@@ -1067,7 +1109,8 @@ def _args(argv):
     add("--stamp", action="store_true", help="write .hf_stamp.json (HEAD and its files) for a tree without .git")
     add("--merge", nargs="+", default=None, metavar="JSON", help="merge hf_models.json copies of several calls")
     add("--plan", action="store_true", help="estimate each (family, case) and propose device calls")
-    add("--call-seconds", type=float, default=480.0, help="--plan: seconds of work per device call")
+    add("--call-seconds", type=float, default=480.0, help="--plan: seconds of work per device call and lane")
+    add("--lanes", type=int, default=1, help="--plan: GPUs per device call (one lane each)")
     add("--worker", default=None, help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
@@ -1104,10 +1147,8 @@ def main(argv=None) -> list[dict]:
         return _merge(args.merge, results)
     cases = args.case or list(CASES)
     if args.plan:
-        requested = args.variant.split(",") if args.variant else None
-        fix = requested is None or STOCK_FIX in requested  # the GPU's torch (2.11) folds is_exporting
-        print_plan(plan(_hf_record.load_sections(results / "hf_models.json"), _families(args), cases,
-                        args.compiles, fix, args.call_seconds))
+        print_plan(*plan(_hf_record.load_sections(results / "hf_models.json"), _families(args), cases,
+                         args.compiles, args.call_seconds, args.lanes))
         return []
     return _run(args, cases, results)
 

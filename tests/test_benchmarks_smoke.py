@@ -239,18 +239,23 @@ def test_hf_legacy_rows_become_sections_of_unknown_commit():
 
 
 def test_hf_plan_covers_every_case_within_a_call():
-    """``--plan``: every (family, case) of the stage is in a proposed call; no call is over."""
+    """``--plan``: every variant of every (family, case) of the stage is in one proposed call,
+    by name (a split case needs no kda run in the same call), no lane over its seconds."""
     from benchmarks import _hf_record, hf_models
 
     sections = _hf_record.load_sections(hf_models.RESULTS / "hf_models.json")
     fams = [hf_models.BY_NAME[n] for n in hf_models.STAGE]
-    items = hf_models.plan(sections, fams, list(hf_models.CASES), 3, True, 480.0)
-    cases = [i for i in items if "call" not in i]
-    calls = [i for i in items if "call" in i]
-    assert len(cases) == len(fams) * 3 and all(c["calls"] for c in cases)
-    assert all(c["s"] <= 480.0 or len(c["args"]) == 1 for c in calls)
-    named = " ".join(a for c in calls for a in c["args"])
-    assert all(f"--family {f.name}" in named for f in fams)
+    rows, calls = hf_models.plan(sections, fams, list(hf_models.CASES), 3, 480.0, lanes=2)
+    assert len(rows) == len(fams) * 3 and all(len(call) <= 2 for call in calls)
+    jobs = [job for call in calls for lane in call for job in lane]
+    for r in rows:
+        for variant in r["per_variant_s"]:
+            assert sum(f"--family {r['family']} --case {r['case']} " in j and
+                       variant in j.split(" --variant ")[1].split(" ")[0].split(",") for j in jobs) == 1, \
+                (r["family"], r["case"], variant)
+    assert all("kda-no-*" not in j for j in jobs)
+    lane_s = [sum(float(j.rsplit("(~", 1)[1].split(" ")[0]) for j in lane) for call in calls for lane in call]
+    assert max(lane_s) <= 480.0 + 1
 
 
 @pytest.mark.slow

@@ -909,6 +909,10 @@ SUMMARY_COLUMNS = [("family", "family", ""), ("label", "case", ""), ("variant_la
                    ("top_kernel", "costliest Inductor kernel: us per compile", "")]
 
 
+CONSOLE_COLUMNS = [c for c in SUMMARY_COLUMNS if c[0] not in ("family", "vs_stock_fix", "compile_s", "rewrites")]
+"""The table a device call prints (its log's tail): the markdown one less a few columns."""
+
+
 def table_rows(rows: list[dict]) -> list[dict]:
     """Summary rows as the table shows them (percentages, the mode beside the variant)."""
     out = []
@@ -1242,9 +1246,14 @@ def _run(args, cases: list[str], results: Path) -> list[dict]:
         _hf_record.save_sections(record_to / "hf_models.json", sections)
         _hf_record.write_markdown(record_to / "hf_models.md", TITLE, INTRO, sink_final,
                                   section_markdown(sink_final, NOTES))
-    _timing.print_table(table_rows(summarize(records)), SUMMARY_COLUMNS, title=f"hf_models ({mode})")
+    print(f"hf_models ({mode}): this call's compiles\n"
+          + _timing.markdown_table(table_rows(summarize(records)), CONSOLE_COLUMNS), flush=True)
+    print("ran: " + (", ".join(f"{k} ({n} compiles)" for k, n in call["ran"].items()) or "nothing"), flush=True)
     if call["not_started"]:
         print("not started: " + "; ".join(call["not_started"]), flush=True)
+    if record_to is not None:
+        print(f"recorded in {record_to / 'hf_models.md'}, section of commit {state['commit'][:12]}"
+              f"{' (dirty)' if state['dirty'] else ''}", flush=True)
     return records
 
 

@@ -143,21 +143,29 @@ def eager_median_us(fn: Callable, reps: int = 5, *, warmup: int = 1) -> float:
     return statistics.median(samples)
 
 
-def kernel_profile(fn: Callable, *, calls: int = 3, warmup: int = 2) -> dict[str, tuple[float, int]]:
+def kernel_profile(fn: Callable, *, calls: int = 3, warmup: int = 2,
+                   device: str = "cuda") -> dict[str, tuple[float, int]]:
     """Each GPU kernel ``calls`` calls of ``fn`` launch (``torch.profiler``, after ``warmup``
-    calls): ``{kernel name: (mean us per call, launches per call)}``."""
+    calls): ``{kernel name: (mean us per call, launches per call)}``. ``device="cpu"``: the
+    operators' self CPU time instead (smoke runs: not meaningful)."""
     from torch.profiler import ProfilerActivity, profile
 
+    cuda = device == "cuda"
     for _ in range(warmup):
         fn()
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    if cuda:
+        torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) as prof:
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        if cuda:
+            torch.cuda.synchronize()
     out: dict[str, tuple[float, int]] = {}
     for evt in prof.key_averages():
-        us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        if cuda:
+            us = getattr(evt, "device_time_total", None) or getattr(evt, "cuda_time_total", 0.0)
+        else:
+            us = getattr(evt, "self_cpu_time_total", 0.0)
         if us and evt.key and not evt.key.startswith("ProfilerStep"):
             prev_us, prev_n = out.get(evt.key, (0.0, 0))
             out[evt.key] = (prev_us + us / calls, prev_n + evt.count // calls)

@@ -1,27 +1,49 @@
-"""transformers' own hybrid models under eager, stock ``torch.compile`` and ``kda_inductor``:
-``python -m benchmarks.hf_models`` (GPU), ``python -m benchmarks.hf_models --smoke`` (CPU checks).
+"""transformers' own hybrid models under eager, stock ``torch.compile`` and ``kda_inductor``, as a
+user gets them: ``python -m benchmarks.hf_models`` (GPU), ``--smoke`` (CPU, tiny configs).
 
 Every transformers family with a GDN, KDA or DeepSeek-V3.2-style indexer layer (issue 21), built
 from its config class with random weights (no download): the released model's per-layer dims
 (hard-coded below from the config class defaults of transformers 5.24, which its docstring
 attributes to the named checkpoint), 4 layers (3 linear-attention + 1 full-attention; indexer
 families: 4 indexed-attention layers, the first with a dense MLP), 16 MoE experts, bf16, a 4096
-token vocabulary (the timed module is the decoder stack, ``model.model``: no LM head). A family
-missing from the installed transformers is skipped with a message.
+token vocabulary. The timed module is the decoder stack, ``model.model``; the LM head is added
+only for the logits check. A family missing from the installed transformers is skipped.
 
-Cases: decode (32 and 128 sequences, one new token each, a cache of 256 tokens built by an eager
-prefill through the model's own cache class; each timed step starts from that cache: its tensors
-are put back on the host before each call, so shapes never change) and prefill (1 x 4096 tokens,
-``use_cache=True``). Variants: eager, stock ``torch.compile``, ``backend="kda_inductor"``
-(compiled through ``kda_inductor.explain()``, whose rewrite table and misses are recorded), all
-under ``torch.inference_mode()``. GPU timing: CUDA-graph replay (``_timing.graph_replay_median_us``)
-where capture works, else CUDA events around plain calls (``_timing.eager_median_us``); the
-method is in each row. Compile time is the first call's wall time.
+Cases (``--case``): decode32 / decode128 (32 / 128 sequences, one new token each, on a cache of
+256 tokens an eager prefill built; each timed step starts from that cache: its tensors are put
+back on the host before each call, so shapes never change) and prefill (1 x 4096 tokens).
+Variants (``--variant``): eager, stock, stock+fix (where this torch folds ``is_exporting()``),
+kda, and kda-no-<rewrite> for every registered rewrite that fired in kda's first compile.
 
-On GPU the recurrent cores are what transformers picks (fla-core when installed, causal-conv1d
-when installed); ``--smoke`` runs the tiny configs on CPU with transformers' torch reference
-cores and the rewrites forced, checks every variant against eager, and records nothing.
-Writes ``benchmarks/results/hf_models.{md,json}`` on GPU runs unless ``--no-record``.
+Issue 36: a figure a user will quote is the median over separate compiles, cold and warm.
+Every variant is compiled ``--compiles`` times (3), variants alternating round by round (stock,
+kda, kda-no-X, stock, kda, ...), **each compile in a fresh Python process**: what a restarted
+server does. In one process a "warm" compile after ``torch._dynamo.reset()`` still finds the
+previous compile's kernels in memory (``PyCodeCache``'s loaded modules, their already autotuned
+``CachingAutotuner`` objects, Triton's in-memory kernel cache), which a restart does not have;
+``--in-process`` keeps that mode for comparison. The first compile of each (family, case,
+variant) gets an empty Inductor cache (``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` of
+its own: FX graph cache, AOTAutograd cache, autotune results, compiled kernels), the others
+read it; ``--caches`` changes that (``each-fresh``, ``disable``, ``no-autotune``) to tell the
+causes of a warm-cache slowdown apart (docs/whole-step.md). kda compiles through
+``torch.compile(backend="kda_inductor")`` with the caches on, as users do (``--via explain``:
+through ``explain()``, graph caches off).
+
+Each compile records: compile time, graphs and breaks, the FX graph / AOTAutograd cache
+outcome, how often our pass ran and what it rewrote, the step's time (CUDA-graph replay,
+``--replay-rounds`` rounds: the replay spread), the costliest kernels of three plain calls
+(``torch.profiler``) with Inductor's launch config, registers, spills and autotune-cache state
+of each of its Triton kernels, and the logits through the LM head against an fp32 copy of the
+model (per-row max |difference|, argmax agreement). The table gives per variant the median over
+its compiles, the spread across them, cold and warm apart.
+
+One run, one commit: records go to the section of ``hf_models.{json,md}`` of this source
+state and environment (``benchmarks/_hf_record.py``), written after every compile, so a call
+stopped by ``--budget`` (no new compile after it) or a time limit keeps what it measured. A
+tree without ``.git`` (the device tool's copy) names its commit through ``.hf_stamp.json``
+(``--stamp``, run in the checkout). ``--plan`` estimates each (family, case) from the recorded
+compile times and proposes a split into device calls; ``--merge`` joins the JSON copies that
+several calls brought back.
 """
 
 from __future__ import annotations
@@ -34,7 +56,6 @@ import importlib
 import statistics
 import sys
 import time
-import traceback
 import warnings
 from pathlib import Path
 from typing import Any, Callable
@@ -122,9 +143,9 @@ FAMILIES = [
             "index_head_dim": 128, "index_n_heads": 32}, kind="indexer"),
 ]
 BY_NAME = {f.name: f for f in FAMILIES}
-STAGE = ("qwen3_next", "qwen3_5", "kimi_linear", "deepseek_v32")
-"""The families of ``.ci/gpu hf`` (``--stage``): GDN, GDN + dense MLP, KDA and the DeepSeek-V3.2
-indexer, one each; the others are run by name (``--family``)."""
+STAGE = ("qwen3_next", "qwen3_5", "kimi_linear", "olmo_hybrid", "deepseek_v32")
+"""The families of ``.ci/gpu hf`` (``--stage``, the default): GDN with MoE, GDN + dense MLP, KDA,
+OLMo's GDN hybrid and the DeepSeek-V3.2 indexer; the others are run by name (``--family``)."""
 
 # tiny dims for CPU tests: applied to the keys a family's config has
 TINY = {
@@ -136,6 +157,9 @@ TINY = {
     "index_n_heads": 2, "index_topk": 8, "n_group": 1, "topk_group": 1, "num_expert_group": 1,
 }
 N_LAYERS, N_EXPERTS, VOCAB, TINY_EXPERTS, TINY_VOCAB = 4, 16, 4096, 4, 128
+SMOKE_LAYERS = 2
+"""``benchmarks.hf_models --smoke`` builds 2 layers (one linear, one full): its compiles are what
+the CPU suite waits for."""
 
 
 def load(family: Family):
@@ -151,29 +175,30 @@ def load(family: Family):
         return None
 
 
-def config_for(family: Family, config_cls, *, tiny: bool):
-    """The family's config: real or tiny dims, 4 layers, few experts, small vocab, eager attention."""
+def config_for(family: Family, config_cls, *, tiny: bool, layers: int = N_LAYERS):
+    """The family's config: real or tiny dims, ``layers`` layers (the last one full attention in
+    the linear families), few experts, small vocab, eager attention."""
     defaults = config_cls().to_dict()
     kw = dict(family.dims)
     if tiny:
         kw.update({k: v for k, v in TINY.items() if k in defaults and (k != "q_lora_rank" or defaults[k])})
         if "kv_lora_rank" in defaults:  # MLA: one KV head per query head
             kw["num_key_value_heads"] = kw["num_attention_heads"]
-    kw["num_hidden_layers"] = N_LAYERS
+    kw["num_hidden_layers"] = layers
     kw["vocab_size"] = TINY_VOCAB if tiny else VOCAB
     for key in ("num_experts", "n_routed_experts"):
         if key in defaults:
             kw[key] = TINY_EXPERTS if tiny else N_EXPERTS
     if family.kind == "linear":
-        kw["layer_types"] = [LINEAR] * (N_LAYERS - 1) + [family.full_type]
+        kw["layer_types"] = [LINEAR] * (layers - 1) + [family.full_type]
     else:
-        kw["layer_types"] = [defaults["layer_types"][0]] * N_LAYERS
+        kw["layer_types"] = [defaults["layer_types"][0]] * layers
     if "mlp_layer_types" in defaults:
-        kw["mlp_layer_types"] = ["dense"] + ["sparse"] * (N_LAYERS - 1)
+        kw["mlp_layer_types"] = ["dense"] + ["sparse"] * (layers - 1)
     if "first_k_dense_replace" in defaults:
         kw["first_k_dense_replace"] = 1
     if "indexer_types" in defaults:
-        kw["indexer_types"] = [defaults["indexer_types"][0]] * N_LAYERS
+        kw["indexer_types"] = [defaults["indexer_types"][0]] * layers
     if "mlp_only_layers" in defaults:
         kw["mlp_only_layers"] = []
     for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
@@ -199,7 +224,7 @@ def use_torch_cores(modeling) -> None:
             setattr(modeling, name, fn.__wrapped__)
 
 
-def build(family: Family, *, tiny: bool, device: str, dtype=torch.bfloat16, seed: int = 0):
+def build(family: Family, *, tiny: bool, device: str, dtype=torch.bfloat16, seed: int = 0, layers: int = N_LAYERS):
     """``(model, config)`` of the family with random weights, in eval mode; None if missing."""
     loaded = load(family)
     if loaded is None:
@@ -208,8 +233,10 @@ def build(family: Family, *, tiny: bool, device: str, dtype=torch.bfloat16, seed
     if device == "cpu":
         use_torch_cores(modeling)
     torch.manual_seed(seed)
-    config = config_for(family, config_cls, tiny=tiny)
-    with warnings.catch_warnings():
+    config = config_for(family, config_cls, tiny=tiny, layers=layers)
+    # on a GPU the random init runs there (seconds, not a CPU minute for the large families; the
+    # same weights in every process of a run)
+    with warnings.catch_warnings(), torch.device(device) if device != "cpu" else contextlib.nullcontext():
         warnings.simplefilter("ignore")
         model = model_cls(config).to(device=device, dtype=dtype).eval()
     return model, config
@@ -283,7 +310,7 @@ def prefill_case(model, config, *, tokens: int, device: str):
     return step, lambda: None
 
 
-# --------------------------------------------------------------------------- running
+# --------------------------------------------------------------------------- one compile
 
 
 def report_summary(report) -> dict[str, Any]:
@@ -298,25 +325,12 @@ def report_summary(report) -> dict[str, Any]:
 
 def kda_compile(decoder, call: Callable, options: dict | None):
     """``decoder`` compiled with kda_inductor through ``kda_inductor.Explainer`` (which calls it
-    once on ``call``'s inputs): ``(zero-argument compiled step, report)``. The cache's host-side
-    reset stays outside the compiled code."""
+    once on ``call``'s inputs, Inductor's graph caches off): ``(zero-argument compiled step,
+    report)``. The cache's host-side reset stays outside the compiled code."""
     import kda_inductor
 
     report = kda_inductor.Explainer(options=options)(decoder, **call.inputs())
     return (lambda: call(report.compiled)), report
-
-
-def time_us(fn: Callable, device: str) -> tuple[float | None, str]:
-    """GPU time of ``fn()``: CUDA-graph replay, else CUDA events; CPU: wall clock (not meaningful)."""
-    if device != "cuda":
-        return _timing.perf_counter_median_us(fn, reps=1), "cpu-wall"
-    try:
-        return _timing.graph_replay_median_us(fn, warmup=3, reps=20, inner=5), "graph"
-    except Exception as err:  # capture failed (host sync, dynamic allocation): time plain calls
-        torch.cuda.synchronize()
-        print(f"    CUDA graph capture failed ({type(err).__name__}: {str(err)[:120]}); timing with events",
-              flush=True)
-        return _timing.eager_median_us(fn, reps=10, warmup=2), "events"
 
 
 STOCK_FIX = "stock+fix"
@@ -327,239 +341,920 @@ where this torch folds the constant (torch <= 2.12); on a torch that has the fix
 
 def variants_for(requested: list[str] | None, fired: dict[str, int] | None) -> list[str]:
     """The compiled variants of a case, in order: stock, stock+fix (where this torch needs the
-    fix), kda, then kda-no-<rewrite> for every rewrite that fired in kda (``fired``: kda's
-    matches; None before kda ran). ``requested`` narrows them (``--variant``)."""
+    fix), kda, then kda-no-<rewrite> for every registered rewrite that fired in kda (``fired``:
+    kda's matches; None before kda ran). ``requested`` narrows them (``--variant``; a
+    kda-no-<rewrite> named there runs whether or not kda ran first)."""
     from kda_inductor import _dynamo_fixes
 
     out = ["stock"] + ([STOCK_FIX] if _dynamo_fixes.torch_folds_is_exporting() else []) + ["kda"]
     out += [f"kda-no-{name}" for name, n in (fired or {}).items() if n]
+    out += [v for v in requested or () if v.startswith("kda-no-") and v != "kda-no-*" and v not in out]
     return [v for v in out if requested is None or v in requested or
             (v.startswith("kda-no-") and "kda-no-*" in requested)]
 
 
-def compile_variant(variant: str, decoder, call: Callable, options: dict | None):
-    """``(zero-argument step, explain() report or None)`` of one compiled variant, called once
-    (the compile)."""
+def _kda_options(variant: str, options: dict | None) -> dict | None:
+    """``options`` for kda_inductor with ``kda-no-<rewrite>``'s rewrite disabled."""
+    opts = dict(options or {})
+    if variant.startswith("kda-no-"):
+        opts["kda"] = {**opts.get("kda", {}), "disable": [variant.removeprefix("kda-no-")]}
+    return opts or None
+
+
+def compile_variant(variant: str, decoder, call: Callable, options: dict | None, *, via: str = "compile"):
+    """``(zero-argument step, explain() report or None)`` of one variant, called once (the
+    compile; eager: a plain call). kda variants compile as a user does,
+    ``torch.compile(decoder, backend="kda_inductor")`` with Inductor's caches as configured
+    (``via="compile"``), or through ``explain()`` (``via="explain"``: graph caches off, the
+    misses recorded)."""
     from kda_inductor import _dynamo_fixes
 
+    if variant == "eager":
+        step = lambda: call(decoder)  # noqa: E731
+        step()
+        return step, None
     if variant in ("stock", STOCK_FIX):
         compiled = torch.compile(decoder, backend="inductor")
         step = lambda: call(compiled)  # noqa: E731
         with _dynamo_fixes.applied_to_every_backend() if variant == STOCK_FIX else contextlib.nullcontext():
             step()
         return step, None
-    disabled = [variant.removeprefix("kda-no-")] if variant.startswith("kda-no-") else []
-    opts = dict(options or {})
-    if disabled:
-        opts["kda"] = {**opts.get("kda", {}), "disable": disabled}
-    return kda_compile(decoder, call, opts or None)
+    opts = _kda_options(variant, options)
+    if via == "explain":
+        return kda_compile(decoder, call, opts)
+    compiled = torch.compile(decoder, backend="kda_inductor", options=opts)
+    step = lambda: call(compiled)  # noqa: E731
+    step()
+    return step, None
 
 
-def run_case(label: str, model, call: Callable, reset: Callable, *, device: str, kda_options: dict | None,
-             check: bool, requested: list[str] | None = None, rounds: int = 3) -> dict[str, Any]:
-    """Eager and every compiled variant (``variants_for``) of one case: compile times, explain()
-    summary of kda; with ``check``, each output compared against eager's. On a GPU each variant's
-    step is captured in a CUDA graph right after its compile and the graphs are replayed in turn,
-    ``rounds`` rounds (``_timing.alternating_replay_us``: shared clock drift); the row keeps each
-    variant's median and its spread over the rounds (the noise)."""
-    decoder = model.model
-    row: dict[str, Any] = {"case": label, "date": _timing.environment_info().get("date")}
-    graphs: dict[str, Any] = {}
-    with torch.inference_mode():
-        reset()
-        expected = call(decoder).clone()
-        _capture(row, graphs, "eager", lambda: call(decoder), device)
-        fired, first = None, variants_for(requested, None)
-        for variant in first:
-            fired = _run_variant(row, graphs, variant, decoder, call, reset, expected, device=device,
-                                 options=kda_options, check=check) or fired
-        for variant in [v for v in variants_for(requested, fired) if v not in first]:
-            _run_variant(row, graphs, variant, decoder, call, reset, expected, device=device,
-                         options=kda_options, check=check)
-        if graphs:
-            for variant, samples in _timing.alternating_replay_us(
-                    {v: g for v, (g, _) in graphs.items()}, rounds=rounds, reps=10, inner=5).items():
-                row[f"{variant}_us"] = statistics.median(samples)
-                row[f"{variant}_spread"] = (max(samples) - min(samples)) / statistics.median(samples)
-    torch._dynamo.reset()
-    _timing.add_ratios(row, [("stock_vs_eager", "stock_us", "eager_us"), ("kda_vs_stock", "kda_us", "stock_us"),
-                             ("kda_vs_eager", "kda_us", "eager_us"), ("kda_vs_stock_fix", "kda_us", f"{STOCK_FIX}_us"),
-                             *[(f"{v}_vs_kda", f"{v}_us", "kda_us") for v in variants_for(requested, fired)
-                               if v.startswith("kda-no-")]])
-    return row
-
-
-def _capture(row: dict, graphs: dict, variant: str, step: Callable, device: str) -> None:
-    """Capture ``step`` in a CUDA graph for the alternating replays (``graphs``), or time it now
-    (CPU: wall clock; a step that cannot be captured: CUDA events) into ``row``."""
-    if device == "cuda":
-        try:
-            graphs[variant] = _timing.capture_graph(step, warmup=3)
-            row[f"{variant}_timing"] = "graph"
-            return
-        except Exception as err:  # capture failed (host sync, dynamic allocation): time plain calls
-            torch.cuda.synchronize()
-            print(f"    {variant}: CUDA graph capture failed ({type(err).__name__}: {str(err)[:120]}); "
-                  "timing with events", flush=True)
-    if device == "cuda":
-        row[f"{variant}_us"], row[f"{variant}_timing"] = _timing.eager_median_us(step, reps=10, warmup=2), "events"
-    else:
-        row[f"{variant}_us"], row[f"{variant}_timing"] = time_us(step, device)
-
-
-def _run_variant(row: dict, graphs: dict, variant: str, decoder, call, reset, expected, *, device: str,
-                 options: dict | None, check: bool) -> dict[str, int] | None:
-    """Compile, check and capture one variant; kda's rewrite counts (None for other variants)."""
-    from kda_inductor.testing import assert_close_to_eager
-
+def _cache_counters() -> dict[str, int]:
+    """Inductor's FX graph cache and AOTAutograd's cache outcomes so far (``counters``)."""
     from torch._dynamo.utils import counters
 
-    torch._dynamo.reset()
-    counters.clear()
-    reset()
-    t0 = time.perf_counter()
-    try:
-        step, report = compile_variant(variant, decoder, call, options)
-        row[f"{variant}_compile_s"] = time.perf_counter() - t0
-        row[f"{variant}_graphs"] = counters["stats"].get("unique_graphs")
-        row[f"{variant}_breaks"] = sum(counters["graph_break"].values())
-        if report is not None and variant == "kda":
-            row.update(report_summary(report))
-        reset()
-        out = step()
-        if check:
-            assert_close_to_eager(out, expected, rtol=0.05, atol=0.05)
-        _capture(row, graphs, variant, step, device)
-        return dict(report.matches) if report is not None and variant == "kda" else None
-    except Exception as err:
-        if check:
-            raise
-        row[f"{variant}_error"] = f"{type(err).__name__}: {str(err)[:300]}"
-        traceback.print_exc()
-        return None
-
-
-def run_family(family: Family, *, smoke: bool, device: str, decode_batches, context: int, prefill: int | None,
-               requested: list[str] | None = None, rounds: int = 3):
-    # --smoke checks against eager: indexer families (nothing rewritten) in float32, whose bf16
-    # top-k selection flips between eager and Inductor on rounding ties
-    dtype = torch.float32 if smoke and family.kind == "indexer" else torch.bfloat16
-    built = build(family, tiny=smoke, device=device, dtype=dtype)
-    if built is None:
-        return []
-    model, config = built
-    options = {"kda": {"force": True}} if smoke else None
-    cases = [(f"decode {b} x 1 (cache {context})", decode_case(model, config, batch=b, context=context, device=device))
-             for b in decode_batches]
-    if prefill is not None:
-        cases.append((f"prefill 1 x {prefill}", prefill_case(model, config, tokens=prefill, device=device)))
-    rows = []
-    for label, (step, reset) in cases:
-        row = run_case(label, model, step, reset, device=device, kda_options=options, check=smoke,
-                       requested=requested, rounds=rounds)
-        rows.append({"family": family.name, "checkpoint": family.checkpoint, **row})
-        _timing.progress(rows[-1])
-    del model
-    if device == "cuda":
-        torch.cuda.empty_cache()
-    return rows
-
-
-COLUMNS = [("family", "family", ""), ("case", "case", ""), ("date", "date", ""), ("eager_us", "eager us", ".0f"),
-           ("stock_us", "stock us", ".0f"), (f"{STOCK_FIX}_us", "stock+fix us", ".0f"), ("kda_us", "kda us", ".0f"),
-           ("kda_vs_stock", "kda/stock", ".3f"), ("kda_vs_stock_fix", "kda/(stock+fix)", ".3f"),
-           ("without", "kda-no-<rewrite> / kda", ""), ("noise", "spread", ""), ("graphs", "graphs (breaks)", ""),
-           ("stock_compile_s", "stock compile s", ".0f"),
-           ("kda_compile_s", "kda compile s", ".0f"), ("matches", "rewrites", ""), ("kda_timing", "timing", "")]
-
-
-def _fmt_matches(row: dict) -> dict:
-    """A row as the table shows it: the rewrites that fired, each kda-no-<rewrite> variant's time
-    over kda's, and the largest spread of a variant's replay rounds."""
-    out = dict(row)
-    m = row.get("matches")
-    if isinstance(m, dict):
-        out["matches"] = ", ".join(f"{k} {v}" for k, v in m.items() if v) or "-"
-    out["without"] = ", ".join(f"{k[7:-7]} {v:.3f}" for k, v in row.items()
-                               if k.startswith("kda-no-") and k.endswith("_vs_kda") and v is not None) or "-"
-    out["graphs"] = " / ".join(f"{v} {row.get(f'{v}_graphs')} ({row.get(f'{v}_breaks')})"
-                               for v in ("stock", STOCK_FIX, "kda") if row.get(f"{v}_graphs") is not None) or "-"
-    spreads = [v for k, v in row.items() if k.endswith("_spread") and v is not None]
-    out["noise"] = f"{max(spreads):.1%}" if spreads else "-"
+    out = {f"fx_{k.removeprefix('fxgraph_cache_')}": v for k, v in counters["inductor"].items()
+           if k.startswith("fxgraph_cache_")}
+    out.update({f"aot_{k.removeprefix('autograd_cache_')}": v for k, v in counters["aot_autograd"].items()
+                if k.startswith("autograd_cache_")})
     return out
 
 
-def merged_rows(rows: list[dict]) -> list[dict]:
-    """This run's rows plus the recorded ones of other (family, case) pairs (runs split by
-    ``--family`` / ``--case`` build one table); family order as in FAMILIES."""
+def inductor_kernels() -> dict[str, dict[str, Any]]:
+    """Every Triton kernel Inductor loaded in this process (the output code's
+    ``CachingAutotuner`` objects): name -> heuristic, the config it launches with (after
+    autotuning), the autotune cache's state, registers and spills, and its source file's
+    hash (the code-cache key). Call after the compiled step ran: autotuning happens on the
+    first call."""
+    try:
+        from torch._inductor.codecache import PyCodeCache
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except ImportError:  # pragma: no cover - a torch without them
+        return {}
+    modules = list(getattr(PyCodeCache, "modules", [])) + list(getattr(PyCodeCache, "modules_no_attr", {}).values())
+    out: dict[str, dict[str, Any]] = {}
+    for mod in modules:
+        for value in list(vars(mod).values()):
+            if isinstance(value, CachingAutotuner):
+                name = (getattr(value, "inductor_meta", None) or {}).get("kernel_name") or \
+                    getattr(getattr(value, "fn", None), "__name__", None)
+                info = _kernel_info(value)
+                # a kernel's own module holds an autotuner that never ran; the output code's ran
+                if name and ("config" in info or "config" not in out.get(name, {})):
+                    out[name] = info
+    return out
+
+
+def _kernel_info(autotuner) -> dict[str, Any]:
+    """One ``CachingAutotuner``'s launch config and how it was chosen."""
+    launchers = getattr(autotuner, "launchers", None) or []
+    info: dict[str, Any] = {"heuristic": str(getattr(autotuner, "heuristic_type", "")).split(".")[-1],
+                            "src": Path(getattr(autotuner, "filename", "") or "").stem[:16] or None,
+                            "launchers": len(launchers)}
+    cache_info = getattr(autotuner, "autotune_cache_info", None) or {}
+    info["autotune_cache"] = cache_info.get("autotune_cache_state")
+    info["configs_tried"] = cache_info.get("num_configs")
+    if len(launchers) == 1:
+        launcher = launchers[0]
+        cfg = launcher.config
+        info["config"] = {**dict(cfg.kwargs), "num_warps": cfg.num_warps, "num_stages": cfg.num_stages}
+        info["n_regs"], info["n_spills"] = getattr(launcher, "n_regs", None), getattr(launcher, "n_spills", None)
+    return info
+
+
+def _top_kernels(step: Callable, device: str, *, keep: int = 12) -> list[dict[str, Any]]:
+    """The ``keep`` costliest kernels of three plain calls of ``step`` (``torch.profiler``), us
+    per call, with Inductor's launch config and autotune outcome where the kernel is one of its
+    Triton kernels."""
+    per_kernel = _timing.kernel_profile(step, calls=3, warmup=1, device=device)
+    known = inductor_kernels()
+    top = sorted(per_kernel.items(), key=lambda kv: -kv[1][0])[:keep]
+    return [{"kernel": name[:120], "us": round(us, 1), "calls": n, **known.get(name, {})} for name, (us, n) in top]
+
+
+def logits_numerics(model, hidden: torch.Tensor, reference: torch.Tensor) -> dict[str, Any]:
+    """Logits of ``hidden`` through the model's own LM head against the fp32 copy's: per row
+    (a sequence's token, or a prefill position) the max |difference| over the vocabulary, its
+    median and max over the rows, and the share of rows whose argmax agrees."""
+    with torch.inference_mode():
+        logits = model.lm_head(hidden).float()
+    rows, ref = logits.reshape(-1, logits.shape[-1]), reference.reshape(-1, reference.shape[-1]).to(logits.device)
+    diff = (rows - ref).abs().amax(-1)
+    return {"rows": rows.shape[0], "max_diff_median": diff.median().item(), "max_diff_max": diff.max().item(),
+            "argmax_agree": (rows.argmax(-1) == ref.argmax(-1)).float().mean().item()}
+
+
+def reference_logits(model, config, case: str, *, smoke: bool, device: str) -> torch.Tensor:
+    """The logits of ``case``'s step on an fp32 copy of ``model`` (eager, its own cache)."""
+    ref = copy.deepcopy(model).float()
+    call, reset = make_case(ref, config, case, smoke=smoke, device=device)
+    with torch.inference_mode():
+        reset()
+        logits = ref.lm_head(call(ref.model)).float()
+    del ref
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return logits
+
+
+def _reference(spec: dict[str, Any], model, config) -> torch.Tensor:
+    """The fp32 copy's logits of this case: computed by the case's first compile and kept in
+    ``spec["reference_path"]`` (beside its caches) for the others (the same weights: one seed)."""
+    path = Path(spec["reference_path"]) if spec.get("reference_path") else None
+    if path is not None and path.exists():
+        return torch.load(path, map_location=spec["device"])
+    logits = reference_logits(model, config, spec["case"], smoke=spec["smoke"], device=spec["device"])
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(logits, path)
+    return logits
+
+
+CASES = ("decode32", "decode128", "prefill")
+SMOKE_SHAPES = {"decode32": ("decode", 2, 8), "decode128": ("decode", 3, 8), "prefill": ("prefill", 1, 16)}
+REAL_SHAPES = {"decode32": ("decode", 32, 256), "decode128": ("decode", 128, 256), "prefill": ("prefill", 1, 4096)}
+
+
+def case_label(case: str, *, smoke: bool) -> str:
+    kind, batch, size = (SMOKE_SHAPES if smoke else REAL_SHAPES)[case]
+    return f"decode {batch} x 1 (cache {size})" if kind == "decode" else f"prefill {batch} x {size}"
+
+
+def make_case(model, config, case: str, *, smoke: bool, device: str):
+    """``(step, reset)`` of ``case`` (``CASES``) at the real or smoke shapes."""
+    kind, batch, size = (SMOKE_SHAPES if smoke else REAL_SHAPES)[case]
+    if kind == "decode":
+        return decode_case(model, config, batch=batch, context=size, device=device)
+    return prefill_case(model, config, tokens=size, device=device)
+
+
+def _timed_replays(step: Callable, device: str, rounds: int) -> tuple[list[float], str]:
+    """``rounds`` samples of the step's time: CUDA-graph replay medians where capture works,
+    else CUDA-event medians of plain calls; CPU: wall clock (not meaningful)."""
+    if device != "cuda":
+        return [_timing.perf_counter_median_us(step, reps=1) for _ in range(rounds)], "cpu-wall"
+    try:
+        graph, _out = _timing.capture_graph(step, warmup=3)
+        return [_timing.replay_median_us([graph], reps=20, inner=5) for _ in range(rounds)], "graph"
+    except Exception as err:  # capture failed (host sync, dynamic allocation): time plain calls
+        torch.cuda.synchronize()
+        print(f"    CUDA graph capture failed ({type(err).__name__}: {str(err)[:120]}); timing with events", flush=True)
+        return [_timing.eager_median_us(step, reps=10, warmup=2) for _ in range(rounds)], "events"
+
+
+def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
+    """One compile of one variant of one case, and what it measures: compile time, cache
+    outcomes, our pass's matches, the step's time (``replay_rounds`` samples: the replay
+    spread), the costliest kernels with their launch configs, and the logits against an fp32
+    copy of the model. ``spec``: family, case, variant, smoke, device, options, via,
+    replay_rounds, numerics, profile, autotune_cache. Raises on a failed ``check`` (smoke)."""
+    import torch._inductor.config as inductor_config
+
+    from kda_inductor import pass_manager
+    from torch._dynamo.utils import counters
+
+    t0 = time.perf_counter()
+    family, device, smoke = BY_NAME[spec["family"]], spec["device"], spec["smoke"]
+    if spec.get("autotune_cache") is False:
+        inductor_config.autotune_local_cache = False
+    dtype = torch.float32 if smoke and family.kind == "indexer" else torch.bfloat16
+    built = build(family, tiny=smoke, device=device, dtype=dtype, layers=SMOKE_LAYERS if smoke else N_LAYERS)
+    if built is None:
+        return {"error": "not in this transformers"}
+    model, config = built
+    record: dict[str, Any] = {}
+    reference = None
+    if spec.get("numerics", True):
+        try:
+            reference = _reference(spec, model, config)
+        except Exception as err:  # noqa: BLE001 - the timing stands without the check
+            record["numerics_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    call, reset = make_case(model, config, spec["case"], smoke=smoke, device=device)
+    torch._dynamo.reset()
+    counters.clear()
+    with torch.inference_mode(), pass_manager.counted() as made, pass_manager.timed() as runs, \
+            pass_manager.observe() as observed:
+        expected = None
+        if spec.get("check"):
+            reset()
+            expected = call(model.model).clone()
+        reset()
+        t_compile = time.perf_counter()
+        step, report = compile_variant(spec["variant"], model.model, call, spec.get("options"), via=spec.get("via"))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        record["compile_s"] = time.perf_counter() - t_compile
+    record.update(_compile_facts(spec["variant"], report, made, runs, observed))
+    with torch.inference_mode():
+        reset()
+        out = step()
+        if expected is not None:
+            from kda_inductor.testing import assert_close_to_eager
+
+            assert_close_to_eager(out, expected, rtol=0.05, atol=0.05)
+        if reference is not None:
+            try:
+                record["numerics"] = logits_numerics(model, out, reference)
+            except Exception as err:  # noqa: BLE001
+                record["numerics_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        samples, record["timing"] = _timed_replays(step, device, spec.get("replay_rounds", 3))
+        record["replays_us"] = samples
+        record["us"] = statistics.median(samples)
+        record["replay_spread"] = (max(samples) - min(samples)) / record["us"] if record["us"] else None
+        if spec.get("profile", True):
+            try:
+                record["kernels"] = _top_kernels(step, device)
+                if spec.get("all_kernels"):
+                    record["all_triton"] = inductor_kernels()
+            except Exception as err:  # noqa: BLE001 - the timing stands without the table
+                record["kernels_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    record["wall_s"] = time.perf_counter() - t0
+    return record
+
+
+def _compile_facts(variant: str, report, made: dict, runs: list, observed: list) -> dict[str, Any]:
+    """What a compile was: graphs and breaks, cache outcomes, how often our pass ran and what
+    it rewrote (nothing where a cache served the graph), its failures; explain()'s summary
+    where the kda variant went through it."""
+    from torch._dynamo.utils import counters
+
+    facts: dict[str, Any] = {"graphs": counters["stats"].get("unique_graphs"),
+                             "breaks": sum(counters["graph_break"].values()), "caches": _cache_counters()}
+    if variant.startswith("kda"):
+        facts["pass_runs"] = len(runs)
+        facts["matches"] = dict(made)
+        errors = {name: err for r in observed for name, err in r.errors.items()}
+        if errors:
+            facts["rewrite_errors"] = errors
+    if report is not None:
+        facts.update({k: v for k, v in report_summary(report).items() if k != "matches"})
+        facts["matches"] = {k: v for k, v in report.matches.items() if v}
+    return facts
+
+
+# --------------------------------------------------------------------------- the compiles of a case
+
+
+@dataclasses.dataclass
+class RunSettings:
+    """How a run compiles: ``compiles`` per variant; ``caches``: ``fresh`` (the first compile of
+    each variant on an empty Inductor cache, the others reading it: a restarted server),
+    ``each-fresh`` (every compile on an empty cache), ``disable``
+    (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``), ``no-autotune`` (``fresh``, but Inductor's
+    autotune results not cached); ``in_process``: compile in this process (dynamo reset between
+    compiles) instead of a fresh process per compile; ``budget``: seconds after which no new
+    compile starts (a running one gets ``grace`` more)."""
+
+    smoke: bool = False
+    device: str = "cuda"
+    compiles: int = 3
+    caches: str = "fresh"
+    in_process: bool = False
+    via: str = "compile"
+    replay_rounds: int = 3
+    numerics: bool = True
+    profile: bool = True
+    all_kernels: bool = False
+    budget: float | None = None
+    grace: float = 150.0
+    cache_root: str | None = None
+    options: dict | None = None
+
+
+CACHE_MODES = ("fresh", "each-fresh", "disable", "no-autotune")
+
+
+def cache_state(settings: RunSettings, round_: int) -> str:
+    """What a compile of round ``round_`` reads: ``cold`` (an empty cache), ``warm`` (the one
+    its variant's first compile filled) or ``disabled``."""
+    if settings.caches == "disable":
+        return "disabled"
+    return "cold" if round_ == 0 or settings.caches == "each-fresh" else "warm"
+
+
+def _cache_env(settings: RunSettings, family: str, case: str, variant: str, round_: int) -> dict[str, str]:
+    """The environment of one compile: its Inductor and Triton cache directories (one per
+    family, case and variant, made empty for a cold compile), caches off for ``disable``."""
+    import shutil
+
+    folder = Path(settings.cache_root) / family / case / variant.replace("+", "_")
+    if settings.caches in ("each-fresh", "disable"):
+        folder = folder / f"c{round_}"
+    if cache_state(settings, round_) != "warm" and folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
+    if settings.caches == "disable":
+        env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
+    return env
+
+
+def _spec(settings: RunSettings, family: str, case: str, variant: str, round_: int) -> dict[str, Any]:
+    return {"family": family, "case": case, "variant": variant, "round": round_, "smoke": settings.smoke,
+            "device": settings.device, "options": settings.options, "via": settings.via,
+            "replay_rounds": settings.replay_rounds, "numerics": settings.numerics, "profile": settings.profile,
+            "all_kernels": settings.all_kernels, "check": settings.smoke,
+            "reference_path": str(Path(settings.cache_root) / family / case / "fp32_logits.pt"),
+            "autotune_cache": settings.caches != "no-autotune"}
+
+
+def compile_once(settings: RunSettings, spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """``run_compile(spec)`` in a fresh Python process (or this one, ``in_process``) with
+    ``env``; its record, or ``{"error": ...}`` (a failure, the time limit)."""
+    import json
+    import os
+    import subprocess
+    import tempfile
+
+    if settings.in_process:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return run_compile(spec)
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    with tempfile.TemporaryDirectory(prefix="hf_compile_") as tmp:
+        spec_path, out_path, log_path = (Path(tmp) / n for n in ("spec.json", "record.json", "log.txt"))
+        spec_path.write_text(json.dumps({**spec, "out": str(out_path)}))
+        cmd = [sys.executable, "-m", "benchmarks.hf_models", "--worker", str(spec_path)]
+        full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [str(_HERE.parent),
+                                                                                     os.environ.get("PYTHONPATH")]))}
+        try:
+            with log_path.open("w") as log:
+                proc = subprocess.run(cmd, env=full_env, cwd=_HERE.parent, stdout=log, stderr=subprocess.STDOUT,
+                                      timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            return {"error": f"killed after {timeout:.0f} s (the run's budget + grace)"}
+        if proc.returncode != 0 or not out_path.exists():
+            tail = log_path.read_text()[-3000:]
+            print(tail, flush=True)
+            return {"error": f"worker exit {proc.returncode}: {tail.strip().splitlines()[-1][:300] if tail.strip() else ''}"}
+        return json.loads(out_path.read_text())
+
+
+def worker_main(spec_path: str) -> None:
+    """``--worker SPEC``: run one compile (``run_compile``) and write its record to spec's
+    ``out``."""
     import json
 
-    path = RESULTS / "hf_models.json"
-    recorded = json.loads(path.read_text()) if path.exists() else {}
-    old = [{"date": recorded.get("env", {}).get("date"), **r} for r in recorded.get("rows", [])]
-    new_keys = {(r.get("family"), r.get("case")) for r in rows}
-    kept = [r for r in old if (r.get("family"), r.get("case")) not in new_keys]
+    spec = json.loads(Path(spec_path).read_text())
+    record = run_compile(spec)
+    Path(spec["out"]).write_text(json.dumps(record, default=str))
+
+
+class Budget:
+    """Seconds left before a run's ``budget``: nothing new starts after it."""
+
+    def __init__(self, seconds: float | None, grace: float):
+        self.start, self.seconds, self.grace = time.perf_counter(), seconds, grace
+
+    def spent(self) -> bool:
+        return self.seconds is not None and time.perf_counter() - self.start >= self.seconds
+
+    def timeout(self) -> float:
+        """How long a compile started now may run."""
+        if self.seconds is None:
+            return 3600.0
+        return self.seconds + self.grace - (time.perf_counter() - self.start)
+
+
+def schedule(requested: list[str] | None, fired: dict[str, int] | None, round_: int) -> list[str]:
+    """The variants of one round, alternating: eager (first round only), stock, stock+fix,
+    kda, kda-no-<rewrite>..."""
+    first = ["eager"] if round_ == 0 and (requested is None or "eager" in requested) else []
+    return first + variants_for(requested, fired)
+
+
+def run_case_compiles(settings: RunSettings, family: str, case: str, requested: list[str] | None,
+                      budget: Budget, sink: Callable[[dict], None]) -> list[str]:
+    """Every variant of one case, ``settings.compiles`` times, alternating variants round by
+    round; each compile's record goes to ``sink`` as it finishes. The rewrites that fired in
+    kda's first compile (an empty cache: our pass ran) add their kda-no-<rewrite> variants,
+    right after it. Returns what was never started (the budget)."""
+    fired: dict[str, int] | None = None
+    not_started: list[str] = []
+    for round_ in range(settings.compiles):
+        pending = schedule(requested, fired, round_)
+        while pending:
+            variant = pending.pop(0)
+            if budget.spent():
+                not_started.append(f"{variant} #{round_ + 1}")
+                continue
+            record = _compile_and_record(settings, family, case, variant, round_, budget)
+            sink(record)
+            if variant == "kda" and fired is None and record.get("pass_runs"):
+                fired = {k: v for k, v in (record.get("matches") or {}).items() if v}
+                done = set(pending) | {variant}
+                pending += [v for v in schedule(requested, fired, round_)
+                            if v not in done and v.startswith("kda-no-")]
+    if fired is None and requested is not None and "kda-no-*" in requested:
+        not_started.append("kda-no-* (kda's first compile did not report its rewrites)")
+    return not_started
+
+
+def _compile_and_record(settings: RunSettings, family: str, case: str, variant: str, round_: int,
+                        budget: Budget) -> dict[str, Any]:
+    """One compile (``compile_once``) and its record, labelled, its progress line printed."""
+    env = _cache_env(settings, family, case, variant, round_)
+    record = compile_once(settings, _spec(settings, family, case, variant, round_), env, budget.timeout())
+    record.update(family=family, case=case, variant=variant, round=round_,
+                  cache=cache_state(settings, round_) if variant != "eager" else "-")
+    _timing.progress({k: record.get(k) for k in ("family", "case", "variant", "round", "cache", "us", "replay_spread",
+                                               "compile_s", "caches", "matches", "error") if k in record})
+    return record
+
+
+# --------------------------------------------------------------------------- summaries
+
+
+VARIANT_ORDER = ["eager", "stock", STOCK_FIX, "kda"]
+
+
+def _variant_rank(variant: str) -> tuple:
+    return (VARIANT_ORDER.index(variant), "") if variant in VARIANT_ORDER else (len(VARIANT_ORDER), variant)
+
+
+def _median(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def _group(records: list[dict]) -> dict[tuple, list[dict]]:
+    """Records by (family, case, mode, variant), in family, case and variant order."""
     order = {f.name: i for i, f in enumerate(FAMILIES)}
-    return sorted(kept + rows, key=lambda r: (order.get(r.get("family"), 99), str(r.get("case"))))
+    groups: dict[tuple, list[dict]] = {}
+    for r in records:
+        groups.setdefault((r.get("family"), r.get("case"), r.get("mode", ""), r.get("variant")), []).append(r)
+    return dict(sorted(groups.items(), key=lambda kv: (order.get(kv[0][0], 99), CASES.index(kv[0][1])
+                                                       if kv[0][1] in CASES else 9, kv[0][2], _variant_rank(kv[0][3]))))
 
 
-def main(argv=None) -> None:
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per (family, case, mode, variant): the median over its compiles, the spread
+    across them ((max - min) / median), cold and warm apart, the largest replay spread of a
+    compile, compile times, cache outcomes, logits against fp32, and ratios to stock,
+    stock+fix and (kda-no-<rewrite>) kda."""
+    rows = [_summary_row(key, group) for key, group in _group(records).items()]
+    by_key = {(r["family"], r["case"], r["mode"], r["variant"]): r for r in rows}
+    for r in rows:
+        for col, base in (("vs_stock", "stock"), ("vs_stock_fix", STOCK_FIX), ("vs_kda", "kda")):
+            other = by_key.get((r["family"], r["case"], r["mode"], base))
+            applies = base != "kda" or r["variant"].startswith("kda-no-")
+            ok = applies and other and other["us"] and r["us"] is not None and r["variant"] != base
+            r[col] = r["us"] / other["us"] if ok else None
+    return rows
+
+
+def _summary_row(key: tuple, group: list[dict]) -> dict[str, Any]:
+    family, case, mode, variant = key
+    ok = sorted([r for r in group if r.get("us") is not None], key=lambda r: r.get("round", 0))
+    us = [r["us"] for r in ok]
+    cold = [r["us"] for r in ok if r.get("cache") in ("cold", "-", "disabled")]
+    warm = [r["us"] for r in ok if r.get("cache") == "warm"]
+    med = _median(us)
+    errors = [r["error"] for r in group if r.get("error")]
+    row = {"family": family, "case": case, "mode": mode, "variant": variant, "label": group[0].get("label", case),
+           "compiles": f"{len(ok)}" + (f" (+{len(errors)} failed)" if errors else ""),
+           "us": med, "spread": (max(us) - min(us)) / med if len(us) > 1 and med else None,
+           "cold_us": cold[0] if cold else None, "warm_us": _median(warm),
+           "replay_spread": max((r.get("replay_spread") or 0.0 for r in ok), default=None) if ok else None,
+           "compile_s": _compile_text(ok), "caches": " ".join(_cache_letter(r) for r in ok) or "-",
+           "error": errors[0][:200] if errors else None}
+    row.update(_numerics_cells(ok))
+    pass_ran = [r for r in ok if r.get("pass_runs")]
+    row["rewrites"] = ", ".join(f"{k} {v}" for k, v in (pass_ran[0].get("matches") or {}).items() if v) \
+        if pass_ran else ("-" if variant.startswith("kda") else "")
+    row["top_kernel"] = _top_kernel_text(ok)
+    return row
+
+
+def _compile_text(records: list[dict]) -> str:
+    cold = [r["compile_s"] for r in records if r.get("cache") != "warm" and r.get("compile_s") is not None]
+    warm = [r["compile_s"] for r in records if r.get("cache") == "warm" and r.get("compile_s") is not None]
+    parts = [f"{cold[0]:.0f}" if cold else "-", f"{_median(warm):.0f}" if warm else "-"]
+    return " / ".join(parts)
+
+
+def _cache_letter(record: dict) -> str:
+    """A compile's FX graph cache outcome: H (hit), M (miss), B (bypass), - (no compile)."""
+    caches = record.get("caches") or {}
+    if caches.get("fx_hit"):
+        return "H" + ("+M" if caches.get("fx_miss") else "")
+    if caches.get("fx_miss"):
+        return "M"
+    return "B" if caches.get("fx_bypass") else "-"
+
+
+def _numerics_cells(records: list[dict]) -> dict[str, Any]:
+    nums = [r["numerics"] for r in records if r.get("numerics")]
+    if not nums:
+        return {"logits": None, "argmax": None}
+    return {"logits": f"{_median([n['max_diff_median'] for n in nums]):.3g} / "
+                      f"{max(n['max_diff_max'] for n in nums):.3g}",
+            "argmax": min(n["argmax_agree"] for n in nums)}
+
+
+def _top_kernel_text(records: list[dict]) -> str:
+    """The costliest Inductor kernel over these compiles and its us in each (a slow compile's
+    kernel, in order), with its launch config where it changed between compiles."""
+    best: dict[str, float] = {}
+    for r in records:
+        for k in r.get("kernels") or []:
+            if k["kernel"].startswith("triton_"):
+                best[k["kernel"]] = max(best.get(k["kernel"], 0.0), k["us"])
+    if not best:
+        return "-"
+    name = max(best, key=best.get)
+    per = [next((k for k in r.get("kernels") or [] if k["kernel"] == name), None) for r in records]
+    us = " / ".join(f"{k['us']:.0f}" if k else "-" for k in per)
+    configs = {json_key(k.get("config")) for k in per if k and k.get("config")}
+    note = " (configs differ)" if len(configs) > 1 else ""
+    return f"`{name[:48]}`: {us}{note}"
+
+
+def json_key(value: Any) -> str:
+    import json
+
+    return json.dumps(value, sort_keys=True, default=str)
+
+
+SUMMARY_COLUMNS = [("family", "family", ""), ("label", "case", ""), ("variant_label", "variant", ""),
+                   ("compiles", "compiles", ""), ("us", "median us", ".0f"), ("vs_stock", "/ stock", ".3f"),
+                   ("vs_stock_fix", "/ stock+fix", ".3f"), ("vs_kda", "/ kda", ".3f"),
+                   ("spread_pct", "spread across compiles", ""), ("cold_us", "cold us", ".0f"),
+                   ("warm_us", "warm us (median)", ".0f"), ("replay_pct", "replay spread (max)", ""),
+                   ("compile_s", "compile s cold / warm", ""), ("caches", "FX cache per compile", ""),
+                   ("logits", "logits max abs diff vs fp32 (median row / max row)", ""),
+                   ("argmax", "argmax agree (min)", ".3f"), ("rewrites", "rewrites", ""),
+                   ("top_kernel", "costliest Inductor kernel: us per compile", "")]
+
+
+CONSOLE_COLUMNS = [c for c in SUMMARY_COLUMNS if c[0] not in ("family", "vs_stock_fix", "compile_s", "rewrites")]
+"""The table a device call prints (its log's tail): the markdown one less a few columns."""
+
+
+def table_rows(rows: list[dict]) -> list[dict]:
+    """Summary rows as the table shows them (percentages, the mode beside the variant)."""
+    out = []
+    for r in rows:
+        shown = dict(r)
+        shown["variant_label"] = r["variant"] + (f" [{r['mode']}]" if r.get("mode") not in ("", DEFAULT_MODE) else "")
+        shown["spread_pct"] = f"{r['spread']:.1%}" if r.get("spread") is not None else "-"
+        shown["replay_pct"] = f"{r['replay_spread']:.1%}" if r.get("replay_spread") is not None else "-"
+        if r.get("error") and r.get("us") is None:
+            shown["top_kernel"] = f"failed: {r['error'][:120]}"
+        out.append(shown)
+    return out
+
+
+DEFAULT_MODE = "fresh"
+
+
+def run_mode(settings: RunSettings) -> str:
+    """The way a record's compiles were made, beside its variant where not the default (a
+    fresh process per compile, the first on an empty cache, kda through torch.compile)."""
+    parts = [settings.caches] + (["in-process"] if settings.in_process else []) + \
+        (["via explain"] if settings.via == "explain" else [])
+    return ", ".join(parts)
+
+
+def section_markdown(section: dict[str, Any], notes: str) -> str:
+    """A section of hf_models.md: heading (date, commit, GPU, versions), what the run's
+    calls ran and did not start, how to read it, the summary table."""
+    from benchmarks import _hf_record
+
+    lines = [_hf_record.heading(section), ""]
+    if not section["env"].get("gpu"):
+        lines += ["A CPU smoke run (`--smoke`: tiny dims, 2 layers, rewrites forced): the timings mean nothing.", ""]
+    if section.get("dirty"):
+        lines += [f"The tree differed from commit {section['commit']} ({', '.join(section.get('changed') or [])[:300]}): "
+                  "these rows are of uncommitted code.", ""]
+    for call in section.get("calls", []):
+        ran = ", ".join(f"{k} ({n} compiles)" for k, n in call.get("ran", {}).items()) or "nothing"
+        lines.append(f"- call {call['started']} (`{' '.join(call.get('argv', []))}`): ran {ran}"
+                     + (f"; not started (budget): {'; '.join(call['not_started'])}" if call.get("not_started") else ""))
+    lines += ["", notes, "",
+              _timing.markdown_table(table_rows(summarize(section["records"])), SUMMARY_COLUMNS).rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+NOTES = ("4 layers (3 linear + 1 full; indexer families 4 indexed), 16 experts, bf16, random weights, the "
+         "decoder stack timed (the LM head only for the logits check); default speed rules. Each compile runs "
+         "in a fresh process; the first compile of a variant on an empty Inductor cache (cold), the others "
+         "reading it (warm: a restarted server); variants alternate. median us: over the compiles of a "
+         "variant (each compile's own figure: the median of its CUDA-graph replay rounds); spread across "
+         "compiles: (max - min) / median; replay spread: the largest (max - min) / median of one compile's "
+         "replay rounds (the noise within a compile); FX cache per compile: H hit, M miss, B bypass; logits: "
+         "each row's max |logit - fp32 model's logit| over the vocabulary (median over rows / max), argmax "
+         "agreement with the fp32 model (the lowest of the compiles); kda-no-<rewrite>: kda with that "
+         "rewrite disabled (its / kda column); stock+fix: stock with the is_exporting fix (only where this "
+         "torch folds it). Per-compile kernel tables (top kernels, launch configs, autotune cache outcome) "
+         "are in hf_models.json.")
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+PLAN_OVERHEAD_S = 25.0
+"""Assumed seconds of one compile's process beyond compiling (H200): importing torch and
+transformers, building the model on the GPU, the fp32 reference, the step's replays, the profile."""
+PLAN_WARM_SHARE = 0.4
+"""Assumed warm compile time as a share of the cold one (no warm compile was recorded yet)."""
+PLAN_DEFAULT_COLD_S = 30.0
+"""Assumed cold compile seconds of a (family, case) with none recorded."""
+PLAN_ASSUMED_FIRES = {("linear", "decode"): ("causal_conv1d", "gated_norm_merge", "gdn_recurrent_step"),
+                      ("linear", "prefill"): ("causal_conv1d",)}
+"""The rewrites assumed to fire (a kda-no-<rewrite> variant each) where no kda compile of the
+(family, case) is recorded: in the GDN / KDA families' decode step the conv, the gated norm and
+the recurrent step; in their prefill the conv (the speed rule leaves a 4096-token norm to
+Inductor); nothing in the indexer families (no paged cache in transformers)."""
+
+
+def _recorded(sections: list[dict]) -> dict[tuple, dict[str, Any]]:
+    """The newest recorded cold compile seconds per (family, case) and variant kind (stock,
+    kda), from legacy rows and cold compile records, and the rewrites kda's cold compile made
+    (records only: the legacy rows' are from older code)."""
+    out: dict[tuple, dict[str, Any]] = {}
+    label_to_case = {case_label(c, smoke=False): c for c in CASES}
+    for s in sections:
+        for row in s.get("legacy_rows", []):
+            rec = out.setdefault((row.get("family"), label_to_case.get(row.get("case"))), {})
+            for kind in ("stock", "kda"):
+                v = row.get(f"{kind}_compile_s") or (row.get(f"{STOCK_FIX}_compile_s") if kind == "stock" else None)
+                if v:
+                    rec[kind] = v
+        for r in s.get("records", []):
+            if r.get("cache") == "cold" and r.get("compile_s") and r.get("variant") != "eager":
+                rec = out.setdefault((r["family"], r["case"]), {})
+                rec["kda" if r["variant"].startswith("kda") else "stock"] = r["compile_s"]
+                if r["variant"] == "kda" and r.get("pass_runs"):
+                    rec["fired"] = [k for k, v in (r.get("matches") or {}).items() if v]
+    return out
+
+
+def plan_variants(family: Family, case: str, fired: list[str] | None) -> list[str]:
+    """The variants proposed for a (family, case): eager, stock, stock+fix for prefill only (the
+    fix changes what transformers dispatches for the chunked prefill core; decode keeps the
+    reference core either way), kda, and kda-no-<rewrite> by name for the rewrites that fired in
+    a recorded kda compile, else for every registered rewrite of ``PLAN_ASSUMED_FIRES`` (by
+    name, so that a case can be split across calls; one that does not fire runs as kda)."""
+    from kda_inductor.patterns import REWRITE_NAMES
+
+    kind = "prefill" if case == "prefill" else "decode"
+    names = fired if fired is not None else PLAN_ASSUMED_FIRES.get((family.kind, kind), ())
+    names = [n for n in names if n in REWRITE_NAMES]
+    return ["eager", "stock"] + ([STOCK_FIX] if case == "prefill" else []) + ["kda"] + [f"kda-no-{n}" for n in names]
+
+
+def plan(sections: list[dict], families: list[Family], cases: list[str], compiles: int, call_s: float,
+         lanes: int = 1) -> tuple[list[dict], list[list[list[str]]]]:
+    """Estimated seconds per (family, case) at ``compiles`` compiles per variant, from the
+    recorded cold compile times (``PLAN_*`` assumptions where none), and a split into device
+    calls of ``lanes`` GPUs, each lane at most ``call_s`` seconds of work (a case longer than
+    that split by variant). Returns (rows, calls: each a list of lanes, each a list of argument
+    strings run one after the other)."""
+    recorded = _recorded(sections)
+    rows, jobs = [], []
+    for fam in families:
+        for case in cases:
+            rec = recorded.get((fam.name, case), {})
+            stock = rec.get("stock", PLAN_DEFAULT_COLD_S)
+            kda = rec.get("kda", stock)
+            per = {}
+            for v in plan_variants(fam, case, rec.get("fired")):
+                cold = 0.0 if v == "eager" else (kda if v.startswith("kda") else stock)
+                n = 1 if v == "eager" else compiles
+                per[v] = n * PLAN_OVERHEAD_S + (cold * (1 + PLAN_WARM_SHARE * (compiles - 1)) if cold else 0.0)
+            total = sum(per.values())
+            rows.append({"family": fam.name, "case": case, "recorded": "stock" in rec, "stock_cold_s": stock,
+                         "kda_cold_s": kda, "fired_known": "fired" in rec, "total_s": total, "per_variant_s": per})
+            jobs += _jobs(fam.name, case, per, call_s)
+    return rows, _pack(jobs, call_s, lanes)
+
+
+def _jobs(family: str, case: str, per: dict[str, float], call_s: float) -> list[tuple[float, str]]:
+    """One (family, case) as device jobs of at most ``call_s`` seconds where it can be split
+    (by variant, in order)."""
+    head = f"--family {family} --case {case}"
+    groups: list[list[str]] = [[]]
+    for v, cost in per.items():
+        if groups[-1] and sum(per[x] for x in groups[-1]) + cost > call_s:
+            groups.append([])
+        groups[-1].append(v)
+    return [(sum(per[v] for v in g), f"{head} --variant {','.join(g)} (~{sum(per[v] for v in g):.0f} s)")
+            for g in groups]
+
+
+def _pack(jobs: list[tuple[float, str]], call_s: float, lanes: int) -> list[list[list[str]]]:
+    """First-fit of the jobs into lanes of at most ``call_s`` s, ``lanes`` lanes a call."""
+    lane_list: list[tuple[float, list[str]]] = []
+    for cost, args in sorted(jobs, key=lambda j: -j[0]):
+        for i, (used, members) in enumerate(lane_list):
+            if used + cost <= call_s:
+                lane_list[i] = (used + cost, members + [args])
+                break
+        else:
+            lane_list.append((cost, [args]))
+    lane_args = [members for _, members in lane_list]
+    return [lane_args[i:i + lanes] for i in range(0, len(lane_args), lanes)]
+
+
+def print_plan(rows: list[dict], calls: list[list[list[str]]]) -> None:
+    for it in rows:
+        per = ", ".join(f"{k} {v:.0f}" for k, v in it["per_variant_s"].items())
+        print(f"{it['family']:12s} {it['case']:9s} ~{it['total_s']:5.0f} s  (cold compile s: stock "
+              f"{it['stock_cold_s']:.0f}, kda {it['kda_cold_s']:.0f}{'' if it['recorded'] else ' (assumed)'}"
+              f"{'' if it['fired_known'] else '; rewrites assumed'}: {per})")
+    total = sum(it["total_s"] for it in rows)
+    print(f"total ~{total:.0f} s of work; {len(calls)} device call(s) of {len(calls[0]) if calls else 0} lane(s); "
+          f"assumed: {PLAN_OVERHEAD_S:.0f} s a compile's process beyond compiling, warm compile "
+          f"{PLAN_WARM_SHARE:.0%} of cold, {PLAN_DEFAULT_COLD_S:.0f} s cold where none is recorded")
+    for i, call in enumerate(calls, 1):
+        print(f"call {i}:")
+        for j, lane in enumerate(call):
+            print(f"  lane {j}: " + " ; ".join(lane))
+
+
+# --------------------------------------------------------------------------- main
+
+
+def _args(argv):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny configs on CPU, rewrites forced; checks only")
-    parser.add_argument("--family", action="append", choices=sorted(BY_NAME), help="only these (repeatable)")
-    parser.add_argument("--case", action="append", choices=["decode32", "decode128", "prefill"],
-                        help="only these cases (repeatable; default all)")
-    parser.add_argument("--stage", action="store_true", help=f"the families of `.ci/gpu hf`: {', '.join(STAGE)}")
-    parser.add_argument("--variant", default=None,
-                        help="comma list of compiled variants to run (stock, stock+fix, kda, kda-no-<rewrite>, "
-                             "kda-no-* for every rewrite that fired); default all")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating replay rounds (the spread is the noise)")
-    parser.add_argument("--no-record", action="store_true")
-    args = parser.parse_args(argv)
-    started = time.perf_counter()
-    device = "cpu" if args.smoke else "cuda"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("hf_models: no CUDA device; use --smoke for the CPU checks")
-    try:
-        import transformers
-    except ImportError:
-        raise SystemExit("hf_models needs transformers: pip install transformers (and fla-core on a GPU)")
-    names = [*(args.family or []), *(STAGE if args.stage else [])]
-    families = [BY_NAME[n] for n in dict.fromkeys(names)] if names else FAMILIES
-    cases = args.case or ["decode32", "decode128", "prefill"]
-    shapes = dict(decode_batches=(2,), context=8, prefill=16) if args.smoke else \
-        dict(decode_batches=tuple(b for b in (32, 128) if f"decode{b}" in cases), context=256,
-             prefill=4096 if "prefill" in cases else None)
-    requested = args.variant.split(",") if args.variant else None
-    rows = []
-    for family in families:
-        try:
-            rows += run_family(family, smoke=args.smoke, device=device, requested=requested, rounds=args.rounds,
-                               **shapes)
-        except Exception as err:
-            if args.smoke:
-                raise
-            traceback.print_exc()
-            rows.append({"family": family.name, "case": "build", "error": f"{type(err).__name__}: {err}"[:300]})
-    try:
-        import fla  # noqa: F401
+    add = parser.add_argument
+    add("--smoke", action="store_true", help="tiny configs on CPU, rewrites forced, each compile checked against eager")
+    add("--family", action="append", choices=sorted(BY_NAME), help="only these (repeatable; narrows --stage)")
+    add("--case", action="append", choices=list(CASES), help="only these cases (repeatable; default all)")
+    add("--stage", action="store_true", help=f"the families of `.ci/gpu hf` (the default): {', '.join(STAGE)}")
+    add("--variant", default=None, help="comma list: eager, stock, stock+fix, kda, kda-no-<rewrite>, kda-no-* "
+                                        "(every rewrite that fired in kda); default all")
+    add("--compiles", type=int, default=3, help="compiles per variant (the first cold, the others warm)")
+    add("--caches", choices=CACHE_MODES, default="fresh", help="see RunSettings")
+    add("--in-process", action="store_true", help="compile in this process (dynamo reset between compiles)")
+    add("--via", choices=["compile", "explain"], default="compile", help="how kda variants compile")
+    add("--budget", type=float, default=None, help="seconds after which no new compile starts")
+    add("--grace", type=float, default=150.0, help="seconds a compile started before the budget may run past it")
+    add("--replay-rounds", type=int, default=3, help="replay rounds per compile (their spread: the replay noise)")
+    add("--no-numerics", action="store_true", help="skip the logits check against an fp32 copy")
+    add("--no-profile", action="store_true", help="skip the per-compile kernel table")
+    add("--all-kernels", action="store_true", help="record every Inductor kernel's launch config per compile")
+    add("--results-dir", default=None, help="where hf_models.{json,md} go (default benchmarks/results; "
+                                             "--smoke records only here)")
+    add("--no-record", action="store_true")
+    add("--cache-root", default=None, help="where the per-variant Inductor caches go (default: a temp dir)")
+    add("--stamp", action="store_true", help="write .hf_stamp.json (HEAD and its files) for a tree without .git")
+    add("--merge", nargs="+", default=None, metavar="JSON", help="merge hf_models.json copies of several calls")
+    add("--plan", action="store_true", help="estimate each (family, case) and propose device calls")
+    add("--call-seconds", type=float, default=480.0, help="--plan: seconds of work per device call and lane")
+    add("--lanes", type=int, default=1, help="--plan: GPUs per device call (one lane each)")
+    add("--worker", default=None, help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
 
-        fla_version = getattr(fla, "__version__", "installed")
-    except ImportError:
-        fla_version = None
-    notes = (f"transformers {transformers.__version__}, fla-core {fla_version}; 4 layers (3 linear + 1 full, "
-             f"indexer families 4 indexed), {N_EXPERTS} experts, bf16, random weights, decoder stack only; "
-             "rewrites by default speed rules; CUDA-graph replays of every variant in turn "
-             "(the median of the rounds; spread: the largest (max - min) / median of a variant's rounds); "
-             "kda-no-<rewrite>: kda with that rewrite disabled; stock+fix: stock with the is_exporting fix "
-             "(only where this torch folds it)")
-    _timing.finish("hf_models", [_fmt_matches(r) for r in rows], COLUMNS, notes, smoke=args.smoke,
-                   record=False, results_dir=RESULTS, started=started)
-    if not args.smoke and not args.no_record:
-        rows = merged_rows(rows)
-        payload = {"benchmark": "hf_models", "env": _timing.environment_info(), "notes": notes, "rows": rows}
-        _timing.record_results("hf_models", payload, _timing.markdown_table([_fmt_matches(r) for r in rows], COLUMNS),
-                               results_dir=RESULTS, title="transformers hybrid models", notes=notes)
+
+def _families(args) -> list[Family]:
+    names = args.family or list(STAGE)
+    return [BY_NAME[n] for n in dict.fromkeys(names)]
+
+
+def _check_variants(requested: list[str] | None) -> None:
+    from kda_inductor.patterns import REWRITE_NAMES
+
+    for v in requested or ():
+        name = v.removeprefix("kda-no-")
+        if v not in ("eager", "stock", STOCK_FIX, "kda", "kda-no-*") and not (v.startswith("kda-no-")
+                                                                               and name in REWRITE_NAMES):
+            raise SystemExit(f"--variant: unknown {v!r} (eager, stock, {STOCK_FIX}, kda, kda-no-*, "
+                             f"kda-no-<rewrite> with a rewrite of {list(REWRITE_NAMES)})")
+
+
+def main(argv=None) -> list[dict]:
+    from benchmarks import _hf_record
+
+    args = _args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.worker:
+        worker_main(args.worker)
+        return []
+    if args.stamp:
+        print(f"wrote {_hf_record.write_stamp()}: carry it to a tree without .git")
+        return []
+    results = Path(args.results_dir) if args.results_dir else RESULTS
+    if args.merge:
+        return _merge(args.merge, results)
+    cases = args.case or list(CASES)
+    if args.plan:
+        print_plan(*plan(_hf_record.load_sections(results / "hf_models.json"), _families(args), cases,
+                         args.compiles, args.call_seconds, args.lanes))
+        return []
+    return _run(args, cases, results)
+
+
+def _merge(paths: list[str], results: Path) -> list[dict]:
+    from benchmarks import _hf_record
+
+    sections = _hf_record.merge_files([Path(p) for p in paths])
+    _hf_record.save_sections(results / "hf_models.json", sections)
+    for s in sections:
+        if s.get("records"):
+            _hf_record.write_markdown(results / "hf_models.md", TITLE, INTRO, s, section_markdown(s, NOTES))
+    print(f"merged {len(paths)} files: {len(sections)} sections in {results / 'hf_models.json'}")
+    return sections
+
+
+TITLE = "transformers hybrid models"
+INTRO = ("`python -m benchmarks.hf_models` (GPU; `--smoke` on CPU). Each section is one run at one commit, "
+         "named in its heading with the date, GPU and versions; a run split over several device calls is one "
+         "section only when every call ran the same commit on the same versions. Sections between "
+         "`hf-section` markers are rendered from `hf_models.json`; text outside them is kept as written.")
+
+
+def _settings(args) -> RunSettings:
+    import tempfile
+
+    return RunSettings(smoke=args.smoke, device="cpu" if args.smoke else "cuda", compiles=args.compiles,
+                       caches=args.caches, in_process=args.in_process, via=args.via,
+                       replay_rounds=args.replay_rounds, numerics=not args.no_numerics,
+                       profile=not args.no_profile, all_kernels=args.all_kernels, budget=args.budget,
+                       grace=args.grace, cache_root=args.cache_root or tempfile.mkdtemp(prefix="hf_caches_"),
+                       options={"kda": {"force": True}} if args.smoke else None)
+
+
+def _run(args, cases: list[str], results: Path) -> list[dict]:
+    """Every (family, case) of the call, its compiles recorded as they finish: the call's
+    section (this source state and environment) of hf_models.json / .md is written after each
+    compile, so a call cut short keeps what it measured."""
+    from benchmarks import _hf_record
+
+    settings = _settings(args)
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("hf_models: no CUDA device; use --smoke for the CPU checks")
+    requested = args.variant.split(",") if args.variant else None
+    _check_variants(requested)
+    state = _hf_record.source_state()
+    env = {**_timing.environment_info(), **_hf_record.env_versions()}
+    call = {"id": _hf_record.call_id(), "started": env["date"], "argv": list(args.argv), "ran": {},
+            "not_started": []}
+    record_to = None if args.no_record or (args.smoke and not args.results_dir) else results
+    sections = _hf_record.load_sections(record_to / "hf_models.json") if record_to else []
+    records: list[dict] = []
+    mode = run_mode(settings)
+    print(f"hf_models: commit {state['commit'][:12]}{' (dirty)' if state['dirty'] else ''}, "
+          f"{env.get('gpu') or 'CPU'}, torch {env['torch']}, transformers {env.get('transformers')}, "
+          f"fla-core {env.get('fla')}; {settings.compiles} compiles per variant, caches {mode}", flush=True)
+
+    def sink(record: dict) -> None:
+        record.update(source=state["source"], env=env, call=call["id"], mode=mode,
+                      label=case_label(record["case"], smoke=settings.smoke))
+        records.append(record)
+        key = f"{record['family']} {record['case']}"
+        call["ran"][key] = call["ran"].get(key, 0) + 1
+        if record_to is not None:
+            section = _hf_record.merge_into(sections, state, env, call, records)
+            _hf_record.save_sections(record_to / "hf_models.json", sections)
+            _hf_record.write_markdown(record_to / "hf_models.md", TITLE, INTRO, section,
+                                      section_markdown(section, NOTES))
+
+    budget = Budget(args.budget, args.grace)
+    for family in _families(args):
+        if load(family) is None:
+            call["not_started"].append(f"{family.name} (not in this transformers)")
+            continue
+        for case in cases:
+            missed = run_case_compiles(settings, family.name, case, requested, budget, sink)
+            call["not_started"] += [f"{family.name} {case} {m}" for m in missed]
+    if record_to is not None and records:
+        sink_final = _hf_record.merge_into(sections, state, env, call, records)
+        _hf_record.save_sections(record_to / "hf_models.json", sections)
+        _hf_record.write_markdown(record_to / "hf_models.md", TITLE, INTRO, sink_final,
+                                  section_markdown(sink_final, NOTES))
+    print(f"hf_models ({mode}): this call's compiles\n"
+          + _timing.markdown_table(table_rows(summarize(records)), CONSOLE_COLUMNS), flush=True)
+    print("ran: " + (", ".join(f"{k} ({n} compiles)" for k, n in call["ran"].items()) or "nothing"), flush=True)
+    if call["not_started"]:
+        print("not started: " + "; ".join(call["not_started"]), flush=True)
+    if record_to is not None:
+        print(f"recorded in {record_to / 'hf_models.md'}, section of commit {state['commit'][:12]}"
+              f"{' (dirty)' if state['dirty'] else ''}", flush=True)
+    return records
 
 
 if __name__ == "__main__":

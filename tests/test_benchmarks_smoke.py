@@ -87,3 +87,253 @@ def test_gdn_recurrent_step_smoke(capsys):
     sweep = bench.main(["--smoke", "--sweep"])
     assert len(sweep) == 1 and sweep[0]["us"] is not None
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- benchmarks.hf_models (issue 36)
+
+
+def _fake_compile(calls):
+    """A stand-in for ``hf_models.compile_once`` that checks the cache directories it is
+    given (empty for a variant's first compile, its own earlier one for the others) and
+    returns a record as a real compile would."""
+
+    def fake(settings, spec, env, timeout):
+        folder = Path(env["TORCHINDUCTOR_CACHE_DIR"])
+        seen = folder.exists() and any(folder.iterdir())
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "entry").write_text(spec["variant"])
+        calls.append((spec["variant"], spec["round"], seen, str(folder)))
+        record = {"us": 100.0 + len(calls), "replay_spread": 0.01, "compile_s": 1.0, "timing": "cpu-wall",
+                  "caches": {"fx_hit" if seen else "fx_miss": 1},
+                  "numerics": {"rows": 2, "max_diff_median": 0.1, "max_diff_max": 0.2, "argmax_agree": 1.0}}
+        if spec["variant"].startswith("kda"):
+            record["pass_runs"] = 0 if seen else 1
+            record["matches"] = {} if seen else {"causal_conv1d": 3, "gated_norm_merge": 0}
+        return record
+
+    return fake
+
+
+def test_hf_models_compile_loop_alternates_and_writes_one_commit_section(tmp_path, monkeypatch):
+    """Three compiles per variant, variants alternating; the first of each on an empty cache
+    directory of its own, the others reading it; kda-no-<rewrite> for the rewrite that fired in
+    kda's first compile; one section of this commit in a temporary results dir (refusing no row
+    of its own commit), rendered into the markdown between its markers."""
+    import json
+
+    from benchmarks import _hf_record, hf_models
+
+    calls = []
+    monkeypatch.setattr(hf_models, "compile_once", _fake_compile(calls))
+    argv = ["--smoke", "--family", "qwen3_next", "--case", "decode32", "--results-dir", str(tmp_path / "res"),
+            "--cache-root", str(tmp_path / "caches")]
+    records = hf_models.main(argv)
+    order = [(v, r) for v, r, _, _ in calls]
+    assert order == [("eager", 0), ("stock", 0), ("kda", 0), ("kda-no-causal_conv1d", 0),
+                     ("stock", 1), ("kda", 1), ("kda-no-causal_conv1d", 1),
+                     ("stock", 2), ("kda", 2), ("kda-no-causal_conv1d", 2)]
+    assert [seen for v, r, seen, _ in calls if v != "eager"] == [False] * 3 + [True] * 6
+    assert len({folder for *_, folder in calls}) == 4  # one cache per variant
+    assert [r["cache"] for r in records if r["variant"] == "kda"] == ["cold", "warm", "warm"]
+    state = _hf_record.source_state()
+    data = json.loads((tmp_path / "res" / "hf_models.json").read_text())
+    (section,) = data["sections"]
+    assert section["commit"] == state["commit"] and section["source"] == state["source"]
+    assert len(section["records"]) == 10 and {r["source"] for r in section["records"]} == {state["source"]}
+    md = (tmp_path / "res" / "hf_models.md").read_text()
+    assert f"commit {state['commit'][:10]}" in md and md.count("<!-- hf-section") == 1
+    kda = next(r for r in hf_models.summarize(section["records"]) if r["variant"] == "kda")
+    assert kda["compiles"] == "3" and kda["cold_us"] == 103.0 and kda["caches"] == "M H H"
+    assert kda["spread"] == (109.0 - 103.0) / 106.0 and kda["rewrites"] == "causal_conv1d 3"
+    # a second call at the same commit: the same section, its rows replaced where measured again
+    hf_models.main(argv + ["--variant", "stock", "--compiles", "1"])
+    assert calls[-1][:3] == ("stock", 0, False)  # the cold compile's directory was emptied first
+    data = json.loads((tmp_path / "res" / "hf_models.json").read_text())
+    (section,) = data["sections"]
+    assert len(section["calls"]) == 2 and len(section["records"]) == 8
+    md = (tmp_path / "res" / "hf_models.md").read_text()
+    assert md.count("<!-- hf-section") == 1 and md.count("- call ") == 2
+
+
+def test_hf_models_budget_starts_nothing_after_it(tmp_path, monkeypatch):
+    """``--budget``: no compile starts once it is spent; what ran is recorded and what was not
+    started is named in the section."""
+    from benchmarks import hf_models
+
+    calls = []
+    monkeypatch.setattr(hf_models, "compile_once", _fake_compile(calls))
+    monkeypatch.setattr(hf_models.Budget, "spent", lambda self: len(calls) >= 4)
+    records = hf_models.main(["--smoke", "--family", "qwen3_next", "--case", "decode32", "--budget", "60",
+                              "--results-dir", str(tmp_path), "--cache-root", str(tmp_path / "c")])
+    assert [r["variant"] for r in records] == ["eager", "stock", "kda", "kda-no-causal_conv1d"]
+    md = (tmp_path / "hf_models.md").read_text()
+    assert "ran qwen3_next decode32 (4 compiles); not started (budget): qwen3_next decode32 stock #2; " \
+           "qwen3_next decode32 kda #2; qwen3_next decode32 kda-no-causal_conv1d #2; " \
+           "qwen3_next decode32 stock #3" in md
+
+
+def test_hf_section_refuses_rows_of_another_commit():
+    """A section is one run at one commit: a record of another source state (or another
+    environment) is refused; records of the same state go in, one call's twice replace."""
+    from benchmarks import _hf_record
+
+    env = {"gpu": "H200", "torch": "2.11", "triton": "3.6", "transformers": "5.17", "fla": "0.6.0"}
+    a = {"commit": "a" * 40, "dirty": False, "source": "a" * 40}
+    b = {"commit": "b" * 40, "dirty": False, "source": "b" * 40}
+    section = _hf_record.Section.new(a, env)
+    row = {"family": "qwen3_next", "case": "decode32", "variant": "kda", "round": 0, "us": 1.0}
+    section.add({"id": "c1", "started": "t"}, [{**row, "source": a["source"], "env": env}])
+    with pytest.raises(ValueError, match="one run, one commit"):
+        section.add({"id": "c2", "started": "t"}, [{**row, "source": b["source"], "env": env}])
+    with pytest.raises(ValueError, match="one run, one commit"):
+        section.add({"id": "c2", "started": "t"}, [{**row, "source": a["source"], "env": {**env, "torch": "2.13"}}])
+    assert len(section["records"]) == 1
+    sections = []
+    _hf_record.merge_into(sections, a, env, {"id": "c1", "started": "t"}, [{**row, "source": a["source"], "env": env}])
+    _hf_record.merge_into(sections, b, env, {"id": "c2", "started": "t"}, [{**row, "source": b["source"], "env": env}])
+    assert [s["commit"] for s in sections] == ["a" * 40, "b" * 40]
+
+
+def test_hf_markdown_section_replaced_in_place(tmp_path):
+    """The markdown keeps text outside a section's markers and replaces the section itself."""
+    from benchmarks import _hf_record
+
+    path = tmp_path / "hf.md"
+    path.write_text("# t\n\n## an older section\n\nits rows\n")
+    section = {"id": "x|y"}
+    _hf_record.write_markdown(path, "t", "", section, "## first\n")
+    path.write_text(path.read_text() + "\nnotes after it\n")
+    _hf_record.write_markdown(path, "t", "", section, "## second\n")
+    text = path.read_text()
+    assert "## an older section" in text and "notes after it" in text
+    assert "## second" in text and "## first" not in text and text.count("<!-- hf-section x|y -->") == 1
+
+
+def test_hf_stamp_names_the_commit_of_a_tree_without_git(tmp_path):
+    """A copy of the tree without .git: the stamp's blob hashes (git's) name its commit; a
+    changed file, a missing one, or a new .py under kda_inductor/ make it dirty."""
+    import subprocess
+
+    from benchmarks import _hf_record
+
+    readme = Path(__file__).resolve().parent.parent / "README.md"
+    git = subprocess.run(["git", "hash-object", str(readme)], capture_output=True, text=True)
+    if git.returncode == 0:
+        assert _hf_record.blob_hash(readme.read_bytes()) == git.stdout.strip()
+    (tmp_path / "kda_inductor").mkdir()
+    files = {"kda_inductor/a.py": b"x = 1\n", "README.md": b"hi\n", "benchmarks/results/r.md": b"old\n"}
+    for rel, data in files.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_bytes(data)
+    stamp = {"commit": "c" * 40, "files": {rel: _hf_record.blob_hash(d) for rel, d in files.items()}}
+    (tmp_path / _hf_record.STAMP).write_text(__import__("json").dumps(stamp))
+    state = _hf_record.source_state(tmp_path)
+    assert (state["commit"], state["dirty"], state["source"], state["how"]) == ("c" * 40, False, "c" * 40, "stamp")
+    (tmp_path / "benchmarks/results/r.md").write_text("a run's results\n")  # results never make it dirty
+    assert not _hf_record.source_state(tmp_path)["dirty"]
+    (tmp_path / "kda_inductor/new.py").write_text("y = 2\n")
+    state = _hf_record.source_state(tmp_path)
+    assert state["dirty"] and state["changed"] == ["kda_inductor/new.py"] and state["source"].startswith("c" * 40 + "+dirty-")
+    (tmp_path / "kda_inductor/new.py").unlink()
+    (tmp_path / "README.md").write_text("changed\n")
+    assert _hf_record.source_state(tmp_path)["changed"] == ["README.md"]
+
+
+def test_hf_legacy_rows_become_sections_of_unknown_commit():
+    """The recorded hf_models.json: every section names its commit (or says it is unknown)."""
+    from benchmarks import _hf_record, hf_models
+
+    sections = _hf_record.load_sections(hf_models.RESULTS / "hf_models.json")
+    assert sections and all(s["commit"] for s in sections)
+    assert all(s["commit"] == "unknown" for s in sections if s.get("legacy_rows"))
+    for s in sections:  # no section mixes commits
+        assert len({r.get("source") for r in s.get("records", [])}) <= 1
+
+
+def test_hf_plan_covers_every_case_within_a_call():
+    """``--plan``: every variant of every (family, case) of the stage is in one proposed call,
+    by name (a split case needs no kda run in the same call), no lane over its seconds."""
+    from benchmarks import _hf_record, hf_models
+
+    sections = _hf_record.load_sections(hf_models.RESULTS / "hf_models.json")
+    fams = [hf_models.BY_NAME[n] for n in hf_models.STAGE]
+    rows, calls = hf_models.plan(sections, fams, list(hf_models.CASES), 3, 480.0, lanes=2)
+    assert len(rows) == len(fams) * 3 and all(len(call) <= 2 for call in calls)
+    jobs = [job for call in calls for lane in call for job in lane]
+    for r in rows:
+        for variant in r["per_variant_s"]:
+            assert sum(f"--family {r['family']} --case {r['case']} " in j and
+                       variant in j.split(" --variant ")[1].split(" ")[0].split(",") for j in jobs) == 1, \
+                (r["family"], r["case"], variant)
+    assert all("kda-no-*" not in j for j in jobs)
+    lane_s = [sum(float(j.rsplit("(~", 1)[1].split(" ")[0]) for j in lane) for call in calls for lane in call]
+    assert max(lane_s) <= 480.0 + 1
+
+
+@pytest.mark.slow
+def test_hf_models_smoke_three_compiles_in_fresh_processes(tmp_path):
+    """The real thing on CPU (tiny Qwen3-Next, 2 layers): stock and kda compiled three times
+    each, each compile in a fresh process, every output checked against eager in the worker;
+    the warm compiles are FX graph cache hits (our pass does not run, its ops still do), the
+    section names this commit."""
+    from benchmarks import hf_models
+
+    records = hf_models.main(["--smoke", "--family", "qwen3_next", "--case", "decode32", "--variant", "stock,kda",
+                              "--results-dir", str(tmp_path), "--cache-root", str(tmp_path / "caches"),
+                              "--replay-rounds", "2"])
+    assert not [r for r in records if r.get("error")], records
+    assert [(r["variant"], r["cache"]) for r in records] == [("stock", "cold"), ("kda", "cold")] + \
+        [("stock", "warm"), ("kda", "warm")] * 2
+    kda = [r for r in records if r["variant"] == "kda"]
+    assert kda[0]["pass_runs"] >= 1 and kda[0]["matches"]["causal_conv1d"] >= 1
+    assert all(r["caches"].get("fx_hit") and not r["pass_runs"] for r in kda[1:])
+    assert all(r["numerics"]["argmax_agree"] > 0.5 for r in records)
+    assert "<!-- hf-section" in (tmp_path / "hf_models.md").read_text()
+
+
+# --------------------------------------------------------------------------- benchmarks.hf_generate
+
+
+def test_hf_generate_compiles_as_transformers_documents():
+    """stock and kda: a static cache, and generate's own compile through ``CompileConfig``
+    naming the backend; eager: generate as it comes."""
+    from benchmarks import hf_generate
+
+    eager = hf_generate.generate_kwargs("eager", new_tokens=5, smoke=False)
+    assert "compile_config" not in eager and "cache_implementation" not in eager
+    assert eager["min_new_tokens"] == eager["max_new_tokens"] == 5
+    for variant, backend in (("stock", "inductor"), ("kda", "kda_inductor")):
+        kw = hf_generate.generate_kwargs(variant, new_tokens=5, smoke=False)
+        assert kw["cache_implementation"] == "static" and kw["compile_config"].backend == backend
+        assert kw["compile_config"].mode == "reduce-overhead"
+
+
+def test_hf_generate_eager_tokens_per_second():
+    """The CPU path of one measurement (eager: no compile): tokens counted, times recorded."""
+    from benchmarks import hf_generate
+
+    r = hf_generate.run_one({"smoke": True, "device": "cpu", "family": "qwen3_next", "batch": 2, "prompt": 4,
+                             "new_tokens": 3, "reps": 1, "variant": "eager"})
+    assert r["new_tokens"] == 3 and r["tokens_per_s"] == 2 * 3 / r["s"] and not r["compiled"]
+    rows = hf_generate.summarize([{**r, "family": "qwen3_next", "case": "batch 2", "variant": "eager", "cache": "cold"}])
+    assert rows[0]["cold_tps"] == r["tokens_per_s"]
+
+
+@pytest.mark.slow
+def test_hf_generate_smoke_cold_and_warm(tmp_path):
+    """generate() with stock and kda compiled by transformers itself, a process on an empty cache
+    and one reading it; the same greedy tokens in every variant; a section of this commit."""
+    from benchmarks import hf_generate
+
+    records = hf_generate.main(["--smoke", "--family", "qwen3_next", "--batch", "1", "--reps", "1",
+                                "--results-dir", str(tmp_path)])
+    assert not [r for r in records if r.get("error")], records
+    assert [(r["variant"], r["cache"]) for r in records] == [("eager", "cold"), ("stock", "cold"), ("stock", "warm"),
+                                                             ("kda", "cold"), ("kda", "warm")]
+    assert all(r["compiled"] for r in records if r["variant"] != "eager")
+    assert len({json_tokens(r) for r in records}) == 1
+    assert "<!-- hf-section" in (tmp_path / "hf_generate.md").read_text()
+
+
+def json_tokens(record):
+    return str(record["tokens"])

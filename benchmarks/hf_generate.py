@@ -1,0 +1,236 @@
+"""What users run: ``model.generate()`` of transformers' hybrid families with the compiled
+forward, tokens per second for eager, stock ``torch.compile`` and ``kda_inductor``:
+``python -m benchmarks.hf_generate`` (GPU), ``--smoke`` (CPU, tiny config, few tokens).
+
+transformers documents one way to compile generation (``docs/source/en/llm_optims.md`` and
+``kv_cache.md``, 5.17-5.25; ``GenerationMixin._valid_auto_compile_criteria``): pass a fixed-size
+cache, ``cache_implementation="static"``, and ``generate`` compiles the model's forward itself
+for the decoding steps (``PreTrainedModel.get_compiled_call``: ``torch.compile(self.__call__,
+**compile_config.to_dict())``; the prefill runs uncompiled), with ``CompileConfig`` choosing the
+backend and mode (default ``mode="reduce-overhead"``: CUDA graphs); "avoid calling
+``torch.compile(model)`` outside of generate". So the variants are:
+
+- eager: ``generate()`` as it comes (the default dynamic cache, nothing compiled);
+- stock: ``cache_implementation="static"``, ``compile_config=CompileConfig(backend="inductor")``;
+- kda: the same with ``CompileConfig(backend="kda_inductor")``.
+
+The model is ``benchmarks.hf_models``'s: the released per-layer dims, 4 layers, 16 experts,
+bf16, random weights from the config (no download), a 4096-token vocabulary; prompts of
+``--prompt`` random tokens, batch 1 and 32, ``--new-tokens`` 128 greedy tokens (no EOS: the
+config has none; ``min_new_tokens`` keeps the count). Each (family, batch, variant) runs in a
+fresh process twice: first on an empty Inductor cache (cold), then reading it (warm: a
+restarted server). A process times its first ``generate`` (the compiles), then ``--reps``
+more; tokens/s = batch x new tokens / the median of those. Recorded with the graphs compiled
+and recompiles (a recompile per step would be the user's real cost), in
+``benchmarks/results/hf_generate.{json,md}``, one section per commit (``_hf_record``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_HERE = Path(__file__).resolve().parent
+if str(_HERE.parent) not in sys.path:
+    sys.path.insert(0, str(_HERE.parent))
+
+from benchmarks import _hf_record, _timing, hf_models  # noqa: E402
+
+VARIANTS = ("eager", "stock", "kda")
+BACKENDS = {"stock": "inductor", "kda": "kda_inductor"}
+TITLE = "transformers generate()"
+INTRO = ("`python -m benchmarks.hf_generate`: `model.generate()` with the forward compiled as transformers "
+         "documents it (a static cache, `compile_config=CompileConfig(backend=...)`), tokens/s. One section per "
+         "run at one commit, rendered from `hf_generate.json` between its markers.")
+
+
+def generate_kwargs(variant: str, *, new_tokens: int, smoke: bool) -> dict[str, Any]:
+    """``generate()``'s keywords for a variant (greedy, exactly ``new_tokens`` tokens)."""
+    kw: dict[str, Any] = {"max_new_tokens": new_tokens, "min_new_tokens": new_tokens, "do_sample": False,
+                          "pad_token_id": 0}
+    if variant == "eager":
+        return kw
+    from transformers import CompileConfig
+
+    config = CompileConfig(backend=BACKENDS[variant], **({"mode": "default"} if smoke else {}))
+    if smoke:  # generate compiles only on accelerators unless told otherwise (a private switch)
+        config._compile_all_devices = True
+    return {**kw, "cache_implementation": "static", "compile_config": config}
+
+
+def run_one(spec: dict[str, Any]) -> dict[str, Any]:
+    """One process's measurement: build, the first generate (compiles), ``reps`` timed ones."""
+    from torch._dynamo.utils import counters
+
+    smoke, device = spec["smoke"], spec["device"]
+    family = hf_models.BY_NAME[spec["family"]]
+    built = hf_models.build(family, tiny=smoke, device=device,
+                            dtype=torch.float32 if smoke else torch.bfloat16,
+                            layers=hf_models.SMOKE_LAYERS if smoke else hf_models.N_LAYERS)
+    if built is None:
+        return {"error": "not in this transformers"}
+    model, config = built
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    prompt = torch.randint(0, config.vocab_size, (spec["batch"], spec["prompt"]), generator=gen).to(device)
+    kw = generate_kwargs(spec["variant"], new_tokens=spec["new_tokens"], smoke=smoke)
+    counters.clear()
+
+    def once() -> tuple[float, torch.Tensor]:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(prompt, **kw)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, out
+
+    first_s, out = once()
+    graphs = counters["stats"].get("unique_graphs")
+    times = [once()[0] for _ in range(spec["reps"])]
+    new = out.shape[1] - prompt.shape[1]
+    med = statistics.median(times)
+    return {"first_s": first_s, "times_s": times, "s": med, "new_tokens": new,
+            "tokens_per_s": spec["batch"] * new / med, "graphs_first": graphs,
+            "graphs": counters["stats"].get("unique_graphs"), "recompiles": _recompiles(counters),
+            "compiled": hasattr(model, "_compiled_call"), "tokens": out[:, prompt.shape[1]:][:2, :8].tolist()}
+
+
+def _recompiles(counters) -> int:
+    """Dynamo's recompiles so far (its frames compiled more than once)."""
+    return int(sum(v for k, v in counters["recompiles"].items())) if "recompiles" in counters else 0
+
+
+def _spawn(spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
+    """``run_one(spec)`` in a fresh process with ``env`` (its Inductor cache)."""
+    with tempfile.TemporaryDirectory(prefix="hf_gen_") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps({**spec, "out": str(out_path)}))
+        full_env = {**os.environ, **env, "PYTHONPATH": os.pathsep.join(filter(None, [str(_HERE.parent),
+                                                                                     os.environ.get("PYTHONPATH")]))}
+        try:
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.hf_generate", "--worker", str(spec_path)],
+                                  env=full_env, cwd=_HERE.parent, capture_output=True, text=True,
+                                  timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            return {"error": f"killed after {timeout:.0f} s"}
+        if proc.returncode != 0 or not out_path.exists():
+            tail = (proc.stdout + proc.stderr)[-2500:]
+            print(tail, flush=True)
+            return {"error": f"exit {proc.returncode}: {tail.strip().splitlines()[-1][:300] if tail.strip() else ''}"}
+        return json.loads(out_path.read_text())
+
+
+def summarize(records: list[dict]) -> list[dict]:
+    """One row per (family, batch, variant): tokens/s cold and warm, and against stock."""
+    rows: dict[tuple, dict] = {}
+    for r in records:
+        row = rows.setdefault((r["family"], r["case"], r["variant"]),
+                              {"family": r["family"], "case": r["case"], "variant": r["variant"]})
+        row[f"{r['cache']}_tps"] = r.get("tokens_per_s")
+        row[f"{r['cache']}_first_s"] = r.get("first_s")
+        row[f"{r['cache']}_graphs"] = f"{r.get('graphs')} ({r.get('recompiles')} recompiles)" \
+            if r.get("graphs") is not None else None
+        if r.get("error"):
+            row["error"] = r["error"][:160]
+    out = list(rows.values())
+    for row in out:
+        stock = rows.get((row["family"], row["case"], "stock"), {})
+        for cache in ("cold", "warm"):
+            a, b = row.get(f"{cache}_tps"), stock.get(f"{cache}_tps")
+            row[f"{cache}_vs_stock"] = a / b if a and b and row["variant"] != "stock" else None
+    return out
+
+
+COLUMNS = [("family", "family", ""), ("case", "case", ""), ("variant", "variant", ""),
+           ("cold_tps", "tokens/s (cold cache)", ".1f"), ("cold_vs_stock", "/ stock", ".3f"),
+           ("warm_tps", "tokens/s (warm cache)", ".1f"), ("warm_vs_stock", "/ stock", ".3f"),
+           ("cold_first_s", "first generate s (cold)", ".1f"), ("warm_first_s", "first generate s (warm)", ".1f"),
+           ("cold_graphs", "graphs (cold)", ""), ("error", "error", "")]
+
+
+def section_markdown(section: dict[str, Any], spec: dict[str, Any]) -> str:
+    lines = [_hf_record.heading(section), ""]
+    if not section["env"].get("gpu"):
+        lines += ["A CPU smoke run (tiny dims, 2 layers): the numbers mean nothing.", ""]
+    lines += [f"- call {c['started']} (`{' '.join(c.get('argv', []))}`)" for c in section.get("calls", [])]
+    lines += ["", f"Prompt {spec['prompt']} random tokens, {spec['new_tokens']} new greedy tokens, median of "
+              f"{spec['reps']} generates after the first (which compiles); cold: a process on an empty Inductor "
+              "cache, warm: a second process reading it. eager: the default dynamic cache, nothing compiled.", "",
+              _timing.markdown_table(summarize(section["records"]), COLUMNS).rstrip()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--smoke", action="store_true", help="CPU, tiny config, few tokens")
+    p.add_argument("--family", action="append", choices=sorted(hf_models.BY_NAME))
+    p.add_argument("--batch", type=int, action="append", help="batch sizes (default 1 and 32)")
+    p.add_argument("--variant", default=",".join(VARIANTS))
+    p.add_argument("--new-tokens", type=int, default=None)
+    p.add_argument("--prompt", type=int, default=None)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--budget", type=float, default=None, help="seconds after which no new process starts")
+    p.add_argument("--results-dir", default=None)
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.worker:
+        spec = json.loads(Path(args.worker).read_text())
+        Path(spec["out"]).write_text(json.dumps(run_one(spec), default=str))
+        return []
+    device = "cpu" if args.smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("hf_generate: no CUDA device; --smoke for the CPU path")
+    spec = {"smoke": args.smoke, "device": device, "reps": args.reps,
+            "new_tokens": args.new_tokens or (4 if args.smoke else 128), "prompt": args.prompt or (8 if args.smoke else 32)}
+    families = args.family or list(hf_models.STAGE)
+    batches = args.batch or ([1, 2] if args.smoke else [1, 32])
+    return _run(args, spec, families, batches, args.variant.split(","),
+                Path(args.results_dir) if args.results_dir else hf_models.RESULTS)
+
+
+def _run(args, spec, families, batches, variants, results) -> list[dict]:
+    state = _hf_record.source_state()
+    env = {**_timing.environment_info(), **_hf_record.env_versions()}
+    call = {"id": _hf_record.call_id(), "started": env["date"], "argv": args.argv}
+    record_to = None if args.no_record or (args.smoke and not args.results_dir) else results
+    sections = _hf_record.load_sections(record_to / "hf_generate.json") if record_to else []
+    budget = hf_models.Budget(args.budget, 150.0)
+    roots, records = tempfile.mkdtemp(prefix="hf_gen_caches_"), []
+    for fam in families:
+        for batch in batches:
+            for variant in variants:
+                folder = Path(roots) / fam / f"b{batch}" / variant
+                for cache in ("cold", "warm") if variant != "eager" else ("cold",):
+                    if budget.spent():
+                        continue
+                    env_vars = {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"),
+                                "TRITON_CACHE_DIR": str(folder / "triton")}
+                    r = _spawn({**spec, "family": fam, "batch": batch, "variant": variant}, env_vars, budget.timeout())
+                    r.update(family=fam, case=f"batch {batch}", variant=variant, cache=cache,
+                             source=state["source"], env=env, call=call["id"])
+                    records.append(r)
+                    _timing.progress({k: r.get(k) for k in ("family", "case", "variant", "cache", "tokens_per_s",
+                                                            "first_s", "graphs", "recompiles", "error")})
+                    if record_to is not None:
+                        s = _hf_record.merge_into(sections, state, env, call, records)
+                        _hf_record.save_sections(record_to / "hf_generate.json", sections)
+                        _hf_record.write_markdown(record_to / "hf_generate.md", TITLE, INTRO, s, section_markdown(s, spec))
+    _timing.print_table(summarize(records), COLUMNS, title="hf_generate")
+    return records
+
+
+if __name__ == "__main__":
+    main()

@@ -129,9 +129,29 @@ def input_sets(m: Model, B: int, T: int, device, smoke: bool) -> list[dict]:
 # --------------------------------------------------------------------------- the variants
 
 
+def kimi_loop(query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel=False):
+    """Kimi Linear's decode loop as transformers writes it (``recurrent_kimi_delta_attention``:
+    float32 casts, ``x / sqrt(sum(x * x) + 1e-6)``, ``q * K ** -0.5``, the decay per key channel),
+    for a transformers without ``kimi_linear`` (5.17, on the GPU machine)."""
+    dtype = query.dtype
+    q, k, v, g, beta = (x.float() for x in (query, key, value, g, beta))
+    if use_qk_l2norm_in_kernel:
+        q, k = (x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    q = q * q.shape[-1] ** -0.5
+    S = initial_state.to(v)
+    out = torch.zeros_like(v)
+    for i in range(q.shape[1]):
+        S = S * g[:, i].exp()[..., None]
+        delta = (v[:, i] - (S * k[:, i, ..., None]).sum(-2)) * beta[:, i, ..., None]
+        S = S + k[:, i, ..., None] * delta.unsqueeze(-2)
+        out[:, i] = (S * q[:, i, ..., None]).sum(-2)
+    return out.to(dtype), S if output_final_state else None
+
+
 def _transformers_loop(model: str) -> tuple[Callable | None, str]:
-    """transformers' torch loop for ``model`` (unwrapped from the hub / fla dispatch), or the
-    qwen3_next one where this transformers has no such model but the same math (OLMo-hybrid)."""
+    """transformers' torch loop for ``model`` (unwrapped from the hub / fla dispatch); where this
+    transformers has no such model: the qwen3_next loop for OLMo-hybrid (the same code), the
+    spelling above for Kimi Linear."""
     name = "recurrent_kimi_delta_attention" if model == "kimi_linear" else "torch_recurrent_gated_delta_rule"
     for mod in ((model,) if model != "olmo_hybrid" else ("olmo_hybrid", "qwen3_next")):
         try:
@@ -139,6 +159,8 @@ def _transformers_loop(model: str) -> tuple[Callable | None, str]:
             return inspect.unwrap(getattr(module, name)), f"transformers {mod}"
         except (ImportError, AttributeError):
             continue
+    if model == "kimi_linear":
+        return kimi_loop, "kimi_loop (this transformers has no kimi_linear)"
     return None, "no transformers loop"
 
 
@@ -390,6 +412,8 @@ def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the targets' cases only (12)")
     p.add_argument("--models", default=None, help=f"of {sorted(MODELS)}, comma-separated")
+    p.add_argument("--B", default=None, help="batches, comma-separated (default: the plan's)")
+    p.add_argument("--T", default=None, help="tokens per sequence, comma-separated (default: the plan's)")
     p.add_argument("--no-stock", action="store_true", help="skip stock torch.compile (the compiles take most of a run)")
     p.add_argument("--no-eager", action="store_true", help="skip eager (slow at large B x T)")
     p.add_argument("--reps", type=int, default=30)
@@ -408,7 +432,9 @@ def main(argv=None) -> list[dict]:
     if args.sweep:
         return run_sweep(args, device, timer, bandwidth, deadline)
     rows = []
-    cases = [c for c in plan(args.quick, args.smoke) if args.models is None or c[0] in args.models.split(",")]
+    keep = [None if v is None else v.split(",") for v in (args.models, args.B, args.T)]
+    cases = [c for c in plan(args.quick, args.smoke)
+             if all(k is None or str(x) in k for k, x in zip(keep, c))]
     for model, B, T in cases:
         if time.perf_counter() > deadline:
             print(f"time budget of {args.budget:.0f} s spent: {len(cases) - len(rows)} later cases not run", flush=True)

@@ -338,14 +338,26 @@ def sweep(device, timer, bandwidth, smoke: bool, deadline: float) -> list[dict]:
             fn = (lambda x, cfg=cfg: L.step_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"],
                                                     x["scale"], True, inplace=True, config=cfg)[0])
             try:
+                regs, spills = registers(sets[0], cfg)
                 us = timer(graphed_fns(fn, sets))
             except Exception as e:  # noqa: BLE001
-                us = None
+                us = regs = spills = None
                 print(f"sweep {model} B={B} T={T} {cfg}: {type(e).__name__}: {e}", flush=True)
             rows.append({"model": model, "B": B, "T": T, "config": f"BV{cfg.block_v} w{cfg.num_warps} s{cfg.num_stages}",
-                         "us": us, "default": "yes" if cfg == default else "",
+                         "us": us, "regs": regs, "spills": spills, "default": "yes" if cfg == default else "",
                          "floor_us": bytes_moved(m, B, T) / bandwidth * 1e6 if bandwidth else None})
     return rows
+
+
+def registers(x: dict, cfg) -> tuple[int | None, int | None]:
+    """One launch of ``cfg`` on a copy of ``x`` (outside any graph): the compiled kernel's registers
+    per thread and spills (None where this Triton's handle does not say)."""
+    meta = L.validate(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], x["scale"], True)
+    state = x["state"].clone()
+    out = x["v"].new_empty(x["v"].shape)
+    kernel = L._launch(x["q"], x["k"], x["v"], x["g"], x["beta"], state, state, out, x["scale"], True, 1e-6, meta,
+                       cfg)
+    return getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
 
 
 def _mark_best(rows: list[dict]) -> None:
@@ -396,13 +408,17 @@ def _versions() -> str:
     return f"fla-core {fla}; transformers {tf}; git {_git_commit()}"
 
 
+SWEEP_COLUMNS = (("model", "model", "s"), ("B", "B", ","), ("T", "T", ","), ("config", "config", "s"),
+                 ("us", "us", ".2f"), ("floor_us", "floor us", ".2f"), ("over_floor", "/floor", ".2f"),
+                 ("regs", "regs", ","), ("spills", "spills", ","), ("default", "default", "s"), ("best", "best", "s"))
+
+
 def run_sweep(args, device, timer, bandwidth, deadline) -> list[dict]:
     rows = sweep(device, timer, bandwidth, args.smoke, deadline)
     _mark_best(rows)
-    print_table(rows, (("model", "model", "s"), ("B", "B", ","), ("T", "T", ","), ("config", "config", "s"),
-                       ("us", "us", ".2f"), ("floor_us", "floor us", ".2f"), ("over_floor", "/floor", ".2f"),
-                       ("default", "default", "s"), ("best", "best", "s")),
-                title=f"launch configs (columns per program, warps, stages); {_versions()}")
+    title = f"launch configs (columns per program, warps, stages); {_versions()}"
+    print_table(rows, SWEEP_COLUMNS, title=title)
+    print(title + "\n\n" + markdown_table(rows, SWEEP_COLUMNS), flush=True)
     if not args.smoke:
         write_out_json(f"bench_{NAME}_sweep.json", {"env": environment_info(), "versions": _versions(), "rows": rows})
     return rows

@@ -30,8 +30,9 @@ grouping, read by index, never repeated) and token ``t``, in float32 (``S [K, V]
 The CPU kernel is that loop in plain float32 torch (:func:`reference_step`, the spec). The CUDA
 kernel (:func:`step_triton`) is one Triton launch: program ``(b, h, j)`` holds the float32 tile
 ``S[b, h, :, j * BV : (j + 1) * BV]`` in registers, read once and written once, and runs every
-token through it. Per token it reduces ``S`` over ``K`` once, for two sums at a time
-(``tl.reduce`` of a pair), by the identity
+token through it, the next token's inputs loaded before this one's reductions. Per token: one
+reduction over ``q``'s and ``k``'s ``K`` values (``q . q``, ``k . k``, ``q . k`` together) and
+one over the tile (two sums together, ``tl.reduce`` of a pair), by the identity
 
     out_t = sum_K(S_old * (e * q)) + (q . k) * delta,   kv = sum_K(S_old * (e * k))
 
@@ -41,7 +42,10 @@ reduction order; ``tests/test_lowering_gdn_recurrent_step.py``). The in-place va
 whole tile before it writes it, and programs own disjoint tiles, so ``state`` may be read and
 written by the one launch. No host sync, no allocation but the outputs, safe under CUDA-graph
 capture; the launch configuration (``BV`` columns per program, warps) comes from a fixed table
-(:func:`launch_config`; no run-time autotuning: CUDA graphs and reproducibility).
+(:func:`launch_config`; no run-time autotuning: CUDA graphs and reproducibility). For sm_90,
+compiled as a launch specializes it (unit inner strides, 16-divisible sizes and strides), the
+tile's loads and stores are 16 bytes wide and nothing spills: at K = V = 128, 78 registers per
+thread for T = 1 at 32 columns x 4 warps (80 at 16 x 2, 87 at 8 x 1), 108 for T > 1.
 
 Every argument is checked by :func:`validate` (also the pattern's check), each bad one an error
 naming it; a rejected call leaves ``state`` untouched.
@@ -390,10 +394,11 @@ class LaunchConfig(NamedTuple):
 CONFIGS = {16: LaunchConfig(64, 1), 32: LaunchConfig(64, 2), 64: LaunchConfig(32, 2), 128: LaunchConfig(32, 4),
            256: LaunchConfig(32, 8)}
 """Per padded key dim ``KP``: the launch when there are programs enough to fill the GPU. ``BV =
-32`` float32 columns are one 128-byte line per key row (16-byte loads, four lanes per line);
-warps so that each thread holds ~32 state values (``KP * BV / (32 * num_warps)``): registers
-for the tile and its products with no spill, and ~8 16-byte loads in flight per thread. Not yet
-measured on a GPU: ``benchmarks/bench_gdn_recurrent_step.py --sweep`` times the alternatives."""
+32`` float32 columns are one 128-byte line per key row (16-byte loads, eight lanes per row);
+warps so that each thread holds ~32 state values (``KP * BV / (32 * num_warps)``): the tile and
+its products in registers with no spill (78 registers at T = 1: six 4-warp programs, 96 KB of
+state loads in flight, per SM). Not yet measured on a GPU: ``benchmarks/bench_gdn_recurrent_step.py
+--sweep`` times the alternatives (8 .. 128 columns, 1 .. 8 warps) at the models' dims."""
 MIN_BLOCK_V = 8
 """32 bytes per key row: one DRAM sector."""
 TARGET_PROGRAMS = 512
@@ -417,18 +422,19 @@ def launch_config(batch: int, v_heads: int, k_dim: int, v_dim: int) -> LaunchCon
 
 
 def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta: StepMeta,
-            config: LaunchConfig | None = None) -> None:
+            config: LaunchConfig | None = None):
     """One launch of :data:`_step_kernel` on validated arguments (``state`` None: zeros; ``final``
-    may be ``state`` itself: the in-place op)."""
+    may be ``state`` itself: the in-place op). Returns what Triton's launch returns (the compiled
+    kernel: its ``n_regs`` / ``n_spills`` for the benchmark's sweep), None if nothing ran."""
     if triton is None:  # pragma: no cover
         raise RuntimeError("gdn_recurrent_step: the Triton kernel needs triton, which is not installed")
     cfg = config or launch_config(meta.batch, meta.v_heads, meta.k_dim, meta.v_dim)
     programs = meta.batch * meta.v_heads * triton.cdiv(meta.v_dim, cfg.block_v)
     if programs == 0:
-        return
+        return None
     s = state if state is not None else final
     g_strides = g.stride() if meta.per_channel else (*g.stride(), 0)
-    _step_kernel[(programs,)](
+    return _step_kernel[(programs,)](
         q, k, v, g, beta, s, final, out, meta.tokens, meta.v_heads, meta.k_dim, meta.v_dim, meta.group,
         float(scale), float(eps), *q.stride(), *k.stride(), *v.stride(), *g_strides, *beta.stride(),
         *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),

@@ -406,3 +406,28 @@ def test_cuda_inplace_op_under_graph_capture_without_syncs():
         want, cur = op(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), cur, 0.088, True)
     torch.testing.assert_close(state.cpu(), cur, **TOL)
     torch.testing.assert_close(out.cpu().float(), want.float(), rtol=0, atol=2 ** -7 * want.abs().max().item())
+
+
+# --------------------------------------------------------------------------- under torch.compile
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_ops_trace_and_functionalize(dynamic):
+    """Both ops through Dynamo and AOTAutograd (``aot_eager``: functionalized, the in-place op as
+    ``auto_functionalized``, the fake impls at symbolic sizes with ``dynamic=True``): the same
+    results as eager, the state written back."""
+    def step(q, k, v, g, beta, state):
+        out = torch.ops.kda.gdn_recurrent_step_inplace(q, k, v, g, beta, state, 0.25, True)
+        out2, final = torch.ops.kda.gdn_recurrent_step(q, k, v, g, beta, state, 0.25, True, 1e-6, torch.float32)
+        return out, out2, final
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", dynamic=dynamic, fullgraph=True)
+    for seed, B in ((0, 2), (1, 3)):
+        *xs, s = inputs(1200 + seed, B=B, T=2, per_channel=bool(seed))
+        mine, theirs = s.clone(), s.clone()
+        got, want = compiled(*xs, mine), step(*xs, theirs)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        assert torch.equal(mine, theirs) and not torch.equal(mine, s)
+    torch._dynamo.reset()

@@ -145,15 +145,19 @@ def _check_state(state, arg: str, B, Hv, K, V) -> None:
     _check_sizes(state, arg, [B, Hv, K, V], "[B, Hv, K, V]")
 
 
+def _check_number(x, arg: str, what: str, ok) -> None:
+    """``x`` a Python int or float (a TypeError otherwise) with ``ok(x)`` (a ValueError otherwise)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        raise _err(arg, f"expected {what}, got {x!r}", TypeError)
+    if not ok(x):
+        raise _err(arg, f"expected {what}, got {x!r}")
+
+
 def _check_scalars(scale, use_qk_l2norm, eps, out_dtype) -> None:
-    real = (int, float)
-    if not isinstance(scale, real) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise _err("scale", f"expected a finite float, got {scale!r}", TypeError if not isinstance(scale, real) else
-                   ValueError)
+    _check_number(scale, "scale", "a finite float", math.isfinite)
+    _check_number(eps, "eps", "a finite float >= 0", lambda e: math.isfinite(e) and e >= 0)
     if not isinstance(use_qk_l2norm, bool):
         raise _err("use_qk_l2norm", f"expected a bool, got {type(use_qk_l2norm).__name__}", TypeError)
-    if not isinstance(eps, real) or isinstance(eps, bool) or not (math.isfinite(eps) and eps >= 0):
-        raise _err("eps", f"expected a finite float >= 0, got {eps!r}")
     if out_dtype is not None and out_dtype not in _FLOATS:
         raise _err("out_dtype", f"expected None or a floating-point dtype, got {out_dtype}")
 

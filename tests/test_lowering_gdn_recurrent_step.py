@@ -94,14 +94,18 @@ def _transformers(module: str, name: str):
 @pytest.mark.parametrize("T", [1, 3, 8])
 @pytest.mark.parametrize("group", [1, 2, 4])
 def test_cpu_op_is_transformers_gated_delta_rule(T, group):
-    """Qwen3-Next's loop (GQA by ``repeat_interleave``, l2norm in the kernel, ``q / sqrt(K)``)."""
+    """Qwen3-Next's loop (l2norm in the kernel, ``q / sqrt(K)``), its q / k heads repeated by
+    ``repeat_interleave`` first, as the layer of transformers <= 5.17 does before the call (5.25's
+    function repeats them inside, and does nothing more when the heads already match); the op
+    reads the unrepeated ones by index."""
     ref = _transformers("qwen3_next", "torch_recurrent_gated_delta_rule")
     q, k, v, g, beta, s = inputs(10 * T + group, B=2, T=T, Hk=2, Hv=2 * group, K=16, V=12, dtype=torch.bfloat16)
-    want, want_state = ref(q, k, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    rq, rk = (x.repeat_interleave(group, dim=2) for x in (q, k))
+    want, want_state = ref(rq, rk, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
     out, final = op(q, k, v, g, beta, s, 16 ** -0.5, True, 1e-6, torch.float32)
     torch.testing.assert_close(final, want_state, **TOL)
     torch.testing.assert_close(out.to(torch.bfloat16), want, rtol=0, atol=2 ** -7 * want.abs().max().item())
-    torch.testing.assert_close(out, ref(q.float(), k.float(), v.float(), g, beta.float(), initial_state=s,
+    torch.testing.assert_close(out, ref(rq.float(), rk.float(), v.float(), g, beta.float(), initial_state=s,
                                         output_final_state=True, use_qk_l2norm_in_kernel=True)[0], **TOL)
 
 

@@ -164,6 +164,15 @@ def _transformers_loop(model: str) -> tuple[Callable | None, str]:
     return None, "no transformers loop"
 
 
+def repeat_heads(q, k, v_heads: int):
+    """q / k with their heads repeated to ``v_heads`` (``repeat_interleave``), as the layer does
+    before calling the loop in transformers <= 5.17, whose ``torch_recurrent_gated_delta_rule``
+    takes as many q / k heads as v heads (5.25's repeats inside, where they differ: a no-op there
+    after this)."""
+    group = v_heads // q.shape[2]
+    return (q, k) if group == 1 else (q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2))
+
+
 def transformers_step(model: str) -> tuple[Callable | None, str]:
     """The step as the layer runs it for decode: transformers' loop (prologue included), then the
     cache update ``state.copy_(new_state)``; returns the output."""
@@ -175,7 +184,8 @@ def transformers_step(model: str) -> tuple[Callable | None, str]:
         if model == "kimi_linear":
             out, new = loop(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], True, use_qk_l2norm_in_kernel=True)
         else:
-            out, new = loop(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["state"],
+            q, k = repeat_heads(x["q"], x["k"], x["v"].shape[2])
+            out, new = loop(q, k, x["v"], g=x["g"], beta=x["beta"], initial_state=x["state"],
                             output_final_state=True, use_qk_l2norm_in_kernel=True)
         x["state"].copy_(new)
         return out
@@ -384,11 +394,20 @@ def report_jobs(s) -> list:
     return [lambda B=B: job(B) for B in ((2,) if s.smoke else (32, 128))]
 
 
-def _git_commit() -> str | None:
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=_HERE, timeout=10)
+
+
+def git_commit() -> str | None:
+    """The commit of the code that runs: ``$KDA_GIT_COMMIT`` when set (a copied tree's ``.git``
+    may be stale: the device's reported the session's first commit under newer files), else
+    git's ``HEAD`` (short), ``-dirty`` when tracked files differ from it; None without git."""
+    if os.environ.get("KDA_GIT_COMMIT"):
+        return os.environ["KDA_GIT_COMMIT"].strip()
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=_HERE, timeout=10).stdout.strip() or None
-    except Exception:  # noqa: BLE001
+        head = _git("rev-parse", "--short", "HEAD").stdout.strip()
+        return head + ("-dirty" if head and _git("diff", "--quiet", "HEAD", "--").returncode == 1 else "") or None
+    except Exception:  # noqa: BLE001 - no git here
         return None
 
 
@@ -405,7 +424,7 @@ def _versions() -> str:
         tf = transformers.__version__
     except ImportError:
         tf = None
-    return f"fla-core {fla}; transformers {tf}; git {_git_commit()}"
+    return f"fla-core {fla}; transformers {tf}; commit {git_commit()}"
 
 
 SWEEP_COLUMNS = (("model", "model", "s"), ("B", "B", ","), ("T", "T", ","), ("config", "config", "s"),
@@ -420,7 +439,8 @@ def run_sweep(args, device, timer, bandwidth, deadline) -> list[dict]:
     print_table(rows, SWEEP_COLUMNS, title=title)
     print(title + "\n\n" + markdown_table(rows, SWEEP_COLUMNS), flush=True)
     if not args.smoke:
-        write_out_json(f"bench_{NAME}_sweep.json", {"env": environment_info(), "versions": _versions(), "rows": rows})
+        write_out_json(f"bench_{NAME}_sweep.json", {"env": environment_info(), "commit": git_commit(),
+                                                     "versions": _versions(), "rows": rows})
     return rows
 
 

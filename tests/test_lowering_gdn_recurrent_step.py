@@ -270,6 +270,22 @@ def test_triton_kernel_matches_the_cpu_op(T, group):
 
 
 @needs_runner
+@pytest.mark.parametrize("case", ["gqa2 T1", "gqa4 T3", "no l2norm", "no state", "per-channel"])
+def test_triton_kernel_scaled_body(case):
+    """The ``SCALED`` body (the sums over raw q / k, the norms applied after them): masked K and V
+    (12 / 20, three column blocks), grouped heads, several tokens, without l2norm or a state; a
+    per-channel decay takes the plain body (and must still be right)."""
+    T, group = (1, 2) if case == "gqa2 T1" else (3, 4) if case == "gqa4 T3" else (2, 1)
+    q, k, v, g, beta, s = inputs(1300 + len(case), B=2, T=T, Hk=1, Hv=group, K=12, V=20,
+                                 per_channel=case == "per-channel", state=case != "no state")
+    l2 = case != "no l2norm"
+    if not l2:
+        q, k = 0.3 * q, 0.3 * k
+    _kernel_vs_op((q, k, v, g, beta, s), scale=0.25 if l2 else 1.0, l2=l2,
+                  config=mod.LaunchConfig(8, 1, scaled=True))
+
+
+@needs_runner
 @pytest.mark.parametrize("T", [1, 3])
 def test_triton_kernel_per_channel_decay(T):
     """Kimi's decay per key channel, with grouped heads too (the op allows it)."""
@@ -339,16 +355,19 @@ def test_triton_kernel_no_tokens():
 
 
 def test_launch_config_table():
-    """Qwen3-Next's dims: one warp and 8 columns at B = 1 (512 programs), the table's 32 x 4 from
-    B = 4; OLMo-hybrid's K = 96 pads to 128; Kimi (32 heads) as Qwen3-Next."""
+    """The measured table (``launch_config``'s docstring), at Qwen3-Next's dims (32 value heads,
+    K = V = 128): 16 columns x 1 warp up to B = 16 at T = 1 and at every B for T > 1, 64 x 4 from
+    B = 32 at T = 1; OLMo-hybrid's K = 96 pads to 128; K = 256 halves the columns, a narrow V caps
+    them; the SCALED body stays off until a GPU has timed it."""
     if mod.triton is None:
         pytest.skip("needs triton")
-    cfg = mod.launch_config
-    assert cfg(1, 32, 128, 128) == mod.LaunchConfig(8, 1)
-    assert cfg(2, 32, 128, 128) == mod.LaunchConfig(16, 2)
-    assert all(cfg(b, 32, 128, 128) == mod.CONFIGS[128] for b in (4, 32, 128, 256))
-    assert cfg(32, 30, 96, 192) == mod.CONFIGS[128] and cfg(1, 30, 96, 192) == mod.LaunchConfig(8, 1)
-    assert cfg(64, 8, 256, 64) == mod.CONFIGS[256] and cfg(1, 1, 8, 4) == mod.LaunchConfig(8, 1)
+    cfg, small, big = mod.launch_config, mod.LaunchConfig(16, 1), mod.LaunchConfig(64, 4)
+    assert [cfg(b, 32, 128, 128) for b in (1, 8, 16, 32, 128, 256)] == [small] * 3 + [big] * 3
+    assert all(cfg(b, 32, 128, 128, t) == small for b in (1, 32, 128, 256) for t in (2, 4, 8))
+    assert cfg(32, 30, 96, 192) == big and cfg(1, 30, 96, 192) == small and cfg(32, 30, 96, 192, 2) == small
+    assert cfg(128, 8, 256, 64) == mod.LaunchConfig(32, 4) and cfg(128, 8, 256, 64, 4) == mod.LaunchConfig(8, 1)
+    assert cfg(32, 32, 64, 32) == mod.LaunchConfig(32, 4) and cfg(1, 1, 8, 4) == mod.LaunchConfig(8, 1)
+    assert not any(cfg(b, 32, 128, 128, t).scaled for b in (1, 256) for t in (1, 4))
 
 
 def test_step_triton_checks_its_out_argument():

@@ -29,7 +29,7 @@ it too). Models: Qwen3-Next / Qwen3.5 (16 key / 32 value heads, K = V = 128), Ki
     python benchmarks/bench_gdn_recurrent_step.py --quick --budget 420   # the targets' cases (~5-7 min)
     python benchmarks/bench_gdn_recurrent_step.py --budget 540           # every model x B x T (past the budget: partial)
     python benchmarks/bench_gdn_recurrent_step.py --no-stock --no-eager  # every case, kda / FLA / floor only (~2 min)
-    python benchmarks/bench_gdn_recurrent_step.py --sweep                # the kernel's launch configs
+    python benchmarks/bench_gdn_recurrent_step.py --sweep --budget 170   # launch configs, T 1..8 x B 1..128 (~150 s)
     python benchmarks/bench_gdn_recurrent_step.py --smoke                # CPU, tiny: the code paths only
 
 No new case starts after ``--budget`` seconds; the rows done are recorded (``benchmarks/results/
@@ -326,24 +326,25 @@ def plan(quick: bool, smoke: bool) -> list[tuple[str, int, int]]:
 # --------------------------------------------------------------------------- the sweep
 
 
-SWEEP_CONFIGS = ((8, 1), (16, 1), (16, 2), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
-SWEEP_SHAPES = (("qwen3_next", 1, 1), ("qwen3_next", 8, 1), ("qwen3_next", 32, 1), ("qwen3_next", 128, 1),
-                ("qwen3_next", 256, 1), ("qwen3_next", 32, 4), ("qwen3_next", 128, 4), ("kimi_linear", 32, 1),
-                ("olmo_hybrid", 32, 1), ("olmo_hybrid", 1, 1))
+SWEEP_CONFIGS = ((16, 1, False), (64, 4, False), (32, 2, False), (8, 1, False), (16, 1, True), (64, 4, True))
+"""``(BV, warps, SCALED)``: the table's two launches, the runners-up of the 2026-12-03 sweep (32 x 2 near
+the best everywhere; 8 x 1: twice the programs of 16 x 1 for small batches), and the SCALED body at the
+table's two launches."""
+SWEEP_SHAPES = tuple(("qwen3_next", B, T) for T in (1, 2, 4, 8) for B in (1, 8, 32, 128))
 
 
 def sweep(device, timer, bandwidth, smoke: bool, deadline: float) -> list[dict]:
-    """The kernel alone (``step_triton``, in place) over launch configs: the input to ``CONFIGS``."""
+    """The kernel alone (``step_triton``, in place) over launch configs: the input to ``launch_config``."""
     rows = []
     shapes = (("qwen3_next", 2, 1),) if smoke else SWEEP_SHAPES
     for model, B, T in shapes:
         m = (SMOKE_MODELS if smoke else MODELS)[model]
         sets = input_sets(m, B, T, device, smoke)
-        default = L.launch_config(B, m.v_heads, m.k_dim, m.v_dim)
-        configs = [L.LaunchConfig(bv, w) for bv, w in ((16, 1),) if smoke] or \
-            [L.LaunchConfig(bv, w) for bv, w in SWEEP_CONFIGS] + ([L.LaunchConfig(32, 4, 2)] if T > 1 else [])
+        default = L.launch_config(B, m.v_heads, m.k_dim, m.v_dim, T)
+        configs = [L.LaunchConfig(bv, w, 1, sc) for bv, w, sc in (((16, 1, True),) if smoke else SWEEP_CONFIGS)]
         for cfg in configs:
             if time.perf_counter() > deadline:
+                print(f"sweep: time budget spent at {model} B={B} T={T}", flush=True)
                 return rows
             fn = (lambda x, cfg=cfg: L.step_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"],
                                                     x["scale"], True, inplace=True, config=cfg)[0])
@@ -353,8 +354,9 @@ def sweep(device, timer, bandwidth, smoke: bool, deadline: float) -> list[dict]:
             except Exception as e:  # noqa: BLE001
                 us = regs = spills = None
                 print(f"sweep {model} B={B} T={T} {cfg}: {type(e).__name__}: {e}", flush=True)
-            rows.append({"model": model, "B": B, "T": T, "config": f"BV{cfg.block_v} w{cfg.num_warps} s{cfg.num_stages}",
-                         "us": us, "regs": regs, "spills": spills, "default": "yes" if cfg == default else "",
+            label = f"BV{cfg.block_v} w{cfg.num_warps}" + (" scaled" if cfg.scaled else "")
+            rows.append({"model": model, "B": B, "T": T, "config": label, "us": us, "regs": regs, "spills": spills,
+                         "default": "yes" if cfg == default else "",
                          "floor_us": bytes_moved(m, B, T) / bandwidth * 1e6 if bandwidth else None})
     return rows
 
@@ -433,9 +435,11 @@ SWEEP_COLUMNS = (("model", "model", "s"), ("B", "B", ","), ("T", "T", ","), ("co
 
 
 def run_sweep(args, device, timer, bandwidth, deadline) -> list[dict]:
+    t0 = time.perf_counter()
     rows = sweep(device, timer, bandwidth, args.smoke, deadline)
     _mark_best(rows)
-    title = f"launch configs (columns per program, warps, stages); {_versions()}"
+    title = f"launch configs (columns per program, warps; scaled: the SCALED body); {_versions()}; " \
+            f"{time.perf_counter() - t0:.0f} s"
     print_table(rows, SWEEP_COLUMNS, title=title)
     print(title + "\n\n" + markdown_table(rows, SWEEP_COLUMNS), flush=True)
     if not args.smoke:

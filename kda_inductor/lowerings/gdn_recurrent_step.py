@@ -428,8 +428,9 @@ class LaunchConfig(NamedTuple):
     scaled: bool = False
     """The kernel's ``SCALED`` body for a scalar decay (:func:`_update_scaled`: two layout
     conversions a token instead of three; sm_90, Triton 3.6, K = 128, T > 1: 12 barriers a token
-    instead of 14 at 4 warps, 3 instead of 4 at one warp, the same registers, no spills). Not yet
-    timed on a GPU: off in the table, timed by the sweep; ignored for a per-channel decay."""
+    instead of 14 at 4 warps, 3 instead of 4 at one warp, the same registers, no spills; Triton 3.9
+    keeps its 4-warp barriers, 15 / 18, and takes 188 registers at one warp instead of 167). Not
+    yet timed on a GPU: off in the table, timed by the sweep; ignored for a per-channel decay."""
 
 
 SMALL_HEADS = 512

@@ -29,7 +29,7 @@ it too). Models: Qwen3-Next / Qwen3.5 (16 key / 32 value heads, K = V = 128), Ki
     python benchmarks/bench_gdn_recurrent_step.py --quick --budget 420   # the targets' cases (~5-7 min)
     python benchmarks/bench_gdn_recurrent_step.py --budget 540           # every model x B x T (past the budget: partial)
     python benchmarks/bench_gdn_recurrent_step.py --no-stock --no-eager  # every case, kda / FLA / floor only (~2 min)
-    python benchmarks/bench_gdn_recurrent_step.py --sweep                # the kernel's launch configs
+    python benchmarks/bench_gdn_recurrent_step.py --sweep --budget 170   # launch configs, T 1..8 x B 1..128 (~150 s)
     python benchmarks/bench_gdn_recurrent_step.py --smoke                # CPU, tiny: the code paths only
 
 No new case starts after ``--budget`` seconds; the rows done are recorded (``benchmarks/results/
@@ -129,9 +129,29 @@ def input_sets(m: Model, B: int, T: int, device, smoke: bool) -> list[dict]:
 # --------------------------------------------------------------------------- the variants
 
 
+def kimi_loop(query, key, value, g, beta, initial_state, output_final_state, use_qk_l2norm_in_kernel=False):
+    """Kimi Linear's decode loop as transformers writes it (``recurrent_kimi_delta_attention``:
+    float32 casts, ``x / sqrt(sum(x * x) + 1e-6)``, ``q * K ** -0.5``, the decay per key channel),
+    for a transformers without ``kimi_linear`` (5.17, on the GPU machine)."""
+    dtype = query.dtype
+    q, k, v, g, beta = (x.float() for x in (query, key, value, g, beta))
+    if use_qk_l2norm_in_kernel:
+        q, k = (x / torch.sqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    q = q * q.shape[-1] ** -0.5
+    S = initial_state.to(v)
+    out = torch.zeros_like(v)
+    for i in range(q.shape[1]):
+        S = S * g[:, i].exp()[..., None]
+        delta = (v[:, i] - (S * k[:, i, ..., None]).sum(-2)) * beta[:, i, ..., None]
+        S = S + k[:, i, ..., None] * delta.unsqueeze(-2)
+        out[:, i] = (S * q[:, i, ..., None]).sum(-2)
+    return out.to(dtype), S if output_final_state else None
+
+
 def _transformers_loop(model: str) -> tuple[Callable | None, str]:
-    """transformers' torch loop for ``model`` (unwrapped from the hub / fla dispatch), or the
-    qwen3_next one where this transformers has no such model but the same math (OLMo-hybrid)."""
+    """transformers' torch loop for ``model`` (unwrapped from the hub / fla dispatch); where this
+    transformers has no such model: the qwen3_next loop for OLMo-hybrid (the same code), the
+    spelling above for Kimi Linear."""
     name = "recurrent_kimi_delta_attention" if model == "kimi_linear" else "torch_recurrent_gated_delta_rule"
     for mod in ((model,) if model != "olmo_hybrid" else ("olmo_hybrid", "qwen3_next")):
         try:
@@ -139,7 +159,18 @@ def _transformers_loop(model: str) -> tuple[Callable | None, str]:
             return inspect.unwrap(getattr(module, name)), f"transformers {mod}"
         except (ImportError, AttributeError):
             continue
+    if model == "kimi_linear":
+        return kimi_loop, "kimi_loop (this transformers has no kimi_linear)"
     return None, "no transformers loop"
+
+
+def repeat_heads(q, k, v_heads: int):
+    """q / k with their heads repeated to ``v_heads`` (``repeat_interleave``), as the layer does
+    before calling the loop in transformers <= 5.17, whose ``torch_recurrent_gated_delta_rule``
+    takes as many q / k heads as v heads (5.25's repeats inside, where they differ: a no-op there
+    after this)."""
+    group = v_heads // q.shape[2]
+    return (q, k) if group == 1 else (q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2))
 
 
 def transformers_step(model: str) -> tuple[Callable | None, str]:
@@ -153,7 +184,8 @@ def transformers_step(model: str) -> tuple[Callable | None, str]:
         if model == "kimi_linear":
             out, new = loop(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], True, use_qk_l2norm_in_kernel=True)
         else:
-            out, new = loop(x["q"], x["k"], x["v"], g=x["g"], beta=x["beta"], initial_state=x["state"],
+            q, k = repeat_heads(x["q"], x["k"], x["v"].shape[2])
+            out, new = loop(q, k, x["v"], g=x["g"], beta=x["beta"], initial_state=x["state"],
                             output_final_state=True, use_qk_l2norm_in_kernel=True)
         x["state"].copy_(new)
         return out
@@ -294,36 +326,50 @@ def plan(quick: bool, smoke: bool) -> list[tuple[str, int, int]]:
 # --------------------------------------------------------------------------- the sweep
 
 
-SWEEP_CONFIGS = ((8, 1), (16, 1), (16, 2), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8))
-SWEEP_SHAPES = (("qwen3_next", 1, 1), ("qwen3_next", 8, 1), ("qwen3_next", 32, 1), ("qwen3_next", 128, 1),
-                ("qwen3_next", 256, 1), ("qwen3_next", 32, 4), ("qwen3_next", 128, 4), ("kimi_linear", 32, 1),
-                ("olmo_hybrid", 32, 1), ("olmo_hybrid", 1, 1))
+SWEEP_CONFIGS = ((16, 1, False), (64, 4, False), (32, 2, False), (8, 1, False), (16, 1, True), (64, 4, True))
+"""``(BV, warps, SCALED)``: the table's two launches, the runners-up of the 2026-12-03 sweep (32 x 2 near
+the best everywhere; 8 x 1: twice the programs of 16 x 1 for small batches), and the SCALED body at the
+table's two launches."""
+SWEEP_SHAPES = tuple(("qwen3_next", B, T) for T in (1, 2, 4, 8) for B in (1, 8, 32, 128))
 
 
 def sweep(device, timer, bandwidth, smoke: bool, deadline: float) -> list[dict]:
-    """The kernel alone (``step_triton``, in place) over launch configs: the input to ``CONFIGS``."""
+    """The kernel alone (``step_triton``, in place) over launch configs: the input to ``launch_config``."""
     rows = []
     shapes = (("qwen3_next", 2, 1),) if smoke else SWEEP_SHAPES
     for model, B, T in shapes:
         m = (SMOKE_MODELS if smoke else MODELS)[model]
         sets = input_sets(m, B, T, device, smoke)
-        default = L.launch_config(B, m.v_heads, m.k_dim, m.v_dim)
-        configs = [L.LaunchConfig(bv, w) for bv, w in ((16, 1),) if smoke] or \
-            [L.LaunchConfig(bv, w) for bv, w in SWEEP_CONFIGS] + ([L.LaunchConfig(32, 4, 2)] if T > 1 else [])
+        default = L.launch_config(B, m.v_heads, m.k_dim, m.v_dim, T)
+        configs = [L.LaunchConfig(bv, w, 1, sc) for bv, w, sc in (((16, 1, True),) if smoke else SWEEP_CONFIGS)]
         for cfg in configs:
             if time.perf_counter() > deadline:
+                print(f"sweep: time budget spent at {model} B={B} T={T}", flush=True)
                 return rows
             fn = (lambda x, cfg=cfg: L.step_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"],
                                                     x["scale"], True, inplace=True, config=cfg)[0])
             try:
+                regs, spills = registers(sets[0], cfg)
                 us = timer(graphed_fns(fn, sets))
             except Exception as e:  # noqa: BLE001
-                us = None
+                us = regs = spills = None
                 print(f"sweep {model} B={B} T={T} {cfg}: {type(e).__name__}: {e}", flush=True)
-            rows.append({"model": model, "B": B, "T": T, "config": f"BV{cfg.block_v} w{cfg.num_warps} s{cfg.num_stages}",
-                         "us": us, "default": "yes" if cfg == default else "",
+            label = f"BV{cfg.block_v} w{cfg.num_warps}" + (" scaled" if cfg.scaled else "")
+            rows.append({"model": model, "B": B, "T": T, "config": label, "us": us, "regs": regs, "spills": spills,
+                         "default": "yes" if cfg == default else "",
                          "floor_us": bytes_moved(m, B, T) / bandwidth * 1e6 if bandwidth else None})
     return rows
+
+
+def registers(x: dict, cfg) -> tuple[int | None, int | None]:
+    """One launch of ``cfg`` on a copy of ``x`` (outside any graph): the compiled kernel's registers
+    per thread and spills (None where this Triton's handle does not say)."""
+    meta = L.validate(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"], x["scale"], True)
+    state = x["state"].clone()
+    out = x["v"].new_empty(x["v"].shape)
+    kernel = L._launch(x["q"], x["k"], x["v"], x["g"], x["beta"], state, state, out, x["scale"], True, 1e-6, meta,
+                       cfg)
+    return getattr(kernel, "n_regs", None), getattr(kernel, "n_spills", None)
 
 
 def _mark_best(rows: list[dict]) -> None:
@@ -350,11 +396,20 @@ def report_jobs(s) -> list:
     return [lambda B=B: job(B) for B in ((2,) if s.smoke else (32, 128))]
 
 
-def _git_commit() -> str | None:
+def _git(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["git", *args], capture_output=True, text=True, cwd=_HERE, timeout=10)
+
+
+def git_commit() -> str | None:
+    """The commit of the code that runs: ``$KDA_GIT_COMMIT`` when set (a copied tree's ``.git``
+    may be stale: the device's reported the session's first commit under newer files), else
+    git's ``HEAD`` (short), ``-dirty`` when tracked files differ from it; None without git."""
+    if os.environ.get("KDA_GIT_COMMIT"):
+        return os.environ["KDA_GIT_COMMIT"].strip()
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=_HERE, timeout=10).stdout.strip() or None
-    except Exception:  # noqa: BLE001
+        head = _git("rev-parse", "--short", "HEAD").stdout.strip()
+        return head + ("-dirty" if head and _git("diff", "--quiet", "HEAD", "--").returncode == 1 else "") or None
+    except Exception:  # noqa: BLE001 - no git here
         return None
 
 
@@ -371,18 +426,25 @@ def _versions() -> str:
         tf = transformers.__version__
     except ImportError:
         tf = None
-    return f"fla-core {fla}; transformers {tf}; git {_git_commit()}"
+    return f"fla-core {fla}; transformers {tf}; commit {git_commit()}"
+
+
+SWEEP_COLUMNS = (("model", "model", "s"), ("B", "B", ","), ("T", "T", ","), ("config", "config", "s"),
+                 ("us", "us", ".2f"), ("floor_us", "floor us", ".2f"), ("over_floor", "/floor", ".2f"),
+                 ("regs", "regs", ","), ("spills", "spills", ","), ("default", "default", "s"), ("best", "best", "s"))
 
 
 def run_sweep(args, device, timer, bandwidth, deadline) -> list[dict]:
+    t0 = time.perf_counter()
     rows = sweep(device, timer, bandwidth, args.smoke, deadline)
     _mark_best(rows)
-    print_table(rows, (("model", "model", "s"), ("B", "B", ","), ("T", "T", ","), ("config", "config", "s"),
-                       ("us", "us", ".2f"), ("floor_us", "floor us", ".2f"), ("over_floor", "/floor", ".2f"),
-                       ("default", "default", "s"), ("best", "best", "s")),
-                title=f"launch configs (columns per program, warps, stages); {_versions()}")
+    title = f"launch configs (columns per program, warps; scaled: the SCALED body); {_versions()}; " \
+            f"{time.perf_counter() - t0:.0f} s"
+    print_table(rows, SWEEP_COLUMNS, title=title)
+    print(title + "\n\n" + markdown_table(rows, SWEEP_COLUMNS), flush=True)
     if not args.smoke:
-        write_out_json(f"bench_{NAME}_sweep.json", {"env": environment_info(), "versions": _versions(), "rows": rows})
+        write_out_json(f"bench_{NAME}_sweep.json", {"env": environment_info(), "commit": git_commit(),
+                                                     "versions": _versions(), "rows": rows})
     return rows
 
 
@@ -390,6 +452,8 @@ def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="the targets' cases only (12)")
     p.add_argument("--models", default=None, help=f"of {sorted(MODELS)}, comma-separated")
+    p.add_argument("--B", default=None, help="batches, comma-separated (default: the plan's)")
+    p.add_argument("--T", default=None, help="tokens per sequence, comma-separated (default: the plan's)")
     p.add_argument("--no-stock", action="store_true", help="skip stock torch.compile (the compiles take most of a run)")
     p.add_argument("--no-eager", action="store_true", help="skip eager (slow at large B x T)")
     p.add_argument("--reps", type=int, default=30)
@@ -408,7 +472,9 @@ def main(argv=None) -> list[dict]:
     if args.sweep:
         return run_sweep(args, device, timer, bandwidth, deadline)
     rows = []
-    cases = [c for c in plan(args.quick, args.smoke) if args.models is None or c[0] in args.models.split(",")]
+    keep = [None if v is None else v.split(",") for v in (args.models, args.B, args.T)]
+    cases = [c for c in plan(args.quick, args.smoke)
+             if all(k is None or str(x) in k for k, x in zip(keep, c))]
     for model, B, T in cases:
         if time.perf_counter() > deadline:
             print(f"time budget of {args.budget:.0f} s spent: {len(cases) - len(rows)} later cases not run", flush=True)

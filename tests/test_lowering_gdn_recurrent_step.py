@@ -94,14 +94,18 @@ def _transformers(module: str, name: str):
 @pytest.mark.parametrize("T", [1, 3, 8])
 @pytest.mark.parametrize("group", [1, 2, 4])
 def test_cpu_op_is_transformers_gated_delta_rule(T, group):
-    """Qwen3-Next's loop (GQA by ``repeat_interleave``, l2norm in the kernel, ``q / sqrt(K)``)."""
+    """Qwen3-Next's loop (l2norm in the kernel, ``q / sqrt(K)``), its q / k heads repeated by
+    ``repeat_interleave`` first, as the layer of transformers <= 5.17 does before the call (5.25's
+    function repeats them inside, and does nothing more when the heads already match); the op
+    reads the unrepeated ones by index."""
     ref = _transformers("qwen3_next", "torch_recurrent_gated_delta_rule")
     q, k, v, g, beta, s = inputs(10 * T + group, B=2, T=T, Hk=2, Hv=2 * group, K=16, V=12, dtype=torch.bfloat16)
-    want, want_state = ref(q, k, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    rq, rk = (x.repeat_interleave(group, dim=2) for x in (q, k))
+    want, want_state = ref(rq, rk, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
     out, final = op(q, k, v, g, beta, s, 16 ** -0.5, True, 1e-6, torch.float32)
     torch.testing.assert_close(final, want_state, **TOL)
     torch.testing.assert_close(out.to(torch.bfloat16), want, rtol=0, atol=2 ** -7 * want.abs().max().item())
-    torch.testing.assert_close(out, ref(q.float(), k.float(), v.float(), g, beta.float(), initial_state=s,
+    torch.testing.assert_close(out, ref(rq.float(), rk.float(), v.float(), g, beta.float(), initial_state=s,
                                         output_final_state=True, use_qk_l2norm_in_kernel=True)[0], **TOL)
 
 
@@ -266,6 +270,22 @@ def test_triton_kernel_matches_the_cpu_op(T, group):
 
 
 @needs_runner
+@pytest.mark.parametrize("case", ["gqa2 T1", "gqa4 T3", "no l2norm", "no state", "per-channel"])
+def test_triton_kernel_scaled_body(case):
+    """The ``SCALED`` body (the sums over raw q / k, the norms applied after them): masked K and V
+    (12 / 20, three column blocks), grouped heads, several tokens, without l2norm or a state; a
+    per-channel decay takes the plain body (and must still be right)."""
+    T, group = (1, 2) if case == "gqa2 T1" else (3, 4) if case == "gqa4 T3" else (2, 1)
+    q, k, v, g, beta, s = inputs(1300 + len(case), B=2, T=T, Hk=1, Hv=group, K=12, V=20,
+                                 per_channel=case == "per-channel", state=case != "no state")
+    l2 = case != "no l2norm"
+    if not l2:
+        q, k = 0.3 * q, 0.3 * k
+    _kernel_vs_op((q, k, v, g, beta, s), scale=0.25 if l2 else 1.0, l2=l2,
+                  config=mod.LaunchConfig(8, 1, scaled=True))
+
+
+@needs_runner
 @pytest.mark.parametrize("T", [1, 3])
 def test_triton_kernel_per_channel_decay(T):
     """Kimi's decay per key channel, with grouped heads too (the op allows it)."""
@@ -335,16 +355,19 @@ def test_triton_kernel_no_tokens():
 
 
 def test_launch_config_table():
-    """Qwen3-Next's dims: one warp and 8 columns at B = 1 (512 programs), the table's 32 x 4 from
-    B = 4; OLMo-hybrid's K = 96 pads to 128; Kimi (32 heads) as Qwen3-Next."""
+    """The measured table (``launch_config``'s docstring), at Qwen3-Next's dims (32 value heads,
+    K = V = 128): 16 columns x 1 warp up to B = 16 at T = 1 and at every B for T > 1, 64 x 4 from
+    B = 32 at T = 1; OLMo-hybrid's K = 96 pads to 128; K = 256 halves the columns, a narrow V caps
+    them; the SCALED body stays off until a GPU has timed it."""
     if mod.triton is None:
         pytest.skip("needs triton")
-    cfg = mod.launch_config
-    assert cfg(1, 32, 128, 128) == mod.LaunchConfig(8, 1)
-    assert cfg(2, 32, 128, 128) == mod.LaunchConfig(16, 2)
-    assert all(cfg(b, 32, 128, 128) == mod.CONFIGS[128] for b in (4, 32, 128, 256))
-    assert cfg(32, 30, 96, 192) == mod.CONFIGS[128] and cfg(1, 30, 96, 192) == mod.LaunchConfig(8, 1)
-    assert cfg(64, 8, 256, 64) == mod.CONFIGS[256] and cfg(1, 1, 8, 4) == mod.LaunchConfig(8, 1)
+    cfg, small, big = mod.launch_config, mod.LaunchConfig(16, 1), mod.LaunchConfig(64, 4)
+    assert [cfg(b, 32, 128, 128) for b in (1, 8, 16, 32, 128, 256)] == [small] * 3 + [big] * 3
+    assert all(cfg(b, 32, 128, 128, t) == small for b in (1, 32, 128, 256) for t in (2, 4, 8))
+    assert cfg(32, 30, 96, 192) == big and cfg(1, 30, 96, 192) == small and cfg(32, 30, 96, 192, 2) == small
+    assert cfg(128, 8, 256, 64) == mod.LaunchConfig(32, 4) and cfg(128, 8, 256, 64, 4) == mod.LaunchConfig(8, 1)
+    assert cfg(32, 32, 64, 32) == mod.LaunchConfig(32, 4) and cfg(1, 1, 8, 4) == mod.LaunchConfig(8, 1)
+    assert not any(cfg(b, 32, 128, 128, t).scaled for b in (1, 256) for t in (1, 4))
 
 
 def test_step_triton_checks_its_out_argument():
@@ -358,7 +381,7 @@ def test_step_triton_checks_its_out_argument():
 
 
 # --------------------------------------------------------------------------- the CUDA ops (GPU only)
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+needs_cuda = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU; .ci/gpu tests runs them
 
 
 @needs_cuda
@@ -406,3 +429,28 @@ def test_cuda_inplace_op_under_graph_capture_without_syncs():
         want, cur = op(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), cur, 0.088, True)
     torch.testing.assert_close(state.cpu(), cur, **TOL)
     torch.testing.assert_close(out.cpu().float(), want.float(), rtol=0, atol=2 ** -7 * want.abs().max().item())
+
+
+# --------------------------------------------------------------------------- under torch.compile
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_ops_trace_and_functionalize(dynamic):
+    """Both ops through Dynamo and AOTAutograd (``aot_eager``: functionalized, the in-place op as
+    ``auto_functionalized``, the fake impls at symbolic sizes with ``dynamic=True``): the same
+    results as eager, the state written back."""
+    def step(q, k, v, g, beta, state):
+        out = torch.ops.kda.gdn_recurrent_step_inplace(q, k, v, g, beta, state, 0.25, True)
+        out2, final = torch.ops.kda.gdn_recurrent_step(q, k, v, g, beta, state, 0.25, True, 1e-6, torch.float32)
+        return out, out2, final
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", dynamic=dynamic, fullgraph=True)
+    for seed, B in ((0, 2), (1, 3)):
+        *xs, s = inputs(1200 + seed, B=B, T=2, per_channel=bool(seed))
+        mine, theirs = s.clone(), s.clone()
+        got, want = compiled(*xs, mine), step(*xs, theirs)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        assert torch.equal(mine, theirs) and not torch.equal(mine, s)
+    torch._dynamo.reset()

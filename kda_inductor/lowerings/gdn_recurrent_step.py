@@ -30,8 +30,9 @@ grouping, read by index, never repeated) and token ``t``, in float32 (``S [K, V]
 The CPU kernel is that loop in plain float32 torch (:func:`reference_step`, the spec). The CUDA
 kernel (:func:`step_triton`) is one Triton launch: program ``(b, h, j)`` holds the float32 tile
 ``S[b, h, :, j * BV : (j + 1) * BV]`` in registers, read once and written once, and runs every
-token through it. Per token it reduces ``S`` over ``K`` once, for two sums at a time
-(``tl.reduce`` of a pair), by the identity
+token through it, the next token's inputs loaded before this one's reductions. Per token: one
+reduction over ``q``'s and ``k``'s ``K`` values (``q . q``, ``k . k``, ``q . k`` together) and
+one over the tile (two sums together, ``tl.reduce`` of a pair), by the identity
 
     out_t = sum_K(S_old * (e * q)) + (q . k) * delta,   kv = sum_K(S_old * (e * k))
 
@@ -41,7 +42,13 @@ reduction order; ``tests/test_lowering_gdn_recurrent_step.py``). The in-place va
 whole tile before it writes it, and programs own disjoint tiles, so ``state`` may be read and
 written by the one launch. No host sync, no allocation but the outputs, safe under CUDA-graph
 capture; the launch configuration (``BV`` columns per program, warps) comes from a fixed table
-(:func:`launch_config`; no run-time autotuning: CUDA graphs and reproducibility).
+(:func:`launch_config`, measured on an H200; no run-time autotuning: CUDA graphs and
+reproducibility). For sm_90, compiled as a launch specializes it (unit inner strides, 16-divisible
+sizes and strides; ``T = 1`` a constant), the tile's loads and stores are 16 bytes wide and nothing
+spills: at K = V = 128 with Triton 3.6, the table's 16 columns x 1 warp take 127 registers per
+thread for T = 1 and 165 for T > 1 (4 / 2 barriers per token), 64 x 4 take 125 / 168 (13 / 14
+barriers: the reductions and layout conversions between warps). The ``SCALED`` body
+(:func:`_update_scaled`, a launch option the sweep times) has two fewer conversions a token.
 
 Every argument is checked by :func:`validate` (also the pattern's check), each bad one an error
 naming it; a rejected call leaves ``state`` untouched.
@@ -59,7 +66,7 @@ from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import check_tensor, definitely
 from kda_inductor.lowerings._triton import tl, triton
 
-__all__ = ["CONFIGS", "MAX_K", "LaunchConfig", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace",
+__all__ = ["MAX_K", "LaunchConfig", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace",
            "launch_config", "reference_step", "step_triton", "validate"]
 
 MAX_K = 256
@@ -141,15 +148,19 @@ def _check_state(state, arg: str, B, Hv, K, V) -> None:
     _check_sizes(state, arg, [B, Hv, K, V], "[B, Hv, K, V]")
 
 
+def _check_number(x, arg: str, what: str, ok) -> None:
+    """``x`` a Python int or float (a TypeError otherwise) with ``ok(x)`` (a ValueError otherwise)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        raise _err(arg, f"expected {what}, got {x!r}", TypeError)
+    if not ok(x):
+        raise _err(arg, f"expected {what}, got {x!r}")
+
+
 def _check_scalars(scale, use_qk_l2norm, eps, out_dtype) -> None:
-    real = (int, float)
-    if not isinstance(scale, real) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise _err("scale", f"expected a finite float, got {scale!r}", TypeError if not isinstance(scale, real) else
-                   ValueError)
+    _check_number(scale, "scale", "a finite float", math.isfinite)
+    _check_number(eps, "eps", "a finite float >= 0", lambda e: math.isfinite(e) and e >= 0)
     if not isinstance(use_qk_l2norm, bool):
         raise _err("use_qk_l2norm", f"expected a bool, got {type(use_qk_l2norm).__name__}", TypeError)
-    if not isinstance(eps, real) or isinstance(eps, bool) or not (math.isfinite(eps) and eps >= 0):
-        raise _err("eps", f"expected a finite float >= 0, got {eps!r}")
     if out_dtype is not None and out_dtype not in _FLOATS:
         raise _err("out_dtype", f"expected None or a floating-point dtype, got {out_dtype}")
 
@@ -342,11 +353,41 @@ if triton is not None:
             S = S * e + k[:, None] * delta[None, :]
         return S, oq + qk * delta
 
+    @triton.jit
+    def _update_scaled(S, q, k, v, beta, e, scale, eps, L2NORM: tl.constexpr):
+        """:func:`_keys` and :func:`_update` for a scalar decay ``e`` from the raw ``q``, ``k``: the
+        norms are scalars, so both tile sums are taken on the raw vectors and scaled after
+        (``kv = nk sum_K(S e k)``, ``S_new = S e + k (nk delta)``), and only the raw ``q`` and ``k``
+        move into the tile's row layout (two layout conversions a token, not three)."""
+        qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, _add3)
+        if L2NORM:
+            nq = tl.math.rsqrt(qq + eps) * scale
+            nk = tl.math.rsqrt(kk + eps)
+        else:
+            nq = scale + 0.0 * qq
+            nk = 1.0 + 0.0 * kk
+        q, k = q[:, None], k[:, None]
+        kv, oq = tl.reduce((S * (k * e), S * (q * e)), 0, _add2)
+        delta = (v - kv * nk) * beta
+        return S * e + k * (delta * nk)[None, :], (oq + qk * nk * delta) * nq
+
+    @triton.jit
+    def _token(S, q, k, v, g, beta, scale, eps, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
+               SCALED: tl.constexpr):
+        """One token through the tile: the new tile and the token's output (``SCALED`` with a
+        scalar decay: :func:`_update_scaled`; a per-channel decay needs its own conversion
+        either way, and SCALED gains it nothing there: :func:`_keys` then :func:`_update`)."""
+        if SCALED and not PER_CHANNEL:
+            return _update_scaled(S, q, k, v, beta, tl.exp(g), scale, eps, L2NORM)
+        else:
+            q, k, qk = _keys(q, k, scale, eps, L2NORM)
+            return _update(S, q, k, qk, v, beta, tl.exp(g), PER_CHANNEL)
+
     def _step_body(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, f_ptr, o_ptr, T, HV, K, V, GROUP, scale, eps,
                    sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, sg_b, sg_t, sg_h, sg_k,
                    sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, ss_v, sf_b, sf_h, sf_k, sf_v,
                    KP: tl.constexpr, BV: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
-                   HAS_STATE: tl.constexpr):
+                   HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False):
         """Program ``(b, h, j)``: the state tile ``[b, h, :, j * BV : (j + 1) * BV]`` read once
         into registers (zeros without a state), every token run through it (the next token's
         inputs loaded before this one's reductions), written once."""
@@ -369,8 +410,7 @@ if triton is not None:
             q, k, v, g, beta = nxt
             nxt = _load_token(q_row, k_row, v_row, g_row, b_row, t + 1, T, rk, kmask, vmask, sq_t, sk_t,
                               sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
-            q, k, qk = _keys(q, k, scale, eps, L2NORM)
-            S, o = _update(S, q, k, qk, v, beta, tl.exp(g), PER_CHANNEL)
+            S, o = _token(S, q, k, v, g, beta, scale, eps, PER_CHANNEL, L2NORM, SCALED)
             tl.store(o_row + t * HV * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
         tl.store(_tile(f_ptr, b, h, rk, rv, sf_b, sf_h, sf_k, sf_v), S, mask=mask)
 
@@ -385,55 +425,67 @@ class LaunchConfig(NamedTuple):
     """State columns per program (``BV``, a power of two)."""
     num_warps: int
     num_stages: int = 1
+    scaled: bool = False
+    """The kernel's ``SCALED`` body for a scalar decay (:func:`_update_scaled`: two layout
+    conversions a token instead of three; sm_90, Triton 3.6, K = 128, T > 1: 12 barriers a token
+    instead of 14 at 4 warps, 3 instead of 4 at one warp, the same registers, no spills; Triton 3.9
+    keeps its 4-warp barriers, 15 / 18, and takes 188 registers at one warp instead of 167). Not
+    yet timed on a GPU: off in the table, timed by the sweep; ignored for a per-channel decay."""
 
 
-CONFIGS = {16: LaunchConfig(64, 1), 32: LaunchConfig(64, 2), 64: LaunchConfig(32, 2), 128: LaunchConfig(32, 4),
-           256: LaunchConfig(32, 8)}
-"""Per padded key dim ``KP``: the launch when there are programs enough to fill the GPU. ``BV =
-32`` float32 columns are one 128-byte line per key row (16-byte loads, four lanes per line);
-warps so that each thread holds ~32 state values (``KP * BV / (32 * num_warps)``): registers
-for the tile and its products with no spill, and ~8 16-byte loads in flight per thread. Not yet
-measured on a GPU: ``benchmarks/bench_gdn_recurrent_step.py --sweep`` times the alternatives."""
+SMALL_HEADS = 512
+"""At most this many ``batch * v_heads`` state matrices: the one-token step is the small-batch
+launch (16 columns, one warp); more: the large one (64 columns, 4 warps)."""
 MIN_BLOCK_V = 8
 """32 bytes per key row: one DRAM sector."""
-TARGET_PROGRAMS = 512
-"""Column blocks shrink (down to ``MIN_BLOCK_V``) while fewer programs than this would run: about
-four per SM of an H100 / H200 (132), so that small batches still spread over the GPU."""
+TABLE_KP = 128
+"""The key dim the table was measured at (Qwen3-Next, Qwen3.5, Kimi Linear; OLMo-hybrid's 96 pads
+to it). Other ``KP``: the columns scaled by ``TABLE_KP / KP`` (the same state values per thread;
+not measured)."""
 
 
-def launch_config(batch: int, v_heads: int, k_dim: int, v_dim: int) -> LaunchConfig:
-    """The table's launch for ``KP = next_power_of_2(k_dim)``; for few ``batch * v_heads`` the
-    column block halves (warps with it: the same ~32 values per thread) until ``TARGET_PROGRAMS``
-    programs run. B = 1 at Qwen3-Next's dims (32 heads, V = 128): 8 columns, 1 warp, 512 programs;
-    B >= 4: 32 columns, 4 warps."""
+def launch_config(batch: int, v_heads: int, k_dim: int, v_dim: int, tokens: int = 1) -> LaunchConfig:
+    """The fixed launch table (no run-time autotuning: CUDA graphs and reproducibility), from the
+    H200 sweep of 2026-12-03 (``bench_gdn_recurrent_step.py --sweep``, bf322d0, CUDA-graph replay
+    us; the old default in brackets), Qwen3-Next's dims (32 value heads, K = V = 128):
+
+    * T = 1, B = 1: BV16 w1 4.2 us (BV8 w1 5.0; OLMo-hybrid's 30 x 96 x 192: BV16 w1 4.1).
+    * T = 1, B = 8: BV16 w1 10.8 (BV32 w2 11.0, BV64 w4 11.3, BV32 w4 12.0).
+    * T = 1, B = 32: BV64 w4 37.7 (BV32 w4 38.2; BV16 w1 47.8; Kimi BV64 w4 37.4 / 38.0).
+    * T = 1, B = 128 / 256: BV64 w4 135.7 / 265.7 (BV32 w4 139.8 / 273.9).
+    * T = 4, B = 32: BV16 w1 55.4 (BV32 w2 57.6, BV64 w4 59.5, BV32 w4 67.3; 8 warps ~150).
+    * T = 4, B = 128: BV16 w1 202.2 (BV64 w4 201.9, BV32 w2 204.9, BV32 w4 240.3; 8 warps 560).
+
+    So: T > 1 at any batch, or at most ``SMALL_HEADS`` state matrices (B <= 16 at 32 heads,
+    between B = 8 and 32 not measured): 16 columns, one warp; else 64 columns, 4 warps. Columns
+    no wider than ``V`` (a power of two), scaled by ``TABLE_KP / KP`` for other key dims."""
     kp = max(16, triton.next_power_of_2(int(k_dim)))
-    cfg = CONFIGS[kp]
-    bv, warps = min(cfg.block_v, max(MIN_BLOCK_V, triton.next_power_of_2(max(int(v_dim), 1)))), cfg.num_warps
-    heads = max(int(batch) * int(v_heads), 1)
-    while bv > MIN_BLOCK_V and heads * triton.cdiv(int(v_dim), bv) < TARGET_PROGRAMS:
-        bv //= 2
-        warps = max(1, warps // 2)
-    return LaunchConfig(bv, warps, cfg.num_stages)
+    small = int(tokens) > 1 or int(batch) * int(v_heads) <= SMALL_HEADS
+    bv, warps = (16, 1) if small else (64, 4)
+    bv = min(max(MIN_BLOCK_V, bv * TABLE_KP // kp), max(MIN_BLOCK_V, triton.next_power_of_2(max(int(v_dim), 1))))
+    return LaunchConfig(bv, warps)
 
 
 def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta: StepMeta,
-            config: LaunchConfig | None = None) -> None:
+            config: LaunchConfig | None = None):
     """One launch of :data:`_step_kernel` on validated arguments (``state`` None: zeros; ``final``
-    may be ``state`` itself: the in-place op)."""
+    may be ``state`` itself: the in-place op). Returns what Triton's launch returns (the compiled
+    kernel: its ``n_regs`` / ``n_spills`` for the benchmark's sweep), None if nothing ran."""
     if triton is None:  # pragma: no cover
         raise RuntimeError("gdn_recurrent_step: the Triton kernel needs triton, which is not installed")
-    cfg = config or launch_config(meta.batch, meta.v_heads, meta.k_dim, meta.v_dim)
+    cfg = config or launch_config(meta.batch, meta.v_heads, meta.k_dim, meta.v_dim, meta.tokens)
     programs = meta.batch * meta.v_heads * triton.cdiv(meta.v_dim, cfg.block_v)
     if programs == 0:
-        return
+        return None
     s = state if state is not None else final
     g_strides = g.stride() if meta.per_channel else (*g.stride(), 0)
-    _step_kernel[(programs,)](
+    return _step_kernel[(programs,)](
         q, k, v, g, beta, s, final, out, meta.tokens, meta.v_heads, meta.k_dim, meta.v_dim, meta.group,
         float(scale), float(eps), *q.stride(), *k.stride(), *v.stride(), *g_strides, *beta.stride(),
         *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),
         KP=max(16, triton.next_power_of_2(meta.k_dim)), BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
-        L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, SCALED=bool(cfg.scaled), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
     )
 
 
@@ -460,8 +512,8 @@ def step_triton(q, k, v, g, beta, state=None, scale=1.0, use_qk_l2norm=False, ep
 
 def aot_variants():
     """The launches to compile ahead of time for sm_90: Qwen3-Next's decode (bf16 q / k / v and
-    beta, float32 g, K = 128, scalar decay, l2norm, a state), its small-batch config, Kimi's
-    per-channel decay, a float32 step without l2norm or state, and K = 256."""
+    beta, float32 g, K = 128, scalar decay, l2norm, a state) at the table's two configs and in the
+    ``SCALED`` body, Kimi's per-channel decay, a float32 step without l2norm or state, and K = 256."""
     from kda_inductor.lowerings import AotVariant
 
     names = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "b_ptr", "s_ptr", "f_ptr", "o_ptr")
@@ -471,7 +523,10 @@ def aot_variants():
     bf16 = dict(zip(names, ("*bf16", "*bf16", "*bf16", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16")),
                 **dict.fromkeys(ints, "i32"), scale="fp32", eps="fp32")
     fp32 = {**bf16, **dict.fromkeys(names, "*fp32")}
-    base = dict(KP=128, BV=32, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True)
-    for types, consts, warps in ((bf16, base, 4), (bf16, dict(base, BV=8), 1), (bf16, dict(base, PER_CHANNEL=True), 4),
-                                 (fp32, dict(base, L2NORM=False, HAS_STATE=False), 4), (bf16, dict(base, KP=256), 8)):
+    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False)
+    small = dict(big, BV=16)
+    variants = ((bf16, big, 4), (bf16, small, 1), (bf16, dict(small, SCALED=True), 1),
+                (bf16, dict(big, SCALED=True), 4), (bf16, dict(big, PER_CHANNEL=True), 4),
+                (fp32, dict(small, L2NORM=False, HAS_STATE=False), 1), (bf16, dict(big, KP=256, BV=32), 4))
+    for types, consts, warps in variants:
         yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1})

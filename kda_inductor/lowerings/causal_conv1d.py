@@ -41,13 +41,23 @@ which it then overwrites in place with the last ``S`` columns of ``[conv_state |
 the state's dtype): transformers' ``causal_conv1d_update`` (decode) and its prefill continuing
 a cached state. Called through ``auto_functionalized``, which Inductor re-inplaces.
 
+``kda::causal_conv1d_cat(xs, weight, ...)`` and ``kda::causal_conv1d_update_cat(xs, conv_state,
+...)``: the same two ops on ``cat([x.flatten(2) for x in xs], -1).transpose(1, 2)`` without the
+cat: ``xs`` are 1 to ``MAX_SOURCES`` token-major ``[B, T, C_i]`` or ``[B, T, H_i, D_i]`` tensors
+(Qwen3-Next's q / k / v views of its ``qkvz`` projection), read where they lie
+(:func:`validate_sources`).
+
 Every argument is validated (:func:`validate`, also the pattern's ``Stage.VALIDATED`` check),
 with errors that name it. ``cu_seqlens`` values are checked on the host on CPU (an error naming
 ``cu_seqlens``) and by a device-side assert on CUDA (a sequence past the end of ``x``: the
 kernel's debug mode, as ``kda::gdn_spec_split`` traps its indices). The CPU kernel is aten's
 conv itself (``F.conv1d`` per sequence on the assembled ``[state | x]``, then eager's silu):
-bit-identical to eager on CPU. The CUDA kernel is :func:`conv_triton`: no host sync, no
-allocation but the output, safe under CUDA-graph capture.
+bit-identical to eager on CPU. The CUDA kernels (:func:`conv_triton`; ``docs/causal_conv1d.md``,
+"The kernels"): the prefill tiles tokens x channels, 16-byte channel loads, the ``K - 1``
+previous tokens kept in registers so that each ``x`` element is read once per tile (tiles
+holding a sequence start take the state or skip, token by token); the update reads and writes
+the state tile once. Fixed configs per shape class (``PREFILL_CONFIGS``, ``UPDATE_CONFIGS``), no
+host sync, no allocation but the output, safe under CUDA-graph capture.
 """
 
 from __future__ import annotations

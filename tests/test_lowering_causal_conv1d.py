@@ -233,16 +233,16 @@ UPDATE_CLASSES = {reason.split(":")[0]: cfg for _, cfg, reason in mod.UPDATE_CON
 @pytest.mark.parametrize("name", list(PREFILL_CLASSES))
 def test_every_prefill_config_class(name):
     """Each config class of ``PREFILL_CONFIGS`` on tokens spanning an edge tile (the sequence
-    start), full tiles (the register window) and a partial one: 40 channels (masked), 256
-    (whole heads of 128: the 16-byte path); varlen with a state (sequence starts inside tiles)."""
+    start) and a second, partial one (the register window): 40 channels (masked), 256 (whole
+    heads of 128: the 16-byte path); varlen with a state (sequence starts inside a tile)."""
     cfg = PREFILL_CLASSES[name]
     g = torch.Generator().manual_seed(cfg.block_t)
-    T = 2 * cfg.block_t + 3
+    T = cfg.block_t + 5  # the first tile (a sequence start), a second one (the register window), partial
     for C in (40, 256):
         x = _x(g, 1, C, T, torch.bfloat16)
         w, b = _params(g, C, 4, torch.bfloat16)
         _same(mod.conv_triton(*_dev(x, w, b), config=cfg), taps_reference(x, w, b), "silu", f"{name} C={C}")
-    cu = torch.tensor([0, 1, cfg.block_t + 1, cfg.block_t + 2, T], dtype=torch.int32)
+    cu = torch.tensor([0, 1, 3, 4, T], dtype=torch.int32)  # starts in the first tile: the second's windows inside
     state = torch.randn(4, 40, 5, generator=g).to(torch.bfloat16)
     x = _x(g, 1, 40, T, torch.bfloat16)
     w, b = _params(g, 40, 4, torch.bfloat16)

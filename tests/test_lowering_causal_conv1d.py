@@ -231,7 +231,7 @@ UPDATE_CLASSES = {reason.split(":")[0]: cfg for _, cfg, reason in mod.UPDATE_CON
 
 @needs_runner
 @pytest.mark.parametrize("name", list(PREFILL_CLASSES))
-def test_every_prefill_config_class(name):
+def test_triton_kernel_every_prefill_config_class(name):
     """Each config class of ``PREFILL_CONFIGS`` on tokens spanning an edge tile (the sequence
     start) and a second, partial one (the register window): 40 channels (masked), 256 (whole
     heads of 128: the 16-byte path); varlen with a state (sequence starts inside a tile)."""
@@ -317,7 +317,7 @@ def test_triton_kernel_update_matches_the_cpu_op(T):
 
 @needs_runner
 @pytest.mark.parametrize("name", list(UPDATE_CLASSES))
-def test_every_update_config_class(name):
+def test_triton_kernel_every_update_config_class(name):
     """Each class of ``UPDATE_CONFIGS``: decode (T = 1) and a few tokens, a state of 4 (the
     vector path), of 6 and a state whose taps are strided (the generic addressing), K = 2 and 4."""
     cfg = UPDATE_CLASSES[name]
@@ -401,11 +401,11 @@ def test_triton_kernel_property(case):
 cat_op, cat_update_op = torch.ops.kda.causal_conv1d_cat.default, torch.ops.kda.causal_conv1d_update_cat.default
 
 
-def _qkv(g, B, T, heads=2, dq=8, dv=16, dtype=torch.bfloat16):
+def _qkv(g, B, T, heads=2, dq=8, dv=16, dtype=torch.bfloat16, device="cpu"):
     """Qwen3-Next's sources: q, k ``[B, T, heads, dq]`` and v ``[B, T, heads, dv]``, views of one
-    ``qkvz`` projection (``z`` after them, not convolved); their cat has ``heads * (2 dq + dv)``
-    channels."""
-    qkvz = torch.randn(B, T, heads, 2 * dq + 2 * dv, generator=g).to(dtype)
+    ``qkvz`` projection on ``device`` (``z`` after them, not convolved); their cat has
+    ``heads * (2 dq + dv)`` channels."""
+    qkvz = torch.randn(B, T, heads, 2 * dq + 2 * dv, generator=g).to(dtype).to(device)
     q, k, v, _ = torch.split(qkvz, [dq, dq, dv, dv], dim=3)
     return [q, k, v]
 
@@ -464,31 +464,35 @@ def test_cat_op_bad_arguments_are_named():
 
 
 @needs_runner
-def test_triton_cat_kernel_matches_the_reference():
-    """The sources read where they lie: heads of 8 and 16 channels (q / k / v), with a bias and
-    without; a 3-D source among 4-D ones; varlen with a state; the update (decode and a few
-    tokens); sources of different token strides (read through their cat)."""
+def test_triton_kernel_cat_sources():
+    """The sources read where they lie (views of one projection on the runner's device): heads
+    of 8 and 16 channels (q / k / v), with a bias and without; a 3-D source among 4-D ones;
+    varlen with a state; the update (decode and a few tokens); a source with a token stride of
+    its own (read through the cat)."""
     g = torch.Generator().manual_seed(23)
-    xs = _qkv(g, 2, 21)
-    C = _cat(xs).shape[1]
+    xs = _qkv(g, 2, 21, device=DEVICE)
+    ref = _cat([t.cpu() for t in xs])
+    C = ref.shape[1]
     w, b = _params(g, C, 4, torch.bfloat16)
+    assert mod._sources(xs) is not None  # the kernel reads the views themselves
     for cfg in (None, mod.LaunchConfig(8, 4, 32, 1), mod.LaunchConfig(16, 8, 256, 1)):
-        _same(mod.conv_triton(_dev(*xs), *_dev(w, b), config=cfg), taps_reference(_cat(xs), w, b), "silu", str(cfg))
+        _same(mod.conv_triton(xs, *_dev(w, b), config=cfg), taps_reference(ref, w, b), "silu", str(cfg))
     flat = [xs[0].flatten(2), xs[1], xs[2]]
-    _same(mod.conv_triton(_dev(*flat), *_dev(w, None)), taps_reference(_cat(xs), w, None), "silu", "3-D")
+    _same(mod.conv_triton(flat, *_dev(w, None)), taps_reference(ref, w, None), "silu", "3-D")
     one = [t[:1] for t in xs]
     cu = torch.tensor([0, 2, 13, 21], dtype=torch.int32)
     state = torch.randn(3, C, 4, generator=g).to(torch.bfloat16)
-    _same(mod.conv_triton(_dev(*one), *_dev(w, b, state, cu), activation="none"),
-          taps_reference(_cat(one), w, b, state, cu, act="none"), "none", "varlen")
+    _same(mod.conv_triton(one, *_dev(w, b, state, cu), activation="none"),
+          taps_reference(ref[:1], w, b, state, cu, act="none"), "none", "varlen")
     for T in (1, 3):
         st = torch.randn(2, C, 4, generator=g).to(torch.bfloat16)
         want_state = st.clone()
-        want = update_op(_cat([t[:, :T] for t in xs]), want_state, w, b, "silu", torch.bfloat16, torch.bfloat16)
+        want = update_op(ref[:, :, :T], want_state, w, b, "silu", torch.bfloat16, torch.bfloat16)
         sd = st.clone().to(DEVICE)
-        got = mod.conv_triton(_dev(*[t[:, :T] for t in xs]), *_dev(w, b), sd, update=True)
-        _same(got, want, "silu", f"update T={T}")
+        _same(mod.conv_triton([t[:, :T] for t in xs], *_dev(w, b), sd, update=True), want, "silu", f"update T={T}")
         assert torch.equal(sd.cpu(), want_state)
-    mixed = [xs[0], torch.randn(2, 21, xs[1].shape[2] * xs[1].shape[3], generator=g).to(torch.bfloat16), xs[2]]
+    own = torch.randn(2, 21, xs[1].shape[2] * xs[1].shape[3], generator=g).to(torch.bfloat16)
+    mixed = [xs[0], own.to(DEVICE), xs[2]]
     assert mod._sources(mixed) is None  # its own token stride: the kernel reads the cat
-    _same(mod.conv_triton(_dev(*mixed), *_dev(w, b)), taps_reference(_cat(mixed), w, b), "silu", "strided")
+    want = taps_reference(_cat([xs[0].cpu(), own, xs[2].cpu()]), w, b)
+    _same(mod.conv_triton(mixed, *_dev(w, b)), want, "silu", "strided")

@@ -319,7 +319,7 @@ def test_kernel_padding_float32_norm_and_row_blocks():
 
 @kernel
 @pytest.mark.parametrize("divide", mod.DIVIDES)
-def test_kernel_divide_modes(divide):
+def test_triton_kernel_divide_modes(divide):
     """Both ways the kernel divides group scales: each bit-exact with its torch spelling (``x /
     s``, ``x * s.reciprocal()``) of the norm kernel's output, and within one fp8 step of the CPU
     op; one reciprocal per group for sub-row groups and row groups alike."""

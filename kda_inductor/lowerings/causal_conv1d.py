@@ -640,20 +640,33 @@ if triton is not None:
                    STEPS: tl.constexpr, SILU: tl.constexpr, ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr,
                    HW: tl.constexpr):
         """A tile holding a sequence's start: token by token, each tap from ``x``, the state or
-        skipped (:func:`_edge_tap`)."""
+        skipped (:func:`_edge_tap`); varlen, the token's sequence carried from the previous
+        token's, searched again where the token passes the next sequence's start."""
+        seq, start, nxt = _seq_at(cu_ptr, b, t0, T, num_seqs, VARLEN, STEPS)
         for i in range(0, BLOCK_T):
             t = t0 + i
-            seq = b
-            start = t * 0
             if VARLEN:
-                seq = _find_seq(cu_ptr, t, num_seqs, STEPS)
-                start = tl.load(cu_ptr + seq).to(tl.int64)
+                if t >= nxt:
+                    seq, start, nxt = _seq_at(cu_ptr, b, t, T, num_seqs, VARLEN, STEPS)
             srow = sp + seq * ss_n + ch * ss_c
             acc = bias
             for k in tl.static_range(K):
                 acc = _edge_tap(acc, _sel(k, w0, w1, w2, w3, w4, w5, w6, w7), xp, srow, t, t - (K - 1) + k, start,
                                 S, T, sx_t, ss_t, m, D, W_KIND, HAS_STATE, HW)
             _store_row(yp, t, T, m, acc, C, SILU, ACT_KIND, OUT_KIND, HW)
+
+    @triton.jit
+    def _seq_at(cu_ptr, b, t, T, num_seqs, VARLEN: tl.constexpr, STEPS: tl.constexpr):
+        """``(sequence, its start, the next one's start)`` of token ``t``: row ``b``, 0, ``T``
+        without varlen."""
+        seq = b
+        start = t * 0
+        nxt = start + T
+        if VARLEN:
+            seq = _find_seq(cu_ptr, t, num_seqs, STEPS)
+            start = tl.load(cu_ptr + seq).to(tl.int64)
+            nxt = tl.load(cu_ptr + seq + 1).to(tl.int64)
+        return seq, start, nxt
 
     @triton.jit
     def _is_edge(cu_ptr, t0, T, num_seqs, K: tl.constexpr, BLOCK_T: tl.constexpr, VARLEN: tl.constexpr,

@@ -12,7 +12,7 @@ largest difference between a variant's two rounds. Every compiled variant is fir
 against eager (kda must be bit-exact; the ``exact`` column).
 
     python benchmarks/bench_causal_conv1d.py --budget 230     # every width, as far as 230 s go
-    python benchmarks/bench_causal_conv1d.py --widths qwen3_next --T 1,256,1024,4096,16384
+    python benchmarks/bench_causal_conv1d.py --widths qwen3_next --forms proj,cat --T 1,256,1024,4096,16384
     python benchmarks/bench_causal_conv1d.py --static         # prefill compiled per T (static sizes)
     python benchmarks/bench_causal_conv1d.py --sweep --cases proj --budget 230   # config candidates
     python benchmarks/bench_causal_conv1d.py --smoke          # CPU, tiny, checks only
@@ -485,7 +485,9 @@ def _width_rows(args, label: str, C: int, t_values, batches, deadline: float, **
     """One width: its prefill forms over T (one compile for every T unless ``--static``), its
     decode batches, its varlen prefills; nothing new starts past ``deadline``."""
     rows: list[dict] = []
-    for form in (("proj", "cat") if label == "qwen3_next" and not args.smoke else ("proj",)):
+    forms = args.forms.split(",")
+    prefill = [f for f in ("proj", "cat") if f in forms and (f == "proj" or label == "qwen3_next" and not args.smoke)]
+    for form in prefill:
         torch._dynamo.reset()
         module = Prefill(C, form, kw["device"])
         fns = None if args.static else variants(module, dynamic_T=True)
@@ -495,12 +497,12 @@ def _width_rows(args, label: str, C: int, t_values, batches, deadline: float, **
             if args.static:
                 torch._dynamo.reset()
             _row(rows, label, f"prefill:{form}", T, 1, C, fns=fns, module=module, **kw)
-    for B in batches:
+    for B in batches if "decode" in forms else ():
         if time.perf_counter() > deadline:
             return rows
         torch._dynamo.reset()
         _row(rows, label, "decode", 1, B, C, **kw)
-    for T in (() if args.smoke else VARLEN_T):
+    for T in (() if args.smoke or "varlen" not in forms else VARLEN_T):
         if time.perf_counter() <= deadline:
             _row(rows, label, "varlen", T, 1, C, **kw)
     return rows
@@ -512,6 +514,7 @@ def parse_args(argv):
     p.add_argument("--widths", default=None, help=f"of {sorted(WIDTHS)}, comma-separated")
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--static", action="store_true", help="prefill compiled per T (default: T dynamic)")
+    p.add_argument("--forms", default="proj,cat,decode,varlen", help="the rows to run per width (cat: qwen3_next)")
     p.add_argument("--sweep", action="store_true", help="time the kernels' launch configs instead")
     p.add_argument("--cases", default=",".join(SWEEP_SHAPES), help=f"--sweep's cases, of {sorted(SWEEP_SHAPES)}")
     p.add_argument("--budget", type=float, default=450, help="seconds after which no new case starts")

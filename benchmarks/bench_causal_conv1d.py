@@ -1,34 +1,45 @@
 """``causal_conv1d`` on a GPU: transformers' depthwise causal conv + silu (the torch fallback every
 GDN / KDA family runs without the causal-conv1d package) at the real models' widths, prefill
-(1 x T tokens, T 1 .. 16384) and decode (32 / 128 sequences, one token, the conv state in place):
-eager, stock ``torch.compile``, kda_inductor with the default rules and forced, FLA's Triton
-``causal_conv1d`` / ``causal_conv1d_update`` where ``fla-core`` is importable, and the floor
-(bytes read and written over the measured copy bandwidth). CUDA-graph replay medians; every
-compiled variant is first checked against eager (kda must be bit-exact; the ``exact`` column).
+(1 x T tokens, T 1 .. 16384), Qwen3-Next's ``cat(q, k, v)`` form, varlen prefill (``cu_seqlens``)
+and decode (32 / 128 sequences, one token, the conv state in place): eager, stock
+``torch.compile``, kda_inductor with the default rules and forced, the kda op called directly
+(``op``: ``kda::causal_conv1d``, ``_cat`` on the q / k / v views, ``_update``; what the kernel
+costs before a pattern is wired), FLA's Triton ``causal_conv1d`` / ``causal_conv1d_update``
+where ``fla-core`` is importable, and the floor (bytes read and written over the measured copy
+bandwidth). CUDA-graph replay medians, 10 calls per graph; every variant is timed in two rounds
+(all variants, then all again): the op's and FLA's two numbers are shown, ``spread`` is the
+largest difference between a variant's two rounds. Every compiled variant is first checked
+against eager (kda must be bit-exact; the ``exact`` column).
 
-    python benchmarks/bench_causal_conv1d.py                  # prefill (T dynamic) + decode, all widths (~5-8 min)
-    python benchmarks/bench_causal_conv1d.py --widths qwen3_next --T 1,16,256,4096,16384   # the quick look
+    python benchmarks/bench_causal_conv1d.py --budget 230     # every width, as far as 230 s go
+    python benchmarks/bench_causal_conv1d.py --widths qwen3_next --forms proj,cat --T 1,256,1024,4096,16384
     python benchmarks/bench_causal_conv1d.py --static         # prefill compiled per T (static sizes)
-    python benchmarks/bench_causal_conv1d.py --sweep          # the kernel's launch configs (tune launch_config)
+    python benchmarks/bench_causal_conv1d.py --sweep --cases proj --budget 230   # config candidates
     python benchmarks/bench_causal_conv1d.py --smoke          # CPU, tiny, checks only
 
 Widths (``conv_dim``, K = 4): Qwen3-Next / Qwen3.5 8192 (2 x 16 x 128 + 32 x 128), Kimi Linear and
 Bailing in transformers 12288 (one conv over q | k | v), Kimi in vLLM / FLA 4096 (one conv per
 projection), OLMo-hybrid 11520 (2 x 30 x 96 + 30 x 192), Lara-mini 4096. Forms: ``proj`` (the conv
 reads a projection's ``[1, T, C]`` output, Qwen3.5), ``cat`` (Qwen3-Next: ``cat(q, k, v)`` of views
-of the ``qkvz`` projection, the cat included in every variant). Each variant returns the conv's
-result token-major and contiguous (what the layer's split and its consumers read).
+of the ``qkvz`` projection, the cat included in every compiled variant; ``op`` reads the views),
+``varlen`` (the op and FLA only: ``VARLEN_SEQS`` sequences of random lengths in T tokens).
 
-Widths run one at a time (prefill, then decode); no new case starts after ``--budget`` seconds
-(450), and the rows done are recorded. The run ends with the speed rule's input: per width and form, the smallest T from which kda
-(forced) is faster than stock at that T and every larger one (``CUDA_MIN_TOKENS`` in
-``kda_inductor/patterns/causal_conv1d.py``; 1 when it never loses). Results:
-``benchmarks/results/causal_conv1d.{md,json}``.
+Cases run one width at a time; no new case starts after ``--budget`` seconds (450) and the rows
+done are recorded. The run ends with the targets of issue 37 (op against the floor and FLA) and
+the speed rule's input: per width and form, the smallest T from which kda (forced) is faster
+than stock at that T and every larger one (``CUDA_MIN_TOKENS`` in
+``kda_inductor/patterns/causal_conv1d.py``; 1 when it never loses). ``--sweep`` times the
+kernels alone over ``SWEEP_PREFILL`` / ``SWEEP_UPDATE`` at Qwen3-Next's width, each config
+compiled once and timed on every shape twice, the best per shape marked (``PREFILL_CONFIGS`` /
+``UPDATE_CONFIGS`` in ``kda_inductor/lowerings/causal_conv1d.py`` are what it tunes). Results:
+``benchmarks/results/causal_conv1d.{md,json}`` (the sweep: ``$OUT/bench_causal_conv1d_sweep.json``
+and ``benchmarks/results/causal_conv1d_sweep.md``).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 import traceback
@@ -44,10 +55,12 @@ from _timing import (  # noqa: E402
     environment_info,
     finish,
     graph_replay_median_us,
+    markdown_table,
     measure_copy_bandwidth,
     perf_counter_median_us,
     print_table,
     progress,
+    record_results,
     write_out_json,
 )
 
@@ -55,12 +68,18 @@ NAME = "causal_conv1d"
 K = 4
 T_VALUES = (1, 2, 4, 16, 64, 256, 1024, 4096, 16384)
 DECODE_BATCHES = (32, 128)
+VARLEN_T = (1024, 4096)
+VARLEN_SEQS = 16
 WIDTHS = {"qwen3_next": 8192, "kimi_hf": 12288, "olmo_hybrid": 11520, "kimi_vllm": 4096}
 """In the order they run (a spent ``--budget`` drops the last)."""
+ROUNDS = 2
+"""Timing rounds per case: every variant, then every variant again (the spread shows the noise)."""
 COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("B", "B", ","), ("C", "C", ","), ("eager_us", "eager us", ".2f"),
            ("stock_us", "stock us", ".2f"), ("kda_us", "kda us", ".2f"), ("forced_us", "kda forced us", ".2f"),
-           ("fla_us", "FLA us", ".2f"), ("floor_us", "floor us", ".2f"), ("kda_over_stock", "forced/stock", ".3f"),
-           ("kda_over_floor", "forced/floor", ".2f"), ("exact", "exact", "s"), ("note", "note", "s"))
+           ("op_runs", "op us (2 rounds)", "s"), ("fla_runs", "FLA us (2 rounds)", "s"), ("floor_us", "floor us", ".2f"),
+           ("op_over_floor", "op/floor", ".2f"), ("op_over_fla", "op/FLA", ".2f"),
+           ("kda_over_stock", "forced/stock", ".3f"), ("spread", "spread", ".1%"), ("exact", "exact", "s"),
+           ("note", "note", "s"))
 
 
 # --------------------------------------------------------------------------- the code timed
@@ -83,6 +102,10 @@ def conv_update(x, conv_state, weight, bias=None, activation="silu"):
     return (F.silu(out) if activation else out).to(x.dtype)
 
 
+QKVZ_SPLIT = (128, 128, 256, 256)
+"""Qwen3-Next's ``qkvz [1, T, 16, 768]`` split into q, k (16 x 128), v (16 x 256) and z."""
+
+
 class Prefill(torch.nn.Module):
     """The layer around the prefill conv: ``x [1, T, C]`` (or Qwen3-Next's ``cat`` of the q / k /
     v views of ``qkvz [1, T, 16, 768]``) -> conv + silu -> token-major ``[1, T, C]``."""
@@ -95,7 +118,7 @@ class Prefill(torch.nn.Module):
 
     def forward(self, x):
         if self.form == "cat":  # q, k [1, T, 16, 128], v [1, T, 16, 256] -> [1, T, 8192]
-            q, k, v, _ = torch.split(x, [128, 128, 256, 256], dim=3)
+            q, k, v, _ = torch.split(x, list(QKVZ_SPLIT), dim=3)
             x = torch.cat([t.reshape(t.shape[0], t.shape[1], -1) for t in (q, k, v)], dim=-1)
         return conv_fn(x.transpose(1, 2), self.weight).transpose(1, 2).contiguous()
 
@@ -117,13 +140,20 @@ class Decode(torch.nn.Module):
 def _input(case: str, T: int, B: int, C: int, device):
     g = torch.Generator().manual_seed(T * 7 + B)
     if case.endswith(":cat"):
-        return torch.randn(1, T, 16, 768, generator=g).to(torch.bfloat16).to(device)
+        return torch.randn(1, T, 16, sum(QKVZ_SPLIT), generator=g).to(torch.bfloat16).to(device)
     return torch.randn(B, T, C, generator=g).to(torch.bfloat16).to(device)
 
 
 def bytes_moved(T: int, B: int, C: int, decode: bool) -> int:
     """x read and y written (bf16), the weight, and in decode the state read and written."""
     return 2 * (2 * B * T * C + C * K + (2 * B * C * K if decode else 0))
+
+
+def varlen_cu(T: int, n: int, device) -> torch.Tensor:
+    """``cu_seqlens`` of ``n`` sequences of random lengths (at least 1) summing to ``T``."""
+    g = torch.Generator().manual_seed(T + n)
+    cuts = torch.randperm(T - 1, generator=g)[:n - 1].sort().values + 1
+    return torch.cat([torch.zeros(1, dtype=torch.int64), cuts, torch.full((1,), T)]).to(torch.int32).to(device)
 
 
 # --------------------------------------------------------------------------- variants
@@ -143,7 +173,22 @@ def variants(module, dynamic_T: bool):
             "forced": _compiled(module, "kda_inductor", {"kda": {"force": True}}, dynamic_T=dynamic_T)}
 
 
-def fla_variant(module, decode: bool):
+def op_variant(module, decode: bool):
+    """The kda op itself on the layer's tensors (the cat form: ``causal_conv1d_cat`` on the q / k /
+    v views, no cat), returning the layer's token-major result."""
+    import kda_inductor.lowerings.causal_conv1d  # noqa: F401  (registers the ops)
+
+    ops, w, bf = torch.ops.kda, module.weight, torch.bfloat16
+    if decode:
+        return lambda x: ops.causal_conv1d_update(x.transpose(1, 2), module.state, w, None, "silu", bf, bf
+                                                  ).transpose(1, 2)
+    if getattr(module, "form", "proj") == "cat":
+        return lambda x: ops.causal_conv1d_cat(list(torch.split(x, list(QKVZ_SPLIT), dim=3)[:3]), w, None, None,
+                                               None, "silu", bf, bf).transpose(1, 2)
+    return lambda x: ops.causal_conv1d(x.transpose(1, 2), w, None, None, None, "silu", bf, bf).transpose(1, 2)
+
+
+def fla_variant(module, decode: bool, cu_seqlens=None):
     """FLA's Triton conv on the same tensors (None where fla-core is not importable)."""
     try:
         from fla.modules.causal_conv1d import causal_conv1d, causal_conv1d_update
@@ -154,6 +199,8 @@ def fla_variant(module, decode: bool):
         return lambda x: causal_conv1d_update(x, module.state, weight=w, activation="silu")[0]
     if getattr(module, "form", "proj") == "cat":
         return None  # FLA reads a [B, T, D] tensor: the cat would be a separate copy
+    if cu_seqlens is not None:
+        return lambda x: causal_conv1d(x, weight=w, activation="silu", cu_seqlens=cu_seqlens)[0]
     return lambda x: causal_conv1d(x, weight=w, activation="silu")[0]
 
 
@@ -179,11 +226,46 @@ def _check(fn, x, want, reset) -> tuple[str, int | None]:
 # --------------------------------------------------------------------------- one row
 
 
+def time_rounds(fns: dict, x, timer, row: dict) -> None:
+    """Every variant timed in ``ROUNDS`` rounds (all variants, then all again): ``<name>_us`` the
+    median of its rounds, ``<name>_runs`` the rounds as text, ``spread`` the largest relative
+    difference between a variant's rounds."""
+    runs: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            try:
+                with torch.inference_mode():
+                    runs[name].append(timer(lambda fn=fn: fn(x)))
+            except Exception as e:  # noqa: BLE001
+                row["note"] = (row["note"] + f" {name}: {type(e).__name__}")[:200]
+    spread = 0.0
+    for name, us in runs.items():
+        row[f"{name}_us"] = statistics.median(us) if us else None
+        row[f"{name}_runs"] = " / ".join(f"{u:.2f}" for u in us) if us else None
+        if len(us) > 1:
+            spread = max(spread, max(us) / min(us) - 1)
+    row["spread"] = spread
+
+
+def _exactness(fns: dict, x, want, reset) -> tuple[str, dict]:
+    exact, made = {}, {}
+    for name in fns:
+        if name != "eager":
+            exact[name], made[name] = _check(fns[name], x, want, reset)
+    text = ", ".join(f"{'kda' if n == 'forced' else n} {exact[n]}" for n in ("forced", "op", "stock", "fla")
+                     if n in exact)
+    return text, made
+
+
 def run(case: str, T: int, B: int, C: int, *, device, timer, bandwidth, fns=None, module=None) -> dict:
     decode = case.startswith("decode")
     if module is None:
         module = Decode(B, C, device) if decode else Prefill(C, case.split(":")[1], device)
-    fns = fns or variants(module, dynamic_T=False)
+    fns = dict(fns or variants(module, dynamic_T=False))
+    fns["op"] = op_variant(module, decode)
+    fla = fla_variant(module, decode)
+    if fla is not None:
+        fns["fla"] = fla
     x = _input(case, T, B, C, device)
     start = module.state.clone() if decode else None
     reset = (lambda: module.state.copy_(start)) if decode else (lambda: None)
@@ -191,29 +273,41 @@ def run(case: str, T: int, B: int, C: int, *, device, timer, bandwidth, fns=None
     with torch.inference_mode():
         want = module(x)
     row = {"case": case, "T": T, "B": B, "C": C, "note": ""}
-    exact, made = {}, {}
-    for name in ("stock", "kda", "forced"):
-        exact[name], made[name] = _check(fns[name], x, want, reset)
-    fla = fla_variant(module, decode)
-    if fla is not None:
-        exact["fla"], _ = _check(fla, x, want, reset)
-        fns = {**fns, "fla": fla}
-    row["exact"] = f"kda {exact['forced']}, stock {exact['stock']}" + (f", fla {exact['fla']}" if "fla" in exact else "")
-    if made["kda"] is not None:
+    row["exact"], made = _exactness(fns, x, want, reset)
+    if made.get("kda") is not None:
         row["note"] = f"default rules: {made['kda']} rewrite(s)"
-    for name, fn in fns.items():
-        key = f"{name}_us"
-        try:
-            with torch.inference_mode():
-                row[key] = timer(lambda fn=fn: fn(x))
-        except Exception as e:  # noqa: BLE001
-            row[key], row["note"] = None, (row["note"] + f" {name}: {type(e).__name__}")[:200]
+    time_rounds(fns, x, timer, row)
     if bandwidth:
         row["floor_us"] = bytes_moved(T, B, C, decode) / bandwidth * 1e6
-    return add_ratios(row, (("kda_over_stock", "forced_us", "stock_us"), ("kda_over_floor", "forced_us", "floor_us")))
+    return add_ratios(row, (("kda_over_stock", "forced_us", "stock_us"), ("op_over_floor", "op_us", "floor_us"),
+                            ("op_over_fla", "op_us", "fla_us")))
 
 
-# --------------------------------------------------------------------------- the rule's input
+def run_varlen(T: int, C: int, *, device, timer, bandwidth) -> dict:
+    """Varlen prefill (``VARLEN_SEQS`` sequences in T tokens): the op against eager's per-sequence
+    conv (bit-exact) and FLA's varlen conv, timed."""
+    from kda_inductor.lowerings import causal_conv1d as L
+
+    module = Prefill(C, "proj", device)
+    cu = varlen_cu(T, VARLEN_SEQS, device)
+    x = _input("varlen", T, 1, C, device)
+    bf = torch.bfloat16
+    want = L._conv_cpu(x.transpose(1, 2), module.weight, None, None, cu, "silu", bf, bf,
+                       L.validate(x.transpose(1, 2), module.weight, None, None, cu)).transpose(1, 2)
+    fns = {"op": lambda x: torch.ops.kda.causal_conv1d(x.transpose(1, 2), module.weight, None, None, cu, "silu",
+                                                       bf, bf).transpose(1, 2)}
+    fla = fla_variant(module, False, cu_seqlens=cu.long())
+    if fla is not None:
+        fns["fla"] = fla
+    row = {"case": "varlen", "T": T, "B": VARLEN_SEQS, "C": C, "note": f"{VARLEN_SEQS} sequences"}
+    row["exact"], _ = _exactness(fns, x, want, lambda: None)
+    time_rounds(fns, x, timer, row)
+    if bandwidth:
+        row["floor_us"] = bytes_moved(T, 1, C, False) / bandwidth * 1e6
+    return add_ratios(row, (("op_over_floor", "op_us", "floor_us"), ("op_over_fla", "op_us", "fla_us")))
+
+
+# --------------------------------------------------------------------------- the rule's input, the targets
 
 
 def crossover(rows: list[dict]) -> list[dict]:
@@ -233,29 +327,130 @@ def crossover(rows: list[dict]) -> list[dict]:
     return out
 
 
-def sweep(device, timer, bandwidth, smoke: bool = False) -> list[dict]:
-    """The kernel alone (``conv_triton``) over launch configs at Qwen3-Next's width."""
+def targets(rows: list[dict]) -> list[dict]:
+    """Issue 37's targets, per row where they apply: projection form op <= 1.5x the floor at
+    T >= 4096 and faster than FLA at T >= 256; the cat form's op <= 2x the floor; decode faster
+    than FLA at B = 32 and 128."""
+    out = []
+    for r in rows:
+        form = r["case"].split(" ")[-1]
+        checks = []
+        if form == "proj" and r["T"] >= 4096 and r.get("op_over_floor"):
+            checks.append(("op <= 1.5 floor", r["op_over_floor"] <= 1.5))
+        if form in ("proj", "varlen") and r["T"] >= 256 and r.get("op_over_fla"):
+            checks.append(("op < FLA", r["op_over_fla"] < 1.0))
+        if form == "cat" and r["T"] >= 256 and r.get("op_over_floor"):
+            checks.append(("op <= 2 floor", r["op_over_floor"] <= 2.0))
+        if form == "decode" and r["B"] in DECODE_BATCHES and r.get("op_over_fla"):
+            checks.append(("op < FLA", r["op_over_fla"] < 1.0))
+        for what, ok in checks:
+            out.append({"case": r["case"], "T": r["T"], "B": r["B"], "target": what, "met": "yes" if ok else "NO",
+                        "op_us": r.get("op_us"), "runs": r.get("op_runs")})
+    return out
+
+
+# --------------------------------------------------------------------------- the sweep
+
+
+def sweep_candidates():
+    """The configs ``--sweep`` times: prefill tokens x rows x (channels, warps), update
+    (channels, warps); the tables' own first."""
     from kda_inductor.lowerings import causal_conv1d as L
 
-    rows, C = [], 64 if smoke else WIDTHS["qwen3_next"]
+    pre = [cfg for _, cfg, _ in L.PREFILL_CONFIGS]
+    pre += [L.LaunchConfig(bt, rows, bc, nw) for bt in (16, 32, 64, 128) for rows in (4, 8)
+            for bc, nw in ((256, 1), (512, 1), (512, 2), (1024, 2), (1024, 4))]
+    up = [cfg for _, cfg, _ in L.UPDATE_CONFIGS]
+    up += [L.UpdateConfig(bc, nw) for bc in (128, 256, 512, 1024) for nw in (1, 2, 4) if bc >= 128 * nw]
+    return list(dict.fromkeys(pre)), list(dict.fromkeys(up))
+
+
+SWEEP_SHAPES = {"proj": [(256, 1), (1024, 1), (4096, 1), (16384, 1)], "cat": [(4096, 1), (16384, 1)],
+                "varlen": [(4096, 1)], "decode": [(1, 8), (1, 32), (1, 128)]}
+"""``--sweep``'s shapes per case, ``(T, B)`` at Qwen3-Next's width (``--cases`` picks)."""
+
+
+def _sweep_calls(case: str, T: int, B: int, C: int, device):
+    """``(x, call(config))`` of the kernel alone for one sweep shape."""
+    from kda_inductor.lowerings import causal_conv1d as L
+
     w = 0.3 * torch.randn(C, K, device=device, dtype=torch.bfloat16)
-    shapes = [(1, 2), (16, 1)] if smoke else [(1, 32), (1, 128), (256, 1), (4096, 1), (16384, 1)]
-    for T, B in shapes:
-        x = torch.randn(B, T, C, device=device, dtype=torch.bfloat16).transpose(1, 2)
-        state = torch.randn(B, C, K, device=device, dtype=torch.bfloat16) if T == 1 else None
-        for bt in sorted(({8} if smoke else {1, 8, 16, 32, 64}) if T > 1 else {1}):
-            for bc in ((32,) if smoke else (32, 64, 128, 256, 512)):
-                for nw in ((1,) if smoke else (1, 2, 4, 8)):
-                    cfg = L.LaunchConfig(bt, bc, nw)
-                    try:
-                        us = timer(lambda: L.conv_triton(x, w, None, state, update=state is not None, config=cfg))
-                    except Exception as e:  # noqa: BLE001
-                        us = None
-                        print(f"sweep {T}x{B} {cfg}: {type(e).__name__}: {e}", flush=True)
-                    rows.append({"T": T, "B": B, "config": f"{bt}x{bc} w{nw}", "us": us,
-                                 "default": "yes" if cfg == L.launch_config(T, C, B, update=state is not None) else "",
-                                 "floor_us": bytes_moved(T, B, C, T == 1) / bandwidth * 1e6 if bandwidth else None})
+    if case == "cat":
+        xs = list(torch.split(_input("x:cat", T, 1, C, device), list(QKVZ_SPLIT), dim=3)[:3])
+        return lambda cfg: L.conv_triton(xs, w, None, config=cfg)
+    x = torch.randn(B, T, C, device=device, dtype=torch.bfloat16).transpose(1, 2)
+    if case == "decode":
+        state = torch.randn(B, C, K, device=device, dtype=torch.bfloat16)
+        return lambda cfg: L.conv_triton(x, w, None, state, update=True, config=cfg)
+    cu = varlen_cu(T, VARLEN_SEQS, device) if case == "varlen" else None
+    return lambda cfg: L.conv_triton(x, w, None, None, cu, config=cfg)
+
+
+def _default_config(case: str, T: int, B: int, C: int):
+    from kda_inductor.lowerings import causal_conv1d as L
+
+    return L.update_config(T, C, B) if case == "decode" else L.launch_config(T, C, B)
+
+
+def sweep(device, timer, bandwidth, cases, deadline: float, smoke: bool = False) -> list[dict]:
+    """The kernels alone over the candidates at Qwen3-Next's width: each config compiled once,
+    then timed on every shape of its kind in two rounds; nothing new starts past ``deadline``."""
+    pre, up = sweep_candidates()
+    C = 64 if smoke else WIDTHS["qwen3_next"]
+    rows = []
+    for case in [c for c in cases if not (smoke and c == "cat")]:  # the cat's geometry is 8192 channels
+        shapes = [(1, 2)] if smoke and case == "decode" else [(9, 1)] if smoke else SWEEP_SHAPES[case]
+        calls = {shape: _sweep_calls(case, *shape, C, device) for shape in shapes}
+        for cfg in (up if case == "decode" else pre)[:2 if smoke else None]:
+            if time.perf_counter() > deadline:
+                print(f"sweep {case}: --budget spent, later configs not run", flush=True)
+                break
+            for (T, B), call in calls.items():
+                rows.append(_sweep_row(case, T, B, C, cfg, call, timer, bandwidth))
+    return mark_best(rows)
+
+
+def _sweep_row(case, T, B, C, cfg, call, timer, bandwidth) -> dict:
+    row = {"case": case, "T": T, "B": B, "config": " ".join(f"{k}={v}" for k, v in cfg._asdict().items()),
+           "default": "yes" if cfg == _default_config(case, T, B, C) else "", "note": ""}
+    try:
+        time_rounds({"k": lambda x, cfg=cfg: call(cfg)}, None, timer, row)
+        row["us"], row["runs"] = row.pop("k_us"), row.pop("k_runs")
+    except Exception as e:  # noqa: BLE001
+        row["us"], row["note"] = None, f"{type(e).__name__}: {e}"[:120]
+        print(f"sweep {case} {T}x{B} {cfg}: {row['note']}", flush=True)
+    if bandwidth:
+        row["floor_us"] = bytes_moved(T, B, C, case == "decode") / bandwidth * 1e6
+    return row
+
+
+def mark_best(rows: list[dict]) -> list[dict]:
+    """``best`` on each shape's fastest config (by the median of its rounds)."""
+    for key in dict.fromkeys((r["case"], r["T"], r["B"]) for r in rows):
+        mine = [r for r in rows if (r["case"], r["T"], r["B"]) == key and r.get("us") is not None]
+        for r in mine:
+            r["best"] = "best" if r is min(mine, key=lambda r: r["us"]) else ""
     return rows
+
+
+SWEEP_COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("B", "B", ","), ("config", "config", "s"),
+                 ("us", "us", ".2f"), ("runs", "2 rounds", "s"), ("floor_us", "floor us", ".2f"),
+                 ("default", "default", "s"), ("best", "best", "s"), ("note", "note", "s"))
+
+
+def finish_sweep(rows: list[dict], smoke: bool, record: bool, started: float) -> None:
+    best = [r for r in rows if r.get("best")]
+    print_table(rows, SWEEP_COLUMNS, title="launch configs")
+    print_table(best, SWEEP_COLUMNS, title="best per shape (the tables' classes: PREFILL_CONFIGS / UPDATE_CONFIGS)")
+    print(f"({time.perf_counter() - started:.0f} s)")
+    if smoke:
+        return
+    payload = {"env": environment_info(), "rows": rows}
+    write_out_json(f"bench_{NAME}_sweep.json", payload)
+    if record:
+        record_results(f"{NAME}_sweep", payload, markdown_table(best, SWEEP_COLUMNS), results_dir=_HERE / "results",
+                       title=f"{NAME} launch-config sweep (best per shape)", notes="CUDA-graph replay medians, "
+                       "kernel alone, Qwen3-Next width 8192, bf16, K=4; two rounds")
 
 
 # --------------------------------------------------------------------------- report / main
@@ -278,7 +473,8 @@ def report_jobs(s) -> list:
 def _row(rows: list[dict], label: str, case: str, T: int, B: int, C: int, **kw) -> None:
     """One row appended (a failure printed and recorded as the row's note: the others go on)."""
     try:
-        rows.append({**run(case, T, B, C, **kw), "case": f"{label} {case.split(':')[-1]}"})
+        made = run_varlen(T, C, **kw) if case == "varlen" else run(case, T, B, C, **kw)
+        rows.append({**made, "case": f"{label} {case.split(':')[-1]}"})
         progress(rows[-1])
     except Exception as e:  # noqa: BLE001
         traceback.print_exc()
@@ -286,10 +482,12 @@ def _row(rows: list[dict], label: str, case: str, T: int, B: int, C: int, **kw) 
 
 
 def _width_rows(args, label: str, C: int, t_values, batches, deadline: float, **kw) -> list[dict]:
-    """One width: its prefill forms over T (one compile for every T unless ``--static``), then
-    its decode batches; nothing new starts past ``deadline`` (the rows so far are recorded)."""
+    """One width: its prefill forms over T (one compile for every T unless ``--static``), its
+    decode batches, its varlen prefills; nothing new starts past ``deadline``."""
     rows: list[dict] = []
-    for form in (("proj", "cat") if label == "qwen3_next" and not args.smoke else ("proj",)):
+    forms = args.forms.split(",")
+    prefill = [f for f in ("proj", "cat") if f in forms and (f == "proj" or label == "qwen3_next" and not args.smoke)]
+    for form in prefill:
         torch._dynamo.reset()
         module = Prefill(C, form, kw["device"])
         fns = None if args.static else variants(module, dynamic_T=True)
@@ -299,25 +497,34 @@ def _width_rows(args, label: str, C: int, t_values, batches, deadline: float, **
             if args.static:
                 torch._dynamo.reset()
             _row(rows, label, f"prefill:{form}", T, 1, C, fns=fns, module=module, **kw)
-    for B in batches:
+    for B in batches if "decode" in forms else ():
         if time.perf_counter() > deadline:
             return rows
         torch._dynamo.reset()
         _row(rows, label, "decode", 1, B, C, **kw)
+    for T in (() if args.smoke or "varlen" not in forms else VARLEN_T):
+        if time.perf_counter() <= deadline:
+            _row(rows, label, "varlen", T, 1, C, **kw)
     return rows
 
 
-def main(argv=None) -> list[dict]:
+def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--T", default=None, help="prefill token counts, comma-separated")
     p.add_argument("--widths", default=None, help=f"of {sorted(WIDTHS)}, comma-separated")
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--static", action="store_true", help="prefill compiled per T (default: T dynamic)")
-    p.add_argument("--sweep", action="store_true", help="time the kernel's launch configs instead")
+    p.add_argument("--forms", default="proj,cat,decode,varlen", help="the rows to run per width (cat: qwen3_next)")
+    p.add_argument("--sweep", action="store_true", help="time the kernels' launch configs instead")
+    p.add_argument("--cases", default=",".join(SWEEP_SHAPES), help=f"--sweep's cases, of {sorted(SWEEP_SHAPES)}")
     p.add_argument("--budget", type=float, default=450, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
-    args = p.parse_args(argv)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
     device = "cpu" if args.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (use --smoke on CPU)")
@@ -327,16 +534,8 @@ def main(argv=None) -> list[dict]:
     torch._inductor.config.force_disable_caches = True
     t0 = time.perf_counter()
     if args.sweep:
-        rows = sweep(device, timer, bandwidth, args.smoke)
-        for key in {(r["T"], r["B"]) for r in rows}:
-            mine = [r for r in rows if (r["T"], r["B"]) == key and r["us"] is not None]
-            for r in mine:
-                r["best"] = "best" if r is min(mine, key=lambda r: r["us"]) else ""
-        print_table(rows, (("T", "T", ","), ("B", "B", ","), ("config", "config", "s"), ("us", "us", ".2f"),
-                           ("floor_us", "floor us", ".2f"), ("default", "default", "s"), ("best", "best", "s")),
-                    title="launch configs (tokens x channels per program, warps)")
-        if not args.smoke:
-            write_out_json(f"bench_{NAME}_sweep.json", {"env": environment_info(), "rows": rows})
+        rows = sweep(device, timer, bandwidth, args.cases.split(","), t0 + args.budget, args.smoke)
+        finish_sweep(rows, args.smoke, not args.no_record, t0)
         return rows
     t_values = (tuple(int(v) for v in args.T.split(",")) if args.T else (1, 5, 16) if args.smoke else T_VALUES)
     names = args.widths.split(",") if args.widths else list(WIDTHS)
@@ -347,16 +546,25 @@ def main(argv=None) -> list[dict]:
                             device=device, timer=timer, bandwidth=bandwidth)
     if time.perf_counter() > deadline:
         print(f"time budget of {args.budget:.0f} s spent: later cases not run", flush=True)
-    rule = crossover(rows)
+    report(args, rows, bandwidth, t0)
+    return rows
+
+
+def report(args, rows: list[dict], bandwidth, t0: float) -> None:
+    """The table (recorded), the targets, the speed rule's input."""
+    rule = crossover([r for r in rows if not r["case"].endswith("varlen")])
     notes = ("NOT meaningful (CPU smoke run)" if args.smoke else
-             f"CUDA-graph replay medians, 10 calls per graph; copy bandwidth {bandwidth / 1e12:.2f} TB/s; bf16, K=4, "
-             f"prefill T {'static' if args.static else 'dynamic'}; crossover: "
-             + "; ".join(f"{r['case']} from {r['min_tokens']}" for r in rule))
+             f"CUDA-graph replay medians, 10 calls per graph, {ROUNDS} rounds; copy bandwidth "
+             f"{bandwidth / 1e12:.2f} TB/s; bf16, K=4, prefill T {'static' if args.static else 'dynamic'}; "
+             "op = the kda op called directly; crossover: " + "; ".join(f"{r['case']} from {r['min_tokens']}"
+                                                                      for r in rule))
     finish(NAME, rows, COLUMNS, notes, smoke=args.smoke, record=not args.no_record, results_dir=_HERE / "results",
            started=t0)
+    print_table(targets(rows), (("case", "case", "s"), ("T", "T", ","), ("B", "B", ","), ("target", "target", "s"),
+                                ("met", "met", "s"), ("op_us", "op us", ".2f"), ("runs", "2 rounds", "s")),
+                title="issue 37's targets")
     print_table(rule, (("case", "case", "s"), ("min_tokens", "kda faster from B*T", "s"),
                        ("worst", "worst forced/stock", ".3f")), title="speed rule input (CUDA_MIN_TOKENS)")
-    return rows
 
 
 if __name__ == "__main__":

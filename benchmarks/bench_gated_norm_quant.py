@@ -1,11 +1,13 @@
 """``gated_norm_quant`` on a GPU: a GDN layer's gated RMSNorm + dynamic fp8 quantization (vLLM's
 ``RMSNormGated.forward_static`` then ``QuantFP8.forward_native``, its FP8 output projection), at
-T = 1 ... 16384 tokens: eager, stock ``torch.compile``, kda (rewrite forced, and by the default
-rules), the floor (bytes read and written over the measured copy bandwidth) and, with
-``--peer-path``, vLLM's unfused Triton kernels. CUDA-graph replay medians.
+T = 1 ... 16384 tokens: eager, stock ``torch.compile``, stock with eager's numerics
+(``stock-en``), kda (rewrite forced: the op's default ``GROUP_DIVIDE``, and the same graph with
+the op's other two ways to divide by the group scale, ``kda-recip`` and ``kda-ieee``), kda by
+the default rules, the floor (bytes read and written over the measured copy bandwidth) and,
+with ``--peer-path``, vLLM's unfused Triton kernels. CUDA-graph replay medians.
 
-    python benchmarks/bench_gated_norm_quant.py                 # the sweep, ~4-5 min on an H200
-    python benchmarks/bench_gated_norm_quant.py --quick         # T = 1, 256, 16384 only (~2 min)
+    python benchmarks/bench_gated_norm_quant.py --cases "vllm H=32" --budget 230       # one case, ~4 min
+    python benchmarks/bench_gated_norm_quant.py --quick         # T = 1, 256, 16384 only
     python benchmarks/bench_gated_norm_quant.py --peer-path .peers   # + vLLM's Triton kernels
     python benchmarks/bench_gated_norm_quant.py --smoke         # CPU, tiny: the checks only
 
@@ -13,9 +15,9 @@ Cases (:data:`CASES`): vLLM's spelling with group-128 scales at H = 32, 16, 64 h
 with a float32 norm weight and bf16 input (Qwen3.5-FP8, vLLM #45770); per-token scales
 (``GroupShape.PER_TOKEN``, the reciprocal multiply); and the hybrid example's layer tail (the
 spec / non-spec merge in front, ``examples/gdn_layers.py`` with ``Fp8Linear``). Each compiled
-once with T symbolic (marked dynamic, as vLLM compiles it; T = 1 is Dynamo's own static graph)
-and, at the case's static sizes, once per T (compiles dominate the run: the static lists are
-short but for the main case).
+once with T symbolic (marked dynamic, as vLLM compiles it; T = 1 is Dynamo's own static graph;
+:data:`T_VALUES`) and once per T at :data:`STATIC_T` (compiles dominate the run: split it with
+``--cases``).
 
 What each system is checked against (``patterns/gated_norm_quant.py``, "Numerics"):
 
@@ -56,7 +58,10 @@ sys.path[:0] = [str(_HERE), str(_HERE.parent)]
 import _timing as TM  # noqa: E402
 
 NAME = "gated_norm_quant"
-T_VALUES = (1, 2, 4, 16, 64, 256, 1024, 4096, 16384)
+T_VALUES = (1, 256, 1024, 4096, 16384)
+"""The symbolic graph's token counts (T = 1 is Dynamo's own static graph)."""
+STATIC_T = (256, 1024, 4096, 16384)
+"""The static sizes of every case (compiled once per T)."""
 QUICK_T = (1, 256, 16384)
 FP8_MAX, MIN_SCALE = 448.0, 1.0 / (448.0 * 512.0)
 NEVER_SLOWER = 0.03
@@ -78,12 +83,12 @@ class Case(NamedTuple):
 
 
 CASES = (
-    Case("vllm H=32", 32, static=T_VALUES, default=True, peer=True),
-    Case("vllm H=16", 16, static=(1, 256, 16384), default=True, peer=True),
-    Case("vllm H=64", 64, static=(1, 256, 16384), default=True, peer=True),
-    Case("fp32 weight H=32", 32, fp32_weight=True, static=(256, 16384), default=True, peer=True),
-    Case("per token H=32", 32, per_token=True, static=(1, 256, 16384), default=True),
-    Case(MODEL_SHAPE, 32, merged=True, static=(256, 16384), default=True),
+    Case("vllm H=32", 32, static=STATIC_T, default=True, peer=True),
+    Case("vllm H=16", 16, static=STATIC_T, default=True, peer=True),
+    Case("vllm H=64", 64, static=STATIC_T, default=True, peer=True),
+    Case("fp32 weight H=32", 32, fp32_weight=True, static=STATIC_T, default=True, peer=True),
+    Case("per token H=32", 32, per_token=True, static=STATIC_T, default=True),
+    Case(MODEL_SHAPE, 32, merged=True, static=STATIC_T, default=True),
 )
 D = 128
 
@@ -259,11 +264,11 @@ def compiled(case: Case, variant: str, dynamic: bool | None):
 
 
 def variants(case: Case, r: Run, symbolic: bool) -> list[str]:
-    """stock and kda always; the default rules where the case asks, at static sizes only for the
-    main case (compiles are the run's cost); stock-en for the main case's symbolic graph."""
+    """stock, stock-en (where the torch has the knobs) and kda always; the default rules where the
+    case asks, at static sizes only for the main case (compiles are the run's cost)."""
     main = case.name == CASES[0].name or (r.smoke and case.default)
     out = ["stock", "kda"] + (["default"] if case.default and (symbolic or main) else [])
-    if symbolic and main and not r.smoke and has_eager_numerics():
+    if not r.smoke and has_eager_numerics():
         out.insert(1, "stock-en")
     return out
 
@@ -295,6 +300,31 @@ def call_system(label: str, fn, args, refs, case: Case, r: Run) -> dict:
     if label == "kda" and "check" not in out:
         out["check"] = kda_check(got, exact, y, case.per_token)
     out[f"{label}_us"] = r.timer(lambda: fn(*args))
+    if label == "kda":
+        out.update(other_divides(fn, args, refs, case, r))
+    return out
+
+
+DIVIDE_LABELS = {"reciprocal": "kda_recip", "ieee": "kda_ieee"}
+"""The kda graph's other ways to divide by the group scale (``GROUP_DIVIDE``; ``kda`` is the default's)."""
+
+
+def other_divides(fn, args, refs, case: Case, r: Run) -> dict:
+    """The same compiled kda graph with the op's other ``GROUP_DIVIDE`` modes (read by the op's
+    CUDA impl at each call, so at each capture): numerics against eager and IEEE, kda's check,
+    the time."""
+    from kda_inductor.lowerings import gated_norm_quant as L
+
+    out, default = {}, L.GROUP_DIVIDE
+    try:
+        for mode, label in DIVIDE_LABELS.items():
+            L.GROUP_DIVIDE = mode
+            got = fn(*args)
+            out[f"{label}_vs_ieee"] = summary(compare(got, refs[1]))
+            out[f"{label}_check"] = kda_check(got, refs[1], refs[2], case.per_token)
+            out[f"{label}_us"] = r.timer(lambda: fn(*args))
+    finally:
+        L.GROUP_DIVIDE = default
     return out
 
 
@@ -324,7 +354,8 @@ def measure(case: Case, T: int, mode: str, fns: dict, r: Run) -> dict:
     if r.bandwidth:
         row["floor_us"] = bytes_moved(case, T) / r.bandwidth * 1e6
     return TM.add_ratios(row, (("kda_over_stock", "kda_us", "stock_us"), ("kda_over_floor", "kda_us", "floor_us"),
-                               ("default_over_stock", "default_us", "stock_us")))
+                               ("default_over_stock", "default_us", "stock_us"),
+                               ("recip_over_kda", "kda_recip_us", "kda_us"), ("ieee_over_kda", "kda_ieee_us", "kda_us")))
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -399,12 +430,14 @@ def measured_literal(table: dict) -> str:
 
 TIME_COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("mode", "T is", "s"), ("eager_us", "eager us", ".2f"),
                 ("stock_us", "stock us", ".2f"), ("stock_en_us", "stock-en us", ".2f"), ("kda_us", "kda us", ".2f"),
+                ("kda_recip_us", "kda-recip us", ".2f"), ("kda_ieee_us", "kda-ieee us", ".2f"),
                 ("default_us", "kda default us", ".2f"), ("default_fired", "default fired", "d"),
                 ("peer_us", "vLLM Triton us", ".2f"), ("floor_us", "floor us", ".2f"),
                 ("kda_over_stock", "kda/stock", ".3f"), ("kda_over_floor", "kda/floor", ".2f"))
 NUM_COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("mode", "T is", "s"), ("stock_vs_eager", "stock vs eager", "s"),
                ("stock_en_vs_eager", "stock-en vs eager", "s"), ("kda_vs_ieee", "kda vs IEEE", "s"),
-               ("kda_vs_eager", "kda vs eager", "s"), ("peer_vs_ieee", "vLLM Triton vs IEEE", "s"),
+               ("kda_vs_eager", "kda vs eager", "s"), ("kda_recip_vs_ieee", "kda-recip vs IEEE", "s"),
+               ("kda_ieee_vs_ieee", "kda-ieee vs IEEE", "s"), ("peer_vs_ieee", "vLLM Triton vs IEEE", "s"),
                ("check", "kda check", "s"))
 
 

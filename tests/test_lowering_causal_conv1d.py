@@ -225,19 +225,43 @@ def test_triton_kernel_matches_the_reference(dtype, layout):
         _same(out, taps_reference(x, w, b, act=act), act, f"K={K} bias={bias} {act}")
 
 
+PREFILL_CLASSES = {reason.split(":")[0]: cfg for _, cfg, reason in mod.PREFILL_CONFIGS} if mod.triton else {}
+UPDATE_CLASSES = {reason.split(":")[0]: cfg for _, cfg, reason in mod.UPDATE_CONFIGS} if mod.triton else {}
+
+
 @needs_runner
-def test_triton_kernel_blocks_and_dtypes():
-    """Every block shape (tokens straddling blocks, masked channels) and mixed dtypes: a
-    float32 conv of bf16 inputs (FLA's reference), a bf16 conv read in float32."""
+@pytest.mark.parametrize("name", list(PREFILL_CLASSES))
+def test_triton_kernel_every_prefill_config_class(name):
+    """Each config class of ``PREFILL_CONFIGS`` on tokens spanning an edge tile (the sequence
+    start) and a second, partial one (the register window): 40 channels (masked), 256 (whole
+    heads of 128: the 16-byte path); varlen with a state (sequence starts inside a tile)."""
+    cfg = PREFILL_CLASSES[name]
+    g = torch.Generator().manual_seed(cfg.block_t)
+    T = cfg.block_t + 5  # the first tile (a sequence start), a second one (the register window), partial
+    for C in (40, 256):
+        x = _x(g, 1, C, T, torch.bfloat16)
+        w, b = _params(g, C, 4, torch.bfloat16)
+        _same(mod.conv_triton(*_dev(x, w, b), config=cfg), taps_reference(x, w, b), "silu", f"{name} C={C}")
+    cu = torch.tensor([0, 1, 3, 4, T], dtype=torch.int32)  # starts in the first tile: the second's windows inside
+    state = torch.randn(4, 40, 5, generator=g).to(torch.bfloat16)
+    x = _x(g, 1, 40, T, torch.bfloat16)
+    w, b = _params(g, 40, 4, torch.bfloat16)
+    _same(mod.conv_triton(*_dev(x, w, b, state, cu), activation="none", config=cfg),
+          taps_reference(x, w, b, state, cu, act="none"), "none", f"{name} varlen")
+
+
+@needs_runner
+def test_triton_kernel_mixed_dtypes():
+    """A float32 conv of bf16 inputs (FLA's reference), a bf16 conv read in float32."""
     g = torch.Generator().manual_seed(8)
     x = _x(g, 2, 20, 45, torch.bfloat16)
     w, b = _params(g, 20, 4, torch.bfloat16)
-    for cfg in (mod.LaunchConfig(1, 8, 1), mod.LaunchConfig(8, 16, 2), mod.LaunchConfig(32, 128, 4)):
-        out = mod.conv_triton(*_dev(x, w, b), config=cfg)
-        _same(out, taps_reference(x, w, b), "silu", str(cfg))
     out = mod.conv_triton(*_dev(x, w.float(), b.float()), act_dtype=torch.float32,
                           out=torch.empty(2, 45, 20, dtype=torch.bfloat16, device=DEVICE).transpose(1, 2))
     _same(out, taps_reference(x, w.float(), b.float(), act_dtype=torch.float32, out_dtype=torch.bfloat16), "silu")
+    xf = _x(g, 2, 20, 45, torch.float32)
+    out = mod.conv_triton(*_dev(xf, w, b), config=mod.LaunchConfig(8, 4, 16, 1))
+    _same(out, taps_reference(xf, w, b), "silu")
 
 
 @needs_runner
@@ -248,7 +272,7 @@ def test_triton_kernel_initial_state_and_varlen():
     cu = torch.tensor([0, 1, 1, 9, 30, 40], dtype=torch.int32)
     state = torch.randn(5, 24, 6, generator=g).to(torch.float16)
     for st in (None, state):
-        for cfg in (None, mod.LaunchConfig(8, 8, 1)):
+        for cfg in (None, mod.LaunchConfig(8, 4, 8, 1)):
             out = mod.conv_triton(*_dev(x, w, b, st, cu), config=cfg)
             _same(out, taps_reference(x, w, b, st, cu), "silu", f"state={st is not None} {cfg}")
     fixed = _x(g, 3, 24, 5, torch.float16)
@@ -267,34 +291,62 @@ def test_triton_kernel_varlen_past_the_end_traps():
         mod.conv_triton(x, w, None, None, cu)
 
 
+def _check_update(x, state, w, b, act="none", config=None, label=""):
+    """The update kernel (output and shifted state) bit-exact with the CPU op (16-bit)."""
+    want_state = state.clone()
+    want = update_op(x, want_state, w, b, act, w.dtype, w.dtype)
+    xd, wd, bd, sd = _dev(x, w, b, state.clone())
+    got = mod.conv_triton(xd, wd, bd, sd, activation=act, update=True, config=config)
+    if act == "none":
+        assert_close_to_eager([got.cpu(), sd.cpu()], [want, want_state], exact=True)
+    else:
+        _same(got, want, act, label)
+        assert torch.equal(sd.cpu(), want_state), label
+
+
 @needs_runner
 @pytest.mark.parametrize("T", [1, 3, 7, 70])
 def test_triton_kernel_update_matches_the_cpu_op(T):
-    """The state shift: fused into the conv launch (T <= UPDATE_MAX_T: decode, a few tokens)
-    or its own launch after it (T=70); output and state bit-exact with the CPU op (16-bit)."""
+    """The update launch (T <= UPDATE_MAX_T: decode, a few tokens, the state read once) or the
+    prefill launch and the state shift alone (T = 70)."""
     g = torch.Generator().manual_seed(T)
     x = _x(g, 2, 24, T, torch.bfloat16)
     w, b = _params(g, 24, 4, torch.bfloat16)
-    state = torch.randn(2, 24, 4, generator=g).to(torch.bfloat16)
-    want_state = state.clone()
-    want = update_op(x, want_state, w, b, "none", torch.bfloat16, torch.bfloat16)
-    xd, wd, bd, sd = _dev(x, w, b, state)
-    got = mod.conv_triton(xd, wd, bd, sd, activation="none", update=True)
-    assert_close_to_eager([got.cpu(), sd.cpu()], [want, want_state], exact=True)
+    _check_update(x, torch.randn(2, 24, 4, generator=g).to(torch.bfloat16), w, b)
+
+
+@needs_runner
+@pytest.mark.parametrize("name", list(UPDATE_CLASSES))
+def test_triton_kernel_every_update_config_class(name):
+    """Each class of ``UPDATE_CONFIGS``: decode (T = 1) and a few tokens, a state of 4 (the
+    vector path), of 6 and a state whose taps are strided (the generic addressing), K = 2 and 4."""
+    cfg = UPDATE_CLASSES[name]
+    g = torch.Generator().manual_seed(cfg.block_c)
+    for T, S, K, strided in ((1, 4, 4, False), (3, 6, 4, False), (1, 4, 2, True), (5, 3, 4, True)):
+        x = _x(g, 3, 40, T, torch.bfloat16)
+        w, b = _params(g, 40, K, torch.bfloat16)
+        state = torch.randn(3, 40, S, generator=g).to(torch.bfloat16)
+        if strided:
+            state = torch.randn(3, S, 40, generator=g).to(torch.bfloat16).transpose(1, 2)
+        _check_update(x, state, w, b, "silu", cfg, f"{name} T={T} S={S} K={K} strided={strided}")
 
 
 def test_launch_config():
-    """Prefill 32 x 128 tokens x channels; decode one token per program row, 256 channels, one
-    warp; the update op takes every token of a row up to UPDATE_MAX_T; blocks shrink where
-    fewer than TARGET_PROGRAMS programs would run (channels to 32 first, then tokens to 8)."""
+    """The fixed tables: each token count gets its class (blocks capped at the tokens and the
+    channels), decode by the batch's channels."""
     if mod.triton is None:
         pytest.skip("needs triton")
-    assert mod.launch_config(4096, 8192) == (32, 128, 4)
-    assert mod.launch_config(1, 8192, 32) == (1, 256, 1)
-    assert mod.launch_config(1, 8192, 1) == (1, 32, 1)
-    assert mod.launch_config(5, 8192, 32, update=True) == (8, 128, 1)
-    assert mod.launch_config(100, 8192, update=True).block_t == mod.UPDATE_MAX_T
-    assert mod.launch_config(64, 4096) == (16, 32, 1)
+    assert mod.launch_config(4096, 8192) == (64, 8, 1024, 4)
+    assert mod.launch_config(1024, 8192) == (32, 8, 512, 2)
+    assert mod.launch_config(256, 8192) == (16, 8, 256, 1)
+    assert mod.launch_config(5, 8192) == (8, 8, 256, 1)
+    assert mod.launch_config(3, 8192) == (4, 4, 256, 1)
+    assert mod.launch_config(4096, 40) == (64, 8, 64, 1)
+    assert mod.update_config(1, 8192, 32) == (256, 1)
+    assert mod.update_config(1, 8192, 128) == (512, 2)
+    assert mod.update_config(1, 4096, 2) == (128, 1)
+    for _, cfg, _ in mod.PREFILL_CONFIGS:
+        assert cfg.block_t % cfg.rows == 0 and cfg.rows <= 8 and cfg.block_c >= 256 * cfg.num_warps
 
 
 @needs_runner
@@ -341,3 +393,106 @@ def test_triton_kernel_property(case):
     st_ = None if c["width"] is None else torch.randn(c["n"], c["C"], c["width"], generator=g).to(c["dtype"])
     out = mod.conv_triton(*_dev(x, w, b, st_, c["cu"]), activation=c["act"])
     _same(out, taps_reference(x, w, b, st_, c["cu"], act=c["act"]), c["act"], str(c))
+
+
+# --------------------------------------------------------------------------- the cat form
+
+
+cat_op, cat_update_op = torch.ops.kda.causal_conv1d_cat.default, torch.ops.kda.causal_conv1d_update_cat.default
+
+
+def _qkv(g, B, T, heads=2, dq=8, dv=16, dtype=torch.bfloat16, device="cpu"):
+    """Qwen3-Next's sources: q, k ``[B, T, heads, dq]`` and v ``[B, T, heads, dv]``, views of one
+    ``qkvz`` projection on ``device`` (``z`` after them, not convolved); their cat has
+    ``heads * (2 dq + dv)`` channels."""
+    qkvz = torch.randn(B, T, heads, 2 * dq + 2 * dv, generator=g).to(dtype).to(device)
+    q, k, v, _ = torch.split(qkvz, [dq, dq, dv, dv], dim=3)
+    return [q, k, v]
+
+
+def _cat(xs):
+    """What the layer convolves: ``cat(q, k, v)`` token-major, transposed (``[B, C, T]``)."""
+    return torch.cat([t.reshape(t.shape[0], t.shape[1], -1) for t in xs], -1).transpose(1, 2)
+
+
+def test_cpu_cat_op_is_the_conv_of_the_cat():
+    g = torch.Generator().manual_seed(20)
+    xs = _qkv(g, 2, 9)
+    C = _cat(xs).shape[1]
+    w, b = _params(g, C, 4, torch.bfloat16)
+    got = cat_op(xs, w, b, None, None, "silu", torch.bfloat16, torch.bfloat16)
+    assert got.shape == (2, C, 9) and got.stride() == (9 * C, 1, C)
+    assert_close_to_eager(got, eager_fn(_cat(xs), w, b), exact=True)
+    state = torch.randn(2, C, 4, generator=g).to(torch.bfloat16)
+    mine, ref = state.clone(), state.clone()
+    got = cat_update_op([xs[0][:, :1], xs[1][:, :1], xs[2][:, :1]], mine, w, b, "silu", torch.bfloat16,
+                        torch.bfloat16)
+    want = eager_update(_cat([t[:, :1] for t in xs]), ref, w, b)
+    assert_close_to_eager([got, mine], [want, ref], exact=True)
+
+
+OPCHECKS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_static")
+"""opcheck's dynamic test makes the kernel width symbolic, which the ops refuse (it must be static)."""
+
+
+def test_cat_op_fake_and_opcheck():
+    g = torch.Generator().manual_seed(21)
+    xs = _qkv(g, 1, 5)
+    C = _cat(xs).shape[1]
+    w, b = _params(g, C, 4, torch.bfloat16)
+    torch.library.opcheck(torch.ops.kda.causal_conv1d_cat, (xs, w, b, None, None, "silu", torch.bfloat16,
+                                                            torch.bfloat16), test_utils=OPCHECKS)
+    state = torch.randn(1, C, 4, generator=g).to(torch.bfloat16)
+    torch.library.opcheck(torch.ops.kda.causal_conv1d_update_cat, (xs, state, w, None, "none", torch.bfloat16,
+                                                                   torch.bfloat16), test_utils=OPCHECKS)
+
+
+def test_cat_op_bad_arguments_are_named():
+    g = torch.Generator().manual_seed(22)
+    xs = _qkv(g, 1, 5)
+    C = _cat(xs).shape[1]
+    w = torch.randn(C, 4, dtype=torch.bfloat16)
+    bf = torch.bfloat16
+    with pytest.raises(ValueError, match=r"^xs\[2\]: expected xs\[0\]'s batch, tokens"):
+        cat_op([xs[0], xs[1], xs[2][:, :4]], w, None, None, None, "silu", bf, bf)
+    with pytest.raises(ValueError, match=r"^xs\[1\]: expected a 3-D \[B, T, C\] or 4-D"):
+        cat_op([xs[0], xs[1][0, 0]], w, None, None, None, "silu", bf, bf)
+    with pytest.raises(ValueError, match="^xs: expected a list of 1 to 4 tensors"):
+        cat_op([xs[0]] * 5, w, None, None, None, "silu", bf, bf)
+    with pytest.raises(ValueError, match=f"^weight: expected {C - xs[2][0, 0].numel()} channels .*, got {C}"):
+        cat_op(xs[:2], w, None, None, None, "silu", bf, bf)
+
+
+@needs_runner
+def test_triton_kernel_cat_sources():
+    """The sources read where they lie (views of one projection on the runner's device): heads
+    of 8 and 16 channels (q / k / v), with a bias and without; a 3-D source among 4-D ones;
+    varlen with a state; the update (decode and a few tokens); a source with a token stride of
+    its own (read through the cat)."""
+    g = torch.Generator().manual_seed(23)
+    xs = _qkv(g, 2, 21, device=DEVICE)
+    ref = _cat([t.cpu() for t in xs])
+    C = ref.shape[1]
+    w, b = _params(g, C, 4, torch.bfloat16)
+    assert mod._sources(xs) is not None  # the kernel reads the views themselves
+    for cfg in (None, mod.LaunchConfig(8, 4, 32, 1), mod.LaunchConfig(16, 8, 256, 1)):
+        _same(mod.conv_triton(xs, *_dev(w, b), config=cfg), taps_reference(ref, w, b), "silu", str(cfg))
+    flat = [xs[0].flatten(2), xs[1], xs[2]]
+    _same(mod.conv_triton(flat, *_dev(w, None)), taps_reference(ref, w, None), "silu", "3-D")
+    one = [t[:1] for t in xs]
+    cu = torch.tensor([0, 2, 13, 21], dtype=torch.int32)
+    state = torch.randn(3, C, 4, generator=g).to(torch.bfloat16)
+    _same(mod.conv_triton(one, *_dev(w, b, state, cu), activation="none"),
+          taps_reference(ref[:1], w, b, state, cu, act="none"), "none", "varlen")
+    for T in (1, 3):
+        st = torch.randn(2, C, 4, generator=g).to(torch.bfloat16)
+        want_state = st.clone()
+        want = update_op(ref[:, :, :T], want_state, w, b, "silu", torch.bfloat16, torch.bfloat16)
+        sd = st.clone().to(DEVICE)
+        _same(mod.conv_triton([t[:, :T] for t in xs], *_dev(w, b), sd, update=True), want, "silu", f"update T={T}")
+        assert torch.equal(sd.cpu(), want_state)
+    own = torch.randn(2, 21, xs[1].shape[2] * xs[1].shape[3], generator=g).to(torch.bfloat16)
+    mixed = [xs[0], own.to(DEVICE), xs[2]]
+    assert mod._sources(mixed) is None  # its own token stride: the kernel reads the cat
+    want = taps_reference(_cat([xs[0].cpu(), own, xs[2].cpu()]), w, b)
+    _same(mod.conv_triton(mixed, *_dev(w, b)), want, "silu", "strided")

@@ -223,8 +223,10 @@ def _to(xs):
 
 
 def _run_kernel(sources, indices, z, w, *, n, width, group, ue8m0, reciprocal, column_major, act="silu", form="fla",
-                rsqrt=True, pad_value=None, norm_dtype=None, block_r=None):
-    """The kernel's (q, scales) from poisoned outputs, and the CPU op's."""
+                rsqrt=True, pad_value=None, norm_dtype=None, block_r=None, divide=None):
+    """The kernel's (q, scales) from poisoned outputs, the CPU op's, and the exact result: the
+    quantization of the norm kernel's own output, by ``x * (1 / s)`` where the kernel multiplies
+    (``reciprocal``, or ``GROUP_DIVIDE``'s ``"reciprocal"``), else by ``x / s``."""
     norm_dtype = norm_dtype or KDTYPE
     args = (sources, indices, z, w, 1e-6, act, form, rsqrt, n, norm_dtype, width, group, ue8m0, reciprocal,
             column_major, pad_value)
@@ -236,7 +238,7 @@ def _run_kernel(sources, indices, z, w, *, n, width, group, ue8m0, reciprocal, c
     mod.norm_quant_triton(_to(sources), _to(indices), z.to(DEVICE), w.to(DEVICE), q, s, eps=1e-6, activation=act,
                           form=form, rsqrt=rsqrt, num_tokens=n, norm_dtype=norm_dtype, group_size=group,
                           ue8m0=ue8m0, reciprocal=reciprocal, column_major=column_major, pad_value=pad_value,
-                          block_r=block_r)
+                          block_r=block_r, divide=divide)
     # the quantization of the norm kernel's own output, same tile: the fused kernel's exact result
     D = w.shape[0]
     R = sources[0].shape[1] // D
@@ -245,7 +247,8 @@ def _run_kernel(sources, indices, z, w, *, n, width, group, ue8m0, reciprocal, c
     y = torch.empty(z.reshape(-1, D).shape, dtype=norm_dtype, device=DEVICE)
     norm_mod.norm_merge_triton(_to(sources), _to(indices), z.to(DEVICE), w.to(DEVICE), y, eps=1e-6, activation=act,
                                form=form, rsqrt=rsqrt, num_tokens=n, pad_value=pad_value, block_r=br)
-    exact = mod.quantize(y.cpu(), width, group, ue8m0, reciprocal, column_major)  # torch's CPU log2
+    multiplies = reciprocal or (divide or mod.GROUP_DIVIDE) == "reciprocal"
+    exact = mod.quantize(y.cpu(), width, group, ue8m0, multiplies, column_major)  # torch's CPU log2
     return (q.cpu(), s.cpu()), want, exact
 
 
@@ -312,6 +315,58 @@ def test_kernel_padding_float32_norm_and_row_blocks():
     got, want, exact = _run_kernel(sources, [], z, w, n=n, width=R * D, group=R * D, ue8m0=False, reciprocal=True,
                                    column_major=False, pad_value=0.0)
     _assert_kernel(got, want, exact, False, "merge-free, padded")
+
+
+@kernel
+@pytest.mark.parametrize("divide", mod.DIVIDES)
+def test_triton_kernel_divide_modes(divide):
+    """Both ways the kernel divides group scales: each bit-exact with its torch spelling (``x /
+    s``, ``x * s.reciprocal()``) of the norm kernel's output, and within one fp8 step of the CPU
+    op; one reciprocal per group for sub-row groups and row groups alike."""
+    for R, D, width, group in ((4, 32, 128, 32), (2, 64, 128, 16), (4, 32, 128, 64)):
+        sources, indices, z, w, n = _inputs(6, R, D, dtype=KDTYPE, seed=R + group)
+        got, want, exact = _run_kernel(sources, indices, z, w, n=n, width=width, group=group, ue8m0=False,
+                                       reciprocal=False, column_major=False, divide=divide)
+        _assert_kernel(got, want, exact, False, f"{divide} R={R} D={D} group={group}")
+
+
+def _norm_like_groups(seed: int, scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fresh random bf16 values shaped as a norm's output in groups of 128 (rows of varied
+    magnitude) and their scales ``amax / 448``, correctly rounded, floored as vLLM's."""
+    g = torch.Generator().manual_seed(seed)
+    x = (torch.randn(4096, 1024, generator=g) * torch.rand(4096, 1, generator=g) * scale).to(torch.bfloat16)
+    x[:, :2] = torch.tensor([0.0, -0.0])  # signed zeros (a gated norm gives -0.0 where the gate is negative)
+    xg = x.view(-1, 8, 128)
+    return xg, (xg.abs().amax(-1, keepdim=True).float() / torch.tensor(448.0)).clamp(min=1.0 / (448.0 * 512.0))
+
+
+def _fp8(v: torch.Tensor) -> torch.Tensor:
+    return v.clamp(-448.0, 448.0).to(torch.float8_e4m3fn).float()
+
+
+def test_group_divide_modes_against_ieee_division():
+    """The math of ``GROUP_DIVIDE``'s modes against IEEE ``x / s`` (vLLM's CUDA group quant, eager)
+    on 16.7 million fresh values: ``"reciprocal"`` (``x * fl(1/s)``) moves a few hundred per
+    million fp8 values by exactly one step, ue8m0 scales none; ``"corrected"`` (its Markstein
+    step, the FMAs emulated in float64, exact there) gives IEEE's float32 quotient every time."""
+    moved, total, wrong = 0, 0, 0
+    for seed, scale in enumerate((0.01, 1.0, 4.0, 300.0)):
+        xg, s = _norm_like_groups(seed, scale)
+        ieee, r = xg / s, s.reciprocal()
+        q = xg.float() * r
+        t = (q.double() * s.double() - xg.double()).float()  # fma(q, s, -x): one rounding
+        corrected = (q.double() - t.double() * r.double()).float()  # fma(-t, r, q)
+        wrong += int((corrected.view(torch.int32) != ieee.view(torch.int32)).sum())  # the bits: -0.0 too
+        a, b = _fp8(ieee), _fp8(q)
+        off = a != b
+        steps = (a - b).abs()[off] / fp8_step(torch.maximum(a.abs(), b.abs())[off])
+        assert bool((steps == 1).all()), f"scale {scale}: steps {steps.unique().tolist()}"
+        moved, total = moved + int(off.sum()), total + off.numel()
+        p2 = torch.exp2(torch.ceil(torch.log2(s)))
+        assert torch.equal(_fp8(xg / p2), _fp8(xg.float() * p2.reciprocal()))
+    print(f"reciprocal: {moved} of {total} fp8 values one step from IEEE's; corrected: {wrong} quotients differ")
+    assert wrong == 0
+    assert 0 < moved < total * 1e-3  # the difference the mode's docstring states, seen and bounded
 
 
 @kernel

@@ -65,7 +65,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import operator
 
 import torch
 import torch.fx as fx
@@ -74,15 +73,14 @@ from kda_inductor.lowerings import gdn_spec_split as _lowering  # registers the 
 from kda_inductor.patterns.base import (
     Match,
     Rewrite,
-    Route,
     Stage,
     aten,
     fused_into_users,
     in_graph_order,
-    insert_fused,
     mutated_nodes,
     positions,
     reachable,
+    replace_by_function,
     val,
 )
 from kda_inductor.patterns.canonical import Canon
@@ -219,18 +217,16 @@ class GdnSpecSplit(Rewrite):
                    for g in match.gathers]
         indices = list(dict.fromkeys(g.idx for g in gathers))
         last_input = in_graph_order(n for g in gathers for n in (g.src, g.idx))[-1]
-        fused = insert_fused(
-            graph, torch.ops.kda.gdn_spec_split.default,
-            ([g.src for g in gathers], indices, [g.dim for g in gathers], [indices.index(g.idx) for g in gathers]),
-            before=last_input.next, routes=[Route(g.node, i) for i, g in enumerate(gathers)],
-            region=match.nodes, origin=gathers[0].node,
-        )
-        items = {u.args[1]: u for u in fused.users if u.target is operator.getitem}
-        self._moved = {**moved, **{g.node: items[i] for i, g in enumerate(gathers) if i in items}}
-        # users of the old gathers that stood before the fused node move after it
-        from torch._inductor.pattern_matcher import stable_topological_sort
+        args = ([g.src for g in gathers], indices, [g.dim for g in gathers], [indices.index(g.idx) for g in gathers])
+        outs = replace_by_function(graph, split, args, outputs=[g.node for g in gathers], before=last_input.next,
+                                   region=match.nodes, origin=gathers[0].node)
+        self._moved = {**moved, **{g.node: out for g, out in zip(gathers, outs)}}
 
-        stable_topological_sort(graph)
+
+def split(sources, indices, dims, index_of):
+    """The replacement: one launch for every gather (``sources[i]`` along ``dims[i]`` by
+    ``indices[index_of[i]]``)."""
+    return torch.ops.kda.gdn_spec_split(sources, indices, dims, index_of)
 
 
 def _source_values(graph: fx.Graph):
@@ -238,7 +234,7 @@ def _source_values(graph: fx.Graph):
     so that the two sets pair up where each gathers its own copy of a view: Inductor does not
     CSE before our pass, and ``q[:n].index_select(0, idx)`` written per set makes one ``q[:n]``
     node per set (the pairing compared nodes, and left each set a one-sided launch)."""
-    canon = Canon(graph)
+    canon = Canon()
 
     def value(n: fx.Node):
         t = canon(n)

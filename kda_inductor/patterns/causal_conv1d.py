@@ -69,14 +69,13 @@ from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
     Match,
     Rewrite,
-    Route,
     Stage,
     aten,
     in_graph_order,
-    insert_fused,
     is_op,
     live_users,
     prims,
+    replace_by_function,
     val,
 )
 from kda_inductor.patterns.canonical import Canon, Term
@@ -235,7 +234,7 @@ class CausalConv1d(Rewrite):
     runs_before = ("gdn_spec_split",)
 
     def find(self, graph: fx.Graph) -> list[Match]:
-        canon = Canon(graph)
+        canon = Canon()
         out: list[Match] = []
         for n in graph.nodes:
             if n.target is aten.convolution.default:
@@ -443,23 +442,29 @@ class CausalConv1d(Rewrite):
     # ------------------------------------------------------------------ replacing
     def replace(self, graph: fx.Graph, match: ConvMatch) -> None:
         m, c = match, match.chain
-        out = Route(c.output, 0 if m.write else None, shape=list(val(c.output).shape))
         inputs = [n for n in (m.input.x, m.weight, m.bias, m.input.state) if isinstance(n, fx.Node)]
-        before = in_graph_order(inputs)[-1].next
+        options = (c.activation, c.act_dtype, c.out_dtype, list(val(c.output).shape))
         if m.write is None:
-            insert_fused(graph, torch.ops.kda.causal_conv1d.default,
-                         (m.input.x, m.weight, m.bias, m.input.state, None, c.activation, c.act_dtype, c.out_dtype),
-                         before=before, routes=[out], region=m.nodes, origin=m.conv)
+            fn, args, outputs = conv, (m.input.x, m.weight, m.bias, m.input.state, *options), [c.output]
         else:
-            written = (Route(m.write.copy, 1) if m.write.functional
-                       else Route(m.write.value, 1, only=lambda u: u is m.write.copy))
-            insert_fused(graph, torch.ops.kda.causal_conv1d_update.default, kwargs=dict(
-                x=m.input.x, conv_state=m.input.state, weight=m.weight, bias=m.bias, activation=c.activation,
-                act_dtype=c.act_dtype, out_dtype=c.out_dtype), mutated="conv_state", before=before,
-                routes=[out, written], region=m.nodes, origin=m.conv)
-        from torch._inductor.pattern_matcher import stable_topological_sort
+            fn, args = conv_update, (m.input.x, m.input.state, m.weight, m.bias, *options)
+            outputs = [c.output, m.write.output]
+        replace_by_function(graph, fn, args, outputs=outputs, before=in_graph_order(inputs)[-1].next,
+                            region=m.nodes, origin=m.conv)
 
-        stable_topological_sort(graph)
+
+def conv(x, weight, bias, initial_state, activation, act_dtype, out_dtype, shape):
+    """The replacement (prefill): the conv and its activation in one op, viewed as the user's
+    output was."""
+    y = torch.ops.kda.causal_conv1d(x, weight, bias, initial_state, None, activation, act_dtype, out_dtype)
+    return y.reshape(shape)
+
+
+def conv_update(x, conv_state, weight, bias, activation, act_dtype, out_dtype, shape):
+    """The replacement (decode): the conv continuing ``conv_state``, which the op shifts in place;
+    returns the output and the new state."""
+    y = torch.ops.kda.causal_conv1d_update(x, conv_state, weight, bias, activation, act_dtype, out_dtype)
+    return y.reshape(shape), conv_state
 
 
 def _keeps_time(cur: fx.Node, view: fx.Node) -> bool:

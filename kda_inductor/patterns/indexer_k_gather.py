@@ -79,7 +79,6 @@ from kda_inductor.patterns.base import (
     VIEWS,
     Match,
     Rewrite,
-    Route,
     Stage,
     aten,
     cpu_min_count_rule,
@@ -87,10 +86,9 @@ from kda_inductor.patterns.base import (
     escaping,
     fused_into_users,
     in_graph_order,
-    insert_fused,
     is_op,
     reachable,
-    set_fake_vals,
+    replace_by_function,
     val,
 )
 from kda_inductor.patterns._layout import (
@@ -427,29 +425,30 @@ class IndexerKGather(Rewrite):
         specialize(m.fixed)  # the kernel's block size and row width: this graph serves these values
         first = earliest([m.values, m.scales, *[n for n in m.nodes if is_op(n, aten.index)]])
         shape = _shape(m.cache, m.fixed)
-        if not (len(shape) == 3 and shape[1] == m.block_size):  # a page buffer: read as [pages, block_size, row]
-            with graph.inserting_before(first):
-                cache = graph.call_function(aten.reshape.default, (m.cache, [-1, m.block_size, m.layout.row_bytes]))
-                set_fake_vals(graph, cache)
-            m = dataclasses.replace(m, cache=cache)
+        pages = None if len(shape) == 3 and shape[1] == m.block_size else [-1, m.block_size, m.layout.row_bytes]
         if m.dst is None:
-            insert_fused(
-                graph, torch.ops.kda.indexer_k_gather.default,
-                (m.cache, m.block_table, m.cu_seq_lens, m.num_tokens, m.head_dim),
-                before=first, routes=[Route(m.values, 0), Route(m.scales, 1)], region=m.nodes, origin=m.values,
-            )
-            return
-        (dst_v, copy_v), (dst_s, copy_s) = m.dst
-        # auto_functionalized's outputs: (op result, new dst_value, new dst_scale)
-        insert_fused(
-            graph, torch.ops.kda.indexer_k_gather_out.default,
-            kwargs={"kv_cache": m.cache, "dst_value": dst_v, "dst_scale": dst_s,
-                    "block_table": m.block_table, "cu_seq_lens": m.cu_seq_lens},
-            before=first, mutated="dst_value, dst_scale",
-            routes=[Route(copy_v.args[1], 1, only=lambda u, c=copy_v: u is c),
-                    Route(copy_s.args[1], 2, only=lambda u, c=copy_s: u is c)],
-            region=m.nodes, origin=m.values,
-        )
+            fn, args = gather, (m.cache, m.block_table, m.cu_seq_lens, m.num_tokens, m.head_dim, pages)
+            outputs = [m.values, m.scales]
+        else:
+            (dst_v, copy_v), (dst_s, copy_s) = m.dst
+            fn, args = gather_into, (m.cache, dst_v, dst_s, m.block_table, m.cu_seq_lens, pages)
+            outputs = [copy_v.args[1], copy_s.args[1]]  # what the user's copy_ into dst_value / dst_scale reads
+        replace_by_function(graph, fn, args, outputs=outputs, before=first, region=m.nodes, origin=m.values)
+
+
+def gather(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, pages):
+    """The replacement: both byte tensors gathered by one op (a page buffer read as ``pages``:
+    ``[num_pages, block_size, row]``)."""
+    cache = kv_cache if pages is None else kv_cache.reshape(pages)
+    return torch.ops.kda.indexer_k_gather(cache, block_table, cu_seq_lens, num_tokens, head_dim)
+
+
+def gather_into(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, pages):
+    """The replacement where the user copies both into preallocated graph inputs: the op writes
+    them in place (re-inplaced by Inductor: no temporary, no copy)."""
+    cache = kv_cache if pages is None else kv_cache.reshape(pages)
+    torch.ops.kda.indexer_k_gather_out(cache, dst_value, dst_scale, block_table, cu_seq_lens)
+    return dst_value, dst_scale
 
 
 def _unclamped(g: _Gather, algebra: IndexAlgebra) -> _Gather:

@@ -121,15 +121,14 @@ from kda_inductor.patterns.base import (
     VIEWS,
     Match,
     Rewrite,
-    Route,
     Stage,
     aten,
     cpu_min_count_rule,
     earliest,
     in_graph_order,
-    insert_fused,
     is_op,
     prims,
+    replace_by_function,
     source_location,
     val,
 )
@@ -353,10 +352,6 @@ def _flat_pair(indices: list, values: Any) -> tuple[fx.Node, fx.Node] | None:
 def _leading_ones(v: Any) -> bool:
     """``v`` is ``[1, B]``: a one-token row that setitem reshapes to ``[B]`` before storing."""
     return isinstance(v, torch.Tensor) and v.dim() == 2 and known(v.shape[0] == 1)
-
-
-def _scalar_arg(n: fx.Node, i: int, key: str) -> Any:
-    return n.args[i] if len(n.args) > i else n.kwargs.get(key)
 
 
 @dataclasses.dataclass
@@ -731,7 +726,7 @@ class IndexerKWrite(Rewrite):
 
     def _find(self, graph: fx.Graph) -> list[Match]:
         matches = []
-        canon = Canon(graph)
+        canon = Canon()
         for n in graph.nodes:
             # the cache is a graph input (torch.compile) or a module buffer that AOTInductor
             # lifts to a constant (get_attr), mutated in place by the copy_ just the same
@@ -982,14 +977,17 @@ class IndexerKWrite(Rewrite):
     def replace(self, graph: fx.Graph, match: WriteMatch) -> None:
         m = match
         specialize(m.fixed)  # the kernel's block size, head dim and groups: this graph serves these values
-        new_cache = [Route(m.copy.args[1], 1, only=lambda u: u is m.copy)]
-        # every reader of the written cache reads the op's new cache, viewed as it was
-        new_cache += [Route(r, 1, only=lambda u: u is not m.copy, shape=list(val(r).shape)) for r in m.readers]
-        insert_fused(
-            graph, torch.ops.kda.indexer_k_write.default,
-            kwargs={"kv_cache": m.cache, "k": m.k, "slot_mapping": m.slot_mapping, "weight": m.weight,
-                    "bias": m.bias, "eps": m.eps, "ue8m0": m.ue8m0, "round_norm": m.round_norm,
-                    "block_size": m.block_size, "wrap_negative": m.wrap_negative,
-                    **({"fp8_max_input": m.fp8_max_input} if m.fp8_max_input is not None else {})},
-            before=m.first, mutated="kv_cache", routes=new_cache, region=m.nodes, origin=m.first,
-        )
+        args = (m.cache, m.k, m.slot_mapping, m.weight, m.bias, m.eps, m.ue8m0, m.round_norm, m.block_size,
+                m.wrap_negative, m.fp8_max_input, [list(val(r).shape) for r in m.readers])
+        # the user's copy_ back into the cache, and every reader of the written cache, read the new cache
+        replace_by_function(graph, write, args, outputs=[m.copy.args[1], *m.readers], before=m.first,
+                            region=m.nodes, origin=m.first)
+
+
+def write(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm, block_size, wrap_negative,
+          fp8_max_input, reader_shapes):
+    """The replacement: the op writes the cache in place (re-inplaced by Inductor: no clone, no
+    copy); returns the new cache, and viewed as each reader of the written cache viewed it."""
+    torch.ops.kda.indexer_k_write(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, round_norm, block_size,
+                                  wrap_negative, fp8_max_input)
+    return [kv_cache, *(kv_cache.reshape(shape) for shape in reader_shapes)]

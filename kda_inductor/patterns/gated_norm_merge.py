@@ -105,7 +105,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import torch
 import torch.fx as fx
@@ -117,22 +117,18 @@ from kda_inductor.patterns.base import (
     Match,
     Miss,
     Rewrite,
-    Route,
     Stage,
     VIEWS,
     alive,
     aten,
-    call_args,
-    erase_dead,
     fused_consumer_reduction,
     in_graph_order,
     inline_producer,
-    insert_fused,
     is_op,
     live_users,
     mutated_nodes,
     prims,
-    set_fake_vals,
+    replace_by_function,
     source_location,
     val,
 )
@@ -230,7 +226,7 @@ class GatedNormMerge(Rewrite):
 
     def search(self, graph: fx.Graph) -> list[NormMatch]:
         """Every gated norm in ``graph`` this matcher reads (the ``gated_norms`` analysis)."""
-        canon = Canon(graph)
+        canon = Canon()
         matches: list[Match] = []
         taken: set[fx.Node] = set()
         for norm in self._norms(graph, canon):
@@ -513,12 +509,15 @@ class GatedNormMerge(Rewrite):
 
     # ------------------------------------------------------------------ replace
     def replace(self, graph: fx.Graph, match: NormMatch) -> None:
-        n = match.norm
-        op = torch.ops.kda.gated_norm_merge.default
-        args = op_args(graph, match)
-        insert_fused(graph, op, call_args(op, **args._asdict()), before=n.y,
-                     routes=[Route(n.y, shape=list(val(n.y).shape))], region=match.nodes, origin=n.y)
-        drop_gate_copy(graph, match, args.z)
+        y = match.norm.y
+        replace_by_function(graph, merge_norm, (norm_arguments(match), list(val(y).shape)), outputs=[y],
+                            before=y, region=norm_region(match), origin=y)
+
+
+def merge_norm(args: dict, shape: list) -> torch.Tensor:
+    """The replacement: the merge (if any) and the gated norm in one op (``kda::gated_norm_merge``,
+    whose docstring and CPU implementation are the computation), viewed as the user's output."""
+    return torch.ops.kda.gated_norm_merge(**as_read(args)).reshape(shape)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -537,40 +536,39 @@ def gated_norms(graph: fx.Graph) -> NormSearch:
     return NormSearch(matcher.search(graph), matcher.misses)
 
 
-class NormArgs(NamedTuple):
-    """``kda::gated_norm_merge``'s arguments for a match, by the op's names;
-    ``kda::gated_norm_quant`` takes them too (``out_dtype`` as its ``norm_dtype``)."""
-
-    sources: list
-    indices: list
-    z: fx.Node  # the gate as the op reads it (where it lies, or the user's view)
-    weight: fx.Node
-    eps: float
-    activation: str
-    form: str
-    rsqrt: bool
-    num_tokens: Any  # an int, or the SymInt node
-    out_dtype: torch.dtype
-    pad_value: float | None
-    eps_input: fx.Node | None  # eps as a graph input (``dynamic=True``)
-    in_dtype: torch.dtype | None  # float32 sources read before their rounding to it (``source_reads``)
-
-
-def op_args(graph: fx.Graph, match: NormMatch) -> NormArgs:
-    """``kda::gated_norm_merge``'s arguments for ``match``, their views inserted before the
-    norm's output. Specializes the sizes the match read static (``_layout.specialize``): call it
-    only to replace."""
+def norm_arguments(match: NormMatch) -> dict:
+    """``kda::gated_norm_merge``'s arguments for ``match`` by the op's names (``kda::gated_norm_quant``
+    takes them too, ``out_dtype`` as its ``norm_dtype``): graph nodes and constants, with how the
+    op reads them (:func:`as_read`: ``width``, each source's row width; ``gate_shape``, the gate's
+    view, None: as it lies; ``num_tokens`` None: the merge-free norm's row count). Specializes the
+    sizes the match read static (``_layout.specialize``): call it only to replace."""
     m, n = match, match.norm
     specialize(m.fixed)
-    with graph.inserting_before(n.y):
-        sources = [_reshape(graph, r, [-1, m.width]) for r in m.reads]
-        num_tokens = m.num_tokens
-        if m.plain and (m.num_tokens is None or not isinstance(m.num_tokens, int)):
-            num_tokens = _sym_rows(graph, sources[0])
-        z = _gate(graph, n.z, n.D)
+    z, gate_shape = _gate_view(n.z, n.D)
     eps, eps_input = (0.0, n.eps[1]) if isinstance(n.eps, tuple) else (n.eps, None)
-    return NormArgs(sources, [w.index for w in m.writes], z, n.weight, eps, n.act, n.form, n.rsqrt, num_tokens,
-                    n.out_dtype, m.pad_value, eps_input, m.in_dtype)
+    tokens = None if m.plain and not isinstance(m.num_tokens, int) else m.num_tokens
+    return dict(sources=m.reads, indices=[w.index for w in m.writes], z=z, weight=n.weight, eps=eps,
+                activation=n.act, form=n.form, rsqrt=n.rsqrt, num_tokens=tokens, out_dtype=n.out_dtype,
+                pad_value=m.pad_value, eps_input=eps_input, in_dtype=m.in_dtype, width=m.width, gate_shape=gate_shape)
+
+
+def as_read(args: dict) -> dict:
+    """:func:`norm_arguments` as the op takes them: each source as rows of ``width`` values, the
+    gate viewed ``gate_shape``, the merge-free count that of the rows."""
+    args = dict(args)
+    width, gate_shape = args.pop("width"), args.pop("gate_shape")
+    args["sources"] = [s.reshape(-1, width) for s in args["sources"]]
+    args["z"] = args["z"] if gate_shape is None else args["z"].reshape(gate_shape)
+    if args["num_tokens"] is None:
+        args["num_tokens"] = args["sources"][0].shape[0]
+    return args
+
+
+def norm_region(match: NormMatch) -> list[fx.Node]:
+    """What replacing ``match`` leaves dead: its nodes, the user's copy of the gate (and its views)
+    where the op reads the gate where it lies, the roundings the op reads before
+    (:func:`source_reads`); erased where dead."""
+    return [*match.nodes, *_copy_chain(match.norm.z), *match.absorbed]
 
 
 def _inline_input(match: NormMatch) -> str | None:
@@ -663,15 +661,6 @@ def _order_keeping_arg(n: fx.Node) -> fx.Node | None:
         fresh = _fill(base) is not _NO_FILL
         return src if fresh and statically_known_true(val(base).shape[dim] == 1) else None
     return None
-
-
-def drop_gate_copy(graph: fx.Graph, match: NormMatch, z: fx.Node) -> None:
-    """After the fused op replaced the norm: the user's copy of the gate (and its views), when
-    the op reads the gate where it lies, and the roundings the op reads before
-    (:func:`source_reads`) are dead now."""
-    if z is not match.norm.z:
-        erase_dead(graph, _copy_chain(match.norm.z))
-    erase_dead(graph, match.absorbed)
 
 
 # --------------------------------------------------------------------------- helpers
@@ -954,14 +943,6 @@ def _same_terms(a: list, b: list) -> bool:
     return not rest
 
 
-def _reshape(graph: fx.Graph, n: fx.Node, shape: list) -> fx.Node:
-    if list(val(n).shape) == list(shape) and val(n).is_contiguous():
-        return n
-    r = graph.call_function(aten.reshape.default, (n, shape))
-    set_fake_vals(graph, r)
-    return r
-
-
 def _copy_chain(z: fx.Node) -> list[fx.Node]:
     """``z`` and the views it was made of, down to the first node that is no view (the
     user's copy, a ``clone``, where the gate was copied)."""
@@ -971,14 +952,19 @@ def _copy_chain(z: fx.Node) -> list[fx.Node]:
     return chain
 
 
-def _gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
-    """The gate as the op reads it (:func:`_gate_read`), its view inserted where it needs one."""
+def _gate_view(z: fx.Node, D: int) -> tuple[fx.Node, list | None]:
+    """``(node, shape)``: the gate as the op reads it, ``node`` viewed ``shape`` (None: as it is).
+    Where it lies (:func:`_gate_read`), or ``z`` itself where its strides allow: a 2-D ``[N, D]``
+    or 3-D ``[A, B, D]`` gate with unit column stride (vLLM's gate, a ``[T, H, D]`` view of the
+    projection's split, with a symbolic ``T``); else ``z`` reshaped ``[-1, D]`` (a copy only where
+    no view exists)."""
     node, shape = _gate_read(z, D)
-    if shape is None:
-        return _in_place_gate(graph, node, D)
-    v = graph.call_function(aten.view.default, (node, shape))
-    set_fake_vals(graph, v)
-    return v
+    if shape is not None:
+        return node, shape
+    zv = val(node)
+    if zv is not None and zv.dim() in (2, 3) and zv.shape[-1] == D and (zv.stride(-1) == 1 or D == 1):
+        return node, None
+    return node, [-1, D]
 
 
 def _gate_read(z: fx.Node, D: int) -> tuple[fx.Node, list | None]:
@@ -1019,17 +1005,6 @@ def _upcast(n: fx.Node) -> bool:
     return isinstance(src, torch.Tensor) and src.dtype in _16BIT and val(n).dtype == _F32
 
 
-def _in_place_gate(graph: fx.Graph, z: fx.Node, D: int) -> fx.Node:
-    """``z`` as the op reads it without a copy where its strides allow: a 2-D ``[N, D]`` or
-    3-D ``[A, B, D]`` gate with unit column stride as it is (vLLM's gate, a ``[T, H, D]`` view
-    of the projection's split, with a symbolic ``T``); else ``reshape`` to ``[-1, D]`` (a copy
-    only where no view exists)."""
-    zv = val(z)
-    if zv is not None and zv.dim() in (2, 3) and zv.shape[-1] == D and (zv.stride(-1) == 1 or D == 1):
-        return z
-    return _reshape(graph, z, [-1, D])
-
-
 def _rows_view(v: Any, D: int) -> list | None:
     """``[-1, C // D, D]`` where ``v`` (last dim ``C``, a multiple of ``D``) can be viewed so,
     else None: a stride computation (never a view that may raise): the last dim always splits,
@@ -1062,11 +1037,3 @@ def _static(graph: fx.Graph, size: Any, fixed: dict | None = None) -> tuple[Any,
         return size, fixed
     fixed.update(more)
     return static_size(size, fixed), fixed
-
-
-def _sym_rows(graph: fx.Graph, src: fx.Node) -> fx.Node:
-    """A node holding ``src.shape[0]`` (a symbolic row count for the op's int argument)."""
-    r = graph.call_function(aten.sym_size.int, (src, 0))
-    r.meta["val"] = val(src).shape[0]
-    return r
-

@@ -98,14 +98,12 @@ from kda_inductor.patterns import gated_norm_merge as norm_merge
 from kda_inductor.patterns.base import (
     Match,
     Rewrite,
-    Route,
     Stage,
-    call_args,
     earliest,
     escaping,
     in_graph_order,
-    insert_fused,
     is_op,
+    replace_by_function,
     val,
 )
 from kda_inductor.patterns.canonical import Canon, Term, const_value
@@ -227,7 +225,7 @@ class GatedNormQuant(Rewrite):
         casts = graph.find_nodes(op="call_function", target=torch.ops.prims.convert_element_type.default)
         if not any(_is_fp8_cast(n) for n in casts):
             return []  # nothing quantized to fp8: the norm search waits for gated_norm_merge
-        canon = Canon(graph)
+        canon = Canon()
         out: list[Match] = []
         for m in self.analysis(graph, norm_merge.gated_norms).matches:
             quant = self._quant(m, canon)
@@ -272,20 +270,22 @@ class GatedNormQuant(Rewrite):
         return got
 
     def replace(self, graph: fx.Graph, match: QuantMatch) -> None:
-        m, qt = match.norm, match.quant
-        norm = norm_merge.op_args(graph, m)._asdict()
-        norm["norm_dtype"] = norm.pop("out_dtype")
-        op = torch.ops.kda.gated_norm_quant.default
-        args = call_args(op, **norm, width=qt.width, group_size=qt.group, ue8m0=qt.ue8m0, reciprocal=qt.reciprocal,
-                         column_major=False)
-        inside = set(match.nodes)
-        insert_fused(
-            graph, op, args,
-            before=earliest([qt.q, qt.scale]),
-            routes=[Route(qt.q, index=0, shape=list(val(qt.q).shape)),
-                    Route(qt.scale, index=1, shape=list(val(qt.scale).shape), only=lambda u: u not in inside)],
-            region=match.nodes, origin=m.norm.y)
-        norm_merge.drop_gate_copy(graph, m, norm["z"])
+        qt = match.quant
+        quant = dict(width=qt.width, group_size=qt.group, ue8m0=qt.ue8m0, reciprocal=qt.reciprocal)
+        shapes = [list(val(qt.q).shape), list(val(qt.scale).shape)]
+        replace_by_function(graph, norm_quant, (norm_merge.norm_arguments(match.norm), quant, shapes),
+                            outputs=[qt.q, qt.scale], before=earliest([qt.q, qt.scale]),
+                            region=[*match.nodes, *norm_merge.norm_region(match.norm)], origin=match.norm.norm.y)
+
+
+def norm_quant(norm: dict, quant: dict, shapes: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The replacement: the gated norm (``gated_norm_merge``'s arguments) and its quantization in
+    one op (``kda::gated_norm_quant``, whose docstring and CPU implementation are the
+    computation); the fp8 values and scales viewed as the user's were."""
+    args = norm_merge.as_read(norm)
+    args["norm_dtype"] = args.pop("out_dtype")
+    q, scale = torch.ops.kda.gated_norm_quant(**args, **quant, column_major=False)
+    return q.reshape(shapes[0]), scale.reshape(shapes[1])
 
 
 def _value_users(n: fx.Node, limit: int = 32) -> list[fx.Node]:

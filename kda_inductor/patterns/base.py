@@ -433,7 +433,7 @@ def _sort_key(n: fx.Node) -> Any:
 
 def earliest(nodes: Iterable[fx.Node]) -> fx.Node:
     """The first of ``nodes`` in graph order: where a fused op that replaces them all goes
-    (``insert_fused(before=...)``), so it runs before any of their readers."""
+    (``replace_by_function(before=...)``), so it runs before any of their readers."""
     return in_graph_order(nodes)[0]
 
 
@@ -479,28 +479,6 @@ def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
     for n in reversed(in_graph_order(doomed)):
         if not n.users:
             graph.erase_node(n)
-
-
-def fake_mode_of(graph: fx.Graph):
-    """The FakeTensorMode the graph's metadata was made with."""
-    from torch._guards import detect_fake_mode
-
-    vals = [val(n) for n in graph.nodes if n.op == "placeholder"]
-    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-
-
-def set_fake_vals(graph: fx.Graph, node: fx.Node) -> None:
-    """Run ``node``'s target on the fake values of its args (Inductor's ``get_fake_args_kwargs``)
-    in the graph's fake mode and record the result."""
-    from torch._inductor.fx_utils import get_fake_args_kwargs
-
-    mode = fake_mode_of(graph)
-    ok, args, kwargs = get_fake_args_kwargs(node)
-    if not ok:
-        raise RuntimeError(f"kda_inductor: an input of the new node {node.name} has no fake value")
-    ctx = mode if mode is not None else contextlib.nullcontext()
-    with ctx:
-        node.meta["val"] = node.target(*args, **kwargs)
 
 
 @contextlib.contextmanager
@@ -670,135 +648,3 @@ def _users_after(made: list[fx.Node]) -> None:
             stack.extend(u.users)
     for n in reversed(in_graph_order(early)):
         last.append(n)
-
-
-# --------------------------------------------------------------------------- inserting a fused op
-
-
-@dataclasses.dataclass(frozen=True)
-class Route:
-    """Where one output of a fused op goes: ``old``'s users (those ``only`` accepts, all by
-    default) read output ``index`` of the op (``None``: the op's single result) instead,
-    reshaped to ``shape`` when given."""
-
-    old: fx.Node
-    index: int | None = None
-    only: Any = None  # Callable[[fx.Node], bool] | None
-    shape: Any = None  # list[int | SymInt] | None
-
-
-def call_args(op: Any, **values: Any) -> tuple:
-    """``op``'s positional arguments from ``values`` by name, in its schema's order: how a
-    rewrite passes arguments that another part named (``gated_norm_quant`` passes the norm's
-    ``NormArgs`` on). A name the schema lacks, or a missing argument without a default before
-    one that is given, is an error; trailing defaults not given are left out."""
-    params = op._schema.arguments
-    unknown = sorted(set(values) - {a.name for a in params})
-    if unknown:
-        raise TypeError(f"{op}: no argument(s) {unknown} in its schema")
-    last = max((i for i, a in enumerate(params) if a.name in values), default=-1)
-    out = []
-    for a in params[:last + 1]:
-        if a.name not in values and not a.has_default_value():
-            raise TypeError(f"{op}: argument {a.name!r} missing")
-        out.append(values[a.name] if a.name in values else a.default_value)
-    return tuple(out)
-
-
-def shape_arg(shape, graph: fx.Graph | None = None) -> list:
-    """A reshape's size argument for ``shape``, which may hold symbolic sizes: one of them
-    becomes ``-1`` (inferred from the element count); with several (``dynamic=True``: the heads
-    too), each is the graph input that holds its symbol (``graph``: Dynamo passes every size
-    symbol as a ``SymInt`` placeholder). A size the rewrite specialized (``_layout.specialize``)
-    counts as the int it now is."""
-    shape = [_specialized(s) for s in shape]
-    sym = [i for i, s in enumerate(shape) if not isinstance(s, int)]
-    if len(sym) <= 1:
-        return [-1 if i in sym else s for i, s in enumerate(shape)]
-    inputs = {str(val(p).node.expr): p for p in (graph.find_nodes(op="placeholder") if graph is not None else ())
-              if isinstance(val(p), torch.SymInt)}
-    out = [inputs.get(str(s.node.expr), s) if i in sym else s for i, s in enumerate(shape)]
-    missing = [s for s in out if isinstance(s, torch.SymInt)]
-    if len(missing) > 1:
-        raise NotImplementedError(f"reshape to a shape with several symbolic sizes no graph input holds: {missing}")
-    return [-1 if isinstance(s, torch.SymInt) else s for s in out]
-
-
-def _specialized(size: Any) -> Any:
-    """A SymInt that a guard made constant, as that int; any other size as it is."""
-    try:
-        env, expr = size.node.shape_env, size.node.expr
-        expr = env.replace(expr) if hasattr(env, "replace") else expr
-        return int(expr) if expr.is_Integer else size
-    except AttributeError:  # an int, or no shape env
-        return size
-
-
-def insert_fused(graph: fx.Graph, op: Any, args: tuple = (), kwargs: dict | None = None, *,
-                 before: fx.Node, routes: Iterable[Route], region: Iterable[fx.Node],
-                 origin: fx.Node | None = None, mutated: str | None = None) -> fx.Node:
-    """The one way a rewrite inserts its fused op: call ``op(*args, **kwargs)`` right before
-    ``before`` with its fake value set, send each :class:`Route`'s users to the op's output,
-    and erase what of ``region`` is left dead. ``origin`` lends the new nodes its stack trace
-    (Inductor's provenance, our misses). ``mutated``: ``op`` is a mutating custom op, called
-    through ``auto_functionalized`` (which Inductor re-inplaces); the routes' indices then
-    count ``auto_functionalized``'s outputs (0: the op's result, 1...: the new values of the
-    mutated arguments in schema order). Returns the inserted op node.
-
-    Everything is inserted before any user is rerouted, so :func:`transaction` can undo a
-    failure; rerouting comes last."""
-    routes = list(routes)
-    made: dict[tuple, fx.Node] = {}
-    with graph.inserting_before(before):
-        fused = _op_node(graph, op, args, kwargs, mutated)
-        outputs = [_route_output(graph, fused, r, made) for r in routes]
-    trace = origin.meta.get("stack_trace") if origin is not None else None
-    if trace:
-        for n in [fused, *made.values()]:
-            n.meta["stack_trace"] = trace
-    _reroute(routes, outputs)
-    erase_dead(graph, region)
-    return fused
-
-
-def _op_node(graph: fx.Graph, op: Any, args: tuple, kwargs: dict | None, mutated: str | None) -> fx.Node:
-    """The fused op's call at the graph's insertion point, its fake value set: ``op`` itself,
-    or ``auto_functionalized(op, **kwargs)`` for a mutating op (``mutated``)."""
-    from torch._higher_order_ops.auto_functionalize import auto_functionalized
-
-    if mutated is not None:
-        fused = graph.call_function(auto_functionalized, (op,), dict(kwargs or {}))
-    else:
-        fused = graph.call_function(op, tuple(args), dict(kwargs or {}))
-    set_fake_vals(graph, fused)
-    return fused
-
-
-def _route_output(graph: fx.Graph, fused: fx.Node, route: Route, made: dict[tuple, fx.Node]) -> fx.Node:
-    """The node ``route``'s users are to read: the op's result, or its output ``route.index``,
-    reshaped to ``route.shape`` where that differs. Each such node is made once (in ``made``):
-    routes to the same output share it."""
-    out = fused
-    if route.index is not None:
-        key = ("item", route.index)
-        if key not in made:
-            made[key] = graph.call_function(operator.getitem, (fused, route.index))
-            made[key].meta["val"] = fused.meta["val"][route.index]
-        out = made[key]
-    if route.shape is not None and list(val(out).shape) != list(route.shape):
-        key = ("view", route.index, tuple(map(str, route.shape)))
-        if key not in made:
-            made[key] = graph.call_function(aten.reshape.default, (out, shape_arg(route.shape, graph)))
-            set_fake_vals(graph, made[key])
-        out = made[key]
-    return out
-
-
-def _reroute(routes: list[Route], outputs: list[fx.Node]) -> None:
-    """Send each route's users (those its ``only`` accepts) to its output node: the one step
-    :func:`transaction` cannot undo, so the last."""
-    for r, out in zip(routes, outputs):
-        if r.only is None:
-            r.old.replace_all_uses_with(out)
-        else:
-            r.old.replace_all_uses_with(out, delete_user_cb=r.only)

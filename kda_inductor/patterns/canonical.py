@@ -109,9 +109,8 @@ def const_value(t: Any) -> float | int | None:
 class Canon:
     """Memoized canonical terms of a graph's nodes (see the module docstring)."""
 
-    def __init__(self, graph: fx.Graph | None = None):
-        """``graph``: the graph whose nodes it reads (named by callers for clarity; terms are
-        built per node on demand, so nothing of it is kept)."""
+    def __init__(self) -> None:
+        """Terms are built per node on demand (of any graph) and memoized."""
         self._memo: dict[fx.Node, Term] = {}
 
     def __call__(self, n: Any) -> Any:

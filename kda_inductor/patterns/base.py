@@ -1,12 +1,15 @@
-"""What every rewrite implements, and the graph helpers they share.
+"""What every rewrite implements, and the one way it edits the graph.
 
 A rewrite is two steps over a post-grad FX graph:
 
 * ``find(graph)`` looks, never mutates, and returns matches;
-* ``replace(graph, match)`` inserts the fused op and reroutes the users.
+* ``replace(graph, match)`` states its replacement as a plain function of torch and
+  ``torch.ops.kda`` calls and hands it to :func:`replace_by_function`, which traces it and
+  splices it in.
 
-The pass manager runs ``replace`` inside :func:`transaction`, so a rewrite that
-raises half-way leaves the graph as it found it.
+The pass manager runs ``replace`` inside :func:`transaction`, so a rewrite that raises half-way
+leaves the graph as it found it. The node helpers (``_graph``) and the speed rules' readings of
+what Inductor fuses (``_fusion``) are re-exported here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import operator
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -24,13 +26,12 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
-aten = torch.ops.aten
-prims = torch.ops.prims
-VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
-"""The reshaping ops of post-grad graphs (for ``is_op``): same elements, another shape."""
-SHAPE_VIEWS = (*VIEWS, aten.squeeze, aten.unsqueeze)
-"""The reshapes and the unit-dim views: every element keeps its value (the base of each
-rewrite's own view set)."""
+# re-exported: the rewrites import the graph helpers and the speed rules' readings from here
+from kda_inductor.patterns._fusion import cpu_min_count_rule, fused_consumer_reduction, fused_into_users  # noqa: F401
+from kda_inductor.patterns._fusion import inline_producer  # noqa: F401
+from kda_inductor.patterns._graph import SHAPE_VIEWS, VIEWS, aten, earliest, erase_dead, escaping  # noqa: F401
+from kda_inductor.patterns._graph import in_graph_order, is_dead, is_op, live_users, mutated_nodes  # noqa: F401
+from kda_inductor.patterns._graph import positions, prims, reachable, val  # noqa: F401
 
 
 class Stage(enum.IntEnum):
@@ -273,212 +274,7 @@ def ordered(classes: Iterable[type[Rewrite]]) -> dict[str, type[Rewrite]]:
     return {name: by_name[name] for name in order}
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def val(node: Any) -> Any:
-    """The fake value recorded on a node (``None`` when absent or not a node)."""
-    return node.meta.get("val") if isinstance(node, fx.Node) else None
-
-
-def cpu_min_count_rule(count: Any, minimum: int, unit: str, pattern_file: str) -> str | None:
-    """The CPU speed rule of an op measured faster than Inductor's C++ only from ``minimum``
-    ``unit`` on: why a match of ``count`` is left to Inductor, or None. A symbolic count is
-    left to Inductor (the graph serves the small sizes too)."""
-    where = f"measured, see patterns/{pattern_file}"
-    if not isinstance(count, int):
-        return f"on cpu the op is faster only from {minimum} {unit}, and this graph's count is symbolic ({where})"
-    if count < minimum:
-        return f"on cpu the op is slower than Inductor's code below {minimum} {unit} (this one: {count}; {where})"
-    return None
-
-
-def fused_into_users(n: fx.Node) -> bool:
-    """Every (transitive, through views) user of ``n`` is elementwise or a gather: Inductor
-    reads ``n``'s elements inside those kernels (an indexed load) and never writes ``n`` out,
-    so an op that materializes ``n`` adds a copy (the speed rules of the gathers)."""
-    stack, seen = list(n.users), set()
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u.op != "call_function":
-            return False
-        if is_op(u, *SHAPE_VIEWS, aten.expand):
-            stack.extend(u.users)
-            continue
-        tags = getattr(u.target, "tags", ())
-        if not (torch.Tag.pointwise in tags or is_op(u, aten.index, aten.where)):
-            return False
-    return True
-
-
-_FUSED_INTO_READERS = (
-    aten.alias, aten.clone, aten.permute, aten.expand, aten.slice, aten.select, aten.index, aten.cat,
-    aten.where, aten.select_scatter, aten.slice_scatter, aten.constant_pad_nd, aten._to_copy,
-    prims.convert_element_type, aten.full, aten.zeros, aten.scalar_tensor, aten.arange, prims.iota,
-)
-"""Ops Inductor generates inside the kernels that read their values (besides those tagged
-pointwise): casts, copies and rearrangements, gathers, fills."""
-_SPLITS = (aten.split, aten.split_with_sizes, aten.unbind, aten.chunk, aten.unsafe_split)
-
-
-def inline_producer(n: Any) -> fx.Node | None:
-    """The node whose code Inductor emits inside the kernels that read ``n`` (a pointwise op, a
-    cast, a copy or rearrangement, a gather), reached from ``n`` through views and splits; None
-    where ``n``'s value is a buffer Inductor writes out in any case: a graph input or constant,
-    a reduction, the output of an op that runs as a kernel of its own (a matmul, a convolution, a
-    custom op, a scatter, a sort). A fused op that reads an inline producer's value makes Inductor
-    write it out first, which moves that code into another kernel: the speed rules in context
-    (``speed_rule``) read this to judge a rewrite by the step it sits in."""
-    while isinstance(n, fx.Node) and n.op == "call_function":
-        if is_op(n, *SHAPE_VIEWS):
-            n = n.args[0]
-        elif n.target is operator.getitem and is_op(n.args[0], *_SPLITS):
-            n = n.args[0].args[0]
-        else:
-            tags = getattr(n.target, "tags", ())
-            return n if torch.Tag.pointwise in tags or is_op(n, *_FUSED_INTO_READERS) else None
-    return None
-
-
-_REDUCTIONS = (aten.amax, aten.amin, aten.max, aten.min, aten.sum, aten.mean, aten.var, aten.prod)
-
-
-def fused_consumer_reduction(n: fx.Node, limit: int = 24) -> fx.Node | None:
-    """A reduction that reads ``n``'s values through views, casts and pointwise code (a dynamic
-    quantization's ``amax(|y|)`` over the norm's rows), which Inductor fuses, with that code, into
-    the kernel that computes ``n`` when ``n`` is its own reduction over the same rows; None where
-    no reduction reads it so (a matmul, an output). A fused op that writes ``n`` breaks that
-    fusion: the speed rules in context read this."""
-    stack, seen = list(n.users), set()
-    while stack and len(seen) < limit:
-        u = stack.pop()
-        if u in seen or u.op != "call_function":
-            continue
-        seen.add(u)
-        if is_op(u, *_REDUCTIONS):
-            return u
-        if is_op(u, *SHAPE_VIEWS, aten.abs) or torch.Tag.pointwise in getattr(u.target, "tags", ()):
-            stack.extend(u.users)
-    return None
-
-
-def is_op(node: Any, *targets: Any) -> bool:
-    """``node`` calls one of ``targets`` (an OpOverload or an OpOverloadPacket)."""
-    if not isinstance(node, fx.Node) or node.op != "call_function":
-        return False
-    t = node.target
-    for want in targets:
-        if t is want or getattr(t, "overloadpacket", None) is want:
-            return True
-    return False
-
-
-def escaping(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.Node]:
-    """The region's nodes, other than its outputs, that are read outside it (by a node
-    that is not dead: Inductor leaves dead views behind, e.g. of ``out[:n] = ...``).
-
-    A region whose intermediate values are read elsewhere cannot be replaced
-    without recomputing them, so rewrites refuse it (empty list: closed).
-    """
-    inside = set(nodes)
-    if not inside:
-        return []
-    outs = set(outputs)
-    graph = next(iter(inside)).graph
-    return [
-        n for n in graph.nodes  # graph order: deterministic messages
-        if n in inside and n not in outs and any(u not in inside and not is_dead(u) for u in n.users)
-    ]
-
-
-def is_dead(n: fx.Node) -> bool:
-    """``n`` is a pure op whose value nothing live reads (Inductor will drop it)."""
-    if n.op != "call_function" or n.is_impure():
-        return False
-    schema = getattr(n.target, "_schema", None)
-    if schema is not None and schema.is_mutable:
-        return False
-    return all(is_dead(u) for u in n.users)
-
-
-def live_users(n: fx.Node) -> list[fx.Node]:
-    """``n``'s users that are not dead."""
-    return [u for u in n.users if not is_dead(u)]
-
-
-def positions(graph: fx.Graph) -> dict[fx.Node, int]:
-    """Each node's index in ``graph`` (for ordering and placement decisions)."""
-    return {n: i for i, n in enumerate(graph.nodes)}
-
-
-def in_graph_order(nodes: Iterable[fx.Node]) -> list[fx.Node]:
-    """``nodes`` (of one graph) sorted as the graph runs them: a match's ``nodes``. By torch's
-    own order key of each node (``Node._sort_key``, which FX keeps as nodes are inserted and
-    ``Node.__lt__`` compares), where this torch has it; else by a position map of the graph."""
-    nodes = list(dict.fromkeys(nodes))
-    if not nodes:
-        return []
-    if getattr(nodes[0], "_sort_key", None) is not None:
-        return sorted(nodes, key=_sort_key)
-    order = positions(nodes[0].graph)
-    return sorted(nodes, key=order.__getitem__)
-
-
-def _sort_key(n: fx.Node) -> Any:
-    return n._sort_key
-
-
-def earliest(nodes: Iterable[fx.Node]) -> fx.Node:
-    """The first of ``nodes`` in graph order: where a fused op that replaces them all goes
-    (``replace_by_function(before=...)``), so it runs before any of their readers."""
-    return in_graph_order(nodes)[0]
-
-
-def reachable(nodes: Iterable[fx.Node], *, upstream: bool) -> set[fx.Node]:
-    """Every node the given ones read (``upstream``) or feed, transitively, excluding them."""
-    seen: set[fx.Node] = set()
-    stack = list(nodes)
-    while stack:
-        n = stack.pop()
-        for m in (n.all_input_nodes if upstream else n.users):
-            if m not in seen:
-                seen.add(m)
-                stack.append(m)
-    return seen
-
-
-def mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
-    """Nodes whose storage the graph writes: ``copy_`` targets and mutable op arguments."""
-    out: set[fx.Node] = set()
-    for n in graph.nodes:
-        if n.op != "call_function":
-            continue
-        schema = getattr(n.target, "_schema", None)
-        if schema is None:
-            continue
-        for arg, value in zip(schema.arguments, n.args):
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, fx.Node):
-                out.add(value)
-        for arg in schema.arguments:
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(n.kwargs.get(arg.name), fx.Node):
-                out.add(n.kwargs[arg.name])
-    return out
-
-
-def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
-    """Erase the given nodes that nothing live reads any more, with the dead nodes that
-    read them (views Inductor left unused), users before producers."""
-    doomed: set[fx.Node] = set()
-    for n in set(nodes):
-        if n.op == "call_function" and is_dead(n):
-            doomed.add(n)
-            doomed |= reachable([n], upstream=False)
-    for n in reversed(in_graph_order(doomed)):
-        if not n.users:
-            graph.erase_node(n)
+# --------------------------------------------------------------------------- transactions
 
 
 @contextlib.contextmanager

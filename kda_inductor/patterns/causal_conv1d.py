@@ -34,23 +34,17 @@ written as gathers (``examples/gdn_layers.py``'s ``causal_conv_varlen``, a sum o
 Inductor fuses them into one pointwise kernel already, and neither this rewrite nor
 ``gdn_spec_split`` (whose rule leaves gathers that only feed elementwise code) takes them.
 
-Speed rule (``speed_rule``):
+Speed rule (``speed_rule``): on CUDA every size (``CUDA_MIN_TOKENS = 1``): aten runs the conv as
+``conv_depthwise2d_forward_kernel_generic`` at about ten times the copy floor, with Inductor's
+layout copies around it, where the op reads and writes each byte once; measured on an H200 at
+Qwen3-Next's 8192 channels, faster than stock at every T from 1 to 4096 (0.34-0.54x), 840 us of
+the 10,510 us Qwen3-Next prefill-4096 step saved (``benchmarks/results/causal_conv1d.md``,
+``hf_models.md``; the history: ``docs/speed-rules.md``). On CPU never: the op's CPU
+implementation is aten's own conv with the activation unfused.
 
-* CPU: never. The op's CPU implementation is aten's own conv (``F.conv1d``, the kernel
-  Inductor calls for ``aten.convolution``) followed by eager's silu: the same conv with the
-  activation unfused, so it cannot beat Inductor's graph (not timed).
-* CUDA: every size (``CUDA_MIN_TOKENS = 1``): aten runs the conv as
-  ``conv_depthwise2d_forward_kernel_generic`` at about ten times the copy floor (1,058 us of a
-  4096-token Qwen3-Next prefill, 3 layers; ``benchmarks/results/hf_profile_qwen3_next_prefill.md``)
-  with Inductor's layout copies around it, where the op reads and writes each byte once.
-  Measured (H200, 2026-12-03, ``benchmarks/results/causal_conv1d.md``; Qwen3-Next's 8192
-  channels, the projection's token-major layout, T dynamic): faster than stock at every T from 1
-  to 4096 (1.56 vs 3.80 us at T=1, 151.7 vs 661.6 us at 4096, 0.34-0.54x), so the crossover is 1.
-  In the step (``benchmarks/results/hf_models.md``, kda against kda-no-causal_conv1d): Qwen3-Next
-  prefill 4096, 840 us of 10,510 saved; decode 32, 47 us of 1,080. Not yet near the floor: 4.8x
-  it at 4096 (31.8 us), where FLA's Triton conv takes 53 us (its launch configuration is
-  ``launch_config``'s to tune: ``bench_causal_conv1d.py --sweep``, not run on the H200 yet); the
-  other families' widths (12288, 11520, 4096) were not measured this session.
+Replacement (:func:`conv`, :func:`conv_update`): ``kda::causal_conv1d`` (prefill) or
+``kda::causal_conv1d_update`` (the state shifted in place, functionalized as
+``auto_functionalized``), viewed as the user's output was.
 
 Turn it off with ``options={"kda": {"disable": ["causal_conv1d"]}}``.
 """

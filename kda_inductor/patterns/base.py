@@ -397,9 +397,9 @@ def _from_functional(t: Any) -> Any:
 
 @contextlib.contextmanager
 def _functionalized_v1() -> Iterator[None]:
-    """Mutating ops functionalized as ``auto_functionalized`` (v1, not ``_v2``: the form Inductor's
-    re-inplacing and our graph listings read as "in place on" the argument), where this torch
-    has the switch."""
+    """Mutating ops functionalized as ``auto_functionalized`` (v1) where this torch has the switch:
+    Inductor re-inplaces v1 and ``_v2`` alike (torch 2.9-2.14), and v1 names the mutated argument
+    itself, which the graph listings show as "in place on" it (``diff.py``)."""
     import torch._inductor.config as inductor_config
 
     with contextlib.ExitStack() as stack:

@@ -140,23 +140,6 @@ def test_an_analysis_is_computed_once_per_graph():
     assert calls == graphs
 
 
-def test_call_args_orders_named_arguments_by_the_schema():
-    import torch
-
-    import kda_inductor.lowerings.gated_norm_merge  # noqa: F401  (registers the op)
-    from kda_inductor.patterns.base import call_args
-
-    op = torch.ops.kda.gated_norm_merge.default
-    named = dict(sources="s", indices="i", z="z", weight="w", eps=1e-6, activation="silu", form="fla",
-                 rsqrt=True, num_tokens=4, out_dtype=torch.bfloat16)
-    assert call_args(op, **dict(reversed(named.items()))) == tuple(named.values())
-    assert call_args(op, **named, eps_input="e") == (*named.values(), None, "e")
-    with pytest.raises(TypeError, match="norm_dtype"):
-        call_args(op, **named, norm_dtype=torch.bfloat16)
-    with pytest.raises(TypeError, match="'weight' missing"):
-        call_args(op, **{k: v for k, v in named.items() if k != "weight"})
-
-
 def test_the_registry_runs_each_rewrite_in_its_declared_order():
     """Every ``runs_before`` / ``runs_after`` a rewrite declares holds in the registry's order
     (the order the pass runs them in, ``REWRITE_NAMES``)."""

@@ -1,12 +1,15 @@
-"""What every rewrite implements, and the graph helpers they share.
+"""What every rewrite implements, and the one way it edits the graph.
 
 A rewrite is two steps over a post-grad FX graph:
 
 * ``find(graph)`` looks, never mutates, and returns matches;
-* ``replace(graph, match)`` inserts the fused op and reroutes the users.
+* ``replace(graph, match)`` states its replacement as a plain function of torch and
+  ``torch.ops.kda`` calls and hands it to :func:`replace_by_function`, which traces it and
+  splices it in.
 
-The pass manager runs ``replace`` inside :func:`transaction`, so a rewrite that
-raises half-way leaves the graph as it found it.
+The pass manager runs ``replace`` inside :func:`transaction`, so a rewrite that raises half-way
+leaves the graph as it found it. The node helpers (``_graph``) and the speed rules' readings of
+what Inductor fuses (``_fusion``) are re-exported here.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import enum
-import operator
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -22,14 +24,14 @@ from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
-aten = torch.ops.aten
-prims = torch.ops.prims
-VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
-"""The reshaping ops of post-grad graphs (for ``is_op``): same elements, another shape."""
-SHAPE_VIEWS = (*VIEWS, aten.squeeze, aten.unsqueeze)
-"""The reshapes and the unit-dim views: every element keeps its value (the base of each
-rewrite's own view set)."""
+# re-exported: the rewrites import the graph helpers and the speed rules' readings from here
+from kda_inductor.patterns._fusion import cpu_min_count_rule, fused_consumer_reduction, fused_into_users  # noqa: F401
+from kda_inductor.patterns._fusion import inline_producer  # noqa: F401
+from kda_inductor.patterns._graph import SHAPE_VIEWS, VIEWS, aten, earliest, erase_dead, escaping  # noqa: F401
+from kda_inductor.patterns._graph import in_graph_order, is_dead, is_op, live_users, mutated_nodes  # noqa: F401
+from kda_inductor.patterns._graph import positions, prims, reachable, val  # noqa: F401
 
 
 class Stage(enum.IntEnum):
@@ -272,234 +274,7 @@ def ordered(classes: Iterable[type[Rewrite]]) -> dict[str, type[Rewrite]]:
     return {name: by_name[name] for name in order}
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def val(node: Any) -> Any:
-    """The fake value recorded on a node (``None`` when absent or not a node)."""
-    return node.meta.get("val") if isinstance(node, fx.Node) else None
-
-
-def cpu_min_count_rule(count: Any, minimum: int, unit: str, pattern_file: str) -> str | None:
-    """The CPU speed rule of an op measured faster than Inductor's C++ only from ``minimum``
-    ``unit`` on: why a match of ``count`` is left to Inductor, or None. A symbolic count is
-    left to Inductor (the graph serves the small sizes too)."""
-    where = f"measured, see patterns/{pattern_file}"
-    if not isinstance(count, int):
-        return f"on cpu the op is faster only from {minimum} {unit}, and this graph's count is symbolic ({where})"
-    if count < minimum:
-        return f"on cpu the op is slower than Inductor's code below {minimum} {unit} (this one: {count}; {where})"
-    return None
-
-
-def fused_into_users(n: fx.Node) -> bool:
-    """Every (transitive, through views) user of ``n`` is elementwise or a gather: Inductor
-    reads ``n``'s elements inside those kernels (an indexed load) and never writes ``n`` out,
-    so an op that materializes ``n`` adds a copy (the speed rules of the gathers)."""
-    stack, seen = list(n.users), set()
-    while stack:
-        u = stack.pop()
-        if u in seen:
-            continue
-        seen.add(u)
-        if u.op != "call_function":
-            return False
-        if is_op(u, *SHAPE_VIEWS, aten.expand):
-            stack.extend(u.users)
-            continue
-        tags = getattr(u.target, "tags", ())
-        if not (torch.Tag.pointwise in tags or is_op(u, aten.index, aten.where)):
-            return False
-    return True
-
-
-_FUSED_INTO_READERS = (
-    aten.alias, aten.clone, aten.permute, aten.expand, aten.slice, aten.select, aten.index, aten.cat,
-    aten.where, aten.select_scatter, aten.slice_scatter, aten.constant_pad_nd, aten._to_copy,
-    prims.convert_element_type, aten.full, aten.zeros, aten.scalar_tensor, aten.arange, prims.iota,
-)
-"""Ops Inductor generates inside the kernels that read their values (besides those tagged
-pointwise): casts, copies and rearrangements, gathers, fills."""
-_SPLITS = (aten.split, aten.split_with_sizes, aten.unbind, aten.chunk, aten.unsafe_split)
-
-
-def inline_producer(n: Any) -> fx.Node | None:
-    """The node whose code Inductor emits inside the kernels that read ``n`` (a pointwise op, a
-    cast, a copy or rearrangement, a gather), reached from ``n`` through views and splits; None
-    where ``n``'s value is a buffer Inductor writes out in any case: a graph input or constant,
-    a reduction, the output of an op that runs as a kernel of its own (a matmul, a convolution, a
-    custom op, a scatter, a sort). A fused op that reads an inline producer's value makes Inductor
-    write it out first, which moves that code into another kernel: the speed rules in context
-    (``speed_rule``) read this to judge a rewrite by the step it sits in."""
-    while isinstance(n, fx.Node) and n.op == "call_function":
-        if is_op(n, *SHAPE_VIEWS):
-            n = n.args[0]
-        elif n.target is operator.getitem and is_op(n.args[0], *_SPLITS):
-            n = n.args[0].args[0]
-        else:
-            tags = getattr(n.target, "tags", ())
-            return n if torch.Tag.pointwise in tags or is_op(n, *_FUSED_INTO_READERS) else None
-    return None
-
-
-_REDUCTIONS = (aten.amax, aten.amin, aten.max, aten.min, aten.sum, aten.mean, aten.var, aten.prod)
-
-
-def fused_consumer_reduction(n: fx.Node, limit: int = 24) -> fx.Node | None:
-    """A reduction that reads ``n``'s values through views, casts and pointwise code (a dynamic
-    quantization's ``amax(|y|)`` over the norm's rows), which Inductor fuses, with that code, into
-    the kernel that computes ``n`` when ``n`` is its own reduction over the same rows; None where
-    no reduction reads it so (a matmul, an output). A fused op that writes ``n`` breaks that
-    fusion: the speed rules in context read this."""
-    stack, seen = list(n.users), set()
-    while stack and len(seen) < limit:
-        u = stack.pop()
-        if u in seen or u.op != "call_function":
-            continue
-        seen.add(u)
-        if is_op(u, *_REDUCTIONS):
-            return u
-        if is_op(u, *SHAPE_VIEWS, aten.abs) or torch.Tag.pointwise in getattr(u.target, "tags", ()):
-            stack.extend(u.users)
-    return None
-
-
-def is_op(node: Any, *targets: Any) -> bool:
-    """``node`` calls one of ``targets`` (an OpOverload or an OpOverloadPacket)."""
-    if not isinstance(node, fx.Node) or node.op != "call_function":
-        return False
-    t = node.target
-    for want in targets:
-        if t is want or getattr(t, "overloadpacket", None) is want:
-            return True
-    return False
-
-
-def escaping(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.Node]:
-    """The region's nodes, other than its outputs, that are read outside it (by a node
-    that is not dead: Inductor leaves dead views behind, e.g. of ``out[:n] = ...``).
-
-    A region whose intermediate values are read elsewhere cannot be replaced
-    without recomputing them, so rewrites refuse it (empty list: closed).
-    """
-    inside = set(nodes)
-    if not inside:
-        return []
-    outs = set(outputs)
-    graph = next(iter(inside)).graph
-    return [
-        n for n in graph.nodes  # graph order: deterministic messages
-        if n in inside and n not in outs and any(u not in inside and not is_dead(u) for u in n.users)
-    ]
-
-
-def is_dead(n: fx.Node) -> bool:
-    """``n`` is a pure op whose value nothing live reads (Inductor will drop it)."""
-    if n.op != "call_function" or n.is_impure():
-        return False
-    schema = getattr(n.target, "_schema", None)
-    if schema is not None and schema.is_mutable:
-        return False
-    return all(is_dead(u) for u in n.users)
-
-
-def live_users(n: fx.Node) -> list[fx.Node]:
-    """``n``'s users that are not dead."""
-    return [u for u in n.users if not is_dead(u)]
-
-
-def positions(graph: fx.Graph) -> dict[fx.Node, int]:
-    """Each node's index in ``graph`` (for ordering and placement decisions)."""
-    return {n: i for i, n in enumerate(graph.nodes)}
-
-
-def in_graph_order(nodes: Iterable[fx.Node]) -> list[fx.Node]:
-    """``nodes`` (of one graph) sorted as the graph runs them: a match's ``nodes``. By torch's
-    own order key of each node (``Node._sort_key``, which FX keeps as nodes are inserted and
-    ``Node.__lt__`` compares), where this torch has it; else by a position map of the graph."""
-    nodes = list(dict.fromkeys(nodes))
-    if not nodes:
-        return []
-    if getattr(nodes[0], "_sort_key", None) is not None:
-        return sorted(nodes, key=_sort_key)
-    order = positions(nodes[0].graph)
-    return sorted(nodes, key=order.__getitem__)
-
-
-def _sort_key(n: fx.Node) -> Any:
-    return n._sort_key
-
-
-def earliest(nodes: Iterable[fx.Node]) -> fx.Node:
-    """The first of ``nodes`` in graph order: where a fused op that replaces them all goes
-    (``insert_fused(before=...)``), so it runs before any of their readers."""
-    return in_graph_order(nodes)[0]
-
-
-def reachable(nodes: Iterable[fx.Node], *, upstream: bool) -> set[fx.Node]:
-    """Every node the given ones read (``upstream``) or feed, transitively, excluding them."""
-    seen: set[fx.Node] = set()
-    stack = list(nodes)
-    while stack:
-        n = stack.pop()
-        for m in (n.all_input_nodes if upstream else n.users):
-            if m not in seen:
-                seen.add(m)
-                stack.append(m)
-    return seen
-
-
-def mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
-    """Nodes whose storage the graph writes: ``copy_`` targets and mutable op arguments."""
-    out: set[fx.Node] = set()
-    for n in graph.nodes:
-        if n.op != "call_function":
-            continue
-        schema = getattr(n.target, "_schema", None)
-        if schema is None:
-            continue
-        for arg, value in zip(schema.arguments, n.args):
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, fx.Node):
-                out.add(value)
-        for arg in schema.arguments:
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(n.kwargs.get(arg.name), fx.Node):
-                out.add(n.kwargs[arg.name])
-    return out
-
-
-def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
-    """Erase the given nodes that nothing live reads any more, with the dead nodes that
-    read them (views Inductor left unused), users before producers."""
-    doomed: set[fx.Node] = set()
-    for n in set(nodes):
-        if n.op == "call_function" and is_dead(n):
-            doomed.add(n)
-            doomed |= reachable([n], upstream=False)
-    for n in reversed(in_graph_order(doomed)):
-        if not n.users:
-            graph.erase_node(n)
-
-
-def fake_mode_of(graph: fx.Graph):
-    """The FakeTensorMode the graph's metadata was made with."""
-    from torch._guards import detect_fake_mode
-
-    vals = [val(n) for n in graph.nodes if n.op == "placeholder"]
-    return detect_fake_mode([v for v in vals if isinstance(v, torch.Tensor)])
-
-
-def set_fake_vals(graph: fx.Graph, node: fx.Node) -> None:
-    """Run ``node``'s target on the fake values of its args (Inductor's ``get_fake_args_kwargs``)
-    in the graph's fake mode and record the result."""
-    from torch._inductor.fx_utils import get_fake_args_kwargs
-
-    mode = fake_mode_of(graph)
-    ok, args, kwargs = get_fake_args_kwargs(node)
-    if not ok:
-        raise RuntimeError(f"kda_inductor: an input of the new node {node.name} has no fake value")
-    ctx = mode if mode is not None else contextlib.nullcontext()
-    with ctx:
-        node.meta["val"] = node.target(*args, **kwargs)
+# --------------------------------------------------------------------------- transactions
 
 
 @contextlib.contextmanager
@@ -525,133 +300,147 @@ def transaction(graph: fx.Graph) -> Iterator[None]:
         raise
 
 
-# --------------------------------------------------------------------------- inserting a fused op
+# --------------------------------------------------------------------------- replacing by a function
 
 
-@dataclasses.dataclass(frozen=True)
-class Route:
-    """Where one output of a fused op goes: ``old``'s users (those ``only`` accepts, all by
-    default) read output ``index`` of the op (``None``: the op's single result) instead,
-    reshaped to ``shape`` when given."""
-
-    old: fx.Node
-    index: int | None = None
-    only: Any = None  # Callable[[fx.Node], bool] | None
-    shape: Any = None  # list[int | SymInt] | None
-
-
-def call_args(op: Any, **values: Any) -> tuple:
-    """``op``'s positional arguments from ``values`` by name, in its schema's order: how a
-    rewrite passes arguments that another part named (``gated_norm_quant`` passes the norm's
-    ``NormArgs`` on). A name the schema lacks, or a missing argument without a default before
-    one that is given, is an error; trailing defaults not given are left out."""
-    params = op._schema.arguments
-    unknown = sorted(set(values) - {a.name for a in params})
-    if unknown:
-        raise TypeError(f"{op}: no argument(s) {unknown} in its schema")
-    last = max((i for i, a in enumerate(params) if a.name in values), default=-1)
-    out = []
-    for a in params[:last + 1]:
-        if a.name not in values and not a.has_default_value():
-            raise TypeError(f"{op}: argument {a.name!r} missing")
-        out.append(values[a.name] if a.name in values else a.default_value)
-    return tuple(out)
-
-
-def shape_arg(shape, graph: fx.Graph | None = None) -> list:
-    """A reshape's size argument for ``shape``, which may hold symbolic sizes: one of them
-    becomes ``-1`` (inferred from the element count); with several (``dynamic=True``: the heads
-    too), each is the graph input that holds its symbol (``graph``: Dynamo passes every size
-    symbol as a ``SymInt`` placeholder). A size the rewrite specialized (``_layout.specialize``)
-    counts as the int it now is."""
-    shape = [_specialized(s) for s in shape]
-    sym = [i for i, s in enumerate(shape) if not isinstance(s, int)]
-    if len(sym) <= 1:
-        return [-1 if i in sym else s for i, s in enumerate(shape)]
-    inputs = {str(val(p).node.expr): p for p in (graph.find_nodes(op="placeholder") if graph is not None else ())
-              if isinstance(val(p), torch.SymInt)}
-    out = [inputs.get(str(s.node.expr), s) if i in sym else s for i, s in enumerate(shape)]
-    missing = [s for s in out if isinstance(s, torch.SymInt)]
-    if len(missing) > 1:
-        raise NotImplementedError(f"reshape to a shape with several symbolic sizes no graph input holds: {missing}")
-    return [-1 if isinstance(s, torch.SymInt) else s for s in out]
-
-
-def _specialized(size: Any) -> Any:
-    """A SymInt that a guard made constant, as that int; any other size as it is."""
-    try:
-        env, expr = size.node.shape_env, size.node.expr
-        expr = env.replace(expr) if hasattr(env, "replace") else expr
-        return int(expr) if expr.is_Integer else size
-    except AttributeError:  # an int, or no shape env
-        return size
-
-
-def insert_fused(graph: fx.Graph, op: Any, args: tuple = (), kwargs: dict | None = None, *,
-                 before: fx.Node, routes: Iterable[Route], region: Iterable[fx.Node],
-                 origin: fx.Node | None = None, mutated: str | None = None) -> fx.Node:
-    """The one way a rewrite inserts its fused op: call ``op(*args, **kwargs)`` right before
-    ``before`` with its fake value set, send each :class:`Route`'s users to the op's output,
-    and erase what of ``region`` is left dead. ``origin`` lends the new nodes its stack trace
-    (Inductor's provenance, our misses). ``mutated``: ``op`` is a mutating custom op, called
-    through ``auto_functionalized`` (which Inductor re-inplaces); the routes' indices then
-    count ``auto_functionalized``'s outputs (0: the op's result, 1...: the new values of the
-    mutated arguments in schema order). Returns the inserted op node.
+def replace_by_function(graph: fx.Graph, fn: Callable[..., Any], args: Iterable[Any], *,
+                        outputs: Iterable[fx.Node | None], before: fx.Node, region: Iterable[fx.Node] = (),
+                        origin: fx.Node | None = None) -> list[fx.Node]:
+    """Replace a match by ``fn(*args)``, a plain function of torch and ``torch.ops.kda`` calls
+    (``Match.replace_by_example`` of PyTorch's pattern matcher, as a rewrite's ``replace`` calls
+    it). ``fx.Node`` arguments (also inside lists) are read as their fake values, everything else
+    is a constant baked in. ``fn`` is traced in the graph's fake mode (``make_fx`` with Inductor's
+    decompositions, symbolic sizes read back as ``sym_size`` of its inputs or the graph's
+    ``SymInt`` inputs) and functionalized: a mutating op comes out as ``auto_functionalized``,
+    which Inductor re-inplaces (an argument ``fn`` mutates must be among its outputs: its new
+    value). The traced nodes go right before ``before`` (``meta["val"]`` set, ``origin``'s stack
+    trace lent); then the users of ``outputs[i]`` read ``fn``'s i-th output (pytree-flattened;
+    None: not read), users that stood before it move after it, and what of ``region`` is left dead
+    is erased. Returns the new output nodes.
 
     Everything is inserted before any user is rerouted, so :func:`transaction` can undo a
     failure; rerouting comes last."""
-    routes = list(routes)
-    made: dict[tuple, fx.Node] = {}
+    inputs, gm = _trace(graph, fn, list(args))
+    outputs = list(outputs)
     with graph.inserting_before(before):
-        fused = _op_node(graph, op, args, kwargs, mutated)
-        outputs = [_route_output(graph, fused, r, made) for r in routes]
+        made, results = _insert(graph, gm, inputs)
+    if len(results) != len(outputs):
+        raise ValueError(f"kda_inductor: the replacement returns {len(results)} values for {len(outputs)} outputs")
     trace = origin.meta.get("stack_trace") if origin is not None else None
     if trace:
-        for n in [fused, *made.values()]:
+        for n in made:
             n.meta["stack_trace"] = trace
-    _reroute(routes, outputs)
+    new = set(made)
+    for old, out in zip(outputs, results):
+        if old is not None:
+            old.replace_all_uses_with(out, delete_user_cb=lambda u: u not in new)
+    _users_after(made)
     erase_dead(graph, region)
-    return fused
+    return results
 
 
-def _op_node(graph: fx.Graph, op: Any, args: tuple, kwargs: dict | None, mutated: str | None) -> fx.Node:
-    """The fused op's call at the graph's insertion point, its fake value set: ``op`` itself,
-    or ``auto_functionalized(op, **kwargs)`` for a mutating op (``mutated``)."""
-    from torch._higher_order_ops.auto_functionalize import auto_functionalized
+def _trace(graph: fx.Graph, fn: Callable[..., Any], args: list) -> tuple[list[fx.Node], fx.GraphModule]:
+    """``(inputs, gm)``: ``fn`` over ``args`` traced functionally in the graph's fake mode, its
+    placeholders standing for ``inputs`` (the nodes among ``args``, then the graph's ``SymInt``
+    inputs, through which sizes of the graph's symbols that no input tensor has are read)."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.pattern_matcher import fwd_only
 
-    if mutated is not None:
-        fused = graph.call_function(auto_functionalized, (op,), dict(kwargs or {}))
-    else:
-        fused = graph.call_function(op, tuple(args), dict(kwargs or {}))
-    set_fake_vals(graph, fused)
-    return fused
+    flat, spec = pytree.tree_flatten(args)
+    nodes = [x for x in flat if isinstance(x, fx.Node)]
+    sizes = [p for p in graph.find_nodes(op="placeholder") if isinstance(val(p), torch.SymInt) and p not in nodes]
 
+    def flat_fn(*values: Any) -> list:
+        given = iter(values)
+        leaves = [next(given) if isinstance(x, fx.Node) else x for x in flat]
+        return fn(*pytree.tree_unflatten(leaves, spec))
 
-def _route_output(graph: fx.Graph, fused: fx.Node, route: Route, made: dict[tuple, fx.Node]) -> fx.Node:
-    """The node ``route``'s users are to read: the op's result, or its output ``route.index``,
-    reshaped to ``route.shape`` where that differs. Each such node is made once (in ``made``):
-    routes to the same output share it."""
-    out = fused
-    if route.index is not None:
-        key = ("item", route.index)
-        if key not in made:
-            made[key] = graph.call_function(operator.getitem, (fused, route.index))
-            made[key].meta["val"] = fused.meta["val"][route.index]
-        out = made[key]
-    if route.shape is not None and list(val(out).shape) != list(route.shape):
-        key = ("view", route.index, tuple(map(str, route.shape)))
-        if key not in made:
-            made[key] = graph.call_function(aten.reshape.default, (out, shape_arg(route.shape, graph)))
-            set_fake_vals(graph, made[key])
-        out = made[key]
-    return out
+    values = [val(n) for n in nodes + sizes]
+    missing = [n.name for n, v in zip(nodes, values) if v is None]
+    if missing:
+        raise RuntimeError(f"kda_inductor: an input of the replacement has no fake value: {missing}")
+    mode = detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)]) or detect_fake_mode(
+        [val(p) for p in graph.find_nodes(op="placeholder") if isinstance(val(p), torch.Tensor)])
+    with mode or contextlib.nullcontext(), _functionalized_v1():
+        gm = fwd_only(_functionalized(flat_fn), values)
+    return nodes + sizes, gm
 
 
-def _reroute(routes: list[Route], outputs: list[fx.Node]) -> None:
-    """Send each route's users (those its ``only`` accepts) to its output node: the one step
-    :func:`transaction` cannot undo, so the last."""
-    for r, out in zip(routes, outputs):
-        if r.only is None:
-            r.old.replace_all_uses_with(out)
-        else:
-            r.old.replace_all_uses_with(out, delete_user_cb=r.only)
+def _functionalized(fn: Callable[..., Any]) -> Callable[..., list]:
+    """``fn`` run on functional tensors (``torch.func.functionalize``'s dispatch form, as AOT
+    Autograd runs a graph): its outputs pytree-flattened; an input it mutates must be returned."""
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    def run(*values: Any) -> list:
+        skip = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
+        with skip, FunctionalTensorMode():
+            ins = [FunctionalTensor.to_functional(v) if isinstance(v, torch.Tensor) else v for v in values]
+            outs = pytree.tree_leaves(fn(*ins))
+            for i, x in enumerate(ins):
+                if isinstance(x, FunctionalTensor):
+                    torch._sync(x)
+                    if torch._functionalize_has_data_mutation(x.elem) and not any(o is x for o in outs):
+                        raise ValueError(f"kda_inductor: the replacement mutates its input {i} but does not return it")
+            return [_from_functional(o) for o in outs]
+
+    return run
+
+
+def _from_functional(t: Any) -> Any:
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    if not isinstance(t, FunctionalTensor):
+        return t
+    torch._sync(t)
+    return torch._from_functional_tensor(t.elem)
+
+
+@contextlib.contextmanager
+def _functionalized_v1() -> Iterator[None]:
+    """Mutating ops functionalized as ``auto_functionalized`` (v1) where this torch has the switch:
+    Inductor re-inplaces v1 and ``_v2`` alike (torch 2.9-2.14), and v1 names the mutated argument
+    itself, which the graph listings show as "in place on" it (``diff.py``)."""
+    import torch._inductor.config as inductor_config
+
+    with contextlib.ExitStack() as stack:
+        if hasattr(inductor_config, "enable_auto_functionalized_v2"):
+            stack.enter_context(inductor_config.patch(enable_auto_functionalized_v2=False))
+        export_config = getattr(getattr(torch, "_export", None), "config", None)
+        if hasattr(export_config, "enable_auto_functionalized_v2_for_export"):
+            stack.enter_context(export_config.patch(enable_auto_functionalized_v2_for_export=False))
+        yield
+
+
+def _insert(graph: fx.Graph, gm: fx.GraphModule, inputs: list[fx.Node]) -> tuple[list[fx.Node], list]:
+    """Copy ``gm``'s nodes into ``graph`` at its insertion point, placeholders read as
+    ``inputs``: ``(the new nodes, the nodes of gm's outputs)``."""
+    env: dict[fx.Node, Any] = dict(zip(gm.graph.find_nodes(op="placeholder"), inputs))
+    made: list[fx.Node] = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            env[n] = graph.call_function(n.target, *fx.map_arg((n.args, n.kwargs), env.__getitem__))
+            env[n].meta["val"] = n.meta.get("val")
+            made.append(env[n])
+        elif n.op == "output":
+            return made, [env[o] if isinstance(o, fx.Node) else o for o in pytree.tree_leaves(n.args[0])]
+        elif n.op != "placeholder":
+            raise NotImplementedError(f"kda_inductor: a replacement traced to a {n.op} node ({n.format_node()})")
+    raise AssertionError("a traced graph has an output node")
+
+
+def _users_after(made: list[fx.Node]) -> None:
+    """Nodes that read the new nodes but stand before them (users of a replaced output that ran
+    before ``before``), with what they feed up to there, move right after the last new node,
+    in their order: the graph stays topologically sorted for the rewrites that follow."""
+    if not made:
+        return
+    last, new = made[-1], set(made)
+    early: set[fx.Node] = set()
+    stack = [u for n in made for u in n.users if u not in new]
+    while stack:
+        u = stack.pop()
+        if u not in early and in_graph_order([u, last])[0] is u:
+            early.add(u)
+            stack.extend(u.users)
+    for n in reversed(in_graph_order(early)):
+        last.append(n)

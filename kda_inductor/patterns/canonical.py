@@ -46,6 +46,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from kda_inductor.patterns._term import Term, const_value, term  # noqa: F401  (Term, const_value: re-exported)
 from kda_inductor.patterns.base import SHAPE_VIEWS, aten, is_op, prims, val
 
 _INT = (torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8)
@@ -53,65 +54,11 @@ _CASTS = (prims.convert_element_type, aten._to_copy, aten.to)
 _VALUE_VIEWS = (*SHAPE_VIEWS, aten.alias, aten.clone)
 
 
-@dataclasses.dataclass(frozen=True)
-class Term:
-    """A canonical expression. ``args`` are terms or Python constants; ``attrs`` sorted
-    ``(name, value)`` pairs. ``node`` is the graph node whose value the term is and
-    ``nodes`` the nodes the rule folded into it (neither takes part in equality)."""
-
-    op: str
-    args: tuple = ()
-    attrs: tuple = ()
-    node: fx.Node | None = dataclasses.field(default=None, compare=False, repr=False)
-    nodes: frozenset = dataclasses.field(default=frozenset(), compare=False, repr=False)
-
-    def __hash__(self) -> int:
-        """Computed once per term: a term is a DAG whose shared sub-terms the derived hash
-        would hash once per path (exponential in the depth of a real model's graph)."""
-        h = self.__dict__.get("_hash")
-        if h is None:
-            h = hash((self.op, self.args, self.attrs))
-            object.__setattr__(self, "_hash", h)
-        return h
-
-    def attr(self, name: str, default: Any = None) -> Any:
-        return dict(self.attrs).get(name, default)
-
-    @property
-    def leaf(self) -> fx.Node | None:
-        """The graph node of a ``leaf`` term (None for other terms)."""
-        return self.attr("of") if self.op == "leaf" else None
-
-    def __repr__(self) -> str:
-        if self.op == "leaf":
-            return f"%{self.leaf.name}"
-        if self.op == "const":
-            return repr(self.args[0])
-        inner = ", ".join([repr(a) for a in self.args] + [f"{k}={v}" for k, v in self.attrs])
-        return f"{self.op}({inner})"
-
-
-def term(op: str, *args: Any, node: fx.Node | None = None, nodes=(), **attrs: Any) -> Term:
-    return Term(op, tuple(args), tuple(sorted(attrs.items())), node, frozenset(nodes))
-
-
-def const_value(t: Any) -> float | int | None:
-    """The number a ``const`` term (or a plain number) stands for, else None."""
-    if isinstance(t, bool):
-        return None
-    if isinstance(t, (int, float)):
-        return t
-    if isinstance(t, Term) and t.op == "const":
-        return t.args[0]
-    return None
-
-
 class Canon:
     """Memoized canonical terms of a graph's nodes (see the module docstring)."""
 
-    def __init__(self, graph: fx.Graph | None = None):
-        """``graph``: the graph whose nodes it reads (named by callers for clarity; terms are
-        built per node on demand, so nothing of it is kept)."""
+    def __init__(self) -> None:
+        """Terms are built per node on demand (of any graph) and memoized."""
         self._memo: dict[fx.Node, Term] = {}
 
     def __call__(self, n: Any) -> Any:

@@ -34,23 +34,17 @@ written as gathers (``examples/gdn_layers.py``'s ``causal_conv_varlen``, a sum o
 Inductor fuses them into one pointwise kernel already, and neither this rewrite nor
 ``gdn_spec_split`` (whose rule leaves gathers that only feed elementwise code) takes them.
 
-Speed rule (``speed_rule``):
+Speed rule (``speed_rule``): on CUDA every size (``CUDA_MIN_TOKENS = 1``): aten runs the conv as
+``conv_depthwise2d_forward_kernel_generic`` at about ten times the copy floor, with Inductor's
+layout copies around it, where the op reads and writes each byte once; measured on an H200 at
+Qwen3-Next's 8192 channels, faster than stock at every T from 1 to 4096 (0.34-0.54x), 840 us of
+the 10,510 us Qwen3-Next prefill-4096 step saved (``benchmarks/results/causal_conv1d.md``,
+``hf_models.md``; the history: ``docs/speed-rules.md``). On CPU never: the op's CPU
+implementation is aten's own conv with the activation unfused.
 
-* CPU: never. The op's CPU implementation is aten's own conv (``F.conv1d``, the kernel
-  Inductor calls for ``aten.convolution``) followed by eager's silu: the same conv with the
-  activation unfused, so it cannot beat Inductor's graph (not timed).
-* CUDA: every size (``CUDA_MIN_TOKENS = 1``): aten runs the conv as
-  ``conv_depthwise2d_forward_kernel_generic`` at about ten times the copy floor (1,058 us of a
-  4096-token Qwen3-Next prefill, 3 layers; ``benchmarks/results/hf_profile_qwen3_next_prefill.md``)
-  with Inductor's layout copies around it, where the op reads and writes each byte once.
-  Measured (H200, 2026-12-03, ``benchmarks/results/causal_conv1d.md``; Qwen3-Next's 8192
-  channels, the projection's token-major layout, T dynamic): faster than stock at every T from 1
-  to 4096 (1.56 vs 3.80 us at T=1, 151.7 vs 661.6 us at 4096, 0.34-0.54x), so the crossover is 1.
-  In the step (``benchmarks/results/hf_models.md``, kda against kda-no-causal_conv1d): Qwen3-Next
-  prefill 4096, 840 us of 10,510 saved; decode 32, 47 us of 1,080. Not yet near the floor: 4.8x
-  it at 4096 (31.8 us), where FLA's Triton conv takes 53 us (its launch configuration is
-  ``launch_config``'s to tune: ``bench_causal_conv1d.py --sweep``, not run on the H200 yet); the
-  other families' widths (12288, 11520, 4096) were not measured this session.
+Replacement (:func:`conv`, :func:`conv_update`): ``kda::causal_conv1d`` (prefill) or
+``kda::causal_conv1d_update`` (the state shifted in place, functionalized as
+``auto_functionalized``), viewed as the user's output was.
 
 Turn it off with ``options={"kda": {"disable": ["causal_conv1d"]}}``.
 """
@@ -69,14 +63,13 @@ from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
     Match,
     Rewrite,
-    Route,
     Stage,
     aten,
     in_graph_order,
-    insert_fused,
     is_op,
     live_users,
     prims,
+    replace_by_function,
     val,
 )
 from kda_inductor.patterns.canonical import Canon, Term
@@ -235,7 +228,7 @@ class CausalConv1d(Rewrite):
     runs_before = ("gdn_spec_split",)
 
     def find(self, graph: fx.Graph) -> list[Match]:
-        canon = Canon(graph)
+        canon = Canon()
         out: list[Match] = []
         for n in graph.nodes:
             if n.target is aten.convolution.default:
@@ -443,23 +436,29 @@ class CausalConv1d(Rewrite):
     # ------------------------------------------------------------------ replacing
     def replace(self, graph: fx.Graph, match: ConvMatch) -> None:
         m, c = match, match.chain
-        out = Route(c.output, 0 if m.write else None, shape=list(val(c.output).shape))
         inputs = [n for n in (m.input.x, m.weight, m.bias, m.input.state) if isinstance(n, fx.Node)]
-        before = in_graph_order(inputs)[-1].next
+        options = (c.activation, c.act_dtype, c.out_dtype, list(val(c.output).shape))
         if m.write is None:
-            insert_fused(graph, torch.ops.kda.causal_conv1d.default,
-                         (m.input.x, m.weight, m.bias, m.input.state, None, c.activation, c.act_dtype, c.out_dtype),
-                         before=before, routes=[out], region=m.nodes, origin=m.conv)
+            fn, args, outputs = conv, (m.input.x, m.weight, m.bias, m.input.state, *options), [c.output]
         else:
-            written = (Route(m.write.copy, 1) if m.write.functional
-                       else Route(m.write.value, 1, only=lambda u: u is m.write.copy))
-            insert_fused(graph, torch.ops.kda.causal_conv1d_update.default, kwargs=dict(
-                x=m.input.x, conv_state=m.input.state, weight=m.weight, bias=m.bias, activation=c.activation,
-                act_dtype=c.act_dtype, out_dtype=c.out_dtype), mutated="conv_state", before=before,
-                routes=[out, written], region=m.nodes, origin=m.conv)
-        from torch._inductor.pattern_matcher import stable_topological_sort
+            fn, args = conv_update, (m.input.x, m.input.state, m.weight, m.bias, *options)
+            outputs = [c.output, m.write.output]
+        replace_by_function(graph, fn, args, outputs=outputs, before=in_graph_order(inputs)[-1].next,
+                            region=m.nodes, origin=m.conv)
 
-        stable_topological_sort(graph)
+
+def conv(x, weight, bias, initial_state, activation, act_dtype, out_dtype, shape):
+    """The replacement (prefill): the conv and its activation in one op, viewed as the user's
+    output was."""
+    y = torch.ops.kda.causal_conv1d(x, weight, bias, initial_state, None, activation, act_dtype, out_dtype)
+    return y.reshape(shape)
+
+
+def conv_update(x, conv_state, weight, bias, activation, act_dtype, out_dtype, shape):
+    """The replacement (decode): the conv continuing ``conv_state``, which the op shifts in place;
+    returns the output and the new state."""
+    y = torch.ops.kda.causal_conv1d_update(x, conv_state, weight, bias, activation, act_dtype, out_dtype)
+    return y.reshape(shape), conv_state
 
 
 def _keeps_time(cur: fx.Node, view: fx.Node) -> bool:

@@ -21,68 +21,21 @@ user's line: a static scale or another scale formula (another divisor, floor or 
 group that does not divide the token's values, or ``y`` also read in bf16 elsewhere (the norm's
 output must then be written anyway: ``gated_norm_merge`` alone).
 
-Numerics: what each system computes, and which one vLLM's CUDA path equals. The same
-formula is computed four ways (read in the sources cited, 2026-12-03; stock's kernel as torch
-2.13 generates it; ``benchmarks/bench_gated_norm_quant.py`` measures the differences on a GPU):
+Numerics: the CPU op is eager's ops (bit-exact with eager on CPU); the Triton kernel rounds the
+norm output to bf16 in registers and divides with IEEE ``div_rn`` (``s = div_rn(amax, 448)``
+floored at ``1 / (448 * 512)``, ``q = sat(div_rn(x, s))``): vLLM's CUDA group-quant kernel bit for
+bit wherever the amax is at least 1/512, eager's CUDA code up to the one-ulp reciprocal rounding
+of its scale. Stock Inductor differs more (it drops the bf16 rounding of the norm's output and
+divides approximately). The four computations, side by side: ``docs/speed-rules.md``.
 
-* **eager on CUDA** divides by the constant as a multiply by its rounded reciprocal: ATen's
-  ``div_true_kernel_cuda`` turns ``tensor / cpu_scalar`` into ``a * (1 / b)`` ("may lose one
-  bit of precision"), so ``s = amax * fl(1/448)``, one float32 ulp below or above the
-  correctly rounded ``amax / 448`` for 71 of the 128 bf16 mantissas an amax can have; the
-  values are then divided by the scale tensor with IEEE division (``x * fl(1/s)`` per token).
-  Eager on CPU divides correctly rounded (CPU ATen keeps the division).
-* **stock Inductor on CUDA** fuses the norm and the quantization into one persistent reduction
-  and (``emulate_precision_casts`` off, the default) drops the norm output's bf16 rounding
-  inside that kernel (``.to(bf16)`` becomes ``.to(tl.float32)``): the amax and the values are
-  those of the float32 norm output, so its scales differ from eager's in most groups, by up to
-  2**-9 relative, and its values by one fp8 step where the rounding mattered. It also lowers
-  ``/ 448`` to ``* fl(1/448)`` (``lowering.div_prim``, "Replace divide by constant with multiply
-  by reciprocal", skipped only on CPU, pytorch#157959) and the division by the scale to
-  Triton's ``/``, the approximate ``div.full.f32``, unless
-  ``torch._inductor.config.eager_numerics.division_rounding`` (present in torch 2.13, added by
-  pytorch#165566 of 2025-10; read with ``getattr``, older torches have no such knob).
-  ``emulate_precision_casts=True`` plus ``division_rounding`` make it eager's CUDA arithmetic.
-* **vLLM's CUDA path** (``QuantFP8.forward_cuda`` -> ``per_token_group_quant_fp8`` ->
-  ``torch.ops._C.per_token_group_fp8_quant``, ``csrc/quantization/w8a8/fp8/per_token_group_quant.cu``)
-  reads the bf16 norm output and computes ``s = max(amax, 1e-10) / 448`` and ``q = sat(x / s)``
-  with IEEE division (nvcc without ``--use_fast_math``: ``cmake/utils.cmake`` takes torch's flags):
-  the eps floors the amax *before* dividing, where ``forward_native`` clamps the scale at
-  ``1 / (448 * 512)`` after (they differ only for groups whose amax is below 1/512). Its dynamic
-  per-token kernel (``dynamic_per_token_scaled_fp8_quant``, ``fp8/common.cu``) computes
-  ``s = max(amax / 448, 1 / (448 * 512))`` and ``q = x / s`` (division, not ``forward_native``'s
-  reciprocal multiply). Its Triton fallback (``_per_token_group_quant_fp8``, non-contiguous
-  inputs) uses Triton's approximate ``/`` for both.
-* **kda** (``kda::gated_norm_quant``): the CPU op is eager's ops (bit-exact with eager on CPU);
-  the Triton kernel rounds the norm output to bf16 in registers and divides with ``div_rn``:
-  ``s = div_rn(amax, 448)`` floored at ``1 / (448 * 512)``, ``q = sat(div_rn(x, s))`` (per
-  token: ``x * div_rn(1, s)``, ``forward_native``'s spelling). So on CUDA the op equals vLLM's
-  CUDA group-quant kernel bit for bit wherever the amax is at least 1/512 (given the same norm
-  output: its norm is within one bf16 ulp of eager's), and eager's CUDA code up to that
-  one-ulp reciprocal rounding of the scale (values then within one fp8 step). The benchmark
-  checks each system against what it should equal and records the rest as findings.
+Speed rule (``speed_rule``, CUDA only): the op fires where ``MEASURED`` (per :class:`Shape` and
+token count, from ``benchmarks/bench_gated_norm_quant.py``) says it was faster than Inductor's
+code for the same graph; on CPU never. Measured on an H200 (T symbolic): faster only at T=1, slower
+from T=256 (318 vs 156 us at 16384: its IEEE division of every value), so the rewrite is forced
+only (``benchmarks/results/gated_norm_quant.md``; the history: ``docs/speed-rules.md``).
 
-Speed rule (``speed_rule``, CUDA only): the op fires where ``MEASURED`` says it was faster than
-the code Inductor emits for the same graph, per :class:`Shape` (merge in front or not, values
-per token, per-token or group scales) and token count: a static count fires where the measured
-counts around it were faster (beyond the largest, where the largest was), a symbolic count
-where the graph compiled with ``T`` dynamic was never slower at any measured ``T``; widths
-between two measured ones need both. On CPU the op runs the norm op and then the quantization
-op by op, slower than Inductor's fused C++ for the graph: left to Inductor. ``MEASURED`` comes
-from ``benchmarks/bench_gated_norm_quant.py``, which prints the literal to paste (results:
-``benchmarks/results/gated_norm_quant.md``); in the step the rule is checked by
-``benchmarks/report.py``'s FP8 hybrid steps (kda against kda-no-gated_norm_quant).
-Measured (H200, 2026-12-03, vLLM's spelling, H=32, D=128, T symbolic; ``--quick``, the static
-sizes and the other shapes skipped by the run's budget): the op is faster than stock only at
-T=1 (2.0 vs 5.0 us) and slower at T=256 (7.0 vs 6.5) and T=16384 (318 vs 156 us, the floor 80):
-its IEEE division of every value (``div_rn``, vLLM's CUDA arithmetic) costs what Inductor's code
-costs with eager numerics (``stock-en``, 319 us); stock is faster because it divides approximately
-and drops the bf16 rounding of the norm's output (its scales up to 37,000 float32 ulps off
-eager's). So the rule leaves the symbolic graph to Inductor on CUDA, and static sizes too until
-measured: the rewrite is forced only. (``gated_norm_merge`` also leaves such a norm to Inductor:
-its output's amax is fused into Inductor's norm kernel; norm op + Inductor's quant was 201 us.)
-Not measured: the FP8 hybrid step (``benchmarks/report.py --models fp8``). The way to a faster
-op is known and not taken here: the values need only be within one fp8 step, so a reciprocal
-multiply per value (one ``div_rn`` per group) would do; it must be measured first.
+Replacement (:func:`norm_quant`): ``kda::gated_norm_quant`` over ``gated_norm_merge``'s norm
+arguments and the quantization's constants, its fp8 values and scales viewed as the user's were.
 """
 
 from __future__ import annotations
@@ -98,14 +51,12 @@ from kda_inductor.patterns import gated_norm_merge as norm_merge
 from kda_inductor.patterns.base import (
     Match,
     Rewrite,
-    Route,
     Stage,
-    call_args,
     earliest,
     escaping,
     in_graph_order,
-    insert_fused,
     is_op,
+    replace_by_function,
     val,
 )
 from kda_inductor.patterns.canonical import Canon, Term, const_value
@@ -227,7 +178,7 @@ class GatedNormQuant(Rewrite):
         casts = graph.find_nodes(op="call_function", target=torch.ops.prims.convert_element_type.default)
         if not any(_is_fp8_cast(n) for n in casts):
             return []  # nothing quantized to fp8: the norm search waits for gated_norm_merge
-        canon = Canon(graph)
+        canon = Canon()
         out: list[Match] = []
         for m in self.analysis(graph, norm_merge.gated_norms).matches:
             quant = self._quant(m, canon)
@@ -272,20 +223,22 @@ class GatedNormQuant(Rewrite):
         return got
 
     def replace(self, graph: fx.Graph, match: QuantMatch) -> None:
-        m, qt = match.norm, match.quant
-        norm = norm_merge.op_args(graph, m)._asdict()
-        norm["norm_dtype"] = norm.pop("out_dtype")
-        op = torch.ops.kda.gated_norm_quant.default
-        args = call_args(op, **norm, width=qt.width, group_size=qt.group, ue8m0=qt.ue8m0, reciprocal=qt.reciprocal,
-                         column_major=False)
-        inside = set(match.nodes)
-        insert_fused(
-            graph, op, args,
-            before=earliest([qt.q, qt.scale]),
-            routes=[Route(qt.q, index=0, shape=list(val(qt.q).shape)),
-                    Route(qt.scale, index=1, shape=list(val(qt.scale).shape), only=lambda u: u not in inside)],
-            region=match.nodes, origin=m.norm.y)
-        norm_merge.drop_gate_copy(graph, m, norm["z"])
+        qt = match.quant
+        quant = dict(width=qt.width, group_size=qt.group, ue8m0=qt.ue8m0, reciprocal=qt.reciprocal)
+        shapes = [list(val(qt.q).shape), list(val(qt.scale).shape)]
+        replace_by_function(graph, norm_quant, (norm_merge.norm_arguments(match.norm), quant, shapes),
+                            outputs=[qt.q, qt.scale], before=earliest([qt.q, qt.scale]),
+                            region=[*match.nodes, *norm_merge.norm_region(match.norm)], origin=match.norm.norm.y)
+
+
+def norm_quant(norm: dict, quant: dict, shapes: list) -> tuple[torch.Tensor, torch.Tensor]:
+    """The replacement: the gated norm (``gated_norm_merge``'s arguments) and its quantization in
+    one op (``kda::gated_norm_quant``, whose docstring and CPU implementation are the
+    computation); the fp8 values and scales viewed as the user's were."""
+    args = norm_merge.as_read(norm)
+    args["norm_dtype"] = args.pop("out_dtype")
+    q, scale = torch.ops.kda.gated_norm_quant(**args, **quant, column_major=False)
+    return q.reshape(shapes[0]), scale.reshape(shapes[1])
 
 
 def _value_users(n: fx.Node, limit: int = 32) -> list[fx.Node]:

@@ -1,63 +1,33 @@
 """``gdn_spec_split``: the token gathers of a GDN/KDA layer -> one ``kda.gdn_spec_split`` launch.
 
-What it finds (post-grad graph): row gathers ``aten.index.Tensor(src, [None]*d + [idx])``
-where every dim of ``src`` before ``d`` has size 1 (``index_select(0, idx)`` on
-``[T, W]``, ``index_select(1, idx)`` on ``[1, T, H]``, ``x[idx]``, ``x[:, idx]`` on
-``[1, T, ...]``). It groups them by index tensor (the same graph node), puts each group
-in one launch with the group whose index reads the most of the same sources (the spec /
-non-spec pair: ``spec_idx`` and ``non_spec_idx`` gather the same tensors; index tensors
-that gather nothing in common stay apart), and places
-the fused node right after the last of its inputs is computed; users of the gathers that
-stood earlier (``mixed_qkv``'s gathers come before the gating that makes ``g``/``beta``)
-move after it (a stable topological sort). Where that is impossible, because a gather's
-output feeds another gather's source or index, the launch is cut into the largest legal
-groups, in input order; a group of one gather is left to Inductor.
+Finds (post-grad graph) row gathers ``aten.index.Tensor(src, [None]*d + [idx])`` where every dim
+of ``src`` before ``d`` has size 1 (``index_select(0, idx)`` on ``[T, W]``,
+``index_select(1, idx)`` on ``[1, T, H]``, ``x[idx]``, ``x[:, idx]`` on ``[1, T, ...]``). It
+groups them by index tensor (the same graph node) and puts each group in one launch with the
+group whose index reads the most of the same sources (the spec / non-spec pair; index tensors
+that gather nothing in common stay apart). Where a gather's output feeds another gather's source
+or index, the launch is cut into the largest legal groups, in input order; a group of one gather
+is left to Inductor.
 
-Must not match: gathers along a dim that has a non-1 dim before it (column gathers);
-lookups of single elements (``x[idx]`` of a 1-D tensor, e.g. the bytes of a flattened cache:
-an indexer gather, not a split of token rows);
-index tensors or sources that the graph mutates (moving the read would see the new
-values); more than ``MAX_SOURCES`` sources are split into several launches. A lone row
-gather, whose index no other gather shares and whose source no other index gathers (a MoE's
-routing: ``hidden[perm // top_k]``, ``out[inv_perm]``), is nothing like a split: its miss is
+Must not match: gathers along a dim that has a non-1 dim before it (column gathers); lookups of
+single elements (``x[idx]`` of a 1-D tensor, e.g. the bytes of a flattened cache: an indexer
+gather, not a split of token rows); index tensors or sources the graph mutates (moving the read
+would see the new values); more than ``MAX_SOURCES`` sources are split into several launches. A
+lone row gather, whose index no other gather shares and whose source no other index gathers (a
+MoE's routing: ``hidden[perm // top_k]``), is nothing like a split: its miss is
 ``Stage.INCIDENTAL`` (logged at DEBUG, not shown by ``explain()``).
 
-Speed rule ("never make a graph slower"), decided by measurement (an H200:
-``benchmarks/results/gdn_spec_split.md`` for the split and the Qwen3-Next layer,
-``benchmarks/results/profile_step.md`` for the hybrid model's steps; in context, kda against kda
-without this rewrite in the whole T=256 spec step: the split adds 14.4 us of the 105.5 us kda saves,
-``profile_step.py --without-each``, 2026-12-01):
+Speed rule (``speed_rule``): on CUDA a launch of two or more gathers whose rows add up to at least
+``MIN_ROW_BYTES`` bytes per token, except where every gather only feeds elementwise code (Inductor
+fuses it there as an indirect load) or one index gathers all the rows (a pure prefill or decode
+batch: plain row copies Inductor fuses into their producer and consumer); on CPU never. Measured
+on an H200: in the hybrid model's T=256 spec step the split is 14.4 us of the 105.5 us kda saves
+(``benchmarks/results/gdn_spec_split.md``, ``profile_step.md``); the history:
+``docs/speed-rules.md``.
 
-* CUDA: fuse every group of two or more gathers whose rows add up to at least
-  ``MIN_ROW_BYTES`` bytes per token; leave a lone gather to Inductor, which fuses it into its
-  consumer for free. Stock Inductor does fuse the layer's gathers into cheap consumers
-  (``g``/``beta`` into the recurrence's pointwise ops, ``mixed_qkv`` into the conv), and the
-  one fused launch still wins everywhere measured, for the split alone and for the whole
-  Qwen3-Next layer. The narrowest rows measured are ``beta``'s 64 bytes (32 bf16 heads);
-  narrower groups (two 1-byte gathers of a flattened uint8 cache: an indexer gather, not a
-  split) are left to Inductor, which fuses such lookups into their consumers. Also left to
-  Inductor:
-
-  - launches whose gathers all feed only elementwise code (or other gathers), which Inductor
-    fuses the gathers into as indirect loads without writing them out: slower fused on the
-    hybrid model's 16K-token prefill, whose varlen causal conv reads its taps as such gathers
-    (the figures are in the rule's own text). Leaving only the elementwise-fed gathers out of
-    a mixed launch (``mixed_qkv``'s, which feed the conv, while ``g``/``beta`` feed the opaque
-    recurrence) was measured and is slower at both the spec step and the prefill
-    (``benchmarks/profile_step.py``);
-  - a launch whose gathers all read one index (the other set statically empty: a pure prefill
-    or pure decode batch, Dynamo specializes size 0): there each gather is a plain row copy of
-    a tensor that has one consumer, which Inductor fuses into the producer (the gating that
-    makes ``g``) and the consumer (the conv reading ``mixed_qkv``) without writing it out
-    (the 16K-token prefill with the fla core, ``profile_step --step prefill --twice
-    --one-sided-split``: faster with those launches left to Inductor, in the whole step and in
-    the kernels inside the replayed graphs). A one-sided launch at decode sizes (a step with no
-    spec request) was not measured; the rule leaves it too;
-* CPU: never. The op's CPU implementation is ``index_select`` per source, slower than the C++
-  Inductor generates for the six gathers (Qwen3-Next sizes, measured on the project's 2-core
-  CPU machine; not recorded in ``benchmarks/results/``).
-
-Turn it off with ``options={"kda": {"disable": ["gdn_spec_split"]}}``.
+Replacement (:func:`split`): ``kda::gdn_spec_split`` over the launch's sources and index tensors,
+placed right after the last of its inputs (users of the gathers that stood earlier move after it:
+``replace_by_function``). Turn it off with ``options={"kda": {"disable": ["gdn_spec_split"]}}``.
 """
 
 from __future__ import annotations
@@ -65,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import operator
 
 import torch
 import torch.fx as fx
@@ -74,15 +43,14 @@ from kda_inductor.lowerings import gdn_spec_split as _lowering  # registers the 
 from kda_inductor.patterns.base import (
     Match,
     Rewrite,
-    Route,
     Stage,
     aten,
     fused_into_users,
     in_graph_order,
-    insert_fused,
     mutated_nodes,
     positions,
     reachable,
+    replace_by_function,
     val,
 )
 from kda_inductor.patterns.canonical import Canon
@@ -219,18 +187,16 @@ class GdnSpecSplit(Rewrite):
                    for g in match.gathers]
         indices = list(dict.fromkeys(g.idx for g in gathers))
         last_input = in_graph_order(n for g in gathers for n in (g.src, g.idx))[-1]
-        fused = insert_fused(
-            graph, torch.ops.kda.gdn_spec_split.default,
-            ([g.src for g in gathers], indices, [g.dim for g in gathers], [indices.index(g.idx) for g in gathers]),
-            before=last_input.next, routes=[Route(g.node, i) for i, g in enumerate(gathers)],
-            region=match.nodes, origin=gathers[0].node,
-        )
-        items = {u.args[1]: u for u in fused.users if u.target is operator.getitem}
-        self._moved = {**moved, **{g.node: items[i] for i, g in enumerate(gathers) if i in items}}
-        # users of the old gathers that stood before the fused node move after it
-        from torch._inductor.pattern_matcher import stable_topological_sort
+        args = ([g.src for g in gathers], indices, [g.dim for g in gathers], [indices.index(g.idx) for g in gathers])
+        outs = replace_by_function(graph, split, args, outputs=[g.node for g in gathers], before=last_input.next,
+                                   region=match.nodes, origin=gathers[0].node)
+        self._moved = {**moved, **{g.node: out for g, out in zip(gathers, outs)}}
 
-        stable_topological_sort(graph)
+
+def split(sources, indices, dims, index_of):
+    """The replacement: one launch for every gather (``sources[i]`` along ``dims[i]`` by
+    ``indices[index_of[i]]``)."""
+    return torch.ops.kda.gdn_spec_split(sources, indices, dims, index_of)
 
 
 def _source_values(graph: fx.Graph):
@@ -238,7 +204,7 @@ def _source_values(graph: fx.Graph):
     so that the two sets pair up where each gathers its own copy of a view: Inductor does not
     CSE before our pass, and ``q[:n].index_select(0, idx)`` written per set makes one ``q[:n]``
     node per set (the pairing compared nodes, and left each set a one-sided launch)."""
-    canon = Canon(graph)
+    canon = Canon()
 
     def value(n: fx.Node):
         t = canon(n)

@@ -1,11 +1,10 @@
 """``indexer_k_gather``: DeepSeek-V3.2's indexer K-cache gather -> one fused op.
 
-What it finds (post-grad graph): two ``aten.index`` gathers out of a flat uint8
-view of the blocked paged cache ``kv_cache [num_blocks, block_size, D + 4G]``
-(``kv_cache.view(num_blocks, -1)[rows, cols]``, or the 1-D form
-``kv_cache.view(-1)[rows * block_bytes + cols]``): one reading the ``D`` fp8
-value bytes of every token, one reading its ``4G`` scale bytes. Their index
-tensors must compute exactly, for output row ``t`` and column ``j``::
+Finds (post-grad graph) two ``aten.index`` gathers out of a flat uint8 view of the blocked paged
+cache ``kv_cache [num_blocks, block_size, D + 4G]`` (``kv_cache.view(num_blocks, -1)[rows,
+cols]``, or the 1-D form ``kv_cache.view(-1)[rows * block_bytes + cols]``): one reading the ``D``
+fp8 value bytes of every token, one reading its ``4G`` scale bytes. Their index tensors must
+compute exactly, for output row ``t`` and column ``j``::
 
     req  = searchsorted(cu_seq_lens, t, right=True) - 1
     pos  = t - cu_seq_lens[req]
@@ -13,55 +12,36 @@ tensors must compute exactly, for output row ``t`` and column ``j``::
     cols = (pos % block_size) * D + j                                # values
     cols = block_size * D + (pos % block_size) * 4G + j              # scales
 
-which is checked symbolically (``_index_algebra``), so any spelling of the same
-arithmetic matches (bucketize, ``cu[1:]`` without the ``- 1``, int32 or int64,
-``view`` or ``reshape``, ``%`` or ``&``, ...) and a different layout, block
-size or group size does not. The scale bytes may be viewed as float32 ``[N, G]``
-or kept as uint8 ``[N, 4G]``; the result may be returned or copied into
-preallocated buffers: only the gathers are replaced, the user's views and
-copies stay.
+which is checked symbolically (``_index_algebra``), so any spelling of the same arithmetic
+matches (bucketize, ``cu[1:]`` without the ``- 1``, int32 or int64, ``view`` or ``reshape``,
+``%`` or ``&``, ...) and a different layout, block size or group size does not. The scale bytes
+may be viewed as float32 ``[N, G]`` or kept as uint8 ``[N, 4G]``; the result may be returned or
+copied into preallocated buffers: only the gathers are replaced, the user's views and copies stay.
 
-Extra checks: both gathers present and reading the same cache, table and
-lengths; ``D`` a multiple of 128; no lookup of the region (a gathered byte, the
-block ids) read elsewhere, where it would be computed twice (plain index
-arithmetic read elsewhere, e.g. an ``arange`` CSE'd with the cache write's,
-stays in the graph for its other readers).
+Extra checks: both gathers present and reading the same cache, table and lengths; ``D`` a
+multiple of 128; no lookup of the region (a gathered byte, the block ids) read elsewhere, where
+it would be computed twice (plain index arithmetic read elsewhere, e.g. an ``arange`` CSE'd with
+the cache write's, stays in the graph for its other readers).
 
-Replacement: ``torch.ops.kda.indexer_k_gather(kv_cache, block_table,
-cu_seq_lens, num_tokens, D)`` returning both byte tensors. When each gather's
-only use is a copy (possibly through a dtype view) into a graph input (the
-preallocated ``dst_value``/``dst_scale`` of serving code), the in-place
-``kda.indexer_k_gather_out`` writes there directly instead, as
-``auto_functionalized``, which Inductor re-inplaces: no extra copy.
+Symbolic sizes (``docs/dynamic.md``): the token, request and block counts stay symbolic (the
+cache's views are replayed with their example sizes and again with every such symbol one larger,
+``_layout.symbolic_layout_from``, and read only where both address alike); the block size, row
+width and head dim are read as their example values and specialized on replacing
+(``_layout.specialize``); a size the user marked dynamic is a miss naming it.
 
-Speed rule (``speed_rule``, "never make a graph slower"), decided by measurement:
+Speed rule (``speed_rule``): on CUDA always where the gathered bytes are written out (returned,
+copied into ``dst_value`` / ``dst_scale``, read by an opaque op such as DeepGEMM's logits): the op
+is several times faster than stock, and kda without it is 10.1 us slower in the hybrid model's
+T=256 spec step; left to Inductor where every use of both is elementwise code (a dequantization
+in plain torch), which Inductor fuses the lookups into. On CPU only from ``CPU_MIN_TOKENS``
+gathered tokens (static counts). Measured: ``benchmarks/results/report.md``,
+``profile_step.md``; the history: ``docs/speed-rules.md``.
 
-* CUDA (an H200, torch 2.11, triton 3.6): where the gathered bytes are used, always: the
-  op is several times faster than stock at 256 and 16384 tokens of context (the figures:
-  ``benchmarks/results/report.md``, rows ``indexer_k_gather``), where the gathered
-  values and scales are written out (returned, copied into ``dst_value``/``dst_scale``, or
-  read by an opaque op such as DeepGEMM's ``fp8_mqa_logits``). When every use of both is
-  elementwise code or another gather (a dequantization in plain torch), Inductor fuses the
-  lookups into those kernels and never writes the fp8 bytes out; the op would add that
-  write and its read back: left to Inductor (measured on the hybrid model's T=256
-  spec-decode step with its former dequantize-then-window stand-in, 58K tokens of context:
-  the rewrite alone made the step 3.9 us slower, 962.8 vs 958.9 us, 2026-12-01); in context
-  with the opaque logits op, kda without it is 10.1 us slower in the T=256 spec step
-  (``profile_step.py --without-each``, ``benchmarks/results/profile_step.md``);
-* CPU (this project's 2-core machine, torch 2.13, forced op vs the same graph left to
-  Inductor): only with a static count of at least ``CPU_MIN_TOKENS`` gathered tokens. The
-  op's CPU implementation wins from about 12K tokens (12000: 2343 vs 2483 us; 16000: 2832 vs
-  3560 us, 3284 vs 3740 with 32 requests; 32000: 4987 vs 7047 us) and loses below (8000:
-  1939 vs 1769 us; 200: 402 vs 234 us); symbolic counts are left to Inductor (the small
-  steps would lose).
-
-Symbolic sizes (``docs/dynamic.md``): the token count, the number of requests and the cache's
-block count stay symbolic (automatic dynamic, ``mark_dynamic``, ``dynamic=True``): the cache's
-views are replayed with their example sizes and again with every such symbol one larger
-(``_layout.symbolic_layout_from``) and read only where both address alike. The kernel needs the
-block size, the row width and the head dim static: symbolic there (``dynamic=True``), they are
-read as their example values and specialized when the match is replaced (``_layout.specialize``:
-a guard, so another value compiles again); a size the user marked dynamic is a miss naming it.
+Replacement (:func:`gather`): ``kda::indexer_k_gather`` returning both byte tensors; where each
+gather's only use is a copy (possibly through a dtype view) into a graph input (serving code's
+preallocated ``dst_value`` / ``dst_scale``), :func:`gather_into`: ``kda::indexer_k_gather_out``
+writing there directly, functionalized as ``auto_functionalized``, which Inductor re-inplaces
+(no extra copy).
 """
 
 from __future__ import annotations
@@ -79,7 +59,6 @@ from kda_inductor.patterns.base import (
     VIEWS,
     Match,
     Rewrite,
-    Route,
     Stage,
     aten,
     cpu_min_count_rule,
@@ -87,10 +66,9 @@ from kda_inductor.patterns.base import (
     escaping,
     fused_into_users,
     in_graph_order,
-    insert_fused,
     is_op,
     reachable,
-    set_fake_vals,
+    replace_by_function,
     val,
 )
 from kda_inductor.patterns._layout import (
@@ -427,29 +405,30 @@ class IndexerKGather(Rewrite):
         specialize(m.fixed)  # the kernel's block size and row width: this graph serves these values
         first = earliest([m.values, m.scales, *[n for n in m.nodes if is_op(n, aten.index)]])
         shape = _shape(m.cache, m.fixed)
-        if not (len(shape) == 3 and shape[1] == m.block_size):  # a page buffer: read as [pages, block_size, row]
-            with graph.inserting_before(first):
-                cache = graph.call_function(aten.reshape.default, (m.cache, [-1, m.block_size, m.layout.row_bytes]))
-                set_fake_vals(graph, cache)
-            m = dataclasses.replace(m, cache=cache)
+        pages = None if len(shape) == 3 and shape[1] == m.block_size else [-1, m.block_size, m.layout.row_bytes]
         if m.dst is None:
-            insert_fused(
-                graph, torch.ops.kda.indexer_k_gather.default,
-                (m.cache, m.block_table, m.cu_seq_lens, m.num_tokens, m.head_dim),
-                before=first, routes=[Route(m.values, 0), Route(m.scales, 1)], region=m.nodes, origin=m.values,
-            )
-            return
-        (dst_v, copy_v), (dst_s, copy_s) = m.dst
-        # auto_functionalized's outputs: (op result, new dst_value, new dst_scale)
-        insert_fused(
-            graph, torch.ops.kda.indexer_k_gather_out.default,
-            kwargs={"kv_cache": m.cache, "dst_value": dst_v, "dst_scale": dst_s,
-                    "block_table": m.block_table, "cu_seq_lens": m.cu_seq_lens},
-            before=first, mutated="dst_value, dst_scale",
-            routes=[Route(copy_v.args[1], 1, only=lambda u, c=copy_v: u is c),
-                    Route(copy_s.args[1], 2, only=lambda u, c=copy_s: u is c)],
-            region=m.nodes, origin=m.values,
-        )
+            fn, args = gather, (m.cache, m.block_table, m.cu_seq_lens, m.num_tokens, m.head_dim, pages)
+            outputs = [m.values, m.scales]
+        else:
+            (dst_v, copy_v), (dst_s, copy_s) = m.dst
+            fn, args = gather_into, (m.cache, dst_v, dst_s, m.block_table, m.cu_seq_lens, pages)
+            outputs = [copy_v.args[1], copy_s.args[1]]  # what the user's copy_ into dst_value / dst_scale reads
+        replace_by_function(graph, fn, args, outputs=outputs, before=first, region=m.nodes, origin=m.values)
+
+
+def gather(kv_cache, block_table, cu_seq_lens, num_tokens, head_dim, pages):
+    """The replacement: both byte tensors gathered by one op (a page buffer read as ``pages``:
+    ``[num_pages, block_size, row]``)."""
+    cache = kv_cache if pages is None else kv_cache.reshape(pages)
+    return torch.ops.kda.indexer_k_gather(cache, block_table, cu_seq_lens, num_tokens, head_dim)
+
+
+def gather_into(kv_cache, dst_value, dst_scale, block_table, cu_seq_lens, pages):
+    """The replacement where the user copies both into preallocated graph inputs: the op writes
+    them in place (re-inplaced by Inductor: no temporary, no copy)."""
+    cache = kv_cache if pages is None else kv_cache.reshape(pages)
+    torch.ops.kda.indexer_k_gather_out(cache, dst_value, dst_scale, block_table, cu_seq_lens)
+    return dst_value, dst_scale
 
 
 def _unclamped(g: _Gather, algebra: IndexAlgebra) -> _Gather:

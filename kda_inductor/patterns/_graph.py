@@ -1,0 +1,139 @@
+"""Reading and editing post-grad FX graphs: the node helpers every rewrite uses (re-exported by
+:mod:`kda_inductor.patterns.base`)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.fx as fx
+
+aten = torch.ops.aten
+prims = torch.ops.prims
+VIEWS = (aten.view, aten.reshape, aten._unsafe_view)
+"""The reshaping ops of post-grad graphs (for ``is_op``): same elements, another shape."""
+SHAPE_VIEWS = (*VIEWS, aten.squeeze, aten.unsqueeze)
+"""The reshapes and the unit-dim views: every element keeps its value (the base of each
+rewrite's own view set)."""
+
+
+def val(node: Any) -> Any:
+    """The fake value recorded on a node (``None`` when absent or not a node)."""
+    return node.meta.get("val") if isinstance(node, fx.Node) else None
+
+
+def is_op(node: Any, *targets: Any) -> bool:
+    """``node`` calls one of ``targets`` (an OpOverload or an OpOverloadPacket)."""
+    if not isinstance(node, fx.Node) or node.op != "call_function":
+        return False
+    t = node.target
+    for want in targets:
+        if t is want or getattr(t, "overloadpacket", None) is want:
+            return True
+    return False
+
+
+def escaping(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.Node]:
+    """The region's nodes, other than its outputs, that are read outside it (by a node
+    that is not dead: Inductor leaves dead views behind, e.g. of ``out[:n] = ...``).
+
+    A region whose intermediate values are read elsewhere cannot be replaced
+    without recomputing them, so rewrites refuse it (empty list: closed).
+    """
+    inside = set(nodes)
+    if not inside:
+        return []
+    outs = set(outputs)
+    graph = next(iter(inside)).graph
+    return [
+        n for n in graph.nodes  # graph order: deterministic messages
+        if n in inside and n not in outs and any(u not in inside and not is_dead(u) for u in n.users)
+    ]
+
+
+def is_dead(n: fx.Node) -> bool:
+    """``n`` is a pure op whose value nothing live reads (Inductor will drop it)."""
+    if n.op != "call_function" or n.is_impure():
+        return False
+    schema = getattr(n.target, "_schema", None)
+    if schema is not None and schema.is_mutable:
+        return False
+    return all(is_dead(u) for u in n.users)
+
+
+def live_users(n: fx.Node) -> list[fx.Node]:
+    """``n``'s users that are not dead."""
+    return [u for u in n.users if not is_dead(u)]
+
+
+def positions(graph: fx.Graph) -> dict[fx.Node, int]:
+    """Each node's index in ``graph`` (for ordering and placement decisions)."""
+    return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def in_graph_order(nodes: Iterable[fx.Node]) -> list[fx.Node]:
+    """``nodes`` (of one graph) sorted as the graph runs them: a match's ``nodes``. By torch's
+    own order key of each node (``Node._sort_key``, which FX keeps as nodes are inserted and
+    ``Node.__lt__`` compares), where this torch has it; else by a position map of the graph."""
+    nodes = list(dict.fromkeys(nodes))
+    if not nodes:
+        return []
+    if getattr(nodes[0], "_sort_key", None) is not None:
+        return sorted(nodes, key=_sort_key)
+    order = positions(nodes[0].graph)
+    return sorted(nodes, key=order.__getitem__)
+
+
+def _sort_key(n: fx.Node) -> Any:
+    return n._sort_key
+
+
+def earliest(nodes: Iterable[fx.Node]) -> fx.Node:
+    """The first of ``nodes`` in graph order: where a fused op that replaces them all goes
+    (``replace_by_function(before=...)``), so it runs before any of their readers."""
+    return in_graph_order(nodes)[0]
+
+
+def reachable(nodes: Iterable[fx.Node], *, upstream: bool) -> set[fx.Node]:
+    """Every node the given ones read (``upstream``) or feed, transitively, excluding them."""
+    seen: set[fx.Node] = set()
+    stack = list(nodes)
+    while stack:
+        n = stack.pop()
+        for m in (n.all_input_nodes if upstream else n.users):
+            if m not in seen:
+                seen.add(m)
+                stack.append(m)
+    return seen
+
+
+def mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
+    """Nodes whose storage the graph writes: ``copy_`` targets and mutable op arguments."""
+    out: set[fx.Node] = set()
+    for n in graph.nodes:
+        if n.op != "call_function":
+            continue
+        schema = getattr(n.target, "_schema", None)
+        if schema is None:
+            continue
+        for arg, value in zip(schema.arguments, n.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, fx.Node):
+                out.add(value)
+        for arg in schema.arguments:
+            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(n.kwargs.get(arg.name), fx.Node):
+                out.add(n.kwargs[arg.name])
+    return out
+
+
+def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
+    """Erase the given nodes that nothing live reads any more, with the dead nodes that
+    read them (views Inductor left unused), users before producers."""
+    doomed: set[fx.Node] = set()
+    for n in set(nodes):
+        if n.op == "call_function" and is_dead(n):
+            doomed.add(n)
+            doomed |= reachable([n], upstream=False)
+    for n in reversed(in_graph_order(doomed)):
+        if not n.users:
+            graph.erase_node(n)

@@ -982,12 +982,16 @@ PLAN_WARM_SHARE = 0.4
 """Assumed warm compile time as a share of the cold one (no warm compile was recorded yet)."""
 PLAN_DEFAULT_COLD_S = 30.0
 """Assumed cold compile seconds of a (family, case) with none recorded."""
-PLAN_ASSUMED_FIRES = {("linear", "decode"): ("causal_conv1d", "gated_norm_merge", "gdn_recurrent_step"),
-                      ("linear", "prefill"): ("causal_conv1d",)}
-"""The rewrites assumed to fire (a kda-no-<rewrite> variant each) where no kda compile of the
-(family, case) is recorded: in the GDN / KDA families' decode step the conv, the gated norm and
-the recurrent step; in their prefill the conv (the speed rule leaves a 4096-token norm to
-Inductor); nothing in the indexer families (no paged cache in transformers)."""
+def _assumed_fires() -> dict[tuple[str, str], tuple[str, ...]]:
+    """The rewrites assumed to fire (a kda-no-<rewrite> variant each) where no kda compile of the
+    (family, case) is recorded, for the plan's estimate only (an over-estimate costs nothing): in
+    the GDN / KDA families' decode step every registered rewrite but the indexer's (transformers
+    has no paged cache); in their prefill the conv (the speed rule leaves a 4096-token norm to
+    Inductor); nothing in the indexer families."""
+    from kda_inductor import REWRITE_NAMES
+
+    decode = tuple(n for n in REWRITE_NAMES if not n.startswith("indexer_"))
+    return {("linear", "decode"): decode, ("linear", "prefill"): ("causal_conv1d",)}
 
 
 def _recorded(sections: list[dict]) -> dict[tuple, dict[str, Any]]:
@@ -1016,12 +1020,12 @@ def plan_variants(family: Family, case: str, fired: list[str] | None) -> list[st
     """The variants proposed for a (family, case): eager, stock, stock+fix for prefill only (the
     fix changes what transformers dispatches for the chunked prefill core; decode keeps the
     reference core either way), kda, and kda-no-<rewrite> by name for the rewrites that fired in
-    a recorded kda compile, else for every registered rewrite of ``PLAN_ASSUMED_FIRES`` (by
+    a recorded kda compile, else for every registered rewrite of ``_assumed_fires()`` (by
     name, so that a case can be split across calls; one that does not fire runs as kda)."""
     from kda_inductor.patterns import REWRITE_NAMES
 
     kind = "prefill" if case == "prefill" else "decode"
-    names = fired if fired is not None else PLAN_ASSUMED_FIRES.get((family.kind, kind), ())
+    names = fired if fired is not None else _assumed_fires().get((family.kind, kind), ())
     names = [n for n in names if n in REWRITE_NAMES]
     return ["eager", "stock"] + ([STOCK_FIX] if case == "prefill" else []) + ["kda"] + [f"kda-no-{n}" for n in names]
 

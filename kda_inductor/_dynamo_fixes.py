@@ -208,7 +208,8 @@ def _same_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 def _substitute(fn: Callable[..., Any]) -> None:
     """Register the rule for one fla entry point: in a trace, its call is bound against fla's own
     signature; in our op's domain (every argument :func:`fla_recurrent_step` does not read at its
-    default, a decay and a beta given) and with the rule on, it is that function; else fla's."""
+    default, a decay and a beta per head given) and with the rule on, it is that function; else
+    fla's."""
     import kda_inductor.lowerings.gdn_recurrent_step  # noqa: F401  (registers the op fla_recurrent_step calls)
 
     params = inspect.signature(fn).parameters.values()
@@ -219,8 +220,10 @@ def _substitute(fn: Callable[..., Any]) -> None:
     def traced(*args, **kwargs):
         bound = {**defaults, **dict(zip(names, args)), **kwargs}
         others = [n for n in bound if n not in _READS]
+        beta = bound.get("beta")
         in_domain = (len(args) <= len(names) and all(n in defaults and bound[n] is defaults[n] for n in others)
-                     and bound.get("beta") is not None and (bound.get("g") is not None or bound.get("gk") is not None))
+                     and beta is not None and beta.dim() == 3  # one beta per head (not per value channel)
+                     and (bound.get("g") is not None or bound.get("gk") is not None))
         if in_domain and _rule_on():
             return fla_recurrent_step(**{n: bound[n] for n in _READS if n in bound})
         return fla(*args, **kwargs)

@@ -264,8 +264,10 @@ def test_transformers_dispatches_to_fla_and_the_rule_takes_it(fla, hub, unfixed_
 def test_transformers_decode_step_with_fla_is_one_graph(fla, hub, monkeypatch, family):
     """The torch 2.13 + fla-core (stand-in) graph-count test (issue 35 (b)): transformers' own
     decode step (tiny dims, float32, 3 linear-attention layers + 1 full attention), dispatching
-    its recurrent core to fla: stock Dynamo breaks the graph at each layer's fla call; kda_inductor
-    compiles it to one graph holding one ``kda::gdn_recurrent_step`` per layer, equal to eager."""
+    its recurrent core to fla: stock Dynamo breaks the graph at each layer's fla call (11 graphs
+    for the 4 layers on torch 2.13; where torch folds ``is_exporting()``, stock traces
+    transformers' torch reference instead: one graph); kda_inductor compiles it to one graph
+    holding one ``kda::gdn_recurrent_step`` per layer, equal to eager."""
     from benchmarks import hf_models
 
     spec = hf_models.BY_NAME[family]
@@ -282,6 +284,7 @@ def test_transformers_decode_step_with_fla_is_one_graph(fla, hub, monkeypatch, f
         _, stock_graphs, _ = _compile_counted(model.model, step, "eager")
         reset()
         ours, graphs, with_op = _compile_counted(model.model, step, "kda_inductor")
-    assert stock_graphs > layers and (graphs, with_op) == (1, layers)
+    assert stock_graphs == 1 if _dynamo_fixes.torch_folds_is_exporting() else stock_graphs > layers
+    assert (graphs, with_op) == (1, layers)
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()

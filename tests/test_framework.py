@@ -155,6 +155,24 @@ def test_importing_the_package_has_no_side_effects():
     assert done.stdout.strip() == "ok", done.stderr[-2000:]
 
 
+def test_every_listed_slow_test_exists():
+    """``tests/slow_tests.txt`` (the tests the fast tier leaves out) names only test functions that
+    exist: a renamed or deleted test cannot leave a stale line behind."""
+    from tests.conftest import slow_tests
+
+    missing = []
+    for entry in sorted(slow_tests()):
+        path, *names = entry.split("::")
+        scope: list = ast.parse((ROOT / path).read_text(encoding="utf-8")).body if (ROOT / path).is_file() else []
+        for name in names:
+            found = [n for n in scope if isinstance(n, (ast.FunctionDef, ast.ClassDef)) and n.name == name]
+            scope = found[0].body if found else []
+            if not found:
+                missing.append(entry)
+                break
+    assert not missing, missing
+
+
 def test_the_spec_and_the_fp8_helpers_agree():
     """``kda_inductor.reference`` (the specification) states the fp8 constants it quantizes with;
     the ops' shared helpers (``lowerings/_fp8.py``) use the same numbers."""

@@ -119,6 +119,7 @@ def _run(body: str, tmp_path: Path, env: dict | None = None) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # a subprocess that compiles with Inductor: ~12 s on 2 cores
 def test_resolved_as_vllm_does_and_runs_in_its_pass_manager(tmp_path):
     out = _run('''
         import vllm.compilation.passes.inductor_pass as vp  # vLLM's pass module first
@@ -154,6 +155,7 @@ def test_resolved_as_vllm_does_and_runs_in_its_pass_manager(tmp_path):
     assert "matches 1" in out
 
 
+@pytest.mark.slow  # six subprocesses that import torch: ~40 s on 2 cores
 @pytest.mark.parametrize("order", ["kda first", "vllm first", "TORCH_LOGS=kda_inductor"])
 @pytest.mark.parametrize("plugins", ["before the config", "after the config"])
 def test_in_every_order_vllms_cache_key_is_our_content(order, plugins, tmp_path):

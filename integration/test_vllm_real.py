@@ -9,6 +9,7 @@ runs in its own process (vLLM keeps global state), with fresh compile caches.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -57,15 +58,23 @@ def baseline(model, tmp_path_factory) -> dict:
     return _serve(model, tmp_path_factory.mktemp("none"), "--pass", "none")
 
 
+def _keyed_on_our_content(got: dict) -> bool:
+    """The pass vLLM configured runs ours, and vLLM's cache key for it is our content hash: ours
+    itself, or (wrapped in ``CallableInductorPass``, as ``LLM(...)`` does: it builds its config
+    before loading plugins) vLLM's sha256 of our pass's text, which is that hash."""
+    ours = got["our_uuid"]
+    return got["configured_runs_ours"] and got["configured_uuid"] in (ours, hashlib.sha256(ours.encode()).hexdigest())
+
+
 @pytest.mark.parametrize("order", ["kda-first", "vllm-first"])
 def test_readme_recipe_our_pass_object_runs_on_vllms_graph(model, baseline, tmp_path, order):
-    """``inductor_passes: {"post_grad_custom_post_pass": "kda_inductor.post_grad_pass"}``: vLLM
-    keeps our object (not a ``CallableInductorPass`` wrapper) whichever was imported first, our
-    pass runs on vLLM's graph, and on CPU the speed rule leaves the traced gated norms to
-    Inductor, saying why at vLLM's source line; the tokens are vLLM's own."""
+    """``inductor_passes: {"post_grad_custom_post_pass": "kda_inductor.post_grad_pass"}``: whichever
+    was imported first, vLLM runs our pass, keyed on our content (sources and options), on vLLM's
+    graph, and on CPU the speed rule leaves the traced gated norms to Inductor, saying why at
+    vLLM's source line; the tokens are vLLM's own."""
     got = _serve(model, tmp_path, "--order", order, "--pass", "default")
-    assert got["configured_pass_type"] == "kda_inductor.vllm_pass.VllmPostGradPass"
-    assert got["configured_is_ours"] and got["graphs"] >= 1 and min(got["nodes"]) > 100
+    assert _keyed_on_our_content(got), got
+    assert got["graphs"] >= 1 and min(got["nodes"]) > 100
     assert got["matches"]["gated_norm_merge"] == 0
     assert any("layernorm.py" in m and "left to Inductor: on cpu" in m for m in got["misses"]), got["misses"]
     assert got["tokens"] == baseline["tokens"]
@@ -74,22 +83,25 @@ def test_readme_recipe_our_pass_object_runs_on_vllms_graph(model, baseline, tmp_
 @pytest.mark.parametrize("order, route", [("kda-first", "inductor_passes"), ("vllm-first", "inductor_compile_config")])
 def test_forced_pass_rewrites_every_gated_norm_and_keeps_the_tokens(model, baseline, tmp_path, order, route):
     """A ``VllmPostGradPass(force=True)`` named by qualified name (the README's route for
-    options), or passed from Python in ``inductor_compile_config``: the three gated norms vLLM
-    traces are rewritten, and greedy decoding gives the same tokens as vLLM alone."""
+    options), or passed from Python in ``inductor_compile_config`` (vLLM checks it is an
+    ``InductorPass`` when it compiles: our plugin has registered it by then): the three gated
+    norms vLLM traces are rewritten, and greedy decoding gives the same tokens as vLLM alone."""
     got = _serve(model, tmp_path, "--order", order, "--pass", "force", "--route", route)
-    assert got["configured_is_ours"]
+    assert _keyed_on_our_content(got), got
     assert got["matches"]["gated_norm_merge"] == NORM_LAYERS
     assert got["tokens"] == baseline["tokens"]
 
 
 def test_a_pass_object_in_inductor_passes_is_refused_by_vllm(model, tmp_path):
     """Why the README shows only the qualified name there: vLLM types ``inductor_passes`` as
-    ``dict[str, str]``."""
+    ``dict[str, str]`` and resolves each str as a qualified name (our pass, a str whose text is
+    its content hash, names no module)."""
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "c")}
     done = subprocess.run([PYTHON, str(HERE / "vllm_serve.py"), "--model", str(model), "--pass", "force",
                            "--route", "object_in_inductor_passes"], cwd=tmp_path, capture_output=True, text=True,
                           timeout=600, env=env)
-    assert done.returncode != 0 and "validation error for CompilationConfig" in done.stderr
+    assert done.returncode != 0 and ("validation error for CompilationConfig" in done.stderr
+                                     or "Empty module name" in done.stderr), done.stderr[-3000:]
 
 
 def test_plugin_door_signatures_are_vllms():

@@ -84,11 +84,14 @@ def main() -> None:
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     cc = llm.llm_engine.vllm_config.compilation_config
     configured = cc.inductor_compile_config.get("post_grad_custom_post_pass")
+    runs = getattr(configured, "callable", configured)  # vLLM's CallableInductorPass wrapper, or the pass itself
     result = {
         "vllm": vllm.__version__,
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
         "configured_pass_type": None if configured is None else f"{type(configured).__module__}.{type(configured).__qualname__}",
-        "configured_is_ours": configured is not None and isinstance(configured, kda_inductor.VllmPostGradPass),
+        "configured_runs_ours": isinstance(runs, kda_inductor.VllmPostGradPass),
+        "configured_uuid": None if configured is None else configured.uuid(),
+        "our_uuid": runs.uuid() if isinstance(runs, kda_inductor.VllmPostGradPass) else None,
         "graphs": len(records),
         "nodes": [r.before.count("\n") for r in records if r.before is not None],
         "matches": {k: sum(r.matches.get(k, 0) for r in records) for k in (records[0].matches if records else {})},

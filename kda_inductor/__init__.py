@@ -20,7 +20,10 @@ same with options), ``explain`` (with
 plugin for tests; the ``kda-inductor`` command.
 
 Attributes are imported on first use, so that ``import kda_inductor`` (which the
-pytest plugin does at pytest start-up) imports neither torch nor triton.
+pytest plugin does at pytest start-up) imports neither torch nor triton nor vLLM, and changes
+nothing outside the package: what must happen when vLLM loads goes through vLLM's plugin entry
+point (``vllm_plugin``), what Dynamo traces for our backend through the backend's registration
+(``kda_inductor.backend``).
 """
 
 from __future__ import annotations
@@ -31,15 +34,7 @@ from typing import Any
 __version__ = "0.1.0"
 
 # plain attributes (not lazy): vLLM looks them up in this module's __dict__; no torch import
-from kda_inductor.vllm_pass import (  # noqa: E402
-    VllmPostGradPass,
-    install_import_hook,
-    post_grad_pass,
-    register_with_vllm,
-    vllm_plugin,
-)
-
-install_import_hook()  # vLLM's InductorPass: now if vLLM's pass module is loaded, else right after it loads
+from kda_inductor.vllm_pass import VllmPostGradPass, post_grad_pass, vllm_plugin  # noqa: E402
 
 _LAZY = {
     "backend": ("kda_inductor.backend", None),

@@ -1,117 +1,145 @@
-"""A Dynamo fix that changes what transformers' hybrid models trace, scoped to kda_inductor's graphs.
+"""Two rules for what Dynamo traces, each applied only to traces for kda_inductor
+(``docs/dynamo-rules.md``): stock ``torch.compile`` keeps its torch's behaviour, so that
+benchmarks against it stay honest.
 
-``torch.compiler.is_exporting()`` is documented as True only under ``torch.export``, but Dynamo
-folds it to the constant True in every ``torch.compile`` trace (pytorch/pytorch#176347; fixed by
-#176499, which reads the flag at trace time: torch 2.13 has it, the H200's torch 2.11 does not).
-transformers' hub-kernel dispatch (``use_kernel_func_from_hub_with_fallback``) takes the torch
-reference path under export, so under ``torch.compile`` every GDN / KDA layer ran transformers'
-reference chunk loop instead of fla-core's kernels (and causal-conv1d's, where installed): compiled
-prefill slower than eager (issue 21; ``benchmarks/results/hf_profile_qwen3_next_prefill.md``).
+1. **``torch.compiler.is_exporting()`` reads the flag** (a backport of pytorch#176499): torch <=
+   2.12 folds it to the constant True in every ``torch.compile`` trace (pytorch#176347), so
+   transformers' hub-kernel dispatch (``use_kernel_func_from_hub_with_fallback``) took its torch
+   reference cores instead of fla-core's and causal-conv1d's kernels. :class:`ReadsTheFlag` wraps
+   torch's own Dynamo handler of ``is_exporting`` and replaces its answer by
+   ``torch.compiler._is_exporting_flag`` where the two differ in a trace for us: on a torch with
+   #176499 they never differ, so the rule changes nothing there.
+2. **fla's recurrent decode entry points become ``kda::gdn_recurrent_step``** (issue 35 (b)): with
+   fla-core installed and ``is_exporting()`` False, transformers' decode calls fla's
+   ``fused_recurrent_gated_delta_rule`` (qwen3_next, qwen3_5, olmo_hybrid) or
+   ``fused_recurrent_kda`` (kimi_linear), which fla keeps out of graphs
+   (``torch.compiler.disable``): a graph break in every layer. In our traces those two function
+   objects (by identity: :data:`FLA_ENTRY_POINTS`) are traced as :func:`fla_recurrent_step`, the
+   same computation in one call of our op, so the decode step stays one graph; arguments outside
+   the op's domain (varlen ``cu_seqlens``, in-kernel gates, ...) and
+   ``options["kda"]["disable"] = ["gdn_recurrent_step"]`` keep fla's own function. Dynamo's
+   polyfill registration (``torch.compiler.substitute_in_graph``) puts the rule in; a constant
+   evaluated at trace time (``torch.compiler.assume_constant_result``) says whose trace it is.
 
-:func:`install` makes a trace whose backend is kda_inductor read the real flag (False outside
-export), as the fixed torch does for everyone, with one measured exception: inside transformers'
-dispatch of a core whose torch reference is not a chunked (prefill) one, the constant stays. On the
-H200 (``benchmarks/results/hf_models.md``, Qwen3-Next) fla-core's chunk kernels make compiled
-prefill 2x faster than the reference, while its ``fused_recurrent`` decode kernel, which fla wraps
-in ``torch.compiler.disable`` (a graph break around each layer's core), made decode of 128
-sequences 11% slower than the reference step Inductor fuses. Traces for every other backend keep
-their torch's behaviour (``applied_to_every_backend()`` applies the fix to every backend, for
-benchmarks that separate what the fix gives from what the rewrites give).
-
-Where torch already reads the flag at trace time (the fix of #176499: torch 2.13 has it), the fix
-turns itself off: :func:`torch_folds_is_exporting` traces ``is_exporting()`` once with Dynamo's
-``eager`` backend (a feature check, not a version string) and :func:`install` installs nothing
-when the trace reads False. There stock and kda_inductor both run fla-core everywhere.
+:func:`register` registers both with Dynamo (idempotent; nothing at import): when torch resolves
+the backend name (``kda_inductor.backend``'s entry point, before the first trace) and again at
+each of our compiles, for fla modules imported later.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
-from collections.abc import Iterator
+import types
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-_installed = False
+from kda_inductor.options import TRACE_RULES, KdaOptions
+
+RULE = TRACE_RULES[0]
+"""``gdn_recurrent_step``: ``options["kda"]["disable"]`` turns the fla rule off with the name of the
+rewrite whose op it emits."""
+FLA_ENTRY_POINTS = (
+    ("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule"),  # qwen3_next, qwen3_5, olmo_hybrid
+    ("fla.ops.kda", "fused_recurrent_kda"),  # kimi_linear
+)
+"""fla-core's recurrent entry points transformers dispatches decode to: (module, attribute)."""
+
 _every_backend = False
+_exporting_rule: ReadsTheFlag | None = None
+_substituted: dict[int, Callable[..., Any]] = {}
+"""id(fla entry point) -> the entry point (kept alive: Dynamo keys polyfills by id)."""
 
 
-def _ours(compiler_fn: Any) -> bool:
-    """``compiler_fn`` (Dynamo's, wrapped in its debug and ``torch.compile`` wrappers) is ours."""
-    fn = compiler_fn
-    for _ in range(8):
-        if fn is None:
-            return False
-        if (getattr(fn, "__module__", "") or "").startswith("kda_inductor"):
-            return True
-        fn = next((getattr(fn, a) for a in ("compiler_fn", "func", "__wrapped__") if getattr(fn, a, None) is not None
-                   and getattr(fn, a) is not fn), None)
-    return False
+def register() -> None:
+    """Register both rules with Dynamo where this torch has the hooks (feature checks); the fla
+    rule for each entry point whose module is imported (never imports fla). Idempotent."""
+    _register_exporting_rule()
+    if hasattr(torch.compiler, "substitute_in_graph") and hasattr(torch.compiler, "assume_constant_result"):
+        for module, name in FLA_ENTRY_POINTS:
+            fn = getattr(sys.modules.get(module), name, None)
+            if callable(fn) and id(fn) not in _substituted:
+                _substitute(fn)
 
 
-def _tracing_for_us() -> bool:
-    """The frame Dynamo is tracing now will be compiled by kda_inductor (by any backend inside
-    ``applied_to_every_backend()``)."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    if _every_backend:
-        return True
-    try:
-        tx = InstructionTranslator.current_tx()
-    except Exception:  # noqa: BLE001 - not inside a trace
-        return False
-    output = getattr(tx, "output", None)
-    return _ours(getattr(output, "compiler_fn", None))
+# --------------------------------------------------------------------------- whose trace
 
 
-# transformers' torch references (``use_kernel_func_from_hub_with_fallback``) that get the
-# installed package's kernel in our traces: the chunked prefill cores (measured, see above)
-PACKAGE_FOR = ("chunk",)
+def backend_of(tx: Any) -> tuple[Any, dict[str, Any] | None]:
+    """``(compiler function, torch.compile options)`` of the trace ``tx``: Dynamo keeps the backend
+    as ``tx.output.compiler_fn`` in its debug wrapper (made with ``functools.wraps``: the wrapped
+    object is ``__wrapped__``), around ``torch.compile``'s ``_TorchCompileWrapper`` (the compiler
+    function and its ``kwargs``) when the backend came through ``torch.compile``."""
+    compiler = getattr(getattr(tx, "output", None), "compiler_fn", None)
+    compiler = getattr(compiler, "__wrapped__", compiler)
+    options = (getattr(compiler, "kwargs", None) or {}).get("options")
+    return getattr(compiler, "compiler_fn", compiler), options
 
 
-def _dispatched_reference() -> str | None:
-    """The name of the torch reference whose transformers dispatch (``wrapped``, made with
-    ``functools.wraps``) the current trace is inside, if any: read from the innermost translator,
-    the ``tx`` of Dynamo's handler that is asking the table."""
-    frame = sys._getframe(2)
-    for _ in range(4):
-        tx = frame.f_locals.get("tx") if frame is not None else None
-        if tx is not None and hasattr(tx, "parent"):
-            break
-        frame = frame.f_back if frame is not None else None
-    else:
+def our_options(tx: Any) -> KdaOptions | None:
+    """Our options when ``tx`` traces for kda_inductor, else None. Options the backend will refuse
+    count as not ours: the backend reports them, as themselves, when it is called."""
+    from kda_inductor.backend import kda_inductor
+
+    compiler, options = backend_of(tx)
+    if compiler is not kda_inductor:
         return None
-    for _ in range(16):
-        if tx is None:
-            return None
-        ref = getattr(getattr(getattr(tx, "funcvar", None), "fn", None), "__wrapped__", None)
-        if ref is not None and hasattr(ref, "__name__"):
-            return ref.__name__
-        tx = getattr(tx, "parent", None)
-    return None
+    try:
+        return KdaOptions.parse((options or {}).get("kda"))
+    except (TypeError, ValueError):
+        return None
 
 
-def _exporting_in_our_trace() -> bool:
-    """What ``torch.compiler.is_exporting()`` traces to for kda_inductor."""
-    reference = _dispatched_reference()
-    if reference is not None and not any(key in reference for key in PACKAGE_FOR):
-        return True  # torch's constant: the reference, measured faster under compile
-    return bool(torch.compiler._is_exporting_flag)
+# --------------------------------------------------------------------------- rule 1: is_exporting
 
 
-class _TracingState(dict):
-    """Dynamo's table of tracing-state functions and the constant each traces to, with
-    ``is_exporting`` read from the real flag in traces for kda_inductor."""
+class ReadsTheFlag:
+    """Dynamo's handler of ``torch.compiler.is_exporting`` with pytorch#176499 applied to traces for
+    kda_inductor (every trace inside :func:`applied_to_every_backend`): the trace reads the flag
+    ``torch.export`` sets. torch's own answer (``torch_handler``) stands wherever it is the flag
+    already or the trace is someone else's."""
 
-    def __getitem__(self, fn: Any) -> Any:
-        if fn is torch.compiler.is_exporting and _tracing_for_us():
-            try:
-                return _exporting_in_our_trace()
-            except Exception:  # noqa: BLE001 - Dynamo's internals moved: the real flag
-                return bool(torch.compiler._is_exporting_flag)
-        return dict.__getitem__(self, fn)
+    def __init__(self, torch_handler: Callable[..., Any]) -> None:
+        self.torch_handler = torch_handler
+
+    def __call__(self, variable: Any, tx: Any, *args: Any, **kwargs: Any) -> Any:
+        traced = self.torch_handler(variable, tx, *args, **kwargs)
+        flag = bool(torch.compiler._is_exporting_flag)
+        if traced.as_python_constant() is flag or not (_every_backend or our_options(tx) is not None):
+            return traced
+        from torch._dynamo.variables import ConstantVariable
+
+        return ConstantVariable.create(flag)
+
+
+def _register_exporting_rule() -> None:
+    """Put :class:`ReadsTheFlag` around torch's handler (torch 2.9-2.14 keep one handler per
+    function in ``TorchInGraphFunctionVariable._get_handlers()``), once."""
+    global _exporting_rule
+    if _exporting_rule is not None or not hasattr(torch.compiler, "_is_exporting_flag"):
+        return
+    from torch._dynamo.variables.torch import TorchInGraphFunctionVariable
+
+    handlers = getattr(TorchInGraphFunctionVariable, "_get_handlers", dict)()
+    if torch.compiler.is_exporting in handlers:
+        _exporting_rule = handlers[torch.compiler.is_exporting] = ReadsTheFlag(handlers[torch.compiler.is_exporting])
+
+
+@contextlib.contextmanager
+def applied_to_every_backend() -> Iterator[None]:
+    """Inside: rule 1 applies to traces for every backend (``backend="inductor"`` becomes "stock +
+    fix"), for benchmarks that separate what it gives from what the rewrites give."""
+    global _every_backend
+    register()
+    previous, _every_backend = _every_backend, True
+    try:
+        yield
+    finally:
+        _every_backend = previous
 
 
 def _is_exporting_probe(x):
@@ -120,61 +148,86 @@ def _is_exporting_probe(x):
 
 @functools.cache
 def torch_folds_is_exporting() -> bool:
-    """This torch traces ``torch.compiler.is_exporting()`` to True under ``torch.compile``
-    (pytorch#176347): one trace of a two-line function with Dynamo's ``eager`` backend, its
-    counters put back as they were. False where the trace reads the real flag (torch with
-    #176499) or cannot run here (inside another trace)."""
-    import copy
-
+    """This torch traces ``is_exporting()`` to True under ``torch.compile`` (pytorch#176347): one
+    trace of a two-line function with Dynamo's ``eager`` backend, Dynamo's counters left as found.
+    For benchmarks (is "stock + fix" another variant here?); the rules never need it."""
     from torch._dynamo.utils import counters
 
-    if torch.compiler.is_compiling():
-        return False
-    saved = copy.deepcopy(dict(counters))
+    before = {group: dict(counts) for group, counts in counters.items()}
     try:
         x = torch.zeros(1)
         out = torch.compile(_is_exporting_probe, backend="eager", fullgraph=True, dynamic=False)(x)
         return bool(out.item() == 1.0)
-    except Exception:  # noqa: BLE001 - a torch this probe cannot run on: assume the bug, as before
-        return True
     finally:
-        counters.clear()
-        counters.update(saved)
+        for group in list(counters):  # the same Counter objects, their counts as before
+            counters[group].clear()
+            counters[group].update(before.get(group, {}))
 
 
-@contextlib.contextmanager
-def applied_to_every_backend() -> Iterator[None]:
-    """Inside: the fix applies to traces for every backend (``torch.compile(backend="inductor")``
-    becomes "stock + fix"), for benchmarks; installs it first where it is needed."""
-    global _every_backend
-    install()
-    previous, _every_backend = _every_backend, True
-    try:
-        yield
-    finally:
-        _every_backend = previous
+# --------------------------------------------------------------------------- rule 2: fla's decode
 
 
-def install() -> bool:
-    """Install the fix where this torch needs it (:func:`torch_folds_is_exporting`) and has the
-    pieces it needs; True when installed."""
-    global _installed
-    if _installed:
-        return True
-    if not torch_folds_is_exporting():
-        return False
-    try:
-        from torch._dynamo.symbolic_convert import InstructionTranslator
-        from torch._dynamo.variables import torch as dynamo_torch
-    except ImportError:
-        return False
-    table = getattr(dynamo_torch, "tracing_state_functions", None)
-    if (table is None or not hasattr(torch.compiler, "_is_exporting_flag")
-            or not hasattr(InstructionTranslator, "current_tx")):
-        return False
-    fixed = _TracingState(table())
-    if torch.compiler.is_exporting not in fixed:
-        return False
-    dynamo_torch.tracing_state_functions = functools.cache(lambda: fixed)
-    _installed = True
-    return True
+def fla_recurrent_step(q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
+                       use_qk_l2norm_in_kernel=False, gk=None):
+    """fla's ``fused_recurrent_gated_delta_rule`` / ``fused_recurrent_kda`` on the arguments
+    transformers passes, as one ``kda::gdn_recurrent_step``: ``[B, T, H, K]`` q / k (GVA: ``HV``
+    value heads), a log decay per head (``g``) and / or per key channel (``gk``; KDA's ``g``),
+    ``beta [B, T, HV]``, a ``[B, HV, K, V]`` state read as float32; returns ``(o, final_state or
+    None)``, ``o`` in v's dtype, as fla does."""
+    decay = gk if g is None else g if gk is None else g.unsqueeze(-1) + gk
+    state = None if initial_state is None else initial_state.float()
+    scale = k.shape[-1] ** -0.5 if scale is None else scale
+    out, final = torch.ops.kda.gdn_recurrent_step(q, k, v, decay, beta, state, scale, bool(use_qk_l2norm_in_kernel))
+    return out, final if output_final_state else None
+
+
+_READS = tuple(inspect.signature(fla_recurrent_step).parameters)
+
+
+@torch.compiler.assume_constant_result
+def _rule_on() -> bool:
+    """Evaluated once per trace, at trace time: the trace is for kda_inductor and the rule is not
+    disabled (``options["kda"]["disable"]``)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    options = our_options(InstructionTranslator.current_tx())
+    return options is not None and RULE not in options.disable
+
+
+def _same_function(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Another function object with ``fn``'s code, globals, defaults, closure and attributes (fla's
+    ``torch.compiler.disable`` marks among them): Dynamo traces or skips it as it does ``fn``,
+    without the rule substituting it again."""
+    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
+    twin.__kwdefaults__ = fn.__kwdefaults__
+    twin.__qualname__, twin.__module__ = fn.__qualname__, fn.__module__
+    twin.__dict__.update(fn.__dict__)
+    return twin
+
+
+def _substitute(fn: Callable[..., Any]) -> None:
+    """Register the rule for one fla entry point: in a trace, its call is bound against fla's own
+    signature; in our op's domain (every argument :func:`fla_recurrent_step` does not read at its
+    default, a decay and a beta per head given) and with the rule on, it is that function; else
+    fla's."""
+    import kda_inductor.lowerings.gdn_recurrent_step  # noqa: F401  (registers the op fla_recurrent_step calls)
+
+    params = inspect.signature(fn).parameters.values()
+    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    fla = _same_function(fn)
+
+    def traced(*args, **kwargs):
+        bound = {**defaults, **dict(zip(names, args)), **kwargs}
+        others = [n for n in bound if n not in _READS]
+        beta = bound.get("beta")
+        in_domain = (len(args) <= len(names) and all(n in defaults and bound[n] is defaults[n] for n in others)
+                     and beta is not None and beta.dim() == 3  # one beta per head (not per value channel)
+                     and (bound.get("g") is not None or bound.get("gk") is not None))
+        if in_domain and _rule_on():
+            return fla_recurrent_step(**{n: bound[n] for n in _READS if n in bound})
+        return fla(*args, **kwargs)
+
+    traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"
+    torch.compiler.substitute_in_graph(fn)(traced)
+    _substituted[id(fn)] = fn

@@ -4,6 +4,13 @@ Registered under the ``torch_dynamo_backends`` entry point, so
 ``torch.compile(m, backend="kda_inductor")`` works without importing us.
 ``mode=`` and every Inductor option behave exactly as with ``backend="inductor"``;
 the extra ``options["kda"]`` key holds :class:`~kda_inductor.options.KdaOptions`.
+
+Importing this module changes nothing outside it. The rules of :mod:`kda_inductor._dynamo_fixes`
+(what Dynamo traces, in traces for this backend only) are registered with Dynamo when torch
+resolves the name ``"kda_inductor"`` (the entry point names :data:`registered_backend`, which
+registers them and is :func:`kda_inductor`): that is at ``torch.compile(..., backend="kda_inductor")``,
+before its first trace. Each compile registers them again for fla modules imported since
+(a backend passed as the function object gets them from its first compile on).
 """
 
 from __future__ import annotations
@@ -20,9 +27,6 @@ from kda_inductor.options import KdaOptions
 from kda_inductor.pass_manager import KdaPostGradPass, combine_with
 
 HOOK = "post_grad_custom_post_pass"
-
-# before the first trace: torch.compile(backend="kda_inductor") imports this module when it is called
-_dynamo_fixes.install()
 
 
 def _inductor_config_patches(mode: str | None, options: dict[str, Any]) -> dict[str, Any]:
@@ -48,6 +52,7 @@ def kda_inductor(
     from torch._inductor import config as inductor_config
     from torch._inductor.compile_fx import compile_fx
 
+    _dynamo_fixes.register()  # for the next traces: fla modules imported since the last compile
     try:
         options = dict(options or {})
         kda_options = KdaOptions.parse(options.pop("kda", None))
@@ -132,4 +137,14 @@ def _reset() -> None:
 
 
 kda_inductor.reset = _reset  # type: ignore[attr-defined]
+
+
+def __getattr__(name: str) -> Any:
+    """``registered_backend``: what the ``torch_dynamo_backends`` entry point names, which torch
+    loads when it resolves ``backend="kda_inductor"``: :func:`kda_inductor`, once the rules of
+    :mod:`kda_inductor._dynamo_fixes` are registered with Dynamo (before the first trace)."""
+    if name != "registered_backend":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _dynamo_fixes.register()
+    return kda_inductor
 

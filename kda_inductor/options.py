@@ -7,16 +7,24 @@ the ``"kda"`` key holds these options, every other key goes to Inductor as is.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import pathlib
 from collections.abc import Iterable, Mapping
 from typing import Any
+
+TRACE_RULES = ("gdn_recurrent_step",)
+"""Names ``disable`` takes besides the rewrites': the trace rules of :mod:`kda_inductor._dynamo_fixes`
+(``gdn_recurrent_step``: fla's recurrent decode entry points traced as that op), each named after
+the rewrite whose op it emits."""
 
 
 @dataclasses.dataclass(frozen=True)
 class KdaOptions:
     """Options of our post-grad pass.
 
-    disable: names of rewrites not to run (see ``kda_inductor.REWRITE_NAMES``); every other
-        rewrite runs (none is opt-in).
+    disable: names of rewrites not to run (see ``kda_inductor.REWRITE_NAMES``) and of trace rules
+        not to apply (:data:`TRACE_RULES`); every other one runs (none is opt-in).
     strict: raise when a rewrite fails instead of warning and skipping it
         (for tests and debugging; users want the default, a warning).
     force: rewrite wherever a pattern matches, ignoring each rewrite's speed rule (where its
@@ -60,20 +68,41 @@ class KdaOptions:
     def cache_key(self) -> str:
         return f"disable={sorted(self.disable)};strict={self.strict};force={self.force}"
 
+    def pass_uuid(self, *, grad: bool = False) -> str:
+        """Our post-grad pass's content hash with these options: every kda_inductor source file,
+        the options, and whether the graph is a training one (``grad``). Inductor's FX graph cache
+        and vLLM's compile cache key on it (``CustomGraphPass.uuid``). Reads no torch."""
+        h = hashlib.sha256(source_hash().encode())
+        h.update(self.cache_key().encode())
+        h.update(b"grad" if grad else b"")
+        return h.hexdigest()
+
+
+@functools.cache
+def source_hash() -> str:
+    """sha256 of every ``.py`` file of the package, with its path."""
+    root = pathlib.Path(__file__).parent
+    h = hashlib.sha256()
+    for path in sorted(root.rglob("*.py")):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(path.read_bytes())
+    return h.hexdigest()
+
 
 def _names(raw: Mapping[str, Any], key: str) -> frozenset[str]:
-    """``raw[key]`` as a set of registered rewrite names, or a clear error."""
+    """``raw[key]`` as a set of registered rewrite (or trace rule) names, or a clear error."""
     from kda_inductor.patterns import REWRITE_NAMES
 
     names = raw.get(key, ())
     if isinstance(names, str) or not isinstance(names, Iterable):
         raise TypeError(f'options["kda"]["{key}"] must be a list of rewrite names, got {names!r}')
     names = frozenset(names)
-    bad = sorted(names - set(REWRITE_NAMES))
+    valid = [*REWRITE_NAMES, *(n for n in TRACE_RULES if n not in REWRITE_NAMES)]
+    bad = sorted(names - set(valid))
     if bad:
         raise ValueError(
             f"unknown rewrite name(s) {bad} in options['kda']['{key}']; "
-            f"valid names are {list(REWRITE_NAMES)}"
+            f"valid names are {valid}"
         )
     return names
 

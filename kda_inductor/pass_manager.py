@@ -9,9 +9,7 @@ FX graph cache stays on and never serves code compiled with other options.
 from __future__ import annotations
 
 import contextlib
-import functools
 import hashlib
-import pathlib
 import time
 import warnings
 from collections import Counter
@@ -43,16 +41,6 @@ _observers: list[Callable[[PassRecord], None]] = []
 """Callbacks that receive one record per graph the pass ran on (used by explain)."""
 _timers: list[list[float]] = []
 """Lists that receive the seconds of each run of the pass (``timed``)."""
-
-
-@functools.cache
-def _source_hash() -> str:
-    root = pathlib.Path(__file__).parent
-    h = hashlib.sha256()
-    for path in sorted(root.rglob("*.py")):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(path.read_bytes())
-    return h.hexdigest()
 
 
 GRAD_SKIP = (
@@ -89,10 +77,7 @@ class KdaPostGradPass(CustomGraphPass):
         self._runs.clear()
 
     def uuid(self) -> str:
-        h = hashlib.sha256(_source_hash().encode())
-        h.update(self.options.cache_key().encode())
-        h.update(b"grad" if self.grad else b"")
-        return h.hexdigest()
+        return self.options.pass_uuid(grad=self.grad)
 
     def __call__(self, graph: fx.Graph) -> None:
         if not _timers:
@@ -105,7 +90,7 @@ class KdaPostGradPass(CustomGraphPass):
                 spent.append(time.perf_counter() - t0)
 
     def _run(self, graph: fx.Graph) -> None:
-        tracing = _tracing_enabled()
+        tracing = logs.tracing()  # TORCH_TRACE: tlparse shows our before / after graphs
         observed = bool(_observers) or tracing or logs.enabled()
         record = PassRecord(skipped=GRAD_SKIP if self.grad else None, note=self.note)
         if observed:
@@ -193,11 +178,6 @@ def _note_rewrite(graph: fx.Graph, rewrite: Rewrite, record: PassRecord, names_b
     notes = getattr(rewrite, "notes", ())
     if notes:
         record.note = "; ".join([*filter(None, [record.note]), *notes])
-
-
-def _tracing_enabled() -> bool:
-    """``TORCH_TRACE`` is on: tlparse will show our before/after graphs."""
-    return logs.tracing()
 
 
 def _trace(record: PassRecord) -> None:

@@ -1,7 +1,7 @@
 """Eager references for the rewrites, kept deliberately plain.
 
 Every function here is the *specification* the fused ops are tested against.
-Cache layout (``shared/reference.md``; :class:`CacheLayout`): ``kv_cache`` is uint8 ``[num_blocks,
+Cache layout (``docs/indexer-cache.md``; :class:`CacheLayout`): ``kv_cache`` is uint8 ``[num_blocks,
 block_size, head_dim + 4 * head_dim // 128]`` laid out BLOCKED: one block holds ``block_size * head_dim``
 fp8 value bytes (token ``o`` at ``o * head_dim``) followed by ``block_size`` float32 scales per 128-value
 group (token ``o``, group ``g`` at ``block_size * head_dim + 4 * (o * G + g)``).
@@ -14,10 +14,10 @@ import torch
 
 QUANT_GROUP = 128
 """Values per float32 scale (the one definition: patterns and lowerings import it)."""
-# FP8_MAX (quantized values saturate at +-FP8_MAX) and AMAX_FLOOR (the group absmax floor before
-# dividing by FP8_MAX, so that all-zero groups get a finite scale) are kda_inductor.lowerings._fp8's:
-# one definition for the references, the ops and the patterns, imported at the end of this module
-# (kda_inductor.lowerings imports this one).
+FP8_MAX = float(torch.finfo(torch.float8_e4m3fn).max)
+"""fp8 e4m3's largest finite value, 448: quantized values saturate at +-FP8_MAX."""
+AMAX_FLOOR = 1e-4
+"""DeepSeek-V3.2's floor of a group's absmax before dividing by FP8_MAX (all-zero groups stay finite)."""
 NORM_EPS = 1e-6
 """DeepSeek-V3.2 indexer ``k_norm`` LayerNorm eps."""
 
@@ -334,5 +334,3 @@ class CacheLayout:
         row = cls(head_dim).row_bytes
         return cls(head_dim, page // row) if page % row == 0 else None
 
-
-from kda_inductor.lowerings._fp8 import AMAX_FLOOR, FP8_MAX  # noqa: E402  (see the top of this module)

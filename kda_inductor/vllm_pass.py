@@ -3,64 +3,65 @@
     vllm serve MODEL --compilation-config \\
         '{"inductor_passes": {"post_grad_custom_post_pass": "kda_inductor.post_grad_pass"}}'
 
-How vLLM takes it (read in vLLM's ``vllm/config/compilation.py``, ``CompilationConfig.__post_init__``,
-and ``vllm/compilation/passes/inductor_pass.py`` / ``pass_manager.py``):
+How vLLM takes it (read in vLLM 0.32: ``vllm/config/compilation.py``, ``CompilationConfig.__post_init__``;
+``vllm/compilation/passes/inductor_pass.py``; ``vllm/compilation/backends.py``; ``vllm/plugins``;
+``vllm/engine/arg_utils.py``; ``vllm/entrypoints/llm.py``):
 
-* the qualified name is resolved as ``__import__("kda_inductor").__dict__["post_grad_pass"]``:
-  ``__import__`` of a dotted name returns the top-level package, so the object must be a plain
-  attribute of ``kda_inductor`` itself (a lazy module ``__getattr__`` is not consulted);
-* an object that is not an instance of vLLM's ``InductorPass`` is wrapped in
-  ``CallableInductorPass(obj)``, whose uuid hashes the source text of ``type(obj)`` only: our
-  pattern sources and options would not be in vLLM's cache key, and an upgraded kda_inductor
-  could be served stale compiled code. So :class:`VllmPostGradPass` is registered as a virtual
-  subclass of ``InductorPass`` (``InductorPass.register``, the ABC mechanism); vLLM then uses it
-  as is, and its ``uuid()`` is our pass's content hash (sources and options);
-* vLLM's ``PostGradPassManager`` adds it after its own passes (``add`` asserts
-  ``isinstance(pass_, InductorPass)``), asks ``is_applicable_for_range(compile_range)`` (older
-  versions: ``is_applicable(shape)``) before calling it on each graph, and hashes ``uuid()``
-  with ``json.dumps``; the config hash (``normalize_value``) also calls ``uuid()``.
+* the qualified name is resolved as ``__import__("kda_inductor").__dict__["post_grad_pass"]`` (a
+  plain attribute of the package: a lazy module ``__getattr__`` is not consulted) when the
+  ``CompilationConfig`` is built: in ``LLM(...)`` that is before vLLM loads its plugins (they load
+  in ``EngineArgs.__post_init__``), in ``vllm serve`` after;
+* an object that is not an instance of vLLM's ``InductorPass`` there is wrapped in
+  ``CallableInductorPass(obj)``, whose uuid (vLLM's compile cache key for the pass, also what
+  Inductor's FX graph cache sees through vLLM's pass manager) is ``InductorPass.hash_source(obj)``:
+  the text of ``obj`` itself if it is a ``str``, else the source of ``type(obj)``. A class source
+  would not change with our pattern sources or options: an upgraded kda_inductor could be served
+  stale compiled code. So **the pass is a str whose text is its content hash**
+  (:meth:`~kda_inductor.options.KdaOptions.pass_uuid`: our sources and options) and is callable:
+  wrapped or not, vLLM's cache key covers what it compiles, in every import order;
+* a pass object given from Python in ``inductor_compile_config`` is not wrapped, and vLLM's
+  backend asserts it is an ``InductorPass`` when it compiles (after its plugins are loaded): our
+  ``vllm.general_plugins`` entry point, :func:`vllm_plugin`, registers :class:`VllmPostGradPass`
+  as a virtual subclass of ``InductorPass`` (the ABC mechanism). Where plugins load before the
+  config (``vllm serve``), the named pass is then used as is, its ``uuid()`` the same content hash;
+* vLLM's ``PostGradPassManager`` asks ``is_applicable_for_range(compile_range)`` (older versions:
+  ``is_applicable(shape)``) before calling a pass on each graph.
 
-The registration does not depend on the order of imports. ``import kda_inductor`` registers at
-once when vLLM's pass module is already loaded; otherwise it leaves a small import hook
-(:class:`_RegisterAfterImport`, on ``sys.meta_path``) that registers right after vLLM's pass
-module has been executed, before vLLM's config can resolve the name, and then removes
-itself. vLLM's ``vllm.general_plugins`` entry point (:func:`vllm_plugin`) and each
-:class:`VllmPostGradPass` made later register too. (vLLM builds its ``CompilationConfig`` in
-``LLM.__init__`` before it loads plugins, and ``import vllm`` does not load the pass module,
-so neither of those alone is early enough when kda_inductor was imported first.)
-
-Routes vLLM accepts (both tested on a real vLLM, ``integration/test_vllm_real.py``): the
-qualified name in ``inductor_passes``, which vLLM types ``dict[str, str]`` (a pass object there
-is rejected), or, from Python, the object itself in ``inductor_compile_config``.
-
-Nothing here imports torch until the pass runs or is hashed: ``import kda_inductor`` stays cheap.
+Routes vLLM accepts (tested on a real vLLM, ``integration/test_vllm_real.py``): the qualified name
+in ``inductor_passes`` (typed ``dict[str, str]``), or, from Python, the object itself in
+``inductor_compile_config``. Importing this module imports neither torch nor vLLM and changes no
+state outside it; the pass imports torch when it first runs.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import sys
+import importlib
 from typing import Any
+
+from kda_inductor.options import KdaOptions
 
 _VLLM_PASS_MODULES = ("vllm.compilation.passes.inductor_pass", "vllm.compilation.inductor_pass")
 
 
-class VllmPostGradPass:
+class VllmPostGradPass(str):
     """The kda_inductor rewrites as a vLLM post-grad pass (``kda_inductor.post_grad_pass``).
 
     ``VllmPostGradPass(**kda_options)`` takes the options of ``options={"kda": {...}}``
     (``disable``, ``strict``, ``force``); make such an instance a top-level attribute of a
-    module of yours and name it in ``inductor_passes`` (``"my_passes.kda_pass"``).
-    """
+    module of yours and name it in ``inductor_passes`` (``"my_passes.kda_pass"``). Its text is its
+    content hash (see the module's docstring: how vLLM keys its cache on a named pass)."""
 
-    def __init__(self, **kda_options: Any) -> None:
+    kda_options: dict[str, Any]
+
+    def __new__(cls, **kda_options: Any) -> VllmPostGradPass:
+        options = KdaOptions.parse(kda_options) if kda_options else KdaOptions()
+        self = super().__new__(cls, options.pass_uuid())
         self.kda_options = dict(kda_options)
-        self._impl: Any = None
-        register_with_vllm()
+        self._impl = None
+        return self
 
     def _pass(self) -> Any:
         if self._impl is None:
-            from kda_inductor.options import KdaOptions
             from kda_inductor.pass_manager import KdaPostGradPass
 
             self._impl = KdaPostGradPass(KdaOptions.parse(self.kda_options))
@@ -70,8 +71,8 @@ class VllmPostGradPass:
         self._pass()(graph)
 
     def uuid(self) -> str:
-        """Our pass's content hash: every kda_inductor source file and the options."""
-        return self._pass().uuid()
+        """Our pass's content hash (every kda_inductor source file and the options): the text."""
+        return str.__str__(self)
 
     def is_applicable_for_range(self, compile_range: Any) -> bool:
         """vLLM asks before each graph; the rewrites decide per graph themselves."""
@@ -81,74 +82,35 @@ class VllmPostGradPass:
         """The same question in older vLLM versions."""
         return True
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"kda_options": self.kda_options, "_impl": None}
-
     def __reduce__(self) -> Any:
         if self is post_grad_pass:
             return "post_grad_pass"  # pickled by reference: kda_inductor.post_grad_pass
-        return (VllmPostGradPass, (), self.__getstate__())
+        return (_with_options, (self.kda_options,))
 
     def __repr__(self) -> str:
         opts = ", ".join(f"{k}={v!r}" for k, v in self.kda_options.items())
         return f"kda_inductor.VllmPostGradPass({opts})"
 
 
-class _RegisterAfterImport(importlib.abc.MetaPathFinder):
-    """Calls :func:`register_with_vllm` right after one of vLLM's pass modules is executed.
-
-    It finds nothing itself: for those module names it asks the other finders for the spec
-    and wraps that spec's loader's ``exec_module`` (the loader keeps its type, so source
-    look-ups such as vLLM's ``inspect.getsource`` hashing are unchanged). It leaves
-    ``sys.meta_path`` once a registration has been made."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname not in _VLLM_PASS_MODULES:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = None if finder is self or find is None else find(fullname, path, target)
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = getattr(spec.loader, "exec_module", None)
-        if exec_module is not None:
-            def exec_then_register(module: Any) -> None:
-                exec_module(module)  # the import system put the module in sys.modules before this
-                if register_with_vllm():
-                    uninstall_import_hook()
-
-            spec.loader.exec_module = exec_then_register
-        return spec
-
-
-_hook = _RegisterAfterImport()
-
-
-def install_import_hook() -> None:
-    """Register now if vLLM's pass module is loaded, else once it is (idempotent)."""
-    if not register_with_vllm() and _hook not in sys.meta_path:
-        sys.meta_path.insert(0, _hook)
-
-
-def uninstall_import_hook() -> None:
-    while _hook in sys.meta_path:
-        sys.meta_path.remove(_hook)
+def _with_options(kda_options: dict[str, Any]) -> VllmPostGradPass:
+    return VllmPostGradPass(**kda_options)
 
 
 def register_with_vllm() -> bool:
-    """Make :class:`VllmPostGradPass` a virtual subclass of vLLM's ``InductorPass`` if vLLM's
-    pass module is loaded (it never imports vLLM). Safe to call many times; True when done.
-    Also the ``vllm.general_plugins`` entry point."""
+    """Make :class:`VllmPostGradPass` a virtual subclass of vLLM's ``InductorPass`` (True when
+    vLLM has that class). Safe to call many times; imports vLLM's pass module: call it from vLLM
+    (:func:`vllm_plugin`)."""
     done = False
     for name in _VLLM_PASS_MODULES:
-        module = sys.modules.get(name)
-        base = getattr(module, "InductorPass", None)
-        if base is not None and hasattr(base, "register"):
-            if not issubclass(VllmPostGradPass, base):
-                base.register(VllmPostGradPass)
-            done = True
+        try:
+            base = importlib.import_module(name).InductorPass
+        except ModuleNotFoundError as err:
+            if not name.startswith(err.name or "\0"):  # a module it imports is missing: vLLM's error
+                raise
+            continue  # this vLLM keeps its pass module under the other name
+        if not issubclass(VllmPostGradPass, base):
+            base.register(VllmPostGradPass)
+        done = True
     return done
 
 

@@ -119,14 +119,20 @@ def _run(body: str, tmp_path: Path, env: dict | None = None) -> str:
     return done.stdout
 
 
+@pytest.mark.slow  # a subprocess that compiles with Inductor: ~12 s on 2 cores
 def test_resolved_as_vllm_does_and_runs_in_its_pass_manager(tmp_path):
     out = _run('''
         import vllm.compilation.passes.inductor_pass as vp  # vLLM's pass module first
         assert "kda_inductor" not in sys.modules          # vLLM's config is what imports us
         p = resolve("kda_inductor.post_grad_pass")
         import kda_inductor
-        assert p is kda_inductor.post_grad_pass          # used as is, not wrapped in CallableInductorPass
         import kda_inductor.pass_manager as pm
+        # before vLLM's plugins load (LLM(...) builds its config first): wrapped, keyed on our content
+        assert isinstance(p, vp.CallableInductorPass) and p.callable is kda_inductor.post_grad_pass
+        assert p.uuid() == vp.InductorPass.hash_source(pm.KdaPostGradPass().uuid())
+        kda_inductor.vllm_plugin()                       # vLLM's plugin loading (vllm.general_plugins)
+        p = resolve("kda_inductor.post_grad_pass")
+        assert p is kda_inductor.post_grad_pass          # now used as is
         assert p.uuid() == pm.KdaPostGradPass().uuid()   # our content hash, not a hash of one class's source
         manager = vp.PostGradPassManager(); manager.add(p)
         json_uuid = manager.uuid()                       # JSON-hashable
@@ -149,23 +155,32 @@ def test_resolved_as_vllm_does_and_runs_in_its_pass_manager(tmp_path):
     assert "matches 1" in out
 
 
-@pytest.mark.parametrize("first", ["import kda_inductor", "TORCH_LOGS=kda_inductor"])
-def test_imported_before_vllm_is_still_used_as_is(first, tmp_path):
-    """kda_inductor imported before vLLM's pass module exists (``import kda_inductor`` first, or
-    ``TORCH_LOGS=kda_inductor``, which imports it with torch): the import hook registers the
-    pass as soon as vLLM's pass module has run, before vLLM's config resolves the name, then
-    leaves ``sys.meta_path``. The import order does not matter."""
-    _run('''
-        import kda_inductor                               # (already imported under TORCH_LOGS)
-        from kda_inductor import vllm_pass
-        assert "vllm.compilation.passes.inductor_pass" not in sys.modules
-        assert vllm_pass._hook in sys.meta_path
+@pytest.mark.slow  # six subprocesses that import torch: ~40 s on 2 cores
+@pytest.mark.parametrize("order", ["kda first", "vllm first", "TORCH_LOGS=kda_inductor"])
+@pytest.mark.parametrize("plugins", ["before the config", "after the config"])
+def test_in_every_order_vllms_cache_key_is_our_content(order, plugins, tmp_path):
+    """Whichever was imported first (``TORCH_LOGS=kda_inductor`` imports us with torch) and whether
+    vLLM loads its plugins before it builds the config (``vllm serve``) or after (``LLM(...)``):
+    the pass vLLM configures runs ours and its uuid is our content hash (ours, or vLLM's hash of
+    our text): it changes with our options. Nothing is put on ``sys.meta_path``."""
+    _run(f'''
+        hooks = list(sys.meta_path)
+        if {order!r} == "vllm first":
+            import vllm.compilation.passes.inductor_pass
+        import kda_inductor
         import vllm.compilation.passes.inductor_pass as vp
-        assert isinstance(kda_inductor.post_grad_pass, vp.InductorPass)
-        assert vllm_pass._hook not in sys.meta_path      # done: the hook removed itself
-        assert resolve("kda_inductor.post_grad_pass") is kda_inductor.post_grad_pass
+        if {plugins!r} == "before the config":
+            kda_inductor.vllm_plugin()
+        configured = resolve("kda_inductor.post_grad_pass")
+        forced = kda_inductor.VllmPostGradPass(force=True)
+        assert configured is kda_inductor.post_grad_pass or configured.callable is kda_inductor.post_grad_pass
+        from kda_inductor.options import KdaOptions
+        ours = KdaOptions().pass_uuid()
+        assert configured.uuid() in (ours, vp.InductorPass.hash_source(ours))
+        assert vp.InductorPass.hash_source(forced) != vp.InductorPass.hash_source(kda_inductor.post_grad_pass)
+        assert [h for h in sys.meta_path if h not in hooks] == []
         import inspect; inspect.getsource(vp.InductorPass)   # vLLM hashes its passes' sources: still readable
-    ''', tmp_path, env={"TORCH_LOGS": "kda_inductor"} if first.startswith("TORCH_LOGS") else None)
+    ''', tmp_path, env={"TORCH_LOGS": "kda_inductor"} if order.startswith("TORCH_LOGS") else None)
 
 
 def test_uuid_covers_sources_and_options(tmp_path):
@@ -179,6 +194,7 @@ def test_uuid_covers_sources_and_options(tmp_path):
         forced = kda_inductor.VllmPostGradPass(force=True)
         assert forced.uuid() != kda_inductor.post_grad_pass.uuid()
         assert forced.uuid() == KdaPostGradPass(KdaOptions.parse({"force": True})).uuid()
+        kda_inductor.vllm_plugin()
         assert resolve("kda_inductor.post_grad_pass").uuid() == KdaPostGradPass().uuid()
     ''', tmp_path)
 
@@ -188,6 +204,8 @@ def test_plugin_entry_point_and_cheap_import():
 
     meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert meta["project"]["entry-points"]["vllm.general_plugins"] == {"kda_inductor": "kda_inductor:vllm_plugin"}
-    code = ("import sys, kda_inductor; assert 'torch' not in sys.modules, 'import kda_inductor imported torch'; "
+    code = ("import sys; hooks = list(sys.meta_path); import kda_inductor; "
+            "assert 'torch' not in sys.modules, 'import kda_inductor imported torch'; "
+            "assert sys.meta_path == hooks, 'import kda_inductor added an import hook'; "
             "assert 'post_grad_pass' in vars(kda_inductor)")
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, timeout=60)

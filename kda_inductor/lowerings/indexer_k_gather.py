@@ -1,6 +1,6 @@
 """``kda::indexer_k_gather``: gather DeepSeek-V3.2 indexer K rows out of a paged fp8 cache.
 
-Cache layout (see ``shared/reference.md``, section ``indexer_k_gather``): ``kv_cache`` is
+Cache layout (``docs/indexer-cache.md``, "The blocked layout"): ``kv_cache`` is
 uint8 ``[num_blocks, block_size, head_dim + 4 * G]`` with ``G = head_dim // 128`` float32
 scales per token, or SGLang's 2-D page buffer ``[num_pages, block_size * (head_dim + 4 * G)]``
 with the op's ``block_size`` argument giving the tokens per page; the shape is nominal: each
@@ -70,14 +70,8 @@ from torch import Tensor
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import cache_bytes, check_kv_cache, check_tensor, definitely
 from kda_inductor.lowerings import interpreter_checks, triton_launch_options
+from kda_inductor.lowerings._triton import tl, triton
 from kda_inductor.reference import QUANT_GROUP, CacheLayout
-
-try:  # Triton is optional on CPU-only installs; the CPU kernel does not need it.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover
-    triton = None
-    tl = None
 
 __all__ = ["indexer_k_gather", "indexer_k_gather_out", "gather_triton", "validate", "word_bytes"]
 

@@ -13,7 +13,7 @@ slot_mapping[t]``:
   ``q = fp8_e4m3(clamp(x / scale, -448, 448))``;
 * the ``D`` value bytes go to block ``s // block_size`` at byte ``(s % block_size) * D`` and
   the ``G = D // 128`` float32 scales (little-endian) at ``block_size * D + (s % block_size)
-  * 4G``: the blocked layout of ``shared/reference.md`` that ``kda::indexer_k_gather`` reads.
+  * 4G``: the blocked layout (``docs/indexer-cache.md``) that ``kda::indexer_k_gather`` reads.
 
 ``kv_cache`` is uint8 ``[num_blocks, block_size, D + 4G]`` (``block_size`` 0: its
 ``shape[1]``) or SGLang's 2-D page buffer ``[num_pages, block_size * (D + 4G)]`` (then

@@ -22,6 +22,7 @@ from typing import Any, ClassVar
 
 import torch
 import torch.fx as fx
+import torch.utils._pytree as pytree
 
 aten = torch.ops.aten
 prims = torch.ops.prims
@@ -523,6 +524,152 @@ def transaction(graph: fx.Graph) -> Iterator[None]:
                 )
             graph.erase_node(n)
         raise
+
+
+# --------------------------------------------------------------------------- replacing by a function
+
+
+def replace_by_function(graph: fx.Graph, fn: Callable[..., Any], args: Iterable[Any], *,
+                        outputs: Iterable[fx.Node | None], before: fx.Node, region: Iterable[fx.Node] = (),
+                        origin: fx.Node | None = None) -> list[fx.Node]:
+    """Replace a match by ``fn(*args)``, a plain function of torch and ``torch.ops.kda`` calls
+    (``Match.replace_by_example`` of PyTorch's pattern matcher, as a rewrite's ``replace`` calls
+    it). ``fx.Node`` arguments (also inside lists) are read as their fake values, everything else
+    is a constant baked in. ``fn`` is traced in the graph's fake mode (``make_fx`` with Inductor's
+    decompositions, symbolic sizes read back as ``sym_size`` of its inputs or the graph's
+    ``SymInt`` inputs) and functionalized: a mutating op comes out as ``auto_functionalized``,
+    which Inductor re-inplaces (an argument ``fn`` mutates must be among its outputs: its new
+    value). The traced nodes go right before ``before`` (``meta["val"]`` set, ``origin``'s stack
+    trace lent); then the users of ``outputs[i]`` read ``fn``'s i-th output (pytree-flattened;
+    None: not read), users that stood before it move after it, and what of ``region`` is left dead
+    is erased. Returns the new output nodes.
+
+    Everything is inserted before any user is rerouted, so :func:`transaction` can undo a
+    failure; rerouting comes last."""
+    inputs, gm = _trace(graph, fn, list(args))
+    outputs = list(outputs)
+    with graph.inserting_before(before):
+        made, results = _insert(graph, gm, inputs)
+    if len(results) != len(outputs):
+        raise ValueError(f"kda_inductor: the replacement returns {len(results)} values for {len(outputs)} outputs")
+    trace = origin.meta.get("stack_trace") if origin is not None else None
+    if trace:
+        for n in made:
+            n.meta["stack_trace"] = trace
+    new = set(made)
+    for old, out in zip(outputs, results):
+        if old is not None:
+            old.replace_all_uses_with(out, delete_user_cb=lambda u: u not in new)
+    _users_after(made)
+    erase_dead(graph, region)
+    return results
+
+
+def _trace(graph: fx.Graph, fn: Callable[..., Any], args: list) -> tuple[list[fx.Node], fx.GraphModule]:
+    """``(inputs, gm)``: ``fn`` over ``args`` traced functionally in the graph's fake mode, its
+    placeholders standing for ``inputs`` (the nodes among ``args``, then the graph's ``SymInt``
+    inputs, through which sizes of the graph's symbols that no input tensor has are read)."""
+    from torch._guards import detect_fake_mode
+    from torch._inductor.pattern_matcher import fwd_only
+
+    flat, spec = pytree.tree_flatten(args)
+    nodes = [x for x in flat if isinstance(x, fx.Node)]
+    sizes = [p for p in graph.find_nodes(op="placeholder") if isinstance(val(p), torch.SymInt) and p not in nodes]
+
+    def flat_fn(*values: Any) -> list:
+        given = iter(values)
+        leaves = [next(given) if isinstance(x, fx.Node) else x for x in flat]
+        return fn(*pytree.tree_unflatten(leaves, spec))
+
+    values = [val(n) for n in nodes + sizes]
+    missing = [n.name for n, v in zip(nodes, values) if v is None]
+    if missing:
+        raise RuntimeError(f"kda_inductor: an input of the replacement has no fake value: {missing}")
+    mode = detect_fake_mode([v for v in values if isinstance(v, torch.Tensor)]) or detect_fake_mode(
+        [val(p) for p in graph.find_nodes(op="placeholder") if isinstance(val(p), torch.Tensor)])
+    with mode or contextlib.nullcontext(), _functionalized_v1():
+        gm = fwd_only(_functionalized(flat_fn), values)
+    return nodes + sizes, gm
+
+
+def _functionalized(fn: Callable[..., Any]) -> Callable[..., list]:
+    """``fn`` run on functional tensors (``torch.func.functionalize``'s dispatch form, as AOT
+    Autograd runs a graph): its outputs pytree-flattened; an input it mutates must be returned."""
+    from torch._subclasses.functional_tensor import FunctionalTensor, FunctionalTensorMode
+
+    def run(*values: Any) -> list:
+        skip = torch._C._ExcludeDispatchKeyGuard(torch._C.DispatchKeySet(torch._C.DispatchKey.Functionalize))
+        with skip, FunctionalTensorMode():
+            ins = [FunctionalTensor.to_functional(v) if isinstance(v, torch.Tensor) else v for v in values]
+            outs = pytree.tree_leaves(fn(*ins))
+            for i, x in enumerate(ins):
+                if isinstance(x, FunctionalTensor):
+                    torch._sync(x)
+                    if torch._functionalize_has_data_mutation(x.elem) and not any(o is x for o in outs):
+                        raise ValueError(f"kda_inductor: the replacement mutates its input {i} but does not return it")
+            return [_from_functional(o) for o in outs]
+
+    return run
+
+
+def _from_functional(t: Any) -> Any:
+    from torch._subclasses.functional_tensor import FunctionalTensor
+
+    if not isinstance(t, FunctionalTensor):
+        return t
+    torch._sync(t)
+    return torch._from_functional_tensor(t.elem)
+
+
+@contextlib.contextmanager
+def _functionalized_v1() -> Iterator[None]:
+    """Mutating ops functionalized as ``auto_functionalized`` (v1, not ``_v2``: the form Inductor's
+    re-inplacing and our graph listings read as "in place on" the argument), where this torch
+    has the switch."""
+    import torch._inductor.config as inductor_config
+
+    with contextlib.ExitStack() as stack:
+        if hasattr(inductor_config, "enable_auto_functionalized_v2"):
+            stack.enter_context(inductor_config.patch(enable_auto_functionalized_v2=False))
+        export_config = getattr(getattr(torch, "_export", None), "config", None)
+        if hasattr(export_config, "enable_auto_functionalized_v2_for_export"):
+            stack.enter_context(export_config.patch(enable_auto_functionalized_v2_for_export=False))
+        yield
+
+
+def _insert(graph: fx.Graph, gm: fx.GraphModule, inputs: list[fx.Node]) -> tuple[list[fx.Node], list]:
+    """Copy ``gm``'s nodes into ``graph`` at its insertion point, placeholders read as
+    ``inputs``: ``(the new nodes, the nodes of gm's outputs)``."""
+    env: dict[fx.Node, Any] = dict(zip(gm.graph.find_nodes(op="placeholder"), inputs))
+    made: list[fx.Node] = []
+    for n in gm.graph.nodes:
+        if n.op == "call_function":
+            env[n] = graph.call_function(n.target, *fx.map_arg((n.args, n.kwargs), env.__getitem__))
+            env[n].meta["val"] = n.meta.get("val")
+            made.append(env[n])
+        elif n.op == "output":
+            return made, [env[o] if isinstance(o, fx.Node) else o for o in pytree.tree_leaves(n.args[0])]
+        elif n.op != "placeholder":
+            raise NotImplementedError(f"kda_inductor: a replacement traced to a {n.op} node ({n.format_node()})")
+    raise AssertionError("a traced graph has an output node")
+
+
+def _users_after(made: list[fx.Node]) -> None:
+    """Nodes that read the new nodes but stand before them (users of a replaced output that ran
+    before ``before``), with what they feed up to there, move right after the last new node,
+    in their order: the graph stays topologically sorted for the rewrites that follow."""
+    if not made:
+        return
+    last, new = made[-1], set(made)
+    early: set[fx.Node] = set()
+    stack = [u for n in made for u in n.users if u not in new]
+    while stack:
+        u = stack.pop()
+        if u not in early and in_graph_order([u, last])[0] is u:
+            early.add(u)
+            stack.extend(u.users)
+    for n in reversed(in_graph_order(early)):
+        last.append(n)
 
 
 # --------------------------------------------------------------------------- inserting a fused op

@@ -1,0 +1,220 @@
+"""``kda::gdn_recurrent_step`` / ``kda::gdn_recurrent_step_inplace`` themselves: the CPU ops against
+independent references (transformers' own token loops, ``torch_recurrent_gated_delta_rule`` and
+``recurrent_kimi_delta_attention``, and a float64 einsum spelling written here), their fake impls,
+the validator's errors (each names its argument), and the Triton kernel (the interpreter on CPU,
+the GPU under ``.ci/gpu tests``) against the CPU op.
+
+Tolerances. Everything is float32 math on O(1) values (unit-norm q / k, ``|v| ~ 1``, a state of
+``randn``): the op and a reference differ only in how float32 roundings fall (``x / sqrt(d)`` vs
+``x * d ** -0.5``, Kimi's ``x / sqrt(n)`` vs ``x * rsqrt(n)``, sums in another order), each
+~1e-7 relative, over at most 8 tokens of a contracting recurrence (``exp(g) <= 1``,
+``beta <= 1``): ``rtol = atol = 2e-5`` is ~100 float32 ulps of slack at the outputs' scale, and a
+wrong term (a missing decay, the wrong key head, one token off) moves outputs by > 1e-2. Against
+float64, ``1e-5``. 16-bit outputs: one rounding step of the output dtype more.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+
+import pytest
+import torch
+
+from kda_inductor.lowerings import gdn_recurrent_step as mod
+
+op = torch.ops.kda.gdn_recurrent_step.default
+inplace_op = torch.ops.kda.gdn_recurrent_step_inplace.default
+HAS_RUNNER = mod.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+needs_runner = pytest.mark.skipif(not HAS_RUNNER, reason="needs a GPU or TRITON_INTERPRET=1 with triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+def inputs(seed, B=2, T=3, Hk=2, Hv=4, K=16, V=12, *, per_channel=False, dtype=torch.float32, state=True,
+           layout="token-major"):
+    """Random step inputs as a layer makes them: ``g = -softplus`` (log-space decay <= 0), ``beta``
+    a sigmoid, q / k / v of unit-ish scale; ``layout`` ``"head-major"``: q / k / v / g / beta are
+    transposed views of ``[B, H, T, ...]`` tensors (the head-major spelling), ``"split"``: q / k /
+    v are views of one ``[B, T, C]`` projection (transformers' split)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=gen)).to(dtype)
+
+    if layout == "split":
+        qkv = rnd(B, T, 2 * Hk * K + Hv * V)
+        q, k, v = torch.split(qkv, [Hk * K, Hk * K, Hv * V], dim=-1)
+        q, k, v = q.unflatten(-1, (Hk, K)), k.unflatten(-1, (Hk, K)), v.unflatten(-1, (Hv, V))
+    elif layout == "head-major":
+        q, k, v = rnd(B, Hk, T, K).transpose(1, 2), rnd(B, Hk, T, K).transpose(1, 2), rnd(B, Hv, T, V).transpose(1, 2)
+    else:
+        q, k, v = rnd(B, T, Hk, K), rnd(B, T, Hk, K), rnd(B, T, Hv, V)
+    gshape = (B, T, Hv, K) if per_channel else (B, T, Hv)
+    g = -torch.nn.functional.softplus(torch.randn(*gshape, generator=gen))
+    beta = torch.sigmoid(torch.randn(B, T, Hv, generator=gen)).to(dtype)
+    if layout == "head-major":
+        g = g.movedim(2, 1).contiguous().movedim(1, 2)
+        beta = beta.transpose(1, 2).contiguous().transpose(1, 2)
+    s = torch.randn(B, Hv, K, V, generator=gen) if state else None
+    return q, k, v, g, beta, s
+
+
+def einsum_reference(q, k, v, g, beta, state, scale, l2norm, eps=1e-6):
+    """The recurrence in float64 einsums on explicitly repeated heads (written independently of
+    the op's loop)."""
+    Hv, Hk = v.shape[2], q.shape[2]
+    q, k = (x.double().repeat_interleave(Hv // Hk, dim=2) for x in (q, k))
+    v, g, beta = v.double(), g.double(), beta.double()
+    if l2norm:
+        q = q / torch.sqrt((q ** 2).sum(-1, keepdim=True) + eps)
+        k = k / torch.sqrt((k ** 2).sum(-1, keepdim=True) + eps)
+    S = torch.zeros(v.shape[0], Hv, q.shape[-1], v.shape[-1], dtype=torch.float64) if state is None else state.double()
+    outs = []
+    for t in range(v.shape[1]):
+        decay = g[:, t].exp()
+        S = S * (decay.unsqueeze(-1) if g.dim() == 4 else decay[..., None, None])
+        pred = torch.einsum("bhkv,bhk->bhv", S, k[:, t])
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, t], (v[:, t] - pred) * beta[:, t, :, None])
+        outs.append(torch.einsum("bhkv,bhk->bhv", S, q[:, t] * scale))
+    return torch.stack(outs, 1), S
+
+
+def _transformers(module: str, name: str):
+    mod_ = pytest.importorskip(f"transformers.models.{module}.modeling_{module}")
+    fn = getattr(mod_, name, None)
+    if fn is None:
+        pytest.skip(f"this transformers has no {module}.{name}")
+    return inspect.unwrap(fn)  # the torch loop itself, not the hub / fla dispatch around it
+
+
+# --------------------------------------------------------------------------- the CPU ops
+
+
+@pytest.mark.parametrize("T", [1, 3, 8])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_cpu_op_is_transformers_gated_delta_rule(T, group):
+    """Qwen3-Next's loop (GQA by ``repeat_interleave``, l2norm in the kernel, ``q / sqrt(K)``)."""
+    ref = _transformers("qwen3_next", "torch_recurrent_gated_delta_rule")
+    q, k, v, g, beta, s = inputs(10 * T + group, B=2, T=T, Hk=2, Hv=2 * group, K=16, V=12, dtype=torch.bfloat16)
+    want, want_state = ref(q, k, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    out, final = op(q, k, v, g, beta, s, 16 ** -0.5, True, 1e-6, torch.float32)
+    torch.testing.assert_close(final, want_state, **TOL)
+    torch.testing.assert_close(out.to(torch.bfloat16), want, rtol=0, atol=2 ** -7 * want.abs().max().item())
+    torch.testing.assert_close(out, ref(q.float(), k.float(), v.float(), g, beta.float(), initial_state=s,
+                                        output_final_state=True, use_qk_l2norm_in_kernel=True)[0], **TOL)
+
+
+@pytest.mark.parametrize("T", [1, 4])
+def test_cpu_op_is_transformers_kimi_delta_attention(T):
+    """Kimi Linear's loop: a decay per key channel ``g [B, T, H, K]``, its ``x / sqrt(n)`` l2norm."""
+    ref = _transformers("kimi_linear", "recurrent_kimi_delta_attention")
+    q, k, v, g, beta, s = inputs(T, B=2, T=T, Hk=3, Hv=3, K=16, V=16, per_channel=True)
+    want, want_state = ref(q, k, v, g, beta, s, True, use_qk_l2norm_in_kernel=True)
+    out, final = op(q, k, v, g, beta, s, 16 ** -0.5, True)
+    torch.testing.assert_close(out, want, **TOL)
+    torch.testing.assert_close(final, want_state, **TOL)
+
+
+@pytest.mark.parametrize("case", ["gqa4 per-channel", "no l2norm", "zero state", "K != V", "head-major", "split"])
+def test_cpu_op_against_float64(case):
+    kw = dict(per_channel="per-channel" in case, state=case != "zero state",
+              layout=case if case in ("head-major", "split") else "token-major")
+    dims = dict(Hk=1, Hv=4) if "gqa4" in case else dict(K=8, V=24) if case == "K != V" else {}
+    q, k, v, g, beta, s = inputs(len(case), T=5, **dims, **kw)
+    l2 = case != "no l2norm"
+    if not l2:
+        q, k = q * 0.25, k * 0.25
+    out, final = op(q, k, v, g, beta, s, 0.3, l2)
+    want, want_state = einsum_reference(q, k, v, g, beta, s, 0.3, l2)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final.double(), want_state, rtol=1e-5, atol=1e-5)
+
+
+def test_cpu_inplace_op_writes_the_final_state():
+    q, k, v, g, beta, s = inputs(5, per_channel=True)
+    out, final = op(q, k, v, g, beta, s, 0.25, True)
+    state = s.clone()
+    got = inplace_op(q, k, v, g, beta, state, 0.25, True)
+    assert torch.equal(got, out) and torch.equal(state, final)
+    assert not torch.equal(state, s)
+
+
+def test_out_dtype_and_outputs():
+    q, k, v, g, beta, s = inputs(6, dtype=torch.bfloat16)
+    out, final = op(q, k, v, g, beta, s, 0.25, True)
+    assert out.dtype == torch.bfloat16 and out.is_contiguous() and final.dtype == torch.float32
+    full, _ = op(q, k, v, g, beta, s, 0.25, True, 1e-6, torch.float32)
+    assert torch.equal(out, full.to(torch.bfloat16))
+    assert final.data_ptr() != s.data_ptr()
+    empty_out, same = op(q[:, :0], k[:, :0], v[:, :0], g[:, :0], beta[:, :0], s, 0.25, True)
+    assert empty_out.shape == (2, 0, 4, 12) and torch.equal(same, s) and same.data_ptr() != s.data_ptr()
+
+
+def test_fake_impls_and_opcheck():
+    """The fake impls give the real outputs' shapes, dtypes and strides; torch's opcheck agrees."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v, g, beta, s = inputs(7)
+    args = (q, k, v, g, beta, s, 0.25, True, 1e-6, torch.bfloat16)
+    real = op(*args)
+    with FakeTensorMode() as mode:
+        fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+    for f, r in zip(fake, real):
+        assert (f.shape, f.dtype, f.stride()) == (r.shape, r.dtype, r.stride())
+    torch.library.opcheck(op, args)
+    torch.library.opcheck(inplace_op, (q, k, v, g, beta, s.clone(), 0.25, False))
+
+
+def _err(match, *args, exc=ValueError, inplace=False):
+    with pytest.raises(exc, match=match):
+        (inplace_op if inplace else op)(*args)
+
+
+def test_bad_arguments_are_named():
+    q, k, v, g, beta, s = inputs(8)
+    f = 0.25
+    _err(r"^initial_state: expected \[B, Hv, K, V\] = \[2, 4, 16, 12\], got \[2, 4, 12, 16\]",
+         q, k, v, g, beta, s.transpose(2, 3), f, True)
+    _err("^state: expected a float32 state", q, k, v, g, beta, s.bfloat16(), f, True, inplace=True)
+    _err("^v: its 3 heads are not a multiple of q / k's 2 heads", q, k, v[:, :, :3], g[..., :3], beta[..., :3], None,
+         f, True)
+    _err(r"^v: expected \[B, T, Hv, V\] with q's B = 2 and T = 3", q, k, v[:, :2], g, beta, None, f, True)
+    _err(r"^k: expected q's shape", q, k[:, :, :1], v, g, beta, None, f, True)
+    _err(r"^g: expected \[B, T, Hv\] \(a decay per head\)", q, k, v, g[:, :, :2], beta, None, f, True)
+    _err(r"^g: expected \[B, T, Hv, K\] \(a decay per key channel\)", q, k, v, g[..., None].expand(2, 3, 4, 8), beta,
+         None, f, True)
+    _err("^g: expected a 3-D or 4-D floating-point tensor, got 2-D", q, k, v, g[0], beta, None, f, True)
+    _err(r"^beta: expected \[B, T, Hv\] = \[2, 3, 4\], got \[2, 3, 2\]", q, k, v, g, beta[..., :2], None, f, True)
+    _err(r"^beta: expected a 3-D floating-point tensor, got 4-D", q, k, v, g, beta[..., None], None, f, True)
+    _err("^q: expected a 4-D floating-point tensor, got 4-D torch.int64", q.long(), k, v, g, beta, None, f, True)
+    _err("^beta: expected a 3-D floating-point tensor, got 3-D torch.bool", q, k, v, g, beta > 0, None, f, True)
+    _err(r"^scale: expected a finite float, got inf", q, k, v, g, beta, None, float("inf"), True)
+    _err(r"^eps: expected a finite float >= 0", q, k, v, g, beta, None, f, True, -1.0)
+    _err(r"^out_dtype: expected None or a floating-point dtype", q, k, v, g, beta, None, f, True, 1e-6, torch.int32)
+    big = torch.zeros(1, 1, 1, 300)
+    _err(r"^k: head dim K must be in \[1, 256\]", big, big, big, big[..., 0], big[..., 0], None, f, True)
+
+
+def test_validate_directly():
+    """The pattern calls :func:`validate` on fake values too: the geometry it returns, and the
+    errors for what custom_op's schema would let through."""
+    q, k, v, g, beta, s = inputs(9, Hk=1, Hv=4, per_channel=True)
+    meta = mod.validate(q, k, v, g, beta, s, 0.25, True)
+    assert meta == (2, 3, 1, 4, 16, 12, True) and meta.group == 4
+    with pytest.raises(TypeError, match="^q: expected a Tensor"):
+        mod.validate(q.tolist(), k, v, g, beta)
+    with pytest.raises(TypeError, match="^use_qk_l2norm: expected a bool"):
+        mod.validate(q, k, v, g, beta, s, 0.25, 1)
+    with pytest.raises(TypeError, match="^scale: expected a finite float"):
+        mod.validate(q, k, v, g, beta, s, "0.25", True)
+    with pytest.raises(ValueError, match="^beta: expected device meta"):
+        mod.validate(q.to("meta"), k.to("meta"), v.to("meta"), g.to("meta"), beta, None, 0.25, True)
+
+
+def test_a_rejected_inplace_call_leaves_the_state_alone():
+    q, k, v, g, beta, s = inputs(11)
+    before = s.clone()
+    with pytest.raises(ValueError, match="^g"):
+        inplace_op(q, k, v, g[:, :1], beta, s, 0.25, True)
+    assert torch.equal(s, before)

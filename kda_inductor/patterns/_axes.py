@@ -1,0 +1,221 @@
+"""Reading tensors of a post-grad graph with named axes (the recurrent rewrites' vocabulary).
+
+A value is read as a node and the names of its axes (``("b", "h", "k", "v")``; ``""`` for a unit
+or broadcast axis): views that keep every value (unit dims added or dropped, permutes, broadcasts,
+contiguous copies) carry the names down to the tensor they view (:func:`relabel`), a float32
+product is the bag of its factors each with its own names (:func:`factors`), a contraction over
+an axis is a ``sum`` of a product or a ``bmm`` of reshapes (:func:`dot`). Two spellings of one
+computation read as the same names; a transposed one does not (a ``[K, V]`` state summed over
+``V`` is no sum over ``k``), whatever the sizes: names follow positions, never sizes (a size-1 axis
+matches any name, its values being the same under every broadcast).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import statically_known_true as known
+
+from kda_inductor.patterns.base import aten, is_op, val
+from kda_inductor.patterns.canonical import Canon
+
+_F32 = torch.float32
+
+
+
+def unit(s: Any) -> bool:
+    return known(s == 1)
+
+
+def same_shape(a: tuple, b: tuple) -> bool:
+    """Two shapes provably equal (no guard on symbolic sizes)."""
+    return len(a) == len(b) and all(known(x == y) for x, y in zip(a, b))
+
+
+def shape(n: Any) -> tuple:
+    v = val(n)
+    return tuple(v.shape) if isinstance(v, torch.Tensor) else ()
+
+
+def view_map(n: Any) -> tuple[Any, list | None]:
+    """``(base, src)``: ``n`` is ``base`` through views that keep each value (unit dims added or
+    dropped, permutes, broadcasts, copies); ``src[i]`` is the base dim of ``n``'s dim ``i`` (None: a
+    unit or broadcast dim)."""
+    if not isinstance(n, fx.Node) or not isinstance(val(n), torch.Tensor):
+        return n, None
+    ident = (n, list(range(val(n).dim())))
+    if is_op(n, aten.alias) or (is_op(n, aten.clone) and set(n.kwargs) <= {"memory_format"}):
+        return view_map(n.args[0])
+    if is_op(n, aten.unsqueeze, aten.squeeze, aten.permute, aten.expand, aten.view, aten.reshape,
+             aten._unsafe_view) and n.target is not aten.view.dtype:
+        b, src = view_map(n.args[0])
+        out = _view_step(n, src)
+        return (b, out) if out is not None else ident
+    return ident
+
+
+def _view_step(n: fx.Node, src: list) -> list | None:
+    """``src`` of ``n`` from its argument's ``src`` (see :func:`_view_map`), or None."""
+    xs, ns = shape(n.args[0]), shape(n)
+    if is_op(n, aten.unsqueeze):
+        d = n.args[1] % len(ns)
+        return src[:d] + [None] + src[d:]
+    if is_op(n, aten.permute):
+        return [src[p % len(xs)] for p in n.args[1]]
+    if is_op(n, aten.expand):
+        src = [None] * (len(ns) - len(xs)) + src
+        xs = (1,) * (len(ns) - len(xs)) + xs
+        return [None if unit(a) and not unit(b) else s for s, a, b in zip(src, xs, ns)]
+    keep_x = [i for i, s in enumerate(xs) if not unit(s)]
+    keep_n = [i for i, s in enumerate(ns) if not unit(s)]
+    if len(keep_x) != len(keep_n) or not all(known(xs[a] == ns[b]) for a, b in zip(keep_x, keep_n)):
+        return None  # squeeze, or a reshape that only adds or drops unit dims
+    out = [None] * len(ns)
+    for a, b in zip(keep_x, keep_n):
+        out[b] = src[a]
+    return out
+
+
+def relabel(n: Any, labels: tuple) -> tuple[Any, tuple]:
+    """``n``'s view base and its axis names, given ``n``'s (``""``: a unit or broadcast dim)."""
+    b, src = view_map(n)
+    if b is n or src is None:
+        return n, labels
+    out = [""] * len(shape(b))
+    for i, j in enumerate(src):
+        if j is not None:
+            out[j] = labels[i]
+    return b, tuple(out)
+
+
+def broadcast(a: fx.Node, n: fx.Node, labels: tuple) -> tuple:
+    """The axis names of ``a``, an operand broadcast to ``n``'s shape."""
+    xs, ns = shape(a), shape(n)
+    off = len(ns) - len(xs)
+    return tuple("" if unit(s) and not unit(ns[off + i]) else labels[off + i] for i, s in enumerate(xs))
+
+
+class F(NamedTuple):
+    """A factor of a product: a node (or a number) and its axis names."""
+
+    node: Any
+    labels: tuple
+
+    def sig(self) -> frozenset:
+        """The names of its non-unit axes."""
+        return frozenset(l for l, s in zip(self.labels, shape(self.node)) if l and not unit(s))
+
+    def key(self, canon: Canon) -> tuple:
+        """What two factors must share to be the same values on the same axes."""
+        names = tuple(l if not unit(s) else "" for l, s in zip(self.labels, shape(self.node)))
+        return canon(self.node), names
+
+
+def factors(n: Any, labels: tuple) -> list[F]:
+    """The factors of ``n`` (float32 products flattened, through views), each with its axis names."""
+    n, labels = relabel(n, labels)
+    if not (is_op(n, aten.mul) and val(n).dtype == _F32):
+        return [F(n, labels)]
+    out: list[F] = []
+    for a in n.args:
+        if isinstance(a, fx.Node) and isinstance(val(a), torch.Tensor) and val(a).dim() > 0:
+            out += factors(a, broadcast(a, n, labels))
+        else:
+            out.append(F(a, ()))
+    return out
+
+
+def dot(n: fx.Node, labels: tuple) -> list[tuple[list[F], F]]:
+    """``n`` (axis names ``labels``, no ``k``) read as ``sum_k(M * x)``: each ``(M's factors, x)``
+    with ``x`` a factor whose axes are ``b h k`` (a per-channel decay is one too): a ``sum`` over the
+    ``k`` axis of a product, or a ``bmm`` of a ``[N, 1, K]`` vector and a ``[N, K, V]`` state (einsum,
+    matmul)."""
+    n, labels = relabel(n, labels)
+    if is_op(n, aten.sum) and n.target is aten.sum.dim_IntList and len(n.args[1]) == 1:
+        p = n.args[0]
+        d = n.args[1][0] % len(shape(p))
+        keep = len(n.args) > 2 and n.args[2]
+        fs = factors(p, labels[:d] + ("k",) + labels[d + (1 if keep else 0):])
+    elif is_op(n, aten.view, aten.reshape, aten._unsafe_view) and is_op(n.args[0], aten.bmm):
+        fs = _bmm_factors(n, labels) or []
+    else:
+        return []
+    xs = [f for f in fs if isinstance(f.node, fx.Node) and f.sig() >= {"k"} and "v" not in f.sig()]
+    return [([f for f in fs if f is not x], x) for x in xs]
+
+
+def _bmm_factors(n: fx.Node, labels: tuple) -> list[F] | None:
+    """The factors of ``bmm(x.reshape(N, 1, K), M.reshape(N, K, V)).reshape(*lead, V)`` (``n``):
+    ``x`` named ``lead + k``, ``M`` named ``lead + k v``, ``lead`` the names of ``n``'s leading dims."""
+    a, m = n.args[0].args
+    if not (is_op(a, aten.view, aten.reshape, aten._unsafe_view) and is_op(m, aten.view, aten.reshape,
+                                                                          aten._unsafe_view)):
+        return None
+    if not (unit(shape(a)[1]) and known(shape(a)[2] == shape(m)[1])):
+        return None
+    lead = [(s, l) for s, l in zip(shape(n)[:-1], labels[:-1]) if not unit(s)]
+    out = []
+    for x, tail, sizes in ((a.args[0], ("k",), shape(a)[2:]), (m.args[0], ("k", "v"), shape(m)[1:])):
+        xs = shape(x)
+        big = [i for i, s in enumerate(xs) if not unit(s)]
+        want = [s for s, _ in lead] + list(sizes)
+        if len(big) != len(want) or not all(known(xs[i] == w) for i, w in zip(big, want)):
+            return None
+        names = [""] * len(xs)
+        for i, name in zip(big, [l for _, l in lead] + list(tail)):
+            names[i] = name
+        out += factors(x, tuple(names))
+    return out
+
+
+
+
+def same_bag(a: list[F], b: list[F], canon: Canon) -> bool:
+    """The same factors, in any order (term equality, never ``repr``: exponential in a deep DAG)."""
+    rest = [f.key(canon) for f in b]
+    for f in a:
+        key = f.key(canon)
+        i = next((i for i, r in enumerate(rest) if r == key), None)
+        if i is None:
+            return False
+        del rest[i]
+    return not rest
+
+
+def arrange(x: torch.Tensor, have: tuple, want: tuple) -> torch.Tensor:
+    """``x`` (axes named ``have``) with its axes in ``want``'s order: unit axes ``want`` lacks are
+    dropped, axes ``have`` lacks (``""``, or a name it has not) are added as unit axes. No sizes
+    are spelled out, so symbolic sizes trace."""
+    present = [l for l in want if l and l in have]
+    perm = [have.index(l) for l in present] + [i for i, l in enumerate(have) if l not in present]
+    y = x.permute(perm) if perm != list(range(len(perm))) else x
+    if len(present) < len(have):
+        y = y.reshape(y.shape[:len(present)])
+    for i, l in enumerate(want):
+        if not (l and l in have):
+            y = y.unsqueeze(i)
+    return y
+
+
+def between(outputs: list[fx.Node], stops: set) -> set[fx.Node] | None:
+    """The nodes that compute ``outputs`` from ``stops`` (upstream of the outputs, up to the stops);
+    None where that reaches another graph input (the match would depend on something it lacks)."""
+    region: set[fx.Node] = set()
+    stack = list(outputs)
+    while stack:
+        n = stack.pop()
+        if n in region or n in stops or not isinstance(val(n), torch.Tensor):
+            continue
+        if n.op != "call_function":
+            return None
+        region.add(n)
+        stack.extend(n.all_input_nodes)
+    return region
+
+
+def labels_of(x: fx.Node, root: fx.Node, labels: tuple) -> tuple | None:
+    """The axis names of ``x``, a view of ``root`` (named ``labels``); None if it is not one."""
+    b, src = view_map(x)
+    return tuple(labels[j] if j is not None else "" for j in src) if b is root else None

@@ -452,7 +452,7 @@ class GdnRecurrentStep(Rewrite):
                "`kda::gdn_recurrent_step` (one Triton kernel: the state read once and written once)")
     # the gated norms read this op's output: their speed rules (what produces the norm's input?) and
     # gated_norms' reading (shared by both) must see the op, not the unrolled loop it replaces
-    runs_before = ("gated_norm_quant", "gated_norm_merge")
+    runs_before = ("gated_norm_quant",)  # and so before gated_norm_merge, which runs after gated_norm_quant
 
     def find(self, graph: fx.Graph) -> list[Match]:
         canon = Canon(graph)

@@ -199,14 +199,17 @@ def arrange(x: torch.Tensor, have: tuple, want: tuple) -> torch.Tensor:
     return y
 
 
-def between(outputs: list[fx.Node], stops: set) -> set[fx.Node] | None:
-    """The nodes that compute ``outputs`` from ``stops`` (upstream of the outputs, up to the stops);
-    None where that reaches another graph input (the match would depend on something it lacks)."""
+def between(outputs: list[fx.Node], stops: set, canon: Canon) -> set[fx.Node] | None:
+    """The nodes that compute ``outputs`` from ``stops`` (upstream of the outputs, up to the stops
+    or a node of the same canonical term: Inductor does not CSE before our pass, so ``x[:, t]``
+    may be spelled twice); None where that reaches another graph input (the match would depend on
+    something it lacks)."""
     region: set[fx.Node] = set()
+    terms = {canon(n) for n in stops}
     stack = list(outputs)
     while stack:
         n = stack.pop()
-        if n in region or n in stops or not isinstance(val(n), torch.Tensor):
+        if n in region or n in stops or not isinstance(val(n), torch.Tensor) or canon(n) in terms:
             continue
         if n.op != "call_function":
             return None

@@ -74,6 +74,7 @@ CPU_MIN_STATE = None
 _F32 = torch.float32
 _16BIT = (torch.bfloat16, torch.float16)
 _S = ("b", "h", "k", "v")
+_ST = ("b", "h", "v", "k")  # a state kept transposed (vLLM's CPU reference): read as a view of it
 _VIEWS = (aten.unsqueeze, aten.squeeze, aten.permute, aten.view, aten.reshape, aten._unsafe_view, aten.clone)
 
 
@@ -94,19 +95,23 @@ class Step:
     q: F
     out: fx.Node
     out_labels: tuple
+    read: list[F]  # the factors of the state read (S k): the decayed state's and k's own nodes
+    labels: tuple  # the state's axis names: _S, or _ST for a state kept [B, H, V, K]
 
     def frontier(self) -> set:
-        return {f.node for f in (self.prev, self.decay, self.k, self.v, self.beta, self.q)}
+        return {f.node for f in (self.prev, self.decay, self.k, self.v, self.beta, self.q, *self.read)
+                if isinstance(f.node, fx.Node)}
 
 
-def _names(n: fx.Node) -> frozenset:
+def _names(n: fx.Node, labels: tuple = _S) -> frozenset:
     """The state's axes that are not unit dims."""
-    return frozenset(l for l, s in zip(_S, shape(n)) if not unit(s))
+    return frozenset(l for l, s in zip(labels, shape(n)) if not unit(s))
 
 
-def _outer(u: Any, names: frozenset) -> tuple[F, F, list[F]] | None:
-    """``u`` as an outer product over ``k`` and ``v``: ``(k factor, v factor, per-head factors)``."""
-    fs = factors(u, _S)
+def _outer(u: Any, names: frozenset, labels: tuple) -> tuple[F, F, list[F]] | None:
+    """``u`` as an outer product over ``k`` and ``v`` of a state named ``labels``: ``(k factor, v
+    factor, per-head factors)``."""
+    fs = factors(u, labels)
     ks = [f for f in fs if f.sig() == names - {"v"}]
     vs = [f for f in fs if f.sig() == names - {"k"}]
     rest = [f for f in fs if f not in ks and f not in vs]
@@ -122,22 +127,26 @@ def _is_exp(f: F) -> bool:
     return is_op(n, aten.exp)
 
 
-def _update(n: Any) -> tuple[fx.Node, F, F, list[F]] | None:
-    """A candidate state update ``n = a + outer(k, v-side)`` of a 4-D state: ``(a, k, v-side, rest)``."""
+def _update(n: Any) -> tuple[fx.Node, F, F, list[F], tuple] | None:
+    """A candidate state update ``n = a + outer(k, v-side)`` of a 4-D state: ``(a, k, v-side, rest,
+    the state's axis names)``; the state ``[B, H, K, V]``, or ``[B, H, V, K]`` where that reads the
+    v side as the delta rule's ``v - S k`` (the outer product alone does not tell them apart)."""
     if not (is_op(n, aten.add) and n.target is aten.add.Tensor and len(shape(n)) == 4 and not n.kwargs
             and all(isinstance(a, fx.Node) for a in n.args[:2])):
         return None
     names = _names(n)
     if not {"k", "v"} <= names:
         return None
-    for a, u in (n.args[:2], n.args[1::-1]):
-        got = _outer(u, names) if isinstance(u, fx.Node) else None
-        if got is not None and isinstance(a, fx.Node) and known(shape(a)[-1] == shape(n)[-1]):
-            return (a, *got)
-    return None
+    found = []
+    for labels in (_S, _ST):
+        for a, u in (n.args[:2], n.args[1::-1]):
+            got = _outer(u, names, labels)
+            if got is not None and known(shape(a)[-1] == shape(n)[-1]):
+                found.append((a, *got, labels))
+    return next((f for f in found if is_op(f[2].node, aten.sub)), found[0] if found else None)
 
 
-def _out_labels(u: fx.Node, n: fx.Node) -> tuple | None:
+def _out_labels(u: fx.Node, n: fx.Node, labels: tuple) -> tuple | None:
     """The axis names of ``u`` where it may be ``sum_k(n * q)`` (a ``sum``, or the reshape after a
     ``bmm``) of the state ``n``; None where it cannot."""
     if is_op(u, aten.sum) and u.target is aten.sum.dim_IntList and len(u.args[1]) == 1:
@@ -146,14 +155,14 @@ def _out_labels(u: fx.Node, n: fx.Node) -> tuple | None:
         for x in (p.args if is_op(p, aten.mul) else [p]):
             b, src = view_map(x)
             if b is n and same_shape(shape(x), shape(p)):
-                names = tuple(_S[j] if j is not None else "" for j in src)
+                names = tuple(labels[j] if j is not None else "" for j in src)
                 keep = len(u.args) > 2 and u.args[2]
                 return names[:d] + (("",) if keep else ()) + names[d + 1:]
     if is_op(u, aten.view, aten.reshape, aten._unsafe_view) and is_op(u.args[0], aten.bmm):
         m = u.args[0].args[1]
         b, src = view_map(m.args[0]) if is_op(m, aten.view, aten.reshape, aten._unsafe_view) else (None, None)
         if b is n:
-            lead = [_S[j] for j in src[:-2] if j is not None]
+            lead = [labels[j] for j in src[:-2] if j is not None]
             big = [i for i, s in enumerate(shape(u)[:-1]) if not unit(s)]
             names = ["" for _ in shape(u)]
             for i, l in zip(big, lead):
@@ -171,13 +180,13 @@ def _downstream(n: fx.Node, depth: int) -> list[fx.Node]:
     return out
 
 
-def _output(n: fx.Node, canon: Canon) -> tuple[fx.Node, tuple, F] | None:
+def _output(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, F] | None:
     """``(o, its axis names, q)`` where ``o = sum_k(n * q)`` reads the new state ``n``."""
     for u in _downstream(n, 4):
-        names = _out_labels(u, n)
+        names = _out_labels(u, n, labels)
         big = frozenset(l for l, s in zip(names or (), shape(u)) if l and not unit(s))
         for m, q in dot(u, names) if names is not None else ():
-            if len(m) == 1 and m[0].node is n and m[0].labels == _S and _names(n) - {"k"} == big:
+            if len(m) == 1 and m[0].node is n and m[0].labels == labels and _names(n) - {"k"} == big:
                 return u, names, q
     return None
 
@@ -210,7 +219,8 @@ def _token(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, Any] | None:
     """``x[..., t, ...]`` (``select``): ``(x, its axis names with "t", t)``."""
     if is_op(n, aten.select) and n.target is aten.select.int and "t" not in labels:
         d = n.args[1] % (len(labels) + 1)
-        return n.args[0], labels[:d] + ("t",) + labels[d:], n.args[2]
+        t = n.args[2]
+        return n.args[0], labels[:d] + ("t",) + labels[d:], t % shape(n.args[0])[d] if isinstance(t, int) else t
     return None
 
 
@@ -368,10 +378,10 @@ def _chains(steps: dict[fx.Node, Step]) -> list[list[Step]]:
     return chains
 
 
-def _segments(chain: list[Step]) -> list[list[Step]]:
+def _segments(chain: list[Step], canon: Canon) -> list[list[Step]]:
     """``chain`` cut after each state that is read elsewhere (transformers' spec-decode history):
     each part is one op, the next continuing from the state the last wrote."""
-    inside = set().union(*((between([s.new, s.out], s.frontier()) or set()) for s in chain))
+    inside = set().union(*((between([s.new, s.out], s.frontier(), canon) or set()) for s in chain))
     out, cur = [], []
     for s in chain:
         cur.append(s)
@@ -384,6 +394,10 @@ def _segments(chain: list[Step]) -> list[list[Step]]:
 _WANT = {"q": ("b", "t", "h", "k"), "k": ("b", "t", "h", "k"), "v": ("b", "t", "h", "v"), "beta": ("b", "t", "h"),
          "g": ("b", "t", "h"), "g_k": ("b", "t", "h", "k")}
 _OUT = ("b", "t", "h", "v")
+
+
+def shape_of(x: Any) -> tuple:
+    return tuple(x.shape)
 
 
 def _want(role: str, r: Read) -> tuple:
@@ -414,18 +428,37 @@ class StepMatch(Match):
         return dict(scale=q.scale, use_qk_l2norm=q.eps is not None, eps=1e-6 if q.eps is None else q.eps,
                     out_dtype=self.out_dtype)
 
+    def tokens(self, x: Any, role: str) -> Any:
+        """``x`` (what the op reads for ``role``, a tensor or its fake) as the op's argument: the
+        chain's tokens (a part of the loop, where intermediate states split it), axes in order."""
+        r = self.reads[role]
+        if "t" in r.labels and not (r.token in (0, None) and known(shape_of(x)[r.labels.index("t")] == len(self.steps))):
+            x = x.narrow(r.labels.index("t"), r.token or 0, len(self.steps))
+        return arrange(x, r.labels, _want(role, r))
+
+    def state(self, x: Any) -> Any:
+        """The initial state as the op reads it, ``[B, H, K, V]`` (a view of one kept transposed)."""
+        return None if x is None else arrange(x, self.steps[0].labels, _S)
+
     def fn(self):
         """The replacement: a plain function of the op's inputs (``q k v g beta state``)."""
         m, kw = self, self.op_args()
 
         def fn(q, k, v, g, beta, state):
-            xs = [arrange(x, m.reads[r].labels, _want(r, m.reads[r])) for x, r in
-                  zip((q, k, v, g, beta), ("q", "k", "v", "g", "beta"))]
+            xs = [m.tokens(x, r) for x, r in zip((q, k, v, g, beta), ("q", "k", "v", "g", "beta"))]
             if m.inplace:
                 out = torch.ops.kda.gdn_recurrent_step_inplace(*xs, state, **kw)
                 new = state
+            elif state is not None and m.steps[0].labels != _S:
+                # a state kept transposed: the op continues a copy of it in place (the functional op's
+                # CPU implementation returns its final state in the initial state's strides, which its
+                # fake does not say: reported to gdnkernel)
+                new = m.state(state).clone()
+                out = torch.ops.kda.gdn_recurrent_step_inplace(*xs, new, **kw)
+                new = arrange(new, _S, m.steps[0].labels)
             else:
-                out, new = torch.ops.kda.gdn_recurrent_step(*xs, state, **kw)
+                out, new = torch.ops.kda.gdn_recurrent_step(*xs, m.state(state), **kw)
+                new = arrange(new, _S, m.steps[0].labels)
             if m.assembled:
                 outs = [arrange(out, _OUT, names) for _, names in m.outs]
             else:
@@ -463,7 +496,7 @@ class GdnRecurrentStep(Rewrite):
                 steps[n] = s
         out = []
         for chain in _chains(steps):
-            for seg in _segments(chain):
+            for seg in _segments(chain, canon):
                 m = self._match(seg, canon)
                 if m is not None:
                     out.append(m)
@@ -483,27 +516,27 @@ class GdnRecurrentStep(Rewrite):
         got = _update(n)
         if got is None:
             return None
-        a, k, vside, rest = got
+        a, k, vside, rest, labels = got
         if val(n).dtype != _F32:
             return self.miss(n, Stage.VALUES, f"the recurrence is computed in {val(n).dtype} (the state update "
                              "here): the op's math is float32, so its precision would differ")
-        fa = factors(a, _S)
+        fa = factors(a, labels)
         prev = [f for f in fa if isinstance(f.node, fx.Node) and f.sig() == _names(n)]
         decay = [f for f in fa if f not in prev]
         if len(prev) != 1:
             return self.miss(n, Stage.FORM, "the update adds k (x) (...) to something that is not the state (times "
                              "its decay)")
         if not decay:
-            after = any(_is_exp(f) for u in live_users(n) if is_op(u, aten.mul) for f in factors(u, _S))
+            after = any(_is_exp(f) for u in live_users(n) if is_op(u, aten.mul) for f in factors(u, labels))
             return self.miss(n, Stage.FORM, "the decay is applied after the update (S = (S + k delta^T) * exp(g)): "
                              "the gated delta rule decays the state before it reads it" if after else
                              "the state is not decayed (the delta rule without a gate): the op decays it by exp(g)")
         if len(decay) != 1 or not decay[0].sig() <= {"b", "h", "k"} or not _is_exp(decay[0]):
             return self.miss(n, Stage.FORM, "the state is not scaled by one exp(g) per head (or per key channel) "
                              "before the update")
-        return self._delta(n, canon, prev[0], decay[0], fa, k, vside, rest)
+        return self._delta(n, canon, prev[0], decay[0], fa, k, vside, rest, labels)
 
-    def _delta(self, n, canon, prev, decay, fa, k, vside, rest) -> Step | None:
+    def _delta(self, n, canon, prev, decay, fa, k, vside, rest, labels) -> Step | None:
         """The delta rule's side of the update: ``(v - sum_k(A * k)) * beta``, and the output."""
         sub = vside.node
         if not (is_op(sub, aten.sub) and sub.target is aten.sub.Tensor and not sub.kwargs
@@ -511,18 +544,19 @@ class GdnRecurrentStep(Rewrite):
             return self.miss(n, Stage.FORM, "a gated linear-attention update (S * exp(g) + k v^T): no delta rule "
                              "((v - S k) * beta), which the op computes")
         reads = dot(sub.args[1], broadcast(sub.args[1], sub, vside.labels))
-        if not any(x.key(canon) == k.key(canon) and same_bag(m, fa, canon) for m, x in reads):
+        read = next(([*m, x] for m, x in reads if x.key(canon) == k.key(canon) and same_bag(m, fa, canon)), None)
+        if read is None:
             return self.miss(n, Stage.FORM, "the state read (S k in v - S k) is not k of the decayed state the "
                              "update adds to")
         betas = [f for f in rest if isinstance(f.node, fx.Node)]
         if len(betas) != 1 or len(rest) != 1:
             return self.miss(n, Stage.FORM, "no single beta (the update's per-head step size): the op computes "
                              "(v - S k) * beta")
-        out = _output(n, canon)
+        out = _output(n, labels)
         if out is None:
             return self.miss(n, Stage.PIECES, "no output sum_k(S q) reads the updated state")
         v = F(sub.args[0], broadcast(sub.args[0], sub, vside.labels))
-        return Step(n, prev, decay, k, v, betas[0], out[2], out[0], out[1])
+        return Step(n, prev, decay, k, v, betas[0], out[2], out[0], out[1], read, labels)
 
     # ------------------------------------------------------------------ the chain
     def _match(self, seg: list[Step], canon: Canon) -> StepMatch | None:
@@ -535,7 +569,7 @@ class GdnRecurrentStep(Rewrite):
             return None
         for prologue in (True, False):
             reads = self._reads(seg, canon, prologue)
-            m = self._assemble(seg, reads, initial, quiet=prologue) if reads is not None else None
+            m = self._assemble(seg, reads, initial, canon, quiet=prologue) if reads is not None else None
             if m is not None:
                 return m
         return None
@@ -543,7 +577,7 @@ class GdnRecurrentStep(Rewrite):
     def _initial(self, s: Step) -> fx.Node | None | bool:
         """The state the chain starts from: a float32 tensor, None for zeros; False (a miss) else."""
         n = s.prev.node
-        if s.prev.labels != _S:
+        if s.prev.labels != s.labels:
             self.miss(s.new, Stage.LAYOUT, "the state's axes are not [B, H, K, V] in order (K the axis k is "
                       "summed over): the op reads that layout")
             return False
@@ -571,15 +605,16 @@ class GdnRecurrentStep(Rewrite):
             return None  # the op normalizes and repeats both or neither: read without the prologue
         return out
 
-    def _assemble(self, seg: list[Step], reads: dict[str, Read], initial, *, quiet: bool) -> StepMatch | None:
+    def _assemble(self, seg: list[Step], reads: dict[str, Read], initial, canon: Canon, *,
+                  quiet: bool) -> StepMatch | None:
         """The match: outputs (assembled or per token), the state's write, the region and the
         op's own validation (misses unless ``quiet``: a first try with the prologue folded in)."""
         asm = _assembly(seg)
         outs = [asm[:2]] if asm else [(s.out, s.out_labels) for s in seg]
-        inplace, state_out = _state_route(seg[-1].new, initial)
+        inplace, state_out = _state_route(seg[-1].new, initial if seg[0].labels == _S else None)
         outputs = [n for n, _ in outs] + [state_out]
         stops = {r.node for r in reads.values()} | ({initial} if initial is not None else set())
-        region = between(outputs, stops)
+        region = between(outputs, stops, canon)
         if region is None:
             return None
         leaking = base.escaping(region, outputs)
@@ -589,8 +624,8 @@ class GdnRecurrentStep(Rewrite):
         m = StepMatch(nodes=in_graph_order(region), steps=seg, reads=reads, initial=initial, inplace=inplace,
                       state_out=state_out, outs=outs, out_dtype=asm[2] if asm else _F32, assembled=asm is not None)
         try:
-            xs = [arrange(val(r.node), r.labels, _want(role, r)) for role, r in reads.items()]
-            _lowering.validate(*xs, val(initial) if initial is not None else None, **m.op_args(),
+            xs = [m.tokens(val(r.node), role) for role, r in reads.items()]
+            _lowering.validate(*xs, m.state(val(initial)), **m.op_args(),
                                state_arg="state" if inplace else "initial_state")
         except (ValueError, TypeError, RuntimeError) as exc:
             return self.miss(seg[-1].new, Stage.VALIDATED, f"kda.gdn_recurrent_step rejects these inputs: {exc}")
@@ -612,13 +647,12 @@ def _disagree(rs: list[Read | None], role: str, T: int, canon: Canon) -> str | N
     if not all(r.same(rs[0], canon) for r in rs):
         return f"the steps read {role} from different tensors (or along other axes)"
     tokens = [r.token for r in rs]
-    if tokens != list(range(T)) and not (T == 1 and tokens == [None]):
-        return f"the steps read tokens {tokens} of {role}, not 0..{T - 1} in order"
+    first = tokens[0] if isinstance(tokens[0], int) else 0
+    if tokens != list(range(first, first + T)) and not (T == 1 and tokens == [None]):
+        return f"the steps read tokens {tokens} of {role}, not consecutive ones in order"
     r, want = rs[0], _want(role, rs[0])
     if any(l not in want and not unit(s) for l, s in zip(r.labels, shape(r.node))):
         return f"{role} has axes the op does not read ({r.labels})"
-    if "t" in r.labels and not known(shape(r.node)[r.labels.index("t")] == T):
-        return f"the loop reads {T} of the {shape(r.node)[r.labels.index('t')]} tokens of {role}"
     return None
 
 

@@ -134,3 +134,179 @@ def test_state_returned_is_the_functional_op():
     c = _check(fn, inputs(3, 2), matches=2)
     assert _parts(c) == {"state returned": 2}
     assert op_counts(c).after["kda.gdn_recurrent_step.default"] == 2
+
+
+# --------------------------------------------------------------------------- other spellings
+
+
+def fla_gdn_ref(q, k, v, beta, g, h):
+    """FLA's tests' ``recurrent_gated_delta_rule_ref``: head-major after ``transpose(1, 2)``, ``h.clone()``,
+    the output an einsum (a ``bmm`` post-grad), the final state returned."""
+    q, k, v, beta, g = (x.transpose(1, 2).contiguous().to(torch.float32) for x in (q, k, v, beta, g))
+    o = torch.zeros(*v.shape).to(v)
+    q = q * (1 / (q.shape[-1] ** 0.5))
+    for i in range(q.shape[2]):
+        b_q, b_k, b_v = q[:, :, i], k[:, :, i], v[:, :, i].clone()
+        h = h.clone() * g[:, :, i].exp()[..., None, None]
+        b_v = (b_v - (h.clone() * b_k[..., None]).sum(-2)) * beta[:, :, i][..., None]
+        h = h.clone() + b_k.unsqueeze(-1) * b_v.unsqueeze(-2)
+        o[:, :, i] = torch.einsum("bhd,bhdm->bhm", b_q, h)
+    return o.transpose(1, 2).to(BF), h
+
+
+def fla_naive_recurrent_kda(q, k, v, g, beta, initial_state):
+    """FLA's ``naive_recurrent_kda``: GQA by ``repeat_interleave``, the scale before the loop, zeros
+    plus the initial state, beta times k in an einsum outer product, an einsum output."""
+    G = v.shape[2] // q.shape[2]
+    q, k, v, g, beta = (x.to(torch.float) for x in (q, k, v, g, beta))
+    q = q.repeat_interleave(G, dim=2) * q.shape[-1] ** -0.5
+    k = k.repeat_interleave(G, dim=2)
+    S = q.new_zeros(*initial_state.shape)
+    S += initial_state
+    o = torch.zeros_like(v)
+    for i in range(q.shape[1]):
+        q_i, k_i, v_i, g_i, b_i = q[:, i], k[:, i], v[:, i], g[:, i], beta[:, i]
+        S = S * g_i[..., None].exp()
+        S = S + torch.einsum("b h k, b h v -> b h k v", b_i[..., None] * k_i, v_i - (k_i[..., None] * S).sum(-2))
+        o[:, i] = torch.einsum("b h k, b h k v -> b h v", q_i, S)
+    return o.to(BF), S
+
+
+def einsum_head_major(q, k, v, g, beta, state):
+    """Einsum contractions for the state read, the update and the output; outputs stacked."""
+    q, k, v, g, beta = (x.float() for x in (q, k, v, g, beta))
+    q, S, outs = q * D ** -0.5, state, []
+    for t in range(q.shape[2]):
+        S = S * torch.exp(g[:, :, t])[:, :, None, None]
+        kv = torch.einsum("bhk,bhkv->bhv", k[:, :, t], S)
+        S = S + torch.einsum("bhk,bhv->bhkv", k[:, :, t], (v[:, :, t] - kv) * beta[:, :, t, None])
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+    state.copy_(S)
+    return torch.stack(outs, 2).to(BF)
+
+
+@pytest.mark.parametrize("case", ["fla_gdn_ref", "fla_naive_recurrent_kda", "einsum_head_major"])
+def test_reference_spellings(case):
+    """Each a rewrite, within float32 rounding of eager (the einsums' bmm sums in another order)."""
+    if case == "fla_gdn_ref":
+        q, k, v, g, beta, state = inputs(20, 3, hk=HV)
+        fn, args, part = fla_gdn_ref, [q, k, v, beta, g, state], "state returned"
+    elif case == "fla_naive_recurrent_kda":
+        fn, args, part = fla_naive_recurrent_kda, inputs(21, 2, kda=True), "state returned"
+    else:
+        fn, args, part = einsum_head_major, inputs(22, 2, hk=HV, head_major=True), "state in place"
+    c = _check(fn, args, exact_state=False)
+    assert _parts(c) == {part: 1}
+
+
+# --------------------------------------------------------------------------- near misses
+
+
+def gated_linear_attention(q, k, v, g, beta, state):
+    S = state * g[:, 0].exp()[..., None, None]
+    S = S + k[:, 0].float()[..., None] * v[:, 0].float()[..., None, :]  # GLA: no delta rule
+    state.copy_(S)
+    return (S * q[:, 0].float()[..., None]).sum(-2)
+
+
+def decay_after_update(q, k, v, g, beta, state):
+    kt = k[:, 0].float()
+    delta = (v[:, 0].float() - (state * kt[..., None]).sum(-2)) * beta[:, 0].float()[..., None]
+    S = state + kt[..., None] * delta[..., None, :]  # the decay after the update
+    S = S * g[:, 0].exp()[..., None, None]
+    state.copy_(S)
+    return (S * q[:, 0].float()[..., None]).sum(-2)
+
+
+def delta_rule_step(S, q, k, v, g, beta, t=0):
+    """One token of the gated delta rule (token-major, float32 or not): ``(new state, output)``."""
+    kt = k[:, t]
+    S = S * g[:, t].exp()[..., None, None]
+    S = S + kt[..., None] * ((v[:, t] - (S * kt[..., None]).sum(-2)) * beta[:, t][..., None])[..., None, :]
+    return S, (S * q[:, t][..., None]).sum(-2)
+
+
+def bf16_cache(q, k, v, g, beta, cache):
+    S, o = delta_rule_step(cache.float(), *(x.float() for x in (q, k, v, g, beta)))  # the bf16 cache's upcast
+    cache.copy_(S)
+    return o
+
+
+def bf16_recurrence(q, k, v, g, beta, state):
+    S, o = delta_rule_step(state, q, k, v, g, beta)  # every tensor bf16
+    state.copy_(S)
+    return o
+
+
+def _miss_at(c, words: str, line_text: str):
+    """A miss whose reason holds ``words``, at this file's line holding ``line_text``."""
+    import linecache
+
+    hits = [loc for why, loc in _checks(c).items() if words in why]
+    assert hits, (words, _checks(c))
+    path, line = hits[0].rsplit(":", 1)
+    assert path == __file__ and line_text in linecache.getline(path, int(line)), (hits, line_text)
+
+
+@pytest.mark.parametrize("case", ["gla", "decay_after", "bf16_cache", "bf16_recurrence"])
+def test_near_misses_are_named_at_the_users_line(case):
+    """Not the op's computation (or not in its precision): nothing rewritten, Inductor's own code
+    (compared with eager as stock is), the reason at the user's line."""
+    args = inputs(30, 1, hk=HV)
+    fn, words, line = {
+        "gla": (gated_linear_attention, "a gated linear-attention update (S * exp(g) + k v^T): no delta rule",
+                "# GLA: no delta rule"),
+        "decay_after": (decay_after_update, "the decay is applied after the update", "# the decay after the update"),
+        "bf16_cache": (bf16_cache, "the state is kept in torch.bfloat16 and cast to float32 here", "# the bf16 cache"),
+        "bf16_recurrence": (bf16_recurrence, "the recurrence is computed in torch.bfloat16",
+                            "S = S + kt[..., None] * ((v[:, t]"),
+    }[case]
+    if case.startswith("bf16"):
+        args[5] = args[5].to(BF)
+    if case == "bf16_recurrence":
+        args[3] = args[3].to(BF)
+    want_args = _clones(args)
+    want = _eager(fn, *want_args)
+    out, c = _run(fn, *args)
+    assert c.matches[NAME] == 0
+    _miss_at(c, words, line)
+    if case != "bf16_recurrence":  # stock Inductor's bf16 recurrence rounds otherwise than eager's
+        assert_close_to_eager([out, args], [want, want_args])
+
+
+def test_more_tokens_than_the_limit():
+    """Nine tokens (a prefill tail, not a verify window): left to Inductor, saying so."""
+    from kda_inductor.patterns import gdn_recurrent_step as pattern
+
+    core = _hf("qwen3_next").torch_recurrent_gated_delta_rule
+    T = pattern.MAX_TOKENS + 1
+
+    def fn(q, k, v, g, beta, state):
+        return core(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True)
+
+    out, c = _run(fn, *inputs(31, T))
+    assert c.matches[NAME] == 0
+    assert any(f"{T} tokens in one unrolled recurrence: more than the {pattern.MAX_TOKENS}" in why for why in _checks(c))
+
+
+def test_a_data_dependent_token_count_breaks_the_graph():
+    """``range(int(n))`` of a tensor: Dynamo breaks the graph at the ``.item()`` and specializes
+    the count in the frame it resumes, so each count compiles a graph of its own, rewritten as a
+    static count is (what the user sees: one graph break, one recompile per count)."""
+
+    def fn(q, k, v, g, beta, state, n):
+        outs = []
+        for t in range(int(n)):  # data-dependent: a graph break
+            S, o = delta_rule_step(state, *(x.float() for x in (q, k, v, g, beta)), t=t)
+            state = S
+            outs.append(o)
+        return torch.stack(outs, 1), state
+
+    args = inputs(32, 3, hk=HV)
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(fn, options=FORCED)
+        for n in (2, 3):
+            got = c(*args, torch.tensor(n))
+            assert_close_to_eager(list(got), list(_eager(fn, *args, torch.tensor(n))))
+    assert c.matches[NAME] == 2 and sum(r.matches.get(NAME, 0) for r in c.records) == 2
+    assert len([r for r in c.records if r.matches.get(NAME)]) == 2  # one graph per count

@@ -113,15 +113,17 @@ class F(NamedTuple):
         return canon(self.node), names
 
 
-def factors(n: Any, labels: tuple) -> list[F]:
-    """The factors of ``n`` (float32 products flattened, through views), each with its axis names."""
+def factors(n: Any, labels: tuple, dtypes: tuple = (_F32,)) -> list[F]:
+    """The factors of ``n`` (products in ``dtypes`` flattened, through views: float32, whose
+    roundings any grouping shares within float32; 16-bit ones only to read what a candidate is),
+    each with its axis names."""
     n, labels = relabel(n, labels)
-    if not (is_op(n, aten.mul) and val(n).dtype == _F32):
+    if not (is_op(n, aten.mul) and val(n).dtype in dtypes):
         return [F(n, labels)]
     out: list[F] = []
     for a in n.args:
         if isinstance(a, fx.Node) and isinstance(val(a), torch.Tensor) and val(a).dim() > 0:
-            out += factors(a, broadcast(a, n, labels))
+            out += factors(a, broadcast(a, n, labels), dtypes)
         else:
             out.append(F(a, ()))
     return out

@@ -111,7 +111,7 @@ def _names(n: fx.Node, labels: tuple = _S) -> frozenset:
 def _outer(u: Any, names: frozenset, labels: tuple) -> tuple[F, F, list[F]] | None:
     """``u`` as an outer product over ``k`` and ``v`` of a state named ``labels``: ``(k factor, v
     factor, per-head factors)``."""
-    fs = factors(u, labels)
+    fs = factors(u, labels, (_F32, *_16BIT))
     ks = [f for f in fs if f.sig() == names - {"v"}]
     vs = [f for f in fs if f.sig() == names - {"k"}]
     rest = [f for f in fs if f not in ks and f not in vs]

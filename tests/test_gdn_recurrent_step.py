@@ -310,3 +310,65 @@ def test_a_data_dependent_token_count_breaks_the_graph():
             assert_close_to_eager(list(got), list(_eager(fn, *args, torch.tensor(n))))
     assert c.matches[NAME] == 2 and sum(r.matches.get(NAME, 0) for r in c.records) == 2
     assert len([r for r in c.records if r.matches.get(NAME)]) == 2  # one graph per count
+
+
+def test_intermediate_states_read_elsewhere_split_the_chain():
+    """transformers' spec-decode tail keeps every token's state (``intermediate_recurrent_states``):
+    a state read elsewhere ends a part; each part is one op continuing the last one's state."""
+    core = _hf("qwen3_next").torch_recurrent_gated_delta_rule
+
+    def fn(q, k, v, g, beta, state):
+        outs, states = [], []
+        for i in range(q.shape[1]):
+            o, state = core(q[:, i:i + 1], k[:, i:i + 1], v[:, i:i + 1], g=g[:, i:i + 1], beta=beta[:, i:i + 1],
+                            initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
+            outs.append(o)
+            states.append(state)
+        return torch.cat(outs, 1), torch.stack(states)
+
+    c = _check(fn, inputs(33, 3), matches=3, exact_state=False)
+    assert _parts(c) == {"state returned": 3}
+
+
+# --------------------------------------------------------------------------- rules and options
+
+
+def test_speed_rule_and_disable(monkeypatch):
+    """CPU: left to Inductor by default, saying why (its C++ was measured faster); CUDA (the match's
+    device reported as cuda here): rewritten at every batch until a measured ``CUDA_MIN_BATCH`` is
+    set; ``disable`` turns it off (the whole-step A/B switch of ``benchmarks/hf_models.py``)."""
+    from kda_inductor.patterns import gdn_recurrent_step as pattern
+
+    core = _hf("qwen3_next").torch_recurrent_gated_delta_rule
+    fn, args = hf_decode(core), inputs(34, 1)
+    rules = {"kda": {"force": False}}
+    _, c = _run(fn, *_clones(args), options=rules)
+    assert c.matches[NAME] == 0
+    assert any("on cpu the op's implementation" in m.check and m.stage.name == "SPEED_RULE"
+               for r in c.records for m in r.misses[NAME]), _checks(c)
+    _, c = _run(fn, *_clones(args), options={"kda": {"force": True, "disable": [NAME]}})
+    assert c.matches[NAME] == 0 and not _checks(c)
+    monkeypatch.setattr(pattern.StepMatch, "device", "cuda")
+    out, c = _run(fn, *_clones(args), options=rules)
+    assert c.matches[NAME] == 1
+    monkeypatch.setattr(pattern, "CUDA_MIN_BATCH", 64)
+    _, c = _run(fn, *_clones(args), options=rules)
+    assert c.matches[NAME] == 0 and any("from 64 sequences (this one: 2" in why for why in _checks(c)), _checks(c)
+
+
+@pytest.mark.parametrize("mode", ["mark_dynamic", "dynamic"])
+def test_symbolic_batch(mode):
+    """A symbolic batch (``mark_dynamic`` on dim 0, or ``dynamic=True``): one graph for every
+    batch, rewritten, in place, equal to eager at three sizes."""
+    fn = hf_decode(_hf("kimi_linear").recurrent_kimi_delta_attention)
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(fn, options=FORCED, dynamic=True if mode == "dynamic" else None)
+        for batch in (3, 5, 7):  # not 2 or 4: dynamic=True's duck sizing would tie the batch to the heads
+            args = inputs(35 + batch, 1, hk=HV, kda=True, batch=batch)
+            if mode == "mark_dynamic":
+                for a in args:
+                    torch._dynamo.mark_dynamic(a, 0)
+            want_args = _clones(args)
+            want = _eager(fn, *want_args)
+            assert_close_to_eager([c(*args), args], [want, want_args])
+    assert len(c.records) == 1 and _parts(c) == {"state in place": 1}, (len(c.records), _parts(c))

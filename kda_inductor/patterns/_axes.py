@@ -207,11 +207,11 @@ def between(outputs: list[fx.Node], stops: set, canon: Canon) -> set[fx.Node] | 
     may be spelled twice); None where that reaches another graph input (the match would depend on
     something it lacks)."""
     region: set[fx.Node] = set()
-    terms = {canon(n) for n in stops}
+    terms = [canon(n) for n in stops]  # a list: terms with symbolic sizes do not hash
     stack = list(outputs)
     while stack:
         n = stack.pop()
-        if n in region or n in stops or not isinstance(val(n), torch.Tensor) or canon(n) in terms:
+        if n in region or n in stops or not isinstance(val(n), torch.Tensor) or any(canon(n) == t for t in terms):
             continue
         if n.op != "call_function":
             return None

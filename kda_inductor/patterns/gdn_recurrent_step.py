@@ -633,11 +633,13 @@ class GdnRecurrentStep(Rewrite):
 
     # ------------------------------------------------------------------ replacing
     def replace(self, graph: fx.Graph, match: StepMatch) -> None:
-        m = match
-        args = [m.reads[r].node for r in ("q", "k", "v", "g", "beta")] + [m.initial]
+        m, moved = match, self.__dict__.setdefault("_moved", {})
+        # a part of a split chain continues the state the part before it left, replaced by then
+        args = [moved.get(a, a) for a in [m.reads[r].node for r in ("q", "k", "v", "g", "beta")] + [m.initial]]
         before = in_graph_order([a for a in args if a is not None])[-1].next
-        base.replace_by_function(graph, m.fn(), args, outputs=[n for n, _ in m.outs] + [m.state_out],
-                                 before=before, region=m.nodes, origin=m.anchor)
+        new = base.replace_by_function(graph, m.fn(), args, outputs=[n for n, _ in m.outs] + [m.state_out],
+                                       before=before, region=m.nodes, origin=m.anchor)
+        moved[m.state_out] = new[-1]
 
 
 def _disagree(rs: list[Read | None], role: str, T: int, canon: Canon) -> str | None:

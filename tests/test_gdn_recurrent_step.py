@@ -372,3 +372,43 @@ def test_symbolic_batch(mode):
             want = _eager(fn, *want_args)
             assert_close_to_eager([c(*args), args], [want, want_args])
     assert len(c.records) == 1 and _parts(c) == {"state in place": 1}, (len(c.records), _parts(c))
+
+
+def _producer_of_norm(graph_text: str) -> str:
+    """The call that makes the norm's first source, through reshapes and getitems (graph text)."""
+    import re
+
+    calls = dict(re.findall(r"%(\w+) : \[[^]]*\] = call_function\[target=(.*)", graph_text))
+    name = re.search(r"gated_norm_merge\.default\]\(args = \(\[%(\w+)", calls and graph_text).group(1)
+    while re.match(r"(torch\.ops\.aten\.reshape|operator\.getitem)", calls[name]):
+        name = re.search(r"args = \(%(\w+)", calls[name]).group(1)
+    return calls[name]
+
+
+def test_the_gated_norm_after_the_op(monkeypatch):
+    """Qwen3-Next's layer after the core: ``Qwen3NextRMSNormGated`` of its output. With CUDA's rules
+    (both matches' device reported as cuda), ``gated_norm_merge``'s rule in context reads the norm's
+    producer (``base.inline_producer``): the op's output is a buffer of its own, no code Inductor
+    would fuse into its norm kernel, so the norm is rewritten too and reads the op's bf16 output;
+    nothing of the recurrence is left for Inductor to emit (issue 28's slowed reduction is gone)."""
+    from kda_inductor.patterns import gated_norm_merge as norm_pattern
+    from kda_inductor.patterns import gdn_recurrent_step as pattern
+
+    M = _hf("qwen3_next")
+    norm = M.Qwen3NextRMSNormGated(D, eps=1e-6).to(BF)
+    norm.weight.data = (1 + 0.1 * torch.randn(D, generator=torch.Generator().manual_seed(5))).to(BF)
+
+    def layer(q, k, v, g, beta, cache, z):
+        out = hf_decode(M.torch_recurrent_gated_delta_rule)(q, k, v, g, beta, cache)
+        return norm(out.reshape(-1, D), z.reshape(-1, D))
+
+    monkeypatch.setattr(pattern.StepMatch, "device", "cuda")
+    monkeypatch.setattr(norm_pattern.NormMatch, "device", "cuda")
+    args = inputs(51, 1) + [torch.randn(B, 1, HV, D, generator=torch.Generator().manual_seed(6)).to(BF)]
+    want_args = _clones(args)
+    want = _eager(layer, *want_args)
+    out, c = _run(layer, *args, options={"kda": {"force": False}})
+    assert c.matches[NAME] == 1 and c.matches["gated_norm_merge"] == 1, (c.matches, _checks(c))
+    assert _producer_of_norm(c.records[0].after).startswith("torch.ops.higher_order.auto_functionalized"
+                                                          "](args = (kda.gdn_recurrent_step_inplace")
+    assert_close_to_eager([out, args], [want, want_args])

@@ -18,10 +18,13 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true as known
 
-from kda_inductor.patterns.base import aten, is_op, val
+from kda_inductor.patterns.base import aten, is_op, live_users, prims, val
 from kda_inductor.patterns.canonical import Canon
 
 _F32 = torch.float32
+_16BIT = (torch.bfloat16, torch.float16)
+VALUE_VIEWS = (aten.unsqueeze, aten.squeeze, aten.permute, aten.view, aten.reshape, aten._unsafe_view, aten.clone)
+"""Ops whose output holds its input's values (in another shape or order)."""
 
 
 
@@ -224,3 +227,74 @@ def labels_of(x: fx.Node, root: fx.Node, labels: tuple) -> tuple | None:
     """The axis names of ``x``, a view of ``root`` (named ``labels``); None if it is not one."""
     b, src = view_map(x)
     return tuple(labels[j] if j is not None else "" for j in src) if b is root else None
+
+
+# --------------------------------------------------------------------------- what a loop reads and writes
+
+
+def token(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, Any] | None:
+    """``x[..., t, ...]`` (``select``): ``(x, its axis names with "t", t)``."""
+    if is_op(n, aten.select) and n.target is aten.select.int and "t" not in labels:
+        d = n.args[1] % (len(labels) + 1)
+        t = n.args[2]
+        return n.args[0], labels[:d] + ("t",) + labels[d:], t % shape(n.args[0])[d] if isinstance(t, int) else t
+    return None
+
+
+def upcast(n: fx.Node) -> bool:
+    """``n`` is an exact cast to float32 (``.float()`` of a 16-bit or float32 tensor)."""
+    src = val(n.args[0]) if n.args else None
+    return (is_op(n, prims.convert_element_type, aten._to_copy) and set(n.kwargs) <= {"dtype"}
+            and val(n).dtype == _F32 and isinstance(src, torch.Tensor) and src.dtype in (*_16BIT, _F32))
+
+
+def repeat(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, int] | None:
+    """``x.repeat_interleave(G, dim=d)`` on the head axis (post-grad: ``unsqueeze(x, d + 1)``,
+    ``expand`` of that dim to ``G``, a contiguous copy, a reshape merging the two): ``(x, its axis
+    names, G)``. ``x.repeat(...)`` (tiling: head ``h % Hk``) is not it."""
+    if not is_op(n, aten.view, aten.reshape, aten._unsafe_view):
+        return None
+    e = n.args[0].args[0] if is_op(n.args[0], aten.clone) else n.args[0]
+    if not (is_op(e, aten.expand) and is_op(e.args[0], aten.unsqueeze)):
+        return None
+    x, d = e.args[0].args[0], e.args[0].args[1] % len(shape(e))
+    xs, es, ns = shape(x), shape(e), shape(n)
+    if not (1 <= d < len(es) and len(ns) == len(xs) and "h" == labels[d - 1]
+            and known(ns[d - 1] == xs[d - 1] * es[d]) and same_shape(es[:d - 1], ns[:d - 1]) and same_shape(es[d + 1:], ns[d:])):
+        return None
+    return x, labels, es[d] if isinstance(es[d], int) else None
+
+
+def sole_user(n: fx.Node) -> fx.Node | None:
+    users = live_users(n)
+    return users[0] if len(users) == 1 else None
+
+
+def downstream(n: fx.Node, depth: int) -> list[fx.Node]:
+    seen, frontier, out = {n}, [n], []
+    for _ in range(depth):
+        frontier = [u for f in frontier for u in live_users(f) if u not in seen]
+        seen.update(frontier)
+        out += frontier
+    return out
+
+
+def fresh(n: Any) -> bool:
+    return is_op(n, aten.full, aten.zeros, aten.empty, aten.empty_strided, aten.new_zeros)
+
+
+def written(o: fx.Node, labels: tuple, buf: Any, t: int) -> tuple[fx.Node, tuple] | None:
+    """``buf[..., t, ...] = o`` (``select_scatter`` of ``o`` or its views, or of the functional
+    ``copy`` into ``buf``'s select that ``o[:, t] = ...`` leaves): ``(the scatter, buf's names)``."""
+    n = o
+    while (u := sole_user(n)) is not None and is_op(u, *VALUE_VIEWS):
+        n = u
+    names = labels_of(n, o, labels)
+    if u is not None and is_op(u, aten.copy) and u.args[1] is n and same_shape(shape(u), shape(n)):
+        n, u = u, sole_user(u)
+    if not (names is not None and is_op(u, aten.select_scatter) and u.args[1] is n and u.args[3] == t):
+        return None
+    if buf is not None and u.args[0] is not buf:
+        return None
+    d = u.args[2] % len(shape(u))
+    return u, names[:d] + ("t",) + names[d:]

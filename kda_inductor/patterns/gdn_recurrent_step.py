@@ -1,50 +1,48 @@
 """``gdn_recurrent_step``: the gated delta rule's recurrence over a few tokens (decode, a
-spec-decode verify window), unrolled in the graph -> one ``kda::gdn_recurrent_step`` (the new
-state returned) or ``kda::gdn_recurrent_step_inplace`` (the state written back into its cache).
+spec-decode verify window), unrolled in the graph -> one ``kda::gdn_recurrent_step_inplace`` (the
+state written back into its cache) or ``kda::gdn_recurrent_step`` (the new state returned).
 
-What it finds (post-grad graph), read as tensors with named axes (``b h k v`` of the state ``S [B,
-H, K, V]``, ``t`` the token) so that any broadcast, view or einsum spelling of one computation
-reads alike and a transposed one does not: per token ``t``, in float32,
+What it finds (post-grad graph), read as tensors with named axes (:mod:`._axes`: ``b h k v`` of the
+state ``S [B, H, K, V]``, ``t`` the token), so that broadcast, view and einsum spellings of one
+computation read alike and a transposed one does not: per token ``t``, in float32,
 
-    A = S * exp(g_t)                      # g_t [b, h] (GDN) or [b, h, k] (KDA), log-space
-    kv = sum_k(A * k_t)                   # also a bmm / matmul / einsum over k; also of S * exp(g_t)
-    S' = A + k_t (x) ((v_t - kv) * beta_t) # the outer product over k and v, beta in any factor
-    o_t = sum_k(S' * q_t)                 # also a bmm / matmul / einsum
+    A = S * exp(g_t)                        # g_t [b, h] (GDN) or [b, h, k] (KDA), log-space
+    kv = sum_k(A * k_t)                     # a sum, or a bmm (einsum, matmul); of S * exp(g_t) too
+    S' = A + k_t (x) ((v_t - kv) * beta_t)  # broadcast or einsum outer product, beta in any factor
+    o_t = sum_k(S' * q_t)                   # a sum, or a bmm (einsum, matmul)
 
-the steps chained through ``S`` (``T <= MAX_TOKENS`` of them), each ``x_t`` the token ``t`` of one
-tensor (``x[:, t]``, ``x[:, :, t]``: token-major or head-major), the state's start a float32 tensor
-(a cache, ``initial_state.to(v)``) or zeros. With the step's own prologue where it is there: the
-float32 upcasts, transposes and contiguous copies (the op reads by strides), the q / k l2norm
-(``x * rsqrt(sum(x * x, -1) + eps)`` or ``x / sqrt(...)``, on both), the scale of q (``q * c`` or
-``q / c`` after the l2norm) and the GQA ``repeat_interleave`` of the q / k heads (read by index,
-never materialized); with the outputs' assembly (``out[:, :, t] = o_t`` into a fresh zeros buffer,
-its transpose and the cast to the layer's dtype: the op writes ``[B, T, H, V]`` in that dtype) and
-the state's write-back (``cache.copy_(S)``, or the functional copy Dynamo leaves): the cache is read
-once and written once, in place (``auto_functionalized``, re-inplaced by Inductor). The spellings:
-transformers' ``torch_recurrent_gated_delta_rule`` (qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid,
-lara_mini: one function, copied) and ``recurrent_kimi_delta_attention`` (kimi_linear,
-bailing_hybrid), FLA's ``naive_recurrent_kda`` and its tests' ``recurrent_gated_delta_rule_ref``
-(einsum outputs, ``h.clone()``), token-major and head-major loops.
+``T <= MAX_TOKENS`` steps chained through ``S`` (also kept ``[B, H, V, K]``, vLLM's CPU reference),
+each ``x_t`` the token ``t`` of one tensor (token-major or head-major), the state's start a float32
+tensor or zeros; with the prologue where it is there (float32 upcasts, transposes, contiguous
+copies: the op reads by strides; the q / k l2norm, ``rsqrt`` or ``1 / sqrt``, on both; q's scale
+after it; the GQA ``repeat_interleave`` of q / k, read by index), the outputs' assembly
+(``out[:, :, t] = o_t`` into a zeros buffer, its transpose, the cast to the layer's dtype) and the
+state's write-back (``copy_``, or Dynamo's functional copy): the cache is read once and written once,
+in place (``auto_functionalized``, re-inplaced by Inductor). Spellings: transformers'
+``torch_recurrent_gated_delta_rule`` (qwen3_next, qwen3_5(_moe), olmo_hybrid, lara_mini) and
+``recurrent_kimi_delta_attention`` (kimi_linear, bailing_hybrid), FLA's ``naive_recurrent_kda`` and
+``recurrent_gated_delta_rule_ref``, vLLM's CPU ``recurrent_gated_delta_rule``.
 
-Not matched, with the reason at the user's line: a gated linear-attention update without the delta
-rule (``S * exp(g) + k v^T``), the decay applied after the update, a state read (``S k``) of
-another state than the decayed one, no decay or no beta, a decay that is not ``exp`` of a log-space
-gate, a recurrence computed in 16 bits, a state kept in bf16 / fp16 and cast to float32 here (the
-op keeps a float32 state; rewriting would add a float32 copy of the cache each way, so it is left
-to Inductor: keep the cache in float32, as transformers does), more than ``MAX_TOKENS`` tokens.
-Intermediate states read elsewhere (transformers' spec-decode history) split the chain: each part
-is its own op. A loop whose token count depends on data (``range(int(n))`` of a tensor) breaks
-the graph at the ``.item()``; Dynamo then specializes the count, so each count compiles its own
-graph, rewritten like any static count (``tests/test_gdn_recurrent_step.py``).
+Not matched, with the reason at the user's line: a gated linear-attention update (``S * exp(g) + k
+v^T``: no delta rule), the decay applied after the update, a state read (``S k``) of another state
+than the decayed one, no decay, no beta, a decay that is no float32 ``exp`` of a log-space gate, a
+recurrence in 16 bits, a state kept in bf16 / fp16 and cast to float32 here (the op keeps a float32
+state: rewriting would add a float32 copy of the cache each way; keep the cache in float32, as
+transformers does), more than ``MAX_TOKENS`` tokens. States read elsewhere (transformers'
+spec-decode history) split the chain, each part one op. A token count that depends on data
+(``range(int(n))``) breaks the graph at the ``.item()``; Dynamo specializes the count in the frame
+it resumes, so each count compiles a graph of its own, rewritten as a static count is.
 
 Speed rule (``speed_rule``):
 
-* CUDA: every size (``CUDA_MIN_BATCH = 1``): Inductor's reduction for the unrolled loop runs at
-  2-8x the state's copy floor and its speed changes from compile to compile (issue 35); the op reads
-  and writes the state once. The H200 measurement is the lead's (``bench_gdn_recurrent_step.py``);
-  a measured minimum is set in ``CUDA_MIN_BATCH``.
-* CPU: see ``CPU_MIN_STATE`` (measured on the project's 2-core CPU machine, recorded in
-  ``docs/speed-rules.md``).
+* CUDA: every size (``CUDA_MIN_BATCH = 1``): Inductor's reduction for the unrolled loop runs at 2-8x
+  the state's copy floor, its speed changing from compile to compile (issue 35); the op reads and
+  writes the state once. A minimum measured on the H200 (``bench_gdn_recurrent_step.py``) goes in
+  ``CUDA_MIN_BATCH``.
+* CPU: never. The op's CPU implementation is the loop in eager float32 torch; Inductor's C++ for
+  transformers' step was 4-12x faster at every size measured (2-core machine, one thread, 2026-12-03:
+  B 2 x 4 heads x 16 x 16, T 1 / 4: 76 vs 505 / 48 vs 554 us; Qwen3-Next's 32 x 128 x 128 heads, B 1
+  / 8 / 32, T 1: 0.51 vs 5.2 / 38 vs 231 / 238 vs 1002 ms, B 8, T 4: 66 vs 270 ms; docs/speed-rules.md).
 
 Turn it off with ``options={"kda": {"disable": ["gdn_recurrent_step"]}}``.
 """
@@ -60,8 +58,9 @@ import torch.fx as fx
 from kda_inductor.lowerings import gdn_recurrent_step as _lowering  # registers the ops
 from kda_inductor.patterns import base
 from kda_inductor.patterns.base import Match, Rewrite, Stage, aten, in_graph_order, is_op, live_users, prims, val
-from kda_inductor.patterns._axes import (F, arrange, between, broadcast, dot, factors, known, labels_of, relabel,
-                                          same_bag, same_shape, shape, unit, view_map)
+from kda_inductor.patterns._axes import (VALUE_VIEWS, F, arrange, between, broadcast, dot, downstream, factors, fresh,
+                                          known, labels_of, relabel, repeat, same_bag, same_shape, shape, sole_user,
+                                          token, unit, upcast, view_map, written)
 from kda_inductor.patterns.canonical import Canon, const_value, term
 
 MAX_TOKENS = 8
@@ -69,13 +68,10 @@ MAX_TOKENS = 8
 CUDA_MIN_BATCH = 1
 """Sequences (``B``) from which the op runs on CUDA: 1 (no size measured slower yet); the lead's
 H200 measurement sets a measured minimum here."""
-CPU_MIN_STATE = None
-"""State elements (``B * H * K * V``) from which the op runs on CPU; None: never (measured)."""
 _F32 = torch.float32
 _16BIT = (torch.bfloat16, torch.float16)
 _S = ("b", "h", "k", "v")
 _ST = ("b", "h", "v", "k")  # a state kept transposed (vLLM's CPU reference): read as a view of it
-_VIEWS = (aten.unsqueeze, aten.squeeze, aten.permute, aten.view, aten.reshape, aten._unsafe_view, aten.clone)
 
 
 # --------------------------------------------------------------------------- one step
@@ -171,18 +167,9 @@ def _out_labels(u: fx.Node, n: fx.Node, labels: tuple) -> tuple | None:
     return None
 
 
-def _downstream(n: fx.Node, depth: int) -> list[fx.Node]:
-    seen, frontier, out = {n}, [n], []
-    for _ in range(depth):
-        frontier = [u for f in frontier for u in live_users(f) if u not in seen]
-        seen.update(frontier)
-        out += frontier
-    return out
-
-
 def _output(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, F] | None:
     """``(o, its axis names, q)`` where ``o = sum_k(n * q)`` reads the new state ``n``."""
-    for u in _downstream(n, 4):
+    for u in downstream(n, 4):
         names = _out_labels(u, n, labels)
         big = frozenset(l for l, s in zip(names or (), shape(u)) if l and not unit(s))
         for m, q in dot(u, names) if names is not None else ():
@@ -213,15 +200,6 @@ class Read:
         """Reads of one tensor on the same axes with the same prologue (the tokens aside)."""
         return canon(self.node) == canon(other.node) and dataclasses.replace(self, node=other.node, token=None) \
             == dataclasses.replace(other, token=None)
-
-
-def _token(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, Any] | None:
-    """``x[..., t, ...]`` (``select``): ``(x, its axis names with "t", t)``."""
-    if is_op(n, aten.select) and n.target is aten.select.int and "t" not in labels:
-        d = n.args[1] % (len(labels) + 1)
-        t = n.args[2]
-        return n.args[0], labels[:d] + ("t",) + labels[d:], t % shape(n.args[0])[d] if isinstance(t, int) else t
-    return None
 
 
 def _scale(n: fx.Node) -> tuple[fx.Node, float] | None:
@@ -261,30 +239,6 @@ def _l2norm(n: fx.Node, labels: tuple, canon: Canon) -> tuple[fx.Node, float, bo
     return x, float(const_value(eps)), rsqrt
 
 
-def _repeat(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, int] | None:
-    """``x.repeat_interleave(G, dim=d)`` on the head axis (post-grad: ``unsqueeze(x, d + 1)``,
-    ``expand`` of that dim to ``G``, a contiguous copy, a reshape merging the two): ``(x, its axis
-    names, G)``. ``x.repeat(...)`` (tiling: head ``h % Hk``) is not it."""
-    if not is_op(n, aten.view, aten.reshape, aten._unsafe_view):
-        return None
-    e = n.args[0].args[0] if is_op(n.args[0], aten.clone) else n.args[0]
-    if not (is_op(e, aten.expand) and is_op(e.args[0], aten.unsqueeze)):
-        return None
-    x, d = e.args[0].args[0], e.args[0].args[1] % len(shape(e))
-    xs, es, ns = shape(x), shape(e), shape(n)
-    if not (1 <= d < len(es) and len(ns) == len(xs) and "h" == labels[d - 1]
-            and known(ns[d - 1] == xs[d - 1] * es[d]) and same_shape(es[:d - 1], ns[:d - 1]) and same_shape(es[d + 1:], ns[d:])):
-        return None
-    return x, labels, es[d] if isinstance(es[d], int) else None
-
-
-def _upcast(n: fx.Node) -> bool:
-    """``n`` is an exact cast to float32 (``.float()`` of a 16-bit or float32 tensor)."""
-    src = val(n.args[0]) if n.args else None
-    return (is_op(n, prims.convert_element_type, aten._to_copy) and set(n.kwargs) <= {"dtype"}
-            and val(n).dtype == _F32 and isinstance(src, torch.Tensor) and src.dtype in (*_16BIT, _F32))
-
-
 def _read(f: F, role: str, canon: Canon, prologue: bool) -> Read | None:
     """What the op reads for ``f`` (a step's factor, role ``q k v g beta``): down through views and
     the token's ``select`` (and ``exp`` for the decay) to the tensor of every token; with
@@ -295,7 +249,7 @@ def _read(f: F, role: str, canon: Canon, prologue: bool) -> Read | None:
         n, labels = relabel(n, labels)
         if not (isinstance(n, fx.Node) and n.op == "call_function" and isinstance(val(n), torch.Tensor)):
             break
-        if "token" not in got and (tok := _token(n, labels)):
+        if "token" not in got and (tok := token(n, labels)):
             n, labels, got["token"] = tok
         elif role == "g" and "exp" not in got and is_op(n, aten.exp) and val(n).dtype == _F32:
             n, got["exp"] = n.args[0], True
@@ -305,9 +259,9 @@ def _read(f: F, role: str, canon: Canon, prologue: bool) -> Read | None:
             (n, got["scale"]), phase = sc, 1
         elif role in ("q", "k") and phase <= 1 and (l2 := _l2norm(n, labels, canon)):
             (n, got["eps"], got["rsqrt"]), phase = l2, 2
-        elif _upcast(n):
+        elif upcast(n):
             n, phase = n.args[0], 3
-        elif role in ("q", "k") and "group" not in got and (rep := _repeat(n, labels)) and rep[2]:
+        elif role in ("q", "k") and "group" not in got and (rep := repeat(n, labels)) and rep[2]:
             n, labels, got["group"] = rep
         else:
             break
@@ -316,45 +270,19 @@ def _read(f: F, role: str, canon: Canon, prologue: bool) -> Read | None:
     return Read(n, labels, **got)
 
 
-def _sole_user(n: fx.Node) -> fx.Node | None:
-    users = live_users(n)
-    return users[0] if len(users) == 1 else None
-
-
-def _written(o: fx.Node, labels: tuple, buf: Any, t: int) -> tuple[fx.Node, tuple] | None:
-    """``buf[..., t, ...] = o`` (``select_scatter`` of ``o`` or its views, or of the functional
-    ``copy`` into ``buf``'s select that ``o[:, t] = ...`` leaves): ``(the scatter, buf's names)``."""
-    n = o
-    while (u := _sole_user(n)) is not None and is_op(u, *_VIEWS):
-        n = u
-    names = labels_of(n, o, labels)
-    if u is not None and is_op(u, aten.copy) and u.args[1] is n and same_shape(shape(u), shape(n)):
-        n, u = u, _sole_user(u)
-    if not (names is not None and is_op(u, aten.select_scatter) and u.args[1] is n and u.args[3] == t):
-        return None
-    if buf is not None and u.args[0] is not buf:
-        return None
-    d = u.args[2] % len(shape(u))
-    return u, names[:d] + ("t",) + names[d:]
-
-
-def _fresh(n: Any) -> bool:
-    return is_op(n, aten.full, aten.zeros, aten.empty, aten.empty_strided, aten.new_zeros)
-
-
 def _assembly(seg: list[Step]) -> tuple[fx.Node, tuple, torch.dtype] | None:
     """The outputs written token by token into a fresh buffer (``out[:, :, t] = o_t``), then
     views and one cast to 16 bits: ``(the node the op's output replaces, its names, its dtype)``."""
     buf, names = None, None
     for t, s in enumerate(seg):
-        got = _written(s.out, s.out_labels, buf, t)
+        got = written(s.out, s.out_labels, buf, t)
         if got is None or (names is not None and got[1] != names):
             return None
-        if buf is None and not (_fresh(got[0].args[0]) and known(shape(got[0])[got[1].index("t")] == len(seg))):
+        if buf is None and not (fresh(got[0].args[0]) and known(shape(got[0])[got[1].index("t")] == len(seg))):
             return None
         buf, names = got
     n = buf
-    while (u := _sole_user(n)) is not None and is_op(u, *_VIEWS):
+    while (u := sole_user(n)) is not None and is_op(u, *VALUE_VIEWS):
         n = u
     if u is not None and is_op(u, prims.convert_element_type) and val(u).dtype in _16BIT:
         return u, labels_of(n, buf, names), val(u).dtype
@@ -509,7 +437,8 @@ class GdnRecurrentStep(Rewrite):
                 return (f"on cuda the op is faster than Inductor's code from {CUDA_MIN_BATCH} sequences (this one: "
                         f"{batch}; measured, see patterns/gdn_recurrent_step.py)")
             return None
-        return _cpu_rule(match)
+        return (f"on {match.device} the op's implementation (the loop in eager float32 torch) is slower than "
+                "the C++ Inductor generates for it (measured, see patterns/gdn_recurrent_step.py)")
 
     # ------------------------------------------------------------------ one step
     def _step(self, n: fx.Node, canon: Canon) -> Step | None:
@@ -667,11 +596,3 @@ def _state_route(last: fx.Node, initial: fx.Node | None) -> tuple[bool, fx.Node]
             if (is_op(u, aten.copy) or u.target is aten.copy_.default) and u.args[0] is initial and u.args[1] is last:
                 return True, (u if is_op(u, aten.copy) else last)
     return False, last
-
-
-def _cpu_rule(match: StepMatch) -> str | None:
-    """CPU: see ``CPU_MIN_STATE``."""
-    if CPU_MIN_STATE is None:
-        return (f"on {match.device} the op's implementation (the loop in eager float32 torch) is slower than the "
-                "C++ Inductor generates for it (measured, see patterns/gdn_recurrent_step.py)")
-    return base.cpu_min_count_rule(val(match.anchor).numel(), CPU_MIN_STATE, "state elements", "gdn_recurrent_step.py")

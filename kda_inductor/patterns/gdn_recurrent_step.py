@@ -50,6 +50,7 @@ Turn it off with ``options={"kda": {"disable": ["gdn_recurrent_step"]}}``.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import torch
@@ -93,6 +94,7 @@ class Step:
     out_labels: tuple
     read: list[F]  # the factors of the state read (S k): the decayed state's and k's own nodes
     labels: tuple  # the state's axis names: _S, or _ST for a state kept [B, H, V, K]
+    q_scale: float = 1.0  # numbers multiplied into the output's product
 
     def frontier(self) -> set:
         return {f.node for f in (self.prev, self.decay, self.k, self.v, self.beta, self.q, *self.read)
@@ -167,14 +169,18 @@ def _out_labels(u: fx.Node, n: fx.Node, labels: tuple) -> tuple | None:
     return None
 
 
-def _output(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, F] | None:
-    """``(o, its axis names, q)`` where ``o = sum_k(n * q)`` reads the new state ``n``."""
+def _output(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, F, float] | None:
+    """``(o, its axis names, q, c)`` where ``o = sum_k(n * q * c)`` reads the new state ``n`` (``c``
+    the numbers among the product's factors: a scale of q)."""
     for u in downstream(n, 4):
         names = _out_labels(u, n, labels)
         big = frozenset(l for l, s in zip(names or (), shape(u)) if l and not unit(s))
         for m, q in dot(u, names) if names is not None else ():
-            if len(m) == 1 and m[0].node is n and m[0].labels == labels and _names(n) - {"k"} == big:
-                return u, names, q
+            nums = [const_value(f.node) for f in m if not isinstance(f.node, fx.Node)]
+            state = [f for f in m if isinstance(f.node, fx.Node)]
+            if len(state) == 1 and state[0].node is n and state[0].labels == labels and None not in nums \
+                    and _names(n) - {"k"} == big:
+                return u, names, q, math.prod(nums)
     return None
 
 
@@ -191,7 +197,6 @@ class Read:
     labels: tuple
     token: Any = None
     eps: float | None = None
-    rsqrt: bool = True
     scale: float = 1.0
     group: int = 1
     exp: bool = False
@@ -213,22 +218,16 @@ def _scale(n: fx.Node) -> tuple[fx.Node, float] | None:
     return None
 
 
-def _l2norm(n: fx.Node, labels: tuple, canon: Canon) -> tuple[fx.Node, float, bool] | None:
+def _l2norm(n: fx.Node, labels: tuple, canon: Canon) -> tuple[fx.Node, float] | None:
     """``x * rsqrt(sum(x * x, -1, keepdim) + eps)`` or ``x / sqrt(...)`` over the last (``k``) axis,
-    in float32: ``(x, eps, rsqrt?)``."""
+    in float32 (the op's ``rsqrt``: within float32 rounding of ``1 / sqrt``): ``(x, eps)``."""
     if val(n).dtype != _F32 or labels[-1:] != ("k",) or len(n.args) != 2:
         return None
     if is_op(n, aten.div) and is_op(n.args[1], aten.sqrt):
-        x, inner, rsqrt = n.args[0], canon(n.args[1].args[0]), False
-    elif is_op(n, aten.mul):
-        pairs = [(x, canon(r)) for x, r in (n.args, n.args[::-1]) if isinstance(r, fx.Node)]
-        pairs = [(x, r) for x, r in pairs if r.op in ("rsqrt", "recip_sqrt")]
-        if not pairs:
-            return None
-        x, r = pairs[0]
-        inner, rsqrt = r.args[0], r.op == "rsqrt"
+        x, inner = n.args[0], canon(n.args[1].args[0])
     else:
-        return None
+        pairs = [(x, canon(r)) for x, r in (n.args, n.args[::-1]) if is_op(n, aten.mul) and isinstance(r, fx.Node)]
+        x, inner = next(((x, r.args[0]) for x, r in pairs if r.op in ("rsqrt", "recip_sqrt")), (None, None))
     if not (isinstance(x, fx.Node) and inner.op == "add" and len(inner.args) == 2 and not inner.attrs):
         return None
     sq, eps = inner.args if const_value(inner.args[1]) is not None else inner.args[::-1]
@@ -236,7 +235,7 @@ def _l2norm(n: fx.Node, labels: tuple, canon: Canon) -> tuple[fx.Node, float, bo
     if not (sq.op == "sum" and const_value(eps) is not None and len(sq.args) >= 3 and sq.args[2] is True
             and tuple(d % rank for d in sq.args[1]) == (rank - 1,) and sq.args[0] == term("square", canon(x))):
         return None
-    return x, float(const_value(eps)), rsqrt
+    return x, float(const_value(eps))
 
 
 def _read(f: F, role: str, canon: Canon, prologue: bool) -> Read | None:
@@ -258,7 +257,7 @@ def _read(f: F, role: str, canon: Canon, prologue: bool) -> Read | None:
         elif role == "q" and phase == 0 and (sc := _scale(n)):
             (n, got["scale"]), phase = sc, 1
         elif role in ("q", "k") and phase <= 1 and (l2 := _l2norm(n, labels, canon)):
-            (n, got["eps"], got["rsqrt"]), phase = l2, 2
+            (n, got["eps"]), phase = l2, 2
         elif upcast(n):
             n, phase = n.args[0], 3
         elif role in ("q", "k") and "group" not in got and (rep := repeat(n, labels)) and rep[2]:
@@ -324,10 +323,6 @@ _WANT = {"q": ("b", "t", "h", "k"), "k": ("b", "t", "h", "k"), "v": ("b", "t", "
 _OUT = ("b", "t", "h", "v")
 
 
-def shape_of(x: Any) -> tuple:
-    return tuple(x.shape)
-
-
 def _want(role: str, r: Read) -> tuple:
     return _WANT["g_k" if role == "g" and "k" in r.labels else role]
 
@@ -360,7 +355,7 @@ class StepMatch(Match):
         """``x`` (what the op reads for ``role``, a tensor or its fake) as the op's argument: the
         chain's tokens (a part of the loop, where intermediate states split it), axes in order."""
         r = self.reads[role]
-        if "t" in r.labels and not (r.token in (0, None) and known(shape_of(x)[r.labels.index("t")] == len(self.steps))):
+        if "t" in r.labels and not (r.token in (0, None) and known(x.shape[r.labels.index("t")] == len(self.steps))):
             x = x.narrow(r.labels.index("t"), r.token or 0, len(self.steps))
         return arrange(x, r.labels, _want(role, r))
 
@@ -485,7 +480,7 @@ class GdnRecurrentStep(Rewrite):
         if out is None:
             return self.miss(n, Stage.PIECES, "no output sum_k(S q) reads the updated state")
         v = F(sub.args[0], broadcast(sub.args[0], sub, vside.labels))
-        return Step(n, prev, decay, k, v, betas[0], out[2], out[0], out[1], read, labels)
+        return Step(n, prev, decay, k, v, betas[0], out[2], out[0], out[1], read, labels, out[3])
 
     # ------------------------------------------------------------------ the chain
     def _match(self, seg: list[Step], canon: Canon) -> StepMatch | None:
@@ -525,6 +520,8 @@ class GdnRecurrentStep(Rewrite):
         out = {}
         for role, attr in (("q", "q"), ("k", "k"), ("v", "v"), ("g", "decay"), ("beta", "beta")):
             rs = [_read(getattr(s, attr), role, canon, prologue) for s in seg]
+            if role == "q":  # a scale inside the output's product is q's
+                rs = [r and dataclasses.replace(r, scale=r.scale * s.q_scale) for r, s in zip(rs, seg)]
             why = _disagree(rs, role, len(seg), canon)
             if why is not None:
                 return None if prologue else self.miss(seg[-1].new, Stage.INDEXING, why)

@@ -81,6 +81,19 @@ def _hf(module):
     return pytest.importorskip(f"transformers.models.{module}.modeling_{module}")
 
 
+def torch_core(module: str, name: str):
+    """transformers' torch reference core ``name`` itself, never the fla kernel its hub wrapper
+    dispatches to where fla-core is installed (the GPU machine): 5.25 wraps it in a module whose
+    ``forward`` calls the wrapper (``func``), older versions expose the wrapper, whose
+    ``__wrapped__`` is the torch function."""
+    import inspect
+
+    fn = getattr(_hf(module), name)
+    if isinstance(fn, torch.nn.Module):
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
+    return getattr(fn, "__wrapped__", fn)
+
+
 def hf_decode(core):
     """A decode step as transformers' layer runs it: the core continues the cache's state and the
     cache takes the new one (``update_recurrent_state``: ``copy_``)."""
@@ -99,7 +112,7 @@ def test_qwen3_next_decode_in_place(T):
     """Qwen3-Next (also qwen3_5, olmo_hybrid, lara_mini: one function): GQA 2 -> 4 heads, the
     l2norm, the 1/sqrt(d) scale, fp32 casts and transposes, the output assembly and its bf16
     cast, the cache's copy_: one in-place op and nothing of the loop left."""
-    core = _hf("qwen3_next").torch_recurrent_gated_delta_rule
+    core = torch_core("qwen3_next", "torch_recurrent_gated_delta_rule")
     c = _check(hf_decode(core), inputs(T, T))
     assert _parts(c) == {"state in place": 1}
     ops = op_counts(c)
@@ -110,11 +123,30 @@ def test_qwen3_next_decode_in_place(T):
     assert ops.after["aten.copy_.default"] == ops.before["aten.copy_.default"] == 1  # the cache write, re-inplaced
 
 
+def test_the_cache_is_written_in_place_in_the_output_code():
+    """Inductor's code for the decode step: the in-place op on the cache argument itself, no
+    clone of the state, no copy back (auto_functionalized re-inplaced)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    fn, args = hf_decode(torch_core("qwen3_next", "torch_recurrent_gated_delta_rule")), inputs(4, 1)
+    want_args = _clones(args)
+    want = _eager(fn, *want_args)
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(fn, options=FORCED)
+        out, (code,) = run_and_get_code(c, *args)
+    assert_close_to_eager([out, args], [want, want_args])
+    call = re.search(r"torch\.ops\.kda\.gdn_recurrent_step_inplace\.default\((.*)\)", code)
+    assert call and "arg5_1" in call.group(1).split(", ")[5:6], code
+    assert "clone" not in code and not re.search(r"copy_\(|\.copy_", code), code
+
+
 @pytest.mark.parametrize("T", [1, 2])
 def test_kimi_decode_per_channel_decay(T):
     """Kimi Linear's ``recurrent_kimi_delta_attention``: token-major, ``g [B, T, H, K]``, the
     ``x / sqrt(sum(x * x) + eps)`` l2norm, ``o[:, i] = ...`` into a zeros buffer."""
-    core = _hf("kimi_linear").recurrent_kimi_delta_attention
+    core = torch_core("kimi_linear", "recurrent_kimi_delta_attention")
     c = _check(hf_decode(core), inputs(10 + T, T, hk=HV, kda=True), exact_state=False)
     assert _parts(c) == {"state in place": 1}
     assert op_counts(c).after["aten.sum.dim_IntList"] == 0
@@ -123,7 +155,7 @@ def test_kimi_decode_per_channel_decay(T):
 def test_state_returned_is_the_functional_op():
     """No write-back: the core's new state is returned (transformers' prefill tail, FLA's
     ``output_final_state``): the functional op, the zeros state of ``initial_state=None`` too."""
-    core = _hf("qwen3_next").torch_recurrent_gated_delta_rule
+    core = torch_core("qwen3_next", "torch_recurrent_gated_delta_rule")
 
     def fn(q, k, v, g, beta, state):
         o1, s1 = core(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True,
@@ -278,7 +310,7 @@ def test_more_tokens_than_the_limit():
     """Nine tokens (a prefill tail, not a verify window): left to Inductor, saying so."""
     from kda_inductor.patterns import gdn_recurrent_step as pattern
 
-    core = _hf("qwen3_next").torch_recurrent_gated_delta_rule
+    core = torch_core("qwen3_next", "torch_recurrent_gated_delta_rule")
     T = pattern.MAX_TOKENS + 1
 
     def fn(q, k, v, g, beta, state):
@@ -315,7 +347,7 @@ def test_a_data_dependent_token_count_breaks_the_graph():
 def test_intermediate_states_read_elsewhere_split_the_chain():
     """transformers' spec-decode tail keeps every token's state (``intermediate_recurrent_states``):
     a state read elsewhere ends a part; each part is one op continuing the last one's state."""
-    core = _hf("qwen3_next").torch_recurrent_gated_delta_rule
+    core = torch_core("qwen3_next", "torch_recurrent_gated_delta_rule")
 
     def fn(q, k, v, g, beta, state):
         outs, states = [], []
@@ -339,7 +371,7 @@ def test_speed_rule_and_disable(monkeypatch):
     set; ``disable`` turns it off (the whole-step A/B switch of ``benchmarks/hf_models.py``)."""
     from kda_inductor.patterns import gdn_recurrent_step as pattern
 
-    core = _hf("qwen3_next").torch_recurrent_gated_delta_rule
+    core = torch_core("qwen3_next", "torch_recurrent_gated_delta_rule")
     fn, args = hf_decode(core), inputs(34, 1)
     rules = {"kda": {"force": False}}
     _, c = _run(fn, *_clones(args), options=rules)
@@ -360,7 +392,7 @@ def test_speed_rule_and_disable(monkeypatch):
 def test_symbolic_batch(mode):
     """A symbolic batch (``mark_dynamic`` on dim 0, or ``dynamic=True``): one graph for every
     batch, rewritten, in place, equal to eager at three sizes."""
-    fn = hf_decode(_hf("kimi_linear").recurrent_kimi_delta_attention)
+    fn = hf_decode(torch_core("kimi_linear", "recurrent_kimi_delta_attention"))
     with torch.inference_mode(), fresh_compile():
         c = compile_for_test(fn, options=FORCED, dynamic=True if mode == "dynamic" else None)
         for batch in (3, 5, 7):  # not 2 or 4: dynamic=True's duck sizing would tie the batch to the heads
@@ -399,7 +431,7 @@ def test_the_gated_norm_after_the_op(monkeypatch):
     norm.weight.data = (1 + 0.1 * torch.randn(D, generator=torch.Generator().manual_seed(5))).to(BF)
 
     def layer(q, k, v, g, beta, cache, z):
-        out = hf_decode(M.torch_recurrent_gated_delta_rule)(q, k, v, g, beta, cache)
+        out = hf_decode(torch_core("qwen3_next", "torch_recurrent_gated_delta_rule"))(q, k, v, g, beta, cache)
         return norm(out.reshape(-1, D), z.reshape(-1, D))
 
     monkeypatch.setattr(pattern.StepMatch, "device", "cuda")

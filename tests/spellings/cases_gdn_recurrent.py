@@ -41,10 +41,11 @@ def _state_close(got, want) -> None:
     assert_close_to_eager(got.args, want.args, rtol=0.02, atol=0.02)
 
 
-def _hf(module: str):
-    import importlib
+def _core(module: str, name: str):
+    """transformers' torch reference core itself (not fla's kernel, where fla-core is installed)."""
+    from tests.test_gdn_recurrent_step import torch_core
 
-    return importlib.import_module(f"transformers.models.{module}.modeling_{module}")
+    return torch_core(module, name)
 
 
 def inputs(T, *, hk=HK, kda=False, head_major=False, state_dtype=torch.float32):
@@ -68,21 +69,21 @@ def inputs(T, *, hk=HK, kda=False, head_major=False, state_dtype=torch.float32):
 def hf_qwen3_next_decode(q, k, v, g, beta, cache):
     """The layer's decode: ``torch_recurrent_gated_delta_rule`` continuing the cache, then
     ``update_recurrent_state``'s ``copy_``."""
-    out, new = _hf("qwen3_next").torch_recurrent_gated_delta_rule(
+    out, new = _core("qwen3_next", "torch_recurrent_gated_delta_rule")(
         q, k, v, g=g, beta=beta, initial_state=cache, output_final_state=True, use_qk_l2norm_in_kernel=True)
     cache.copy_(new)
     return out
 
 
 def hf_kimi_decode(q, k, v, g, beta, cache):
-    out, new = _hf("kimi_linear").recurrent_kimi_delta_attention(
+    out, new = _core("kimi_linear", "recurrent_kimi_delta_attention")(
         q, k, v, g=g, beta=beta, initial_state=cache, output_final_state=True, use_qk_l2norm_in_kernel=True)
     cache.copy_(new)
     return out
 
 
 def hf_kimi_verify_returned(q, k, v, g, beta, state):
-    return _hf("kimi_linear").recurrent_kimi_delta_attention(
+    return _core("kimi_linear", "recurrent_kimi_delta_attention")(
         q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True, use_qk_l2norm_in_kernel=True)
 
 
@@ -237,8 +238,8 @@ def bf16_cache(q, k, v, g, beta, cache):
 
 def prefill_tail(q, k, v, g, beta, state):
     """Nine tokens: more than ``MAX_TOKENS``."""
-    return _hf("qwen3_next").torch_recurrent_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=state,
-                                                              output_final_state=True)
+    core = _core("qwen3_next", "torch_recurrent_gated_delta_rule")
+    return core(q, k, v, g=g, beta=beta, initial_state=state, output_final_state=True)
 
 
 def _ordered(fn):

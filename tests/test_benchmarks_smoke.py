@@ -75,3 +75,15 @@ def test_indexer_asserts_smoke(capsys):
                                                     ("write", "T=1 wrap_negative"), ("write", "T=24"),
                                                     ("write", "T=24 wrap_negative")]
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+def test_gdn_recurrent_step_smoke(capsys):
+    """kda (in place and not), eager transformers and the launch sweep (the kernel under the
+    interpreter) agree with the float32 reference on CPU (stock's compile skipped: ~20 s here)."""
+    bench = _load("bench_gdn_recurrent_step")
+    rows = bench.main(["--smoke", "--no-stock"])
+    assert [(r["model"], r["B"], r["T"]) for r in rows] == [("qwen3_next", 1, 1), ("kimi_linear", 2, 3)]
+    assert all(r["check"] == "all ok" and r["kda_us"] and r["kda_oop_us"] and r["eager_us"] for r in rows)
+    sweep = bench.main(["--smoke", "--sweep"])
+    assert len(sweep) == 1 and sweep[0]["us"] is not None
+    assert "NOT meaningful" in capsys.readouterr().out

@@ -94,14 +94,18 @@ def _transformers(module: str, name: str):
 @pytest.mark.parametrize("T", [1, 3, 8])
 @pytest.mark.parametrize("group", [1, 2, 4])
 def test_cpu_op_is_transformers_gated_delta_rule(T, group):
-    """Qwen3-Next's loop (GQA by ``repeat_interleave``, l2norm in the kernel, ``q / sqrt(K)``)."""
+    """Qwen3-Next's loop (l2norm in the kernel, ``q / sqrt(K)``), its q / k heads repeated by
+    ``repeat_interleave`` first, as the layer of transformers <= 5.17 does before the call (5.25's
+    function repeats them inside, and does nothing more when the heads already match); the op
+    reads the unrepeated ones by index."""
     ref = _transformers("qwen3_next", "torch_recurrent_gated_delta_rule")
     q, k, v, g, beta, s = inputs(10 * T + group, B=2, T=T, Hk=2, Hv=2 * group, K=16, V=12, dtype=torch.bfloat16)
-    want, want_state = ref(q, k, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    rq, rk = (x.repeat_interleave(group, dim=2) for x in (q, k))
+    want, want_state = ref(rq, rk, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
     out, final = op(q, k, v, g, beta, s, 16 ** -0.5, True, 1e-6, torch.float32)
     torch.testing.assert_close(final, want_state, **TOL)
     torch.testing.assert_close(out.to(torch.bfloat16), want, rtol=0, atol=2 ** -7 * want.abs().max().item())
-    torch.testing.assert_close(out, ref(q.float(), k.float(), v.float(), g, beta.float(), initial_state=s,
+    torch.testing.assert_close(out, ref(rq.float(), rk.float(), v.float(), g, beta.float(), initial_state=s,
                                         output_final_state=True, use_qk_l2norm_in_kernel=True)[0], **TOL)
 
 
@@ -218,3 +222,235 @@ def test_a_rejected_inplace_call_leaves_the_state_alone():
     with pytest.raises(ValueError, match="^g"):
         inplace_op(q, k, v, g[:, :1], beta, s, 0.25, True)
     assert torch.equal(s, before)
+
+
+# --------------------------------------------------------------------------- the Triton kernel
+# under the interpreter on CPU (TRITON_INTERPRET=1, set by conftest) or on the GPU; against the CPU
+# op (float32: TOL, see the module docstring). A small launch (few programs) keeps the interpreter
+# fast: BV = 16 columns per program unless a case needs several column blocks.
+
+SMALL = mod.LaunchConfig(16, 1) if mod.triton is not None else None
+
+
+def _dev(*ts):
+    return [t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in ts]
+
+
+def _poisoned(B, T, Hv, V, dtype):
+    return torch.full((B, T, Hv, V), float("nan"), dtype=dtype, device=DEVICE)
+
+
+def _kernel_vs_op(args, scale=0.25, l2=True, out_dtype=None, config=SMALL, inplace=False, tol=TOL):
+    """The kernel (into a poisoned ``out``; ``inplace``: a poisoned copy of the state overwritten)
+    against the CPU op on the same inputs; returns the kernel's outputs."""
+    q, k, v, g, beta, s = args
+    want, want_state = op(q, k, v, g, beta, s, scale, l2, 1e-6, out_dtype)
+    out = _poisoned(*v.shape[:3], v.shape[3], want.dtype)
+    state = None if s is None else s.to(DEVICE).clone()
+    got, final = mod.step_triton(*_dev(q, k, v, g, beta), state, scale, l2, 1e-6, out_dtype, inplace=inplace,
+                                 out=out, config=config)
+    assert got is out and (final is state) == inplace
+    assert final.shape == want_state.shape and final.dtype == torch.float32
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got.cpu(), want, **tol)
+    else:  # one rounding step of the output dtype (the interpreter truncates float32 -> bf16)
+        full = op(q, k, v, g, beta, s, scale, l2, 1e-6, torch.float32)[0]
+        ulp = torch.finfo(want.dtype).eps * full.abs().clamp_min(torch.finfo(want.dtype).tiny)
+        assert ((got.cpu().float() - full).abs() <= 2 * ulp + tol["atol"]).all()
+    torch.testing.assert_close(final.cpu(), want_state, **tol)
+    return got, final
+
+
+@needs_runner
+@pytest.mark.parametrize("T,group", [(1, 1), (1, 4), (2, 2), (5, 4), (8, 1)])
+def test_triton_kernel_matches_the_cpu_op(T, group):
+    """Two key heads, so that value head h reading key head h // group (repeat_interleave), not
+    h % Hk (repeat), is what passes."""
+    _kernel_vs_op(inputs(100 + T, B=2 if T < 5 else 1, T=T, Hk=2, Hv=2 * group, K=16, V=16))
+
+
+@needs_runner
+@pytest.mark.parametrize("case", ["gqa2 T1", "gqa4 T3", "no l2norm", "no state", "per-channel"])
+def test_triton_kernel_scaled_body(case):
+    """The ``SCALED`` body (the sums over raw q / k, the norms applied after them): masked K and V
+    (12 / 20, three column blocks), grouped heads, several tokens, without l2norm or a state; a
+    per-channel decay takes the plain body (and must still be right)."""
+    T, group = (1, 2) if case == "gqa2 T1" else (3, 4) if case == "gqa4 T3" else (2, 1)
+    q, k, v, g, beta, s = inputs(1300 + len(case), B=2, T=T, Hk=1, Hv=group, K=12, V=20,
+                                 per_channel=case == "per-channel", state=case != "no state")
+    l2 = case != "no l2norm"
+    if not l2:
+        q, k = 0.3 * q, 0.3 * k
+    _kernel_vs_op((q, k, v, g, beta, s), scale=0.25 if l2 else 1.0, l2=l2,
+                  config=mod.LaunchConfig(8, 1, scaled=True))
+
+
+@needs_runner
+@pytest.mark.parametrize("T", [1, 3])
+def test_triton_kernel_per_channel_decay(T):
+    """Kimi's decay per key channel, with grouped heads too (the op allows it)."""
+    _kernel_vs_op(inputs(200 + T, B=1, T=T, Hk=1, Hv=2, K=16, V=16, per_channel=True))
+
+
+@needs_runner
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_triton_kernel_masks_k_and_v(per_channel):
+    """K and V not powers of two (OLMo-hybrid's 96 / 192, scaled down: 12 / 20): K padded to 16
+    rows, V in three column blocks of 8, the last one partial."""
+    _kernel_vs_op(inputs(300, B=1, T=3, Hk=1, Hv=2, K=12, V=20, per_channel=per_channel),
+                  config=mod.LaunchConfig(8, 1))
+
+
+@needs_runner
+def test_triton_kernel_without_state_or_l2norm():
+    _kernel_vs_op(inputs(400, B=2, T=2, Hk=2, Hv=2, state=False))
+    q, k, v, g, beta, s = inputs(401, B=1, T=4, Hk=1, Hv=2)
+    _kernel_vs_op((0.3 * q, 0.3 * k, v, g, beta, s), scale=1.0, l2=False)
+
+
+@needs_runner
+@pytest.mark.parametrize("layout", ["head-major", "split"])
+def test_triton_kernel_reads_strided_inputs(layout):
+    """Transposed head-major q / k / v / g / beta and the split views of one projection, read by
+    their strides (none of them contiguous)."""
+    args = inputs(500, B=2, T=3, Hk=2, Hv=4, layout=layout)
+    assert not any(t.is_contiguous() for t in args[:3])
+    _kernel_vs_op(args)
+
+
+@needs_runner
+@pytest.mark.parametrize("dtype,out_dtype", [(torch.bfloat16, None), (torch.bfloat16, torch.float32),
+                                             (torch.float32, torch.bfloat16), (torch.float16, torch.float16)])
+def test_triton_kernel_dtypes(dtype, out_dtype):
+    _kernel_vs_op(inputs(600, B=1, T=2, Hk=1, Hv=2, dtype=dtype), out_dtype=out_dtype)
+
+
+@needs_runner
+def test_triton_kernel_in_place():
+    """The in-place launch overwrites the state it reads (every program reads its whole tile
+    first): the same out and final state as the CPU op; two decode steps in place are one T = 2
+    step; fresh inputs each time."""
+    args = inputs(700, B=2, T=1, Hk=1, Hv=2, K=16, V=24)
+    _kernel_vs_op(args, inplace=True, config=mod.LaunchConfig(8, 1))
+    q, k, v, g, beta, s = inputs(701, B=2, T=2, Hk=1, Hv=2, per_channel=True)
+    want, want_state = op(q, k, v, g, beta, s, 0.25, True)
+    state = s.to(DEVICE).clone()
+    for t in range(2):
+        step = [x[:, t:t + 1] for x in (q, k, v, g, beta)]
+        out, final = mod.step_triton(*_dev(*step), state, 0.25, True, inplace=True, config=SMALL)
+        assert final is state
+        torch.testing.assert_close(out.cpu(), want[:, t:t + 1], **TOL)
+    torch.testing.assert_close(state.cpu(), want_state, **TOL)
+
+
+@needs_runner
+def test_triton_kernel_no_tokens():
+    """T = 0: the final state is the initial one (zeros without), ``out`` empty."""
+    *xs, s = inputs(800, B=1, T=3)
+    q, k, v, g, beta = (x[:, :0] for x in xs)
+    out, final = mod.step_triton(*_dev(q, k, v, g, beta, s), 0.25, True, config=SMALL)
+    assert out.shape == (1, 0, 4, 12) and torch.equal(final.cpu(), s) and final.data_ptr() != s.data_ptr()
+    _, zeros = mod.step_triton(*_dev(q, k, v, g, beta), None, 0.25, True, config=SMALL)
+    assert torch.equal(zeros.cpu(), torch.zeros_like(s))
+
+
+def test_launch_config_table():
+    """The measured table (``launch_config``'s docstring), at Qwen3-Next's dims (32 value heads,
+    K = V = 128): 16 columns x 1 warp up to B = 16 at T = 1 and at every B for T > 1, 64 x 4 from
+    B = 32 at T = 1; OLMo-hybrid's K = 96 pads to 128; K = 256 halves the columns, a narrow V caps
+    them; the SCALED body stays off until a GPU has timed it."""
+    if mod.triton is None:
+        pytest.skip("needs triton")
+    cfg, small, big = mod.launch_config, mod.LaunchConfig(16, 1), mod.LaunchConfig(64, 4)
+    assert [cfg(b, 32, 128, 128) for b in (1, 8, 16, 32, 128, 256)] == [small] * 3 + [big] * 3
+    assert all(cfg(b, 32, 128, 128, t) == small for b in (1, 32, 128, 256) for t in (2, 4, 8))
+    assert cfg(32, 30, 96, 192) == big and cfg(1, 30, 96, 192) == small and cfg(32, 30, 96, 192, 2) == small
+    assert cfg(128, 8, 256, 64) == mod.LaunchConfig(32, 4) and cfg(128, 8, 256, 64, 4) == mod.LaunchConfig(8, 1)
+    assert cfg(32, 32, 64, 32) == mod.LaunchConfig(32, 4) and cfg(1, 1, 8, 4) == mod.LaunchConfig(8, 1)
+    assert not any(cfg(b, 32, 128, 128, t).scaled for b in (1, 256) for t in (1, 4))
+
+
+def test_step_triton_checks_its_out_argument():
+    if mod.triton is None:
+        pytest.skip("needs triton")
+    q, k, v, g, beta, s = inputs(900)
+    with pytest.raises(ValueError, match=r"^out: expected a contiguous \[2, 3, 4, 12\]"):
+        mod.step_triton(q, k, v, g, beta, s, 0.25, True, out=torch.empty(2, 3, 12, 4).transpose(2, 3))
+    with pytest.raises(ValueError, match="^state: the in-place step needs a state"):
+        mod.step_triton(q, k, v, g, beta, None, 0.25, True, inplace=True)
+
+
+# --------------------------------------------------------------------------- the CUDA ops (GPU only)
+needs_cuda = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU; .ci/gpu tests runs them
+
+
+@needs_cuda
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_cuda_ops_match_the_cpu_op_at_model_dims(per_channel):
+    """The CUDA impls at Qwen3-Next's (16 / 32 heads, 128 / 128) and Kimi's (32 / 32, per
+    channel) dims, T = 1 and 4, B = 3: the default launch table."""
+    Hk = 32 if per_channel else 16
+    for T in (1, 4):
+        q, k, v, g, beta, s = inputs(T, B=3, T=T, Hk=Hk, Hv=32, K=128, V=128, per_channel=per_channel,
+                                     dtype=torch.bfloat16)
+        want, want_state = op(q, k, v, g, beta, s, 128 ** -0.5, True)
+        out, final = op(*_dev(q, k, v, g, beta, s), 128 ** -0.5, True)
+        torch.testing.assert_close(final.cpu(), want_state, **TOL)
+        torch.testing.assert_close(out.cpu(), want, rtol=0, atol=2 ** -7 * want.abs().max().item())
+        state = s.cuda()
+        got = inplace_op(*_dev(q, k, v, g, beta), state, 128 ** -0.5, True)
+        assert torch.equal(got, out) and torch.equal(state, final)
+
+
+@needs_cuda
+def test_cuda_inplace_op_under_graph_capture_without_syncs():
+    """Captured in a CUDA graph (no host sync: sync debug mode 'error' while capturing and
+    replaying), each replay advances the state one token."""
+    q, k, v, g, beta, s = _dev(*inputs(1, B=4, T=1, Hk=16, Hv=32, K=128, V=128, dtype=torch.bfloat16))
+    state = s.clone()
+    fn = lambda: inplace_op(q, k, v, g, beta, state, 0.088, True)  # noqa: E731
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        torch.cuda.synchronize()
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            fn()
+        torch.cuda.synchronize()
+        state.copy_(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
+        graph.replay()
+        graph.replay()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    cur = s.cpu()
+    for _ in range(2):
+        want, cur = op(q.cpu(), k.cpu(), v.cpu(), g.cpu(), beta.cpu(), cur, 0.088, True)
+    torch.testing.assert_close(state.cpu(), cur, **TOL)
+    torch.testing.assert_close(out.cpu().float(), want.float(), rtol=0, atol=2 ** -7 * want.abs().max().item())
+
+
+# --------------------------------------------------------------------------- under torch.compile
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_ops_trace_and_functionalize(dynamic):
+    """Both ops through Dynamo and AOTAutograd (``aot_eager``: functionalized, the in-place op as
+    ``auto_functionalized``, the fake impls at symbolic sizes with ``dynamic=True``): the same
+    results as eager, the state written back."""
+    def step(q, k, v, g, beta, state):
+        out = torch.ops.kda.gdn_recurrent_step_inplace(q, k, v, g, beta, state, 0.25, True)
+        out2, final = torch.ops.kda.gdn_recurrent_step(q, k, v, g, beta, state, 0.25, True, 1e-6, torch.float32)
+        return out, out2, final
+
+    torch._dynamo.reset()
+    compiled = torch.compile(step, backend="aot_eager", dynamic=dynamic, fullgraph=True)
+    for seed, B in ((0, 2), (1, 3)):
+        *xs, s = inputs(1200 + seed, B=B, T=2, per_channel=bool(seed))
+        mine, theirs = s.clone(), s.clone()
+        got, want = compiled(*xs, mine), step(*xs, theirs)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+        assert torch.equal(mine, theirs) and not torch.equal(mine, s)
+    torch._dynamo.reset()

@@ -28,10 +28,11 @@ grouping, read by index, never repeated) and token ``t``, in float32 (``S [K, V]
   ``v.dtype``).
 
 The CPU kernel is that loop in plain float32 torch (:func:`reference_step`, the spec). The CUDA
-kernel (:func:`step_triton`; not in this first commit: CPU and fake impls only) is one Triton launch: program ``(b, h, j)`` holds the float32 tile
+kernel (:func:`step_triton`) is one Triton launch: program ``(b, h, j)`` holds the float32 tile
 ``S[b, h, :, j * BV : (j + 1) * BV]`` in registers, read once and written once, and runs every
-token through it. Per token it reduces ``S`` over ``K`` once, for two sums at a time
-(``tl.reduce`` of a pair), by the identity
+token through it, the next token's inputs loaded before this one's reductions. Per token: one
+reduction over ``q``'s and ``k``'s ``K`` values (``q . q``, ``k . k``, ``q . k`` together) and
+one over the tile (two sums together, ``tl.reduce`` of a pair), by the identity
 
     out_t = sum_K(S_old * (e * q)) + (q . k) * delta,   kv = sum_K(S_old * (e * k))
 
@@ -41,7 +42,13 @@ reduction order; ``tests/test_lowering_gdn_recurrent_step.py``). The in-place va
 whole tile before it writes it, and programs own disjoint tiles, so ``state`` may be read and
 written by the one launch. No host sync, no allocation but the outputs, safe under CUDA-graph
 capture; the launch configuration (``BV`` columns per program, warps) comes from a fixed table
-(:func:`launch_config`; no run-time autotuning: CUDA graphs and reproducibility).
+(:func:`launch_config`, measured on an H200; no run-time autotuning: CUDA graphs and
+reproducibility). For sm_90, compiled as a launch specializes it (unit inner strides, 16-divisible
+sizes and strides; ``T = 1`` a constant), the tile's loads and stores are 16 bytes wide and nothing
+spills: at K = V = 128 with Triton 3.6, the table's 16 columns x 1 warp take 127 registers per
+thread for T = 1 and 165 for T > 1 (4 / 2 barriers per token), 64 x 4 take 125 / 168 (13 / 14
+barriers: the reductions and layout conversions between warps). The ``SCALED`` body
+(:func:`_update_scaled`, a launch option the sweep times) has two fewer conversions a token.
 
 Every argument is checked by :func:`validate` (also the pattern's check), each bad one an error
 naming it; a rejected call leaves ``state`` untouched.
@@ -59,7 +66,8 @@ from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import check_tensor, definitely
 from kda_inductor.lowerings._triton import tl, triton
 
-__all__ = ["MAX_K", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace", "reference_step", "validate"]
+__all__ = ["MAX_K", "LaunchConfig", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace",
+           "launch_config", "reference_step", "step_triton", "validate"]
 
 MAX_K = 256
 """The largest key head dim: a program holds every key row of its tile (Qwen3-Next, Qwen3.5 and
@@ -140,15 +148,19 @@ def _check_state(state, arg: str, B, Hv, K, V) -> None:
     _check_sizes(state, arg, [B, Hv, K, V], "[B, Hv, K, V]")
 
 
+def _check_number(x, arg: str, what: str, ok) -> None:
+    """``x`` a Python int or float (a TypeError otherwise) with ``ok(x)`` (a ValueError otherwise)."""
+    if not isinstance(x, (int, float)) or isinstance(x, bool):
+        raise _err(arg, f"expected {what}, got {x!r}", TypeError)
+    if not ok(x):
+        raise _err(arg, f"expected {what}, got {x!r}")
+
+
 def _check_scalars(scale, use_qk_l2norm, eps, out_dtype) -> None:
-    real = (int, float)
-    if not isinstance(scale, real) or isinstance(scale, bool) or not math.isfinite(scale):
-        raise _err("scale", f"expected a finite float, got {scale!r}", TypeError if not isinstance(scale, real) else
-                   ValueError)
+    _check_number(scale, "scale", "a finite float", math.isfinite)
+    _check_number(eps, "eps", "a finite float >= 0", lambda e: math.isfinite(e) and e >= 0)
     if not isinstance(use_qk_l2norm, bool):
         raise _err("use_qk_l2norm", f"expected a bool, got {type(use_qk_l2norm).__name__}", TypeError)
-    if not isinstance(eps, real) or isinstance(eps, bool) or not (math.isfinite(eps) and eps >= 0):
-        raise _err("eps", f"expected a finite float >= 0, got {eps!r}")
     if out_dtype is not None and out_dtype not in _FLOATS:
         raise _err("out_dtype", f"expected None or a floating-point dtype, got {out_dtype}")
 
@@ -247,3 +259,274 @@ def gdn_recurrent_step_inplace(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta:
 def _gdn_recurrent_step_inplace_fake(q, k, v, g, beta, state, scale, use_qk_l2norm, eps=1e-6, out_dtype=None):
     meta = validate(q, k, v, g, beta, state, scale, use_qk_l2norm, eps, out_dtype, state_arg="state")
     return _new_output(v, meta, out_dtype)
+
+
+@gdn_recurrent_step.register_kernel("cuda")
+def _gdn_recurrent_step_cuda(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, eps=1e-6, out_dtype=None):
+    meta = validate(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, eps, out_dtype)
+    out, final = _new_outputs(v, meta, out_dtype)
+    _launch(q, k, v, g, beta, initial_state, final, out, scale, use_qk_l2norm, eps, meta)
+    return out, final
+
+
+@gdn_recurrent_step_inplace.register_kernel("cuda")
+def _gdn_recurrent_step_inplace_cuda(q, k, v, g, beta, state, scale, use_qk_l2norm, eps=1e-6, out_dtype=None):
+    meta = validate(q, k, v, g, beta, state, scale, use_qk_l2norm, eps, out_dtype, state_arg="state")
+    out = _new_output(v, meta, out_dtype)
+    _launch(q, k, v, g, beta, state, state, out, scale, use_qk_l2norm, eps, meta)
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# Triton
+# --------------------------------------------------------------------------------------
+if triton is not None:
+
+    @triton.jit
+    def _add2(a0, b0, a1, b1):
+        return a0 + a1, b0 + b1
+
+    @triton.jit
+    def _add3(a0, b0, c0, a1, b1, c1):
+        return a0 + a1, b0 + b1, c0 + c1
+
+    @triton.jit
+    def _program(V, HV, BV: tl.constexpr):
+        """This program's sequence ``b``, value head ``h`` and column block ``j`` (the column
+        blocks of one head run side by side: they read the same q / k)."""
+        pid = tl.program_id(0)
+        nv = tl.cdiv(V, BV)
+        bh = pid // nv
+        return bh // HV, bh % HV, pid % nv
+
+    @triton.jit
+    def _tile(ptr, b, h, rk, rv, s_b, s_h, s_k, s_v):
+        """The addresses of the state tile ``[b, h, rk, rv]``."""
+        base = ptr + b.to(tl.int64) * s_b + h.to(tl.int64) * s_h
+        return base + rk[:, None] * s_k + rv[None, :] * s_v
+
+    @triton.jit
+    def _load_token(q_row, k_row, v_row, g_row, b_row, t, T, rk, kmask, vmask, sq_t, sk_t, sv_t, sg_t, sb_t,
+                    sq_k, sk_k, sg_k, PER_CHANNEL: tl.constexpr):
+        """Token ``t``'s raw ``q``, ``k`` (``[KP]``), ``v`` (``[BV]``), ``g`` (scalar or ``[KP]``) and
+        ``beta``, as float32; all zeros for ``t >= T`` (the prefetch past the last token)."""
+        live = (tl.program_id(0) * 0 + t) < T
+        km = kmask & (rk * 0 + t < T)  # (a vector & a scalar mask trips the interpreter)
+        q = tl.load(q_row + t * sq_t + rk * sq_k, mask=km, other=0.0).to(tl.float32)
+        k = tl.load(k_row + t * sk_t + rk * sk_k, mask=km, other=0.0).to(tl.float32)
+        v = tl.load(v_row + t * sv_t, mask=vmask & (tl.zeros_like(vmask.to(tl.int32)) + t < T), other=0.0)
+        v = v.to(tl.float32)
+        if PER_CHANNEL:
+            g = tl.load(g_row + t * sg_t + rk * sg_k, mask=km, other=0.0).to(tl.float32)
+        else:
+            g = tl.load(g_row + t * sg_t, mask=live, other=0.0).to(tl.float32)
+        beta = tl.load(b_row + t * sb_t, mask=live, other=0.0).to(tl.float32)
+        return q, k, v, g, beta
+
+    @triton.jit
+    def _keys(q, k, scale, eps, L2NORM: tl.constexpr):
+        """``q`` normalized and scaled, ``k`` normalized (float32 ``[KP]``), and ``q . k`` (the three
+        sums in one reduction)."""
+        if L2NORM:
+            qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, _add3)
+            nq = tl.math.rsqrt(qq + eps)
+            nk = tl.math.rsqrt(kk + eps)
+            q = q * nq * scale
+            k = k * nk
+            qk = qk * (nq * nk) * scale
+        else:
+            q = q * scale
+            qk = tl.sum(q * k, 0)
+        return q, k, qk
+
+    @triton.jit
+    def _update(S, q, k, qk, v, beta, e, PER_CHANNEL: tl.constexpr):
+        """One token through the tile ``S [KP, BV]``: the new tile and this token's output.
+        ``S_new = S e + k delta`` with ``delta = (v - sum_K(S e k)) beta``, and
+        ``out = sum_K(S_new q) = sum_K(S e q) + (q . k) delta``: one reduction over K of the old
+        tile for both sums."""
+        kv, oq = tl.reduce((S * (k * e)[:, None], S * (q * e)[:, None]), 0, _add2)
+        delta = (v - kv) * beta
+        if PER_CHANNEL:
+            S = S * e[:, None] + k[:, None] * delta[None, :]
+        else:
+            S = S * e + k[:, None] * delta[None, :]
+        return S, oq + qk * delta
+
+    @triton.jit
+    def _update_scaled(S, q, k, v, beta, e, scale, eps, L2NORM: tl.constexpr):
+        """:func:`_keys` and :func:`_update` for a scalar decay ``e`` from the raw ``q``, ``k``: the
+        norms are scalars, so both tile sums are taken on the raw vectors and scaled after
+        (``kv = nk sum_K(S e k)``, ``S_new = S e + k (nk delta)``), and only the raw ``q`` and ``k``
+        move into the tile's row layout (two layout conversions a token, not three)."""
+        qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, _add3)
+        if L2NORM:
+            nq = tl.math.rsqrt(qq + eps) * scale
+            nk = tl.math.rsqrt(kk + eps)
+        else:
+            nq = scale + 0.0 * qq
+            nk = 1.0 + 0.0 * kk
+        q, k = q[:, None], k[:, None]
+        kv, oq = tl.reduce((S * (k * e), S * (q * e)), 0, _add2)
+        delta = (v - kv * nk) * beta
+        return S * e + k * (delta * nk)[None, :], (oq + qk * nk * delta) * nq
+
+    @triton.jit
+    def _token(S, q, k, v, g, beta, scale, eps, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
+               SCALED: tl.constexpr):
+        """One token through the tile: the new tile and the token's output (``SCALED`` with a
+        scalar decay: :func:`_update_scaled`; a per-channel decay needs its own conversion
+        either way, and SCALED gains it nothing there: :func:`_keys` then :func:`_update`)."""
+        if SCALED and not PER_CHANNEL:
+            return _update_scaled(S, q, k, v, beta, tl.exp(g), scale, eps, L2NORM)
+        else:
+            q, k, qk = _keys(q, k, scale, eps, L2NORM)
+            return _update(S, q, k, qk, v, beta, tl.exp(g), PER_CHANNEL)
+
+    def _step_body(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, f_ptr, o_ptr, T, HV, K, V, GROUP, scale, eps,
+                   sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, sg_b, sg_t, sg_h, sg_k,
+                   sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, ss_v, sf_b, sf_h, sf_k, sf_v,
+                   KP: tl.constexpr, BV: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
+                   HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False):
+        """Program ``(b, h, j)``: the state tile ``[b, h, :, j * BV : (j + 1) * BV]`` read once
+        into registers (zeros without a state), every token run through it (the next token's
+        inputs loaded before this one's reductions), written once."""
+        b, h, j = _program(V, HV, BV)
+        rk = tl.arange(0, KP)
+        rv = j * BV + tl.arange(0, BV)
+        kmask, vmask = rk < K, rv < V
+        b64, hk = b.to(tl.int64), h // GROUP
+        q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
+        v_row, g_row = v_ptr + b64 * sv_b + h * sv_h + rv * sv_v, g_ptr + b64 * sg_b + h * sg_h
+        b_row, o_row = b_ptr + b64 * sb_b + h * sb_h, o_ptr + (b64 * T * HV + h) * V + rv
+        nxt = _load_token(q_row, k_row, v_row, g_row, b_row, 0, T, rk, kmask, vmask, sq_t, sk_t, sv_t, sg_t,
+                          sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
+        mask = kmask[:, None] & vmask[None, :]
+        if HAS_STATE:
+            S = tl.load(_tile(s_ptr, b, h, rk, rv, ss_b, ss_h, ss_k, ss_v), mask=mask, other=0.0)
+        else:
+            S = tl.zeros((KP, BV), tl.float32)
+        for t in range(T):
+            q, k, v, g, beta = nxt
+            nxt = _load_token(q_row, k_row, v_row, g_row, b_row, t + 1, T, rk, kmask, vmask, sq_t, sk_t,
+                              sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
+            S, o = _token(S, q, k, v, g, beta, scale, eps, PER_CHANNEL, L2NORM, SCALED)
+            tl.store(o_row + t * HV * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
+        tl.store(_tile(f_ptr, b, h, rk, rv, sf_b, sf_h, sf_k, sf_v), S, mask=mask)
+
+    _step_kernel = triton.jit(_step_body)
+
+
+# --------------------------------------------------------------------------------------
+# launch configuration: a fixed table (no run-time autotuning)
+# --------------------------------------------------------------------------------------
+class LaunchConfig(NamedTuple):
+    block_v: int
+    """State columns per program (``BV``, a power of two)."""
+    num_warps: int
+    num_stages: int = 1
+    scaled: bool = False
+    """The kernel's ``SCALED`` body for a scalar decay (:func:`_update_scaled`: two layout
+    conversions a token instead of three; sm_90, Triton 3.6, K = 128, T > 1: 12 barriers a token
+    instead of 14 at 4 warps, 3 instead of 4 at one warp, the same registers, no spills; Triton 3.9
+    keeps its 4-warp barriers, 15 / 18, and takes 188 registers at one warp instead of 167). Not
+    yet timed on a GPU: off in the table, timed by the sweep; ignored for a per-channel decay."""
+
+
+SMALL_HEADS = 512
+"""At most this many ``batch * v_heads`` state matrices: the one-token step is the small-batch
+launch (16 columns, one warp); more: the large one (64 columns, 4 warps)."""
+MIN_BLOCK_V = 8
+"""32 bytes per key row: one DRAM sector."""
+TABLE_KP = 128
+"""The key dim the table was measured at (Qwen3-Next, Qwen3.5, Kimi Linear; OLMo-hybrid's 96 pads
+to it). Other ``KP``: the columns scaled by ``TABLE_KP / KP`` (the same state values per thread;
+not measured)."""
+
+
+def launch_config(batch: int, v_heads: int, k_dim: int, v_dim: int, tokens: int = 1) -> LaunchConfig:
+    """The fixed launch table (no run-time autotuning: CUDA graphs and reproducibility), from the
+    H200 sweep of 2026-12-03 (``bench_gdn_recurrent_step.py --sweep``, bf322d0, CUDA-graph replay
+    us; the old default in brackets), Qwen3-Next's dims (32 value heads, K = V = 128):
+
+    * T = 1, B = 1: BV16 w1 4.2 us (BV8 w1 5.0; OLMo-hybrid's 30 x 96 x 192: BV16 w1 4.1).
+    * T = 1, B = 8: BV16 w1 10.8 (BV32 w2 11.0, BV64 w4 11.3, BV32 w4 12.0).
+    * T = 1, B = 32: BV64 w4 37.7 (BV32 w4 38.2; BV16 w1 47.8; Kimi BV64 w4 37.4 / 38.0).
+    * T = 1, B = 128 / 256: BV64 w4 135.7 / 265.7 (BV32 w4 139.8 / 273.9).
+    * T = 4, B = 32: BV16 w1 55.4 (BV32 w2 57.6, BV64 w4 59.5, BV32 w4 67.3; 8 warps ~150).
+    * T = 4, B = 128: BV16 w1 202.2 (BV64 w4 201.9, BV32 w2 204.9, BV32 w4 240.3; 8 warps 560).
+
+    So: T > 1 at any batch, or at most ``SMALL_HEADS`` state matrices (B <= 16 at 32 heads,
+    between B = 8 and 32 not measured): 16 columns, one warp; else 64 columns, 4 warps. Columns
+    no wider than ``V`` (a power of two), scaled by ``TABLE_KP / KP`` for other key dims."""
+    kp = max(16, triton.next_power_of_2(int(k_dim)))
+    small = int(tokens) > 1 or int(batch) * int(v_heads) <= SMALL_HEADS
+    bv, warps = (16, 1) if small else (64, 4)
+    bv = min(max(MIN_BLOCK_V, bv * TABLE_KP // kp), max(MIN_BLOCK_V, triton.next_power_of_2(max(int(v_dim), 1))))
+    return LaunchConfig(bv, warps)
+
+
+def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta: StepMeta,
+            config: LaunchConfig | None = None):
+    """One launch of :data:`_step_kernel` on validated arguments (``state`` None: zeros; ``final``
+    may be ``state`` itself: the in-place op). Returns what Triton's launch returns (the compiled
+    kernel: its ``n_regs`` / ``n_spills`` for the benchmark's sweep), None if nothing ran."""
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("gdn_recurrent_step: the Triton kernel needs triton, which is not installed")
+    cfg = config or launch_config(meta.batch, meta.v_heads, meta.k_dim, meta.v_dim, meta.tokens)
+    programs = meta.batch * meta.v_heads * triton.cdiv(meta.v_dim, cfg.block_v)
+    if programs == 0:
+        return None
+    s = state if state is not None else final
+    g_strides = g.stride() if meta.per_channel else (*g.stride(), 0)
+    return _step_kernel[(programs,)](
+        q, k, v, g, beta, s, final, out, meta.tokens, meta.v_heads, meta.k_dim, meta.v_dim, meta.group,
+        float(scale), float(eps), *q.stride(), *k.stride(), *v.stride(), *g_strides, *beta.stride(),
+        *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),
+        KP=max(16, triton.next_power_of_2(meta.k_dim)), BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
+        L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, SCALED=bool(cfg.scaled), num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
+
+
+def step_triton(q, k, v, g, beta, state=None, scale=1.0, use_qk_l2norm=False, eps=1e-6, out_dtype=None, *,
+                inplace: bool = False, out: Tensor | None = None, config: LaunchConfig | None = None):
+    """The Triton kernel on checked arguments (what the CUDA impls launch; also on CPU tensors
+    under ``TRITON_INTERPRET=1``): ``(out, final_state)``; ``inplace``: ``state`` is overwritten
+    and returned as the final state. ``out``: a contiguous ``[B, T, Hv, V]`` to write (default
+    a new one); ``config``: the launch (default :func:`launch_config`)."""
+    meta = validate(q, k, v, g, beta, state, scale, use_qk_l2norm, eps, out_dtype,
+                    state_arg="state" if inplace else "initial_state")
+    if inplace and state is None:
+        raise _err("state", "the in-place step needs a state to overwrite, got None")
+    want = _new_output(v, meta, out.dtype if out is not None else out_dtype)
+    if out is None:
+        out = want
+    elif out.shape != want.shape or not out.is_contiguous() or out.device != v.device:
+        raise _err("out", f"expected a contiguous {list(want.shape)} on {v.device}, got {list(out.shape)} "
+                   f"strides {out.stride()}")
+    final = state if inplace else _new_outputs(v, meta, None)[1]
+    _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta, config)
+    return out, final
+
+
+def aot_variants():
+    """The launches to compile ahead of time for sm_90: Qwen3-Next's decode (bf16 q / k / v and
+    beta, float32 g, K = 128, scalar decay, l2norm, a state) at the table's two configs and in the
+    ``SCALED`` body, Kimi's per-channel decay, a float32 step without l2norm or state, and K = 256."""
+    from kda_inductor.lowerings import AotVariant
+
+    names = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "b_ptr", "s_ptr", "f_ptr", "o_ptr")
+    ints = ("T", "HV", "K", "V", "GROUP", "sq_b", "sq_t", "sq_h", "sq_k", "sk_b", "sk_t", "sk_h", "sk_k", "sv_b",
+            "sv_t", "sv_h", "sv_v", "sg_b", "sg_t", "sg_h", "sg_k", "sb_b", "sb_t", "sb_h", "ss_b", "ss_h", "ss_k",
+            "ss_v", "sf_b", "sf_h", "sf_k", "sf_v")
+    bf16 = dict(zip(names, ("*bf16", "*bf16", "*bf16", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16")),
+                **dict.fromkeys(ints, "i32"), scale="fp32", eps="fp32")
+    fp32 = {**bf16, **dict.fromkeys(names, "*fp32")}
+    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False)
+    small = dict(big, BV=16)
+    variants = ((bf16, big, 4), (bf16, small, 1), (bf16, dict(small, SCALED=True), 1),
+                (bf16, dict(big, SCALED=True), 4), (bf16, dict(big, PER_CHANNEL=True), 4),
+                (fp32, dict(small, L2NORM=False, HAS_STATE=False), 1), (bf16, dict(big, KP=256, BV=32), 4))
+    for types, consts, warps in variants:
+        yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1})

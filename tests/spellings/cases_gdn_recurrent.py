@@ -133,7 +133,7 @@ def vllm_cpu_recurrent(query, key, value, g, beta, initial_state):
     query, key = query.repeat_interleave(rep, dim=2), key.repeat_interleave(rep, dim=2)
     query, key, value, beta, g = (x.transpose(1, 2).contiguous().to(torch.float32) for x in (query, key, value, beta, g))
     query = query * (1 / (query.shape[-1] ** 0.5))
-    out = torch.empty(*value.shape, dtype=value.dtype)
+    out = value.new_empty(value.shape)
     state = initial_state.to(value)
     for t in range(query.shape[2]):
         q_t, k_t, v_t = query[:, :, t], key[:, :, t], value[:, :, t]
@@ -162,8 +162,8 @@ def einsum_head_major(q, k, v, g, beta, cache):
 
 def matmul_zeros_start(q, k, v, g, beta, unused_state):
     """Matmul contractions (``k @ S``), a zeros start (no initial state), the state returned."""
-    S = torch.zeros(B, HV, D, D)
-    out = torch.zeros(B, q.shape[1], HV, D)
+    S = q.new_zeros(B, HV, D, D, dtype=torch.float32)
+    out = q.new_zeros(B, q.shape[1], HV, D, dtype=torch.float32)
     for t in range(q.shape[1]):
         qt, kt = q[:, t].float() * D ** -0.5, k[:, t].float()
         S = S * g[:, t].exp()[..., None, None]

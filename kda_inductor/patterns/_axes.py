@@ -82,15 +82,66 @@ def _view_step(n: fx.Node, src: list) -> list | None:
 
 
 def relabel(n: Any, labels: tuple) -> tuple[Any, tuple]:
-    """``n``'s view base and its axis names, given ``n``'s (``""``: a unit or broadcast dim)."""
-    b, src = view_map(n)
-    if b is n or src is None:
-        return n, labels
-    out = [""] * len(shape(b))
-    for i, j in enumerate(src):
-        if j is not None:
-            out[j] = labels[i]
-    return b, tuple(out)
+    """``n``'s view base and its axis names, given ``n``'s (``""``: a unit or broadcast dim), also
+    through reshapes that merge or split axes (:func:`regroup`)."""
+    for _ in range(16):
+        b, src = view_map(n)
+        if b is not n and src is not None:
+            out = [""] * len(shape(b))
+            for i, j in enumerate(src):
+                if j is not None:
+                    out[j] = labels[i]
+            n, labels = b, tuple(out)
+        got = regroup(n, labels)
+        if got is None:
+            break
+        n, labels = got
+    return n, labels
+
+
+def _groups(xs: tuple, ns: tuple) -> list[tuple[list[int], list[int]]] | None:
+    """The non-unit dims of a reshape from ``xs`` to ``ns`` in groups of equal products (static
+    sizes), each one dim on one side; None where a group is many to many or a size symbolic."""
+    xi, ni = [i for i, s in enumerate(xs) if not unit(s)], [i for i, s in enumerate(ns) if not unit(s)]
+    if not all(isinstance(s, int) for s in (*xs, *ns)):
+        return None
+    out, a, b = [], 0, 0
+    while a < len(xi) and b < len(ni):
+        ga, gb, pa, pb = [xi[a]], [ni[b]], xs[xi[a]], ns[ni[b]]
+        while pa != pb and a + 1 < len(xi) and b + 1 < len(ni):
+            if pa < pb:
+                a += 1
+                ga, pa = ga + [xi[a]], pa * xs[xi[a]]
+            else:
+                b += 1
+                gb, pb = gb + [ni[b]], pb * ns[ni[b]]
+        if pa != pb or (len(ga) > 1 and len(gb) > 1):
+            return None
+        out.append((ga, gb))
+        a, b = a + 1, b + 1
+    return out if a == len(xi) and b == len(ni) else None
+
+
+def regroup(n: Any, labels: tuple) -> tuple[fx.Node, tuple] | None:
+    """A reshape that merges or splits axes (``[B * H, K, V]`` of ``[B, H, K, V]``: a ``bmm``'s
+    operands, a ``matmul``'s outer product): its input and that input's axis names, a merged
+    axis named by the tuple of its parts' names; None for any other node or reshape."""
+    if not is_op(n, aten.view, aten.reshape, aten._unsafe_view) or n.target is aten.view.dtype:
+        return None
+    groups = _groups(shape(n.args[0]), shape(n))
+    if groups is None:
+        return None
+    out = [""] * len(shape(n.args[0]))
+    for ga, gb in groups:
+        if len(ga) == 1:
+            names = [labels[j] for j in gb]
+            out[ga[0]] = names[0] if len(names) == 1 else tuple(names)
+        elif isinstance(labels[gb[0]], tuple) and len(labels[gb[0]]) == len(ga):
+            for i, name in zip(ga, labels[gb[0]]):
+                out[i] = name
+        elif labels[gb[0]] != "":
+            return None  # a merge of axes the names do not split
+    return n.args[0], tuple(out)
 
 
 def broadcast(a: fx.Node, n: fx.Node, labels: tuple) -> tuple:
@@ -107,8 +158,9 @@ class F(NamedTuple):
     labels: tuple
 
     def sig(self) -> frozenset:
-        """The names of its non-unit axes."""
-        return frozenset(l for l, s in zip(self.labels, shape(self.node)) if l and not unit(s))
+        """The names of its non-unit axes (a merged axis's parts each)."""
+        return frozenset(x for l, s in zip(self.labels, shape(self.node)) if l and not unit(s)
+                         for x in (l if isinstance(l, tuple) else (l,)))
 
     def key(self, canon: Canon) -> tuple:
         """What two factors must share to be the same values on the same axes."""
@@ -136,45 +188,20 @@ def dot(n: fx.Node, labels: tuple) -> list[tuple[list[F], F]]:
     """``n`` (axis names ``labels``, no ``k``) read as ``sum_k(M * x)``: each ``(M's factors, x)``
     with ``x`` a factor whose axes are ``b h k`` (a per-channel decay is one too): a ``sum`` over the
     ``k`` axis of a product, or a ``bmm`` of a ``[N, 1, K]`` vector and a ``[N, K, V]`` state (einsum,
-    matmul)."""
+    matmul: reshapes that merge the leading axes into ``N``, read by :func:`regroup`)."""
     n, labels = relabel(n, labels)
     if is_op(n, aten.sum) and n.target is aten.sum.dim_IntList and len(n.args[1]) == 1:
         p = n.args[0]
         d = n.args[1][0] % len(shape(p))
         keep = len(n.args) > 2 and n.args[2]
         fs = factors(p, labels[:d] + ("k",) + labels[d + (1 if keep else 0):])
-    elif is_op(n, aten.view, aten.reshape, aten._unsafe_view) and is_op(n.args[0], aten.bmm):
-        fs = _bmm_factors(n, labels) or []
+    elif is_op(n, aten.bmm) and unit(shape(n.args[0])[1]) and len(labels) == 3:
+        lead = labels[0]  # the batch of the bmm: the merged leading axes
+        fs = factors(n.args[0], (lead, "", "k")) + factors(n.args[1], (lead, "k", labels[2]))
     else:
         return []
     xs = [f for f in fs if isinstance(f.node, fx.Node) and f.sig() >= {"k"} and "v" not in f.sig()]
     return [([f for f in fs if f is not x], x) for x in xs]
-
-
-def _bmm_factors(n: fx.Node, labels: tuple) -> list[F] | None:
-    """The factors of ``bmm(x.reshape(N, 1, K), M.reshape(N, K, V)).reshape(*lead, V)`` (``n``):
-    ``x`` named ``lead + k``, ``M`` named ``lead + k v``, ``lead`` the names of ``n``'s leading dims."""
-    a, m = n.args[0].args
-    if not (is_op(a, aten.view, aten.reshape, aten._unsafe_view) and is_op(m, aten.view, aten.reshape,
-                                                                          aten._unsafe_view)):
-        return None
-    if not (unit(shape(a)[1]) and known(shape(a)[2] == shape(m)[1])):
-        return None
-    lead = [(s, l) for s, l in zip(shape(n)[:-1], labels[:-1]) if not unit(s)]
-    out = []
-    for x, tail, sizes in ((a.args[0], ("k",), shape(a)[2:]), (m.args[0], ("k", "v"), shape(m)[1:])):
-        xs = shape(x)
-        big = [i for i, s in enumerate(xs) if not unit(s)]
-        want = [s for s, _ in lead] + list(sizes)
-        if len(big) != len(want) or not all(known(xs[i] == w) for i, w in zip(big, want)):
-            return None
-        names = [""] * len(xs)
-        for i, name in zip(big, [l for _, l in lead] + list(tail)):
-            names[i] = name
-        out += factors(x, tuple(names))
-    return out
-
-
 
 
 def same_bag(a: list[F], b: list[F], canon: Canon) -> bool:

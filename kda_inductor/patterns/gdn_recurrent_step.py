@@ -8,7 +8,7 @@ computation read alike and a transposed one does not: per token ``t``, in float3
 
     A = S * exp(g_t)                        # g_t [b, h] (GDN) or [b, h, k] (KDA), log-space
     kv = sum_k(A * k_t)                     # a sum, or a bmm (einsum, matmul); of S * exp(g_t) too
-    S' = A + k_t (x) ((v_t - kv) * beta_t)  # broadcast or einsum outer product, beta in any factor
+    S' = A + k_t (x) ((v_t - kv) * beta_t)  # broadcast, einsum or matmul outer product, beta anywhere
     o_t = sum_k(S' * q_t)                   # a sum, or a bmm (einsum, matmul)
 
 ``T <= MAX_TOKENS`` steps chained through ``S`` (also kept ``[B, H, V, K]``, vLLM's CPU reference),

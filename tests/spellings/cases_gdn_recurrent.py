@@ -161,14 +161,15 @@ def einsum_head_major(q, k, v, g, beta, cache):
 
 
 def matmul_zeros_start(q, k, v, g, beta, unused_state):
-    """Matmul contractions (``k @ S``), a zeros start (no initial state), the state returned."""
+    """Matmul contractions (``k @ S``) and outer product (``k^T @ delta``: post-grad a product of
+    ``[B * H, K, 1]`` and ``[B * H, 1, V]`` reshapes), a zeros start, the state returned."""
     S = q.new_zeros(B, HV, D, D, dtype=torch.float32)
     out = q.new_zeros(B, q.shape[1], HV, D, dtype=torch.float32)
     for t in range(q.shape[1]):
         qt, kt = q[:, t].float() * D ** -0.5, k[:, t].float()
         S = S * g[:, t].exp()[..., None, None]
         kv = (kt.unsqueeze(-2) @ S).squeeze(-2)
-        S = S + kt[..., None] * ((v[:, t].float() - kv) * beta[:, t].float()[..., None])[..., None, :]
+        S = S + kt.unsqueeze(-1) @ ((v[:, t].float() - kv) * beta[:, t].float()[..., None]).unsqueeze(-2)
         out[:, t] = (qt.unsqueeze(-2) @ S).squeeze(-2)
     return out.to(BF), S
 

@@ -81,10 +81,10 @@ def _view_step(n: fx.Node, src: list) -> list | None:
     return out
 
 
-def relabel(n: Any, labels: tuple) -> tuple[Any, tuple]:
+def relabel(n: Any, labels: tuple, groups: bool = True) -> tuple[Any, tuple]:
     """``n``'s view base and its axis names, given ``n``'s (``""``: a unit or broadcast dim), also
-    through reshapes that merge or split axes (:func:`regroup`)."""
-    for _ in range(16):
+    through reshapes that merge or split axes (:func:`regroup`) unless ``groups`` is False."""
+    for _ in range(16 if groups else 1):
         b, src = view_map(n)
         if b is not n and src is not None:
             out = [""] * len(shape(b))
@@ -92,7 +92,7 @@ def relabel(n: Any, labels: tuple) -> tuple[Any, tuple]:
                 if j is not None:
                     out[j] = labels[i]
             n, labels = b, tuple(out)
-        got = regroup(n, labels)
+        got = regroup(n, labels) if groups else None
         if got is None:
             break
         n, labels = got

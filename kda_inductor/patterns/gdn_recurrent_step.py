@@ -245,7 +245,7 @@ def _read(f: F, role: str, canon: Canon, prologue: bool) -> Read | None:
     l2norm) and the GQA repeat (q / k). None: a decay that is no float32 ``exp`` of its gate."""
     n, labels, got, phase = f.node, f.labels, {}, 0
     for _ in range(32):
-        n, labels = relabel(n, labels)
+        n, labels = relabel(n, labels, groups=False)  # a reshape that splits tokens from requests stays
         if not (isinstance(n, fx.Node) and n.op == "call_function" and isinstance(val(n), torch.Tensor)):
             break
         if "token" not in got and (tok := token(n, labels)):

@@ -397,12 +397,13 @@ class GdnRecurrentStep(Rewrite):
              "l2norm, scale, GQA repeat, output cast and the state's write-back")
     spellings = (
         "the gated delta rule unrolled over T <= 8 tokens (`S = S * exp(g_t)`; `S += k_t (x) ((v_t - sum_k(S * k_t))"
-        " * beta_t)`; `o_t = sum_k(S * q_t)`), scalar decay (GDN) or per key channel (KDA), sums or bmm / matmul / "
-        "einsum contractions, head-major or token-major: transformers' `torch_recurrent_gated_delta_rule` "
-        "(qwen3_next, qwen3_5, olmo_hybrid, lara_mini) and `recurrent_kimi_delta_attention` (kimi_linear, "
-        "bailing_hybrid), FLA's `naive_recurrent_kda` and its tests' `recurrent_gated_delta_rule_ref`; with the float32 "
-        "upcasts, the q / k l2norm (`rsqrt` or `1 / sqrt`), the scale, the GQA `repeat_interleave`, the outputs "
-        "written into a zeros buffer and cast, and the state's `copy_` back into its cache"
+        " * beta_t)`; `o_t = sum_k(S * q_t)`), scalar decay (GDN) or per key channel (KDA), sum, bmm, matmul or "
+        "einsum contractions and outer products, token-major or head-major, the state [B, H, K, V] or [B, H, V, K]: "
+        "transformers' `torch_recurrent_gated_delta_rule` (qwen3_next, qwen3_5, olmo_hybrid, lara_mini) and "
+        "`recurrent_kimi_delta_attention` (kimi_linear, bailing_hybrid), FLA's `naive_recurrent_kda` and its tests' "
+        "`recurrent_gated_delta_rule_ref`, vLLM's CPU `recurrent_gated_delta_rule`; with the float32 upcasts, the q / "
+        "k l2norm (`rsqrt` or `1 / sqrt`), the scale, the GQA `repeat_interleave`, the outputs written into a zeros "
+        "buffer and cast, and the state's `copy_` back into its cache; intermediate states read elsewhere split it"
     )
     becomes = ("`kda::gdn_recurrent_step_inplace` (the cache updated in place, through auto_functionalized) or "
                "`kda::gdn_recurrent_step` (one Triton kernel: the state read once and written once)")

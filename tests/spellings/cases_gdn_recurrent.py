@@ -75,6 +75,14 @@ def hf_qwen3_next_decode(q, k, v, g, beta, cache):
     return out
 
 
+def hf_qwen3_next_5_17_decode(q, k, v, g, beta, cache):
+    """transformers 5.17's layer (the GPU machine's): the GQA repeat in the layer, before its core
+    (whose loop then sees as many q / k heads as v heads)."""
+    rep = v.shape[2] // q.shape[2]
+    q, k = q.repeat_interleave(rep, dim=2), k.repeat_interleave(rep, dim=2)
+    return hf_qwen3_next_decode(q, k, v, g, beta, cache)
+
+
 def hf_kimi_decode(q, k, v, g, beta, cache):
     out, new = _core("kimi_linear", "recurrent_kimi_delta_attention")(
         q, k, v, g=g, beta=beta, initial_state=cache, output_final_state=True, use_qk_l2norm_in_kernel=True)
@@ -253,6 +261,8 @@ CASES = [
              inputs(1), STEP, fp32_close, mutated_args=(5,)),
     Spelling("hf_qwen3_next_recurrent_verify4", HF + "qwen3_next/modeling_qwen3_next.py", hf_qwen3_next_decode,
              inputs(4), STEP, fp32_close, mutated_args=(5,)),
+    Spelling("hf_qwen3_next_5_17_layer_repeat", HF + "qwen3_next/modeling_qwen3_next.py (5.17)",
+             hf_qwen3_next_5_17_decode, inputs(2), STEP, fp32_close, mutated_args=(5,)),
     Spelling("hf_kimi_recurrent_decode", HF + "kimi_linear/modeling_kimi_linear.py", hf_kimi_decode,
              inputs(1, hk=HV, kda=True), STEP, fp32_close, mutated_args=(5,)),
     Spelling("hf_kimi_recurrent_verify3_returned", HF + "kimi_linear/modeling_kimi_linear.py", hf_kimi_verify_returned,

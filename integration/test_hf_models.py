@@ -20,11 +20,13 @@ from kda_inductor.testing import assert_close_to_eager, compile_for_test  # noqa
 
 # per compiled step, each linear-attention layer's merge-free gated norm (gated_norm_merge) and its
 # short conv (causal_conv1d: transformers' causal_conv1d_fn at prefill, causal_conv1d_update with
-# the state in place at decode); transformers has no spec-decode split and no paged fp8 indexer
-# cache: the other rewrites 0
+# the state in place at decode); at decode also its recurrence (gdn_recurrent_step, the cache's state
+# in place; prefill runs the chunked core, not rewritten); transformers has no spec-decode split and
+# no paged fp8 indexer cache: the other rewrites 0
 NORMS = hf_models.N_LAYERS - 1
 EXPECTED = {f.name: {"gated_norm_merge": hf_models.linear_layers(f), "causal_conv1d": hf_models.linear_layers(f)}
             for f in hf_models.FAMILIES}
+RECURRENCES = {"decode": hf_models.linear_layers, "prefill": lambda family: 0}
 CONV_PARTS = {"decode": "conv + state update + silu", "prefill": "conv + silu"}
 # families whose gated norm is spelled in a way gated_norm_merge does not match today:
 # family -> the words explain()'s miss gives at the transformers line
@@ -93,14 +95,16 @@ def test_rewrite_counts(family_run, case):
     family, runs = family_run
     records = runs[case][2]
     assert records, f"{family.name} {case}: no graph went through our pass"
-    want = {name: 0 for name in REWRITE_NAMES} | EXPECTED[family.name]
+    want = {name: 0 for name in REWRITE_NAMES} | EXPECTED[family.name] | {"gdn_recurrent_step": RECURRENCES[case](family)}
     assert pass_manager.total_matches(records) == want
-    convs = want["causal_conv1d"]
-    parts = {}
+    convs, steps = want["causal_conv1d"], want["gdn_recurrent_step"]
+    parts: dict[str, dict[str, int]] = {"causal_conv1d": {}, "gdn_recurrent_step": {}}
     for r in records:
-        for part, n in r.parts.get("causal_conv1d", {}).items():
-            parts[part] = parts.get(part, 0) + n
-    assert parts == ({CONV_PARTS[case]: convs} if convs else {}), parts
+        for name in parts:
+            for part, n in r.parts.get(name, {}).items():
+                parts[name][part] = parts[name].get(part, 0) + n
+    assert parts["causal_conv1d"] == ({CONV_PARTS[case]: convs} if convs else {}), parts
+    assert parts["gdn_recurrent_step"] == ({"state in place": steps} if steps else {}), parts
 
 
 @pytest.mark.parametrize("case", ["decode", "prefill"])

@@ -242,12 +242,13 @@ def rewrite_table(record: PassRecord, *, rows_only: bool = False, active_only: b
     not change when a rewrite is added)."""
     before = {r.name: r for r in record.before_nodes}
     after = {r.name: r for r in record.after_nodes}
-    width = max(len(n) for n in record.matches)
+    empty = {"removed": [], "added": []}
+    rows = [name for name, count in record.matches.items() if not active_only or count or name in record.errors
+            or record.changes.get(name, empty)["removed"] or record.changes.get(name, empty)["added"]]
+    width = max(len(n) for n in ["rewrite", *rows])  # the rows shown: another rewrite's name changes no snapshot
     lines = [f"{'rewrite':<{width}}  matches  removed  added"]
-    for name, count in record.matches.items():
-        ch = record.changes.get(name, {"removed": [], "added": []})
-        if active_only and not (count or ch["removed"] or ch["added"] or name in record.errors):
-            continue
+    for name in rows:
+        count, ch = record.matches[name], record.changes.get(name, empty)
         lines.append(f"{name:<{width}}  {count:>7}  {len(ch['removed']):>7}  {len(ch['added']):>5}")
         parts = record.parts.get(name)
         if parts:  # which part fired, where a rewrite fuses more or less (Match.part)

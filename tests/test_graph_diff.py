@@ -45,7 +45,7 @@ graph breaks: 0; eager frames: []; cudagraph skips: 0""")
         checks = sorted({m.check for g in report.graphs for m in g.misses["indexer_k_gather"]})
         self.assertExpectedInline("\n".join([report.normalized(), *checks]), """\
 graph 0
-rewrite           matches  removed  added
+rewrite  matches  removed  added
 graph breaks: 0; eager frames: []; cudagraph skips: 0
 indices differ from block_table[req, pos // 16] and (pos % 16) * 128 + j (another layout or block size)""")
 
@@ -53,7 +53,7 @@ indices differ from block_table[req, pos // 16] and (pos % 16) * 128 + j (anothe
 def test_report_diff_names_are_readable_and_shared():
     fn, args = graph_targets.build()
     diff = FORCED(fn, *args).diff
-    assert "=== graph 0 ===" in diff and "indexer_k_gather        1" in diff
+    assert "=== graph 0 ===" in diff and re.search(r"indexer_k_gather +1 ", diff)
     # nodes the pass kept have the same readable name on both sides; new ones get their own
     assert "\n in2 = input" in diff and "\n+indexer_k_gather_0 = kda.indexer_k_gather.default(in0, " in diff
     assert "\n-searchsorted_0 = aten.searchsorted.Tensor(in1, iota_0, right=True)" in diff
@@ -67,7 +67,7 @@ def _run_cli(capsys, *argv):
 def test_cli_plain_when_piped_and_colored_on_request(capsys, tmp_path):
     out = _run_cli(capsys, TARGETS, "--force")
     assert "\x1b[" not in out  # captured output is not a terminal
-    assert "indexer_k_gather        1" in out and "+indexer_k_gather_0 = kda.indexer_k_gather" in out
+    assert re.search(r"indexer_k_gather +1 ", out) and "+indexer_k_gather_0 = kda.indexer_k_gather" in out
     assert "graph breaks: 0" in out and "frames that fell back to eager: 0" in out
     colored = _run_cli(capsys, TARGETS, "--force", "--color", "always")
     assert "\x1b[32m+indexer_k_gather_0" in colored and "\x1b[31m-searchsorted_0" in colored
@@ -97,16 +97,16 @@ def test_cli_mode_with_rewrite(capsys):
     """--mode and --rewrite together: the mode is spelled as the Inductor options it stands for."""
     out = _run_cli(capsys, TARGETS, "--rewrite", "indexer_k_gather", "--mode", "reduce-overhead", "--force")
     assert "mode=reduce-overhead, only indexer_k_gather, force" in out
-    assert "indexer_k_gather        1" in out
+    assert re.search(r"indexer_k_gather +1 ", out)
     assert "cudagraph skips: 1" in out  # triton.cudagraphs was on (and there is no CUDA work on CPU)
 
 
 def test_cli_inference_mode_by_default_and_grad_on_request(capsys):
     out = _run_cli(capsys, f"{TARGETS}:with_parameter", "--force")
     assert "run under torch.inference_mode() (--grad keeps grad)" in out
-    assert "indexer_k_gather        1" in out and "traced with grad enabled" not in out
+    assert re.search(r"indexer_k_gather +1 ", out) and "traced with grad enabled" not in out
     out = _run_cli(capsys, f"{TARGETS}:with_parameter", "--force", "--grad", "--explain-misses")
-    assert "run under grad mode on (--grad)" in out and "indexer_k_gather        0" in out
+    assert "run under grad mode on (--grad)" in out and re.search(r"indexer_k_gather +0 ", out)
     assert "\nnot rewritten: this graph was traced with grad enabled" in out
 
 
@@ -151,8 +151,8 @@ def test_listing_names_functionalized_ops_and_open_slices():
 def test_cli_module_function_target(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     out = _run_cli(capsys, "tests.graph_targets:build", "--explain-misses")
-    assert "indexer_k_gather        0" in out and "left to Inductor: on cpu" in out  # the speed rules on
-    assert "indexer_k_gather        1" in _run_cli(capsys, "tests.graph_targets:build", "--force")
+    assert re.search(r"indexer_k_gather +0 ", out) and "left to Inductor: on cpu" in out  # the speed rules on
+    assert re.search(r"indexer_k_gather +1 ", _run_cli(capsys, "tests.graph_targets:build", "--force"))
 
 
 def test_cli_bad_target_is_a_clear_error(tmp_path):
@@ -165,7 +165,7 @@ def test_cli_bad_target_is_a_clear_error(tmp_path):
 
 def test_cli_says_the_speed_rules_left_the_code_to_inductor(capsys):
     out = _run_cli(capsys, TARGETS)  # on CPU the rule leaves this small gather to Inductor
-    assert "indexer_k_gather        0" in out
+    assert re.search(r"indexer_k_gather +0 ", out)
     assert ("(our pass changed nothing: the speed rules left these matches to Inductor, whose code is faster "
             "here; --force rewrites them anyway)") in out
     assert re.search(r"\n  indexer_k_gather: \S*reference\.py:\d+: left to Inductor: on cpu the op is slower", out), out

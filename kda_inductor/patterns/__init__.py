@@ -11,12 +11,13 @@ from kda_inductor.patterns.base import Rewrite, ordered
 from kda_inductor.patterns.causal_conv1d import CausalConv1d
 from kda_inductor.patterns.gated_norm_merge import GatedNormMerge
 from kda_inductor.patterns.gated_norm_quant import GatedNormQuant
+from kda_inductor.patterns.gdn_recurrent_step import GdnRecurrentStep
 from kda_inductor.patterns.gdn_spec_split import GdnSpecSplit
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
 from kda_inductor.patterns.indexer_k_write import IndexerKWrite
 
 REWRITES: dict[str, type[Rewrite]] = ordered(
-    (IndexerKWrite, IndexerKGather, CausalConv1d, GdnSpecSplit, GatedNormQuant, GatedNormMerge))
+    (IndexerKWrite, IndexerKGather, CausalConv1d, GdnRecurrentStep, GdnSpecSplit, GatedNormQuant, GatedNormMerge))
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 """The only list of rewrites: the pass, the options, ``benchmarks/report.py``, ``.ci/gpu``, the
 spelling corpus, the README's rewrite table and ``docs/rewrites.md`` all read it."""

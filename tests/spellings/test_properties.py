@@ -387,3 +387,104 @@ def test_indexer_k_gather_spellings(search, div, mod, flat, indices, cache_2d, t
     args = (cache, table.to(getattr(torch, table_dtype)), cu.to(getattr(torch, cu_dtype)), like)
     _check("indexer_k_gather", variant, args, *_gather_reference())
 
+
+
+# --------------------------------------------------------------------------- gdn_recurrent_step
+
+RT, RB, RHK, RHV, RD = 3, 2, 2, 4, 8
+
+
+def _recurrent_inputs():
+    g = gen(106)
+    return [randn(g, RB, RT, RHK, RD), randn(g, RB, RT, RHK, RD), randn(g, RB, RT, RHV, RD),
+            -torch.rand(RB, RT, RHV, generator=g), torch.rand(RB, RT, RHV, generator=g).to(torch.bfloat16),
+            torch.randn(RB, RHV, RD, RD, generator=g) * 0.5]
+
+
+def recurrent_canonical(q, k, v, g, beta, cache):
+    """The op's own order (its CPU loop's): token-major, GQA by repeat_interleave, l2norm, scale."""
+    q, k = (x.float().repeat_interleave(RHV // RHK, dim=2) for x in (q, k))
+    q, k = (x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6) for x in (q, k))
+    q, v, g, beta, S = q * RD ** -0.5, v.float(), g.float(), beta.float(), cache
+    out = torch.zeros(RB, RT, RHV, RD)
+    for t in range(RT):
+        S = S * g[:, t].exp()[..., None, None]
+        delta = (v[:, t] - (S * k[:, t][..., None]).sum(-2)) * beta[:, t][..., None]
+        S = S + k[:, t][..., None] * delta[..., None, :]
+        out[:, t] = (S * q[:, t][..., None]).sum(-2)
+    cache.copy_(S)
+    return out.to(torch.bfloat16)
+
+
+def _recurrent_bytes(out, args):
+    return _bytes(out) + _bytes(args[5])
+
+
+@functools.cache
+def _recurrent_reference():
+    args = _recurrent_inputs()
+    eager_args = [a.clone() for a in args]
+    with torch.no_grad():
+        eager = _recurrent_bytes(recurrent_canonical(*eager_args), eager_args)
+    comp_args = [a.clone() for a in args]
+    out, c = _compiled(recurrent_canonical, comp_args)
+    assert c.matches["gdn_recurrent_step"] == 1, f"the canonical gdn_recurrent_step form itself: {c.matches}"
+    return eager, _recurrent_bytes(out, comp_args)
+
+
+SQUARE_SUMS = {"mul": lambda x: (x * x).sum(-1, keepdim=True), "pow": lambda x: x.pow(2).sum(-1, keepdim=True),
+               "square": lambda x: torch.square(x).sum(dim=-1, keepdim=True)}
+OUTERS = {"broadcast": lambda a, b: a[..., None] * b[..., None, :], "unsqueeze": lambda a, b: a.unsqueeze(-1) * b.unsqueeze(-2),
+          "einsum": lambda a, b: torch.einsum("bhk,bhv->bhkv", a, b)}
+
+
+@SETTINGS
+@given(head_major=st.booleans(), exp_first=st.booleans(), square=st.sampled_from(sorted(SQUARE_SUMS)),
+       outer=st.sampled_from(sorted(OUTERS)), stacked=st.booleans(), cast_late=st.booleans())
+@example(head_major=True, exp_first=False, square="mul", outer="broadcast", stacked=False, cast_late=False)
+@example(head_major=False, exp_first=True, square="pow", outer="einsum", stacked=True, cast_late=True)
+def test_gdn_recurrent_step_spellings(head_major, exp_first, square, outer, stacked, cast_late):
+    """Token-major or head-major, ``g.exp()`` before or after the token's select, the l2norm's
+    square, the outer product, the outputs stacked or written into a buffer, the float32 upcast
+    before or after the GQA repeat: bytes equal to the canonical form's (eager and compiled)."""
+    sq, out_prod = SQUARE_SUMS[square], OUTERS[outer]
+
+    def variant(q, k, v, g, beta, cache):
+        rep = (lambda x: x.repeat_interleave(RHV // RHK, dim=2).float()) if cast_late else \
+            (lambda x: x.float().repeat_interleave(RHV // RHK, dim=2))
+        q, k = (rep(x) for x in (q, k))
+        q, k = (x * torch.rsqrt(sq(x) + 1e-6) for x in (q, k))
+        q, v, g, beta = q * RD ** -0.5, v.float(), g.float(), beta.float()
+        if head_major:
+            q, k, v, g, beta = (x.transpose(1, 2).contiguous() for x in (q, k, v, g, beta))
+        at = (lambda x, t: x[:, :, t]) if head_major else (lambda x, t: x[:, t])
+        decay = g.exp() if exp_first else None
+        S, outs = cache, []
+        buf = torch.zeros(RB, RHV, RT, RD) if head_major else torch.zeros(RB, RT, RHV, RD)
+        for t in range(RT):
+            S = S * (at(decay, t) if exp_first else at(g, t).exp())[..., None, None]
+            delta = (at(v, t) - (S * at(k, t)[..., None]).sum(-2)) * at(beta, t)[..., None]
+            S = S + out_prod(at(k, t), delta)
+            if stacked:
+                outs.append((S * at(q, t)[..., None]).sum(-2))
+            elif head_major:
+                buf[:, :, t] = (S * at(q, t)[..., None]).sum(-2)
+            else:
+                buf[:, t] = (S * at(q, t)[..., None]).sum(-2)
+        cache.copy_(S)
+        out = torch.stack(outs, 1) if stacked else (buf.transpose(1, 2) if head_major else buf)
+        return out.to(torch.bfloat16)
+
+    want_eager, want_compiled = _recurrent_reference()
+    args = _recurrent_inputs()
+    eager_args = [a.clone() for a in args]
+    with torch.no_grad():
+        eager = _recurrent_bytes(variant(*eager_args), eager_args)
+    assert_close_to_eager(eager, want_eager, exact=True)  # the spelling is equivalent
+    comp_args = [a.clone() for a in args]
+    out, c = _compiled(variant, comp_args)
+    expected = {name: int(name == "gdn_recurrent_step") for name in REWRITE_NAMES}
+    assert c.matches == expected, [m.check for r in c.records for m in r.misses.get("gdn_recurrent_step", [])]
+    got = _recurrent_bytes(out, comp_args)
+    assert_close_to_eager(got, want_compiled, exact=True)
+    assert_close_to_eager(got, eager, exact=True)

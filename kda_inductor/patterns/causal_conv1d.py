@@ -61,6 +61,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true as defin
 from kda_inductor.lowerings import causal_conv1d as _lowering  # registers the ops
 from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
+    VIEWS,
     Match,
     Rewrite,
     Stage,
@@ -94,6 +95,16 @@ class _Input:
     prefix: Any
     cat: fx.Node | None  # the cat of [state, x] (cast or not) where there is one
     nodes: set[fx.Node]
+    sources: list[fx.Node] | None = None
+    """The cat form: ``x`` is ``cat(parts, -1).transpose(1, 2)`` and the op reads these token-major
+    sources instead (a part itself, or ``src`` where the part is ``view(clone(src))``)."""
+    cat_nodes: set[fx.Node] = dataclasses.field(default_factory=set)
+    """The cat form's transpose, cat, clones and flattening views (in ``nodes``)."""
+
+    def drop_cat_form(self) -> None:
+        """Read ``x`` itself (its cat stays): the single-source op."""
+        self.nodes -= self.cat_nodes
+        self.sources, self.cat_nodes = None, set()
 
 
 @dataclasses.dataclass
@@ -261,7 +272,7 @@ class CausalConv1d(Rewrite):
         if write is False or not self._validated(conv, inp, weight, bias, chain, write):
             return None
         region = {conv} | chain.nodes | (write.nodes if write else set())
-        region |= _kept_inputs(inp.nodes, region)
+        region |= self._input_region(inp, region)
         outputs = [chain.output] + ([write.output] if write else [])
         if not self.region_closed(region, outputs, at=conv, what="a value between the conv and its output"):
             return None
@@ -297,7 +308,17 @@ class CausalConv1d(Rewrite):
         return w, bias, padding[0], width
 
     def _input(self, conv: fx.Node, dtype: torch.dtype) -> _Input | None:
-        """The conv's input as ``[prefix | x]`` (see :class:`_Input`)."""
+        """The conv's input as ``[prefix | x]`` (see :class:`_Input`), ``x``'s sources read back
+        where it is their cat."""
+        inp = self._prefixed(conv, dtype)
+        cat_form = None if inp is None else _cat_sources(inp.x)
+        if cat_form is not None:
+            inp.sources, inp.cat_nodes = cat_form
+            inp.nodes |= inp.cat_nodes
+        return inp
+
+    def _prefixed(self, conv: fx.Node, dtype: torch.dtype) -> _Input | None:
+        """The conv's input as ``[prefix | x]``: a state's cat, a zero pad or ``x`` itself."""
         inp = conv.args[0]
         base = _uncast(inp, dtype)
         nodes = {inp} if base is not inp else set()
@@ -423,11 +444,32 @@ class CausalConv1d(Rewrite):
                 return _StateWrite(s, copy, {s} | ({copy} if is_op(copy, aten.copy) else set()))
         return None
 
+    def _input_region(self, inp: _Input, region: set[fx.Node]) -> set[fx.Node]:
+        """:func:`_kept_inputs` of the input; where the cat form's cat (or its transpose) is also
+        read elsewhere, the single-source op reads it instead (it is written anyway), with a
+        miss at the cat's line: the concatenated copy stays."""
+        kept = _kept_inputs(inp.nodes, region)
+        cat = None if inp.sources is None else inp.x.args[0]
+        if cat is None or {inp.x, cat} <= kept:
+            return kept
+        reader = next(u for n in (cat, inp.x) for u in live_users(n) if u not in region and u not in kept)
+        self.miss(cat, Stage.REGION, f"the cat of the conv's {len(inp.sources)} inputs stays (kda.causal_conv1d "
+                  f"reads it, not its parts): it is also read elsewhere ({reader.name})")
+        inp.drop_cat_form()
+        return _kept_inputs(inp.nodes, region)
+
     def _validated(self, conv, inp: _Input, weight, bias, chain: _Chain, write) -> bool:
+        options = (val(weight), val(bias), val(inp.state), None, chain.activation, chain.act_dtype, chain.out_dtype)
+        state_arg = "conv_state" if write else "initial_state"
+        if inp.sources is not None:
+            try:
+                _lowering.validate_sources([val(s) for s in inp.sources], *options, state_arg=state_arg)
+            except (ValueError, TypeError) as exc:
+                self.miss(inp.x.args[0], Stage.VALIDATED, f"kda.causal_conv1d_cat rejects the cat's parts ({exc}): "
+                          "the cat stays, kda.causal_conv1d reads it")
+                inp.drop_cat_form()
         try:
-            _lowering.validate(val(inp.x), val(weight), val(bias), val(inp.state), None, chain.activation,
-                               chain.act_dtype, chain.out_dtype,
-                               state_arg="conv_state" if write else "initial_state")
+            _lowering.validate(val(inp.x), *options, state_arg=state_arg)
         except (ValueError, TypeError) as exc:
             self.miss(conv, Stage.VALIDATED, f"kda.causal_conv1d rejects these inputs: {exc}")
             return False
@@ -436,12 +478,14 @@ class CausalConv1d(Rewrite):
     # ------------------------------------------------------------------ replacing
     def replace(self, graph: fx.Graph, match: ConvMatch) -> None:
         m, c = match, match.chain
-        inputs = [n for n in (m.input.x, m.weight, m.bias, m.input.state) if isinstance(n, fx.Node)]
+        x = m.input.x if m.input.sources is None else list(m.input.sources)
+        inputs = [n for n in (*(x if isinstance(x, list) else [x]), m.weight, m.bias, m.input.state)
+                  if isinstance(n, fx.Node)]
         options = (c.activation, c.act_dtype, c.out_dtype, list(val(c.output).shape))
         if m.write is None:
-            fn, args, outputs = conv, (m.input.x, m.weight, m.bias, m.input.state, *options), [c.output]
+            fn, args, outputs = conv, (x, m.weight, m.bias, m.input.state, *options), [c.output]
         else:
-            fn, args = conv_update, (m.input.x, m.input.state, m.weight, m.bias, *options)
+            fn, args = conv_update, (x, m.input.state, m.weight, m.bias, *options)
             outputs = [c.output, m.write.output]
         replace_by_function(graph, fn, args, outputs=outputs, before=in_graph_order(inputs)[-1].next,
                             region=m.nodes, origin=m.conv)
@@ -449,16 +493,47 @@ class CausalConv1d(Rewrite):
 
 def conv(x, weight, bias, initial_state, activation, act_dtype, out_dtype, shape):
     """The replacement (prefill): the conv and its activation in one op, viewed as the user's
-    output was."""
-    y = torch.ops.kda.causal_conv1d(x, weight, bias, initial_state, None, activation, act_dtype, out_dtype)
+    output was. ``x``: the conv's input ``[B, C, T]``, or (the cat form) the sources it is the cat of."""
+    op = torch.ops.kda.causal_conv1d_cat if isinstance(x, list) else torch.ops.kda.causal_conv1d
+    y = op(x, weight, bias, initial_state, None, activation, act_dtype, out_dtype)
     return y.reshape(shape)
 
 
 def conv_update(x, conv_state, weight, bias, activation, act_dtype, out_dtype, shape):
     """The replacement (decode): the conv continuing ``conv_state``, which the op shifts in place;
-    returns the output and the new state."""
-    y = torch.ops.kda.causal_conv1d_update(x, conv_state, weight, bias, activation, act_dtype, out_dtype)
+    returns the output and the new state. ``x`` as :func:`conv`'s."""
+    op = torch.ops.kda.causal_conv1d_update_cat if isinstance(x, list) else torch.ops.kda.causal_conv1d_update
+    y = op(x, conv_state, weight, bias, activation, act_dtype, out_dtype)
     return y.reshape(shape), conv_state
+
+
+def _cat_sources(x: fx.Node) -> tuple[list[fx.Node], set[fx.Node]] | None:
+    """``(sources, nodes)`` where ``x [B, C, T]`` is ``cat(parts, -1).transpose(1, 2)`` of token-major
+    parts ``[B, T, C_i]`` (the q / k / v of a GDN layer): each part's source (:func:`_source`) and
+    the transpose, the cat and the clones and views the sources make unneeded; else None."""
+    if not (is_op(x, aten.permute) and list(x.args[1]) == [0, 2, 1]):
+        return None
+    cat = x.args[0]
+    if not is_op(cat, aten.cat) or val(cat) is None or val(cat).dim() != 3:
+        return None
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    if dim % 3 != _TIME:
+        return None
+    found = [_source(p) for p in cat.args[0]]
+    return [s for s, _ in found], {x, cat}.union(*(n for _, n in found))
+
+
+def _source(part: fx.Node) -> tuple[fx.Node, set[fx.Node]]:
+    """What the cat form reads for one part of the cat: ``src [B, T, H, D]`` where the part is its
+    flattening ``view(clone(src))`` (the reshape of a strided view: ``q.reshape(B, T, -1)`` of a
+    split of the projection), with those two nodes; else the part itself."""
+    base = part.args[0] if is_op(part, *VIEWS) else None
+    if is_op(base, aten.clone):
+        src, p = val(base.args[0]), val(part)
+        if src is not None and src.dim() == 4 and p.dim() == 3 and \
+                all(definitely(a == b) for a, b in zip(src.shape[:2], p.shape[:2])):
+            return base.args[0], {part, base}
+    return part, set()
 
 
 def _keeps_time(cur: fx.Node, view: fx.Node) -> bool:

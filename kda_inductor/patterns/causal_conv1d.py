@@ -223,14 +223,15 @@ class CausalConv1d(Rewrite):
     finds = ("a GDN / KDA layer's depthwise causal short conv (`F.conv1d(..., padding=K - 1, groups=C)[..., :T]`, "
              "prefill and the cached decode update) with its silu and casts")
     spellings = (
-        "a depthwise causal short conv (`F.conv1d(x, w, bias, padding=K - 1, groups=C)[..., :T]`, or on "
-        "`torch.cat([state, x], -1)` / `F.pad(x, (P, 0))`, K <= 8) with its silu and casts, as transformers' "
-        "GDN / KDA layers (and Mamba's `nn.Conv1d`), Dao's causal-conv1d references (vLLM's tests), FLA's "
-        "`causal_conv1d_ref_torch` and vLLM's CPU fallback spell it; the decode form's "
-        "`conv_state.copy_(new[:, :, -S:])` too"
-    )
+        "a depthwise causal short conv (`F.conv1d(x, w, bias, padding=K - 1, groups=C)[..., :T]`, or on `torch.cat(["
+        "state, x], -1)` / `F.pad(x, (P, 0))`, K <= 8) with its silu and casts, as transformers' GDN / KDA layers (and "
+        "Mamba's `nn.Conv1d`), Dao's causal-conv1d references (vLLM's tests), FLA's `causal_conv1d_ref_torch` and "
+        "vLLM's CPU fallback spell it; the decode form's `conv_state.copy_(new[:, :, -S:])` too; on `torch.cat((q, k, "
+        "v), -1).transpose(1, 2)` (Qwen3-Next's reshaped views of its `qkvz` projection, Kimi Linear's and Bailing's "
+        "three projections) the op reads q / k / v without the cat, a first prefill's state write (`x[..., -K:]`, "
+        "`F.pad(x, (K - T, 0))`) from their last tokens")
     becomes = ("`kda::causal_conv1d` / `kda::causal_conv1d_update` (one Triton kernel reading x where it lies, "
-               "token-major output; the state shifted in place)")
+               "token-major output; the state shifted in place; `_cat`: q / k / v read without their cat)")
     # it touches only convolutions and the values around them; the split's speed rule (do a gather's
     # readers fuse it as an indirect load?) must see the fused op that reads a gathered mixed_qkv
     runs_before = ("gdn_spec_split",)
@@ -305,8 +306,7 @@ class CausalConv1d(Rewrite):
         return w, bias, padding[0], width
 
     def _input(self, conv: fx.Node, dtype: torch.dtype) -> _Input | None:
-        """The conv's input as ``[prefix | x]`` (see :class:`_Input`), ``x``'s sources read back
-        where it is their cat."""
+        """The conv's input (:class:`_Input`): ``[prefix | x]``, and ``x``'s sources where it is their cat."""
         inp = self._prefixed(conv, dtype)
         cat_form = None if inp is None else _cat_sources(inp.x)
         if cat_form is not None:

@@ -1,6 +1,7 @@
 """``causal_conv1d`` compiled: transformers' own conv functions (the torch fallbacks every GDN /
 KDA family calls), its cache paths, the references of Dao's causal-conv1d and FLA, each rewritten
-once and bit-exact with eager on fresh inputs (the op's CPU kernel is aten's conv); the near
+once and bit-exact with eager on fresh inputs (the op's CPU kernel is aten's conv); the cat form
+(transformers' own Qwen3-Next layer: its conv reads q / k / v, no cat) and its fallbacks; the near
 misses, each with its reason at this file's line; the speed rule, ``disable`` and a symbolic
 token count. The op itself: ``tests/test_lowering_causal_conv1d.py``; the corpus:
 ``tests/spellings/cases_causal_conv1d.py``; CUDA: ``tests/test_causal_conv1d_cuda.py``."""
@@ -11,10 +12,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile
+from kda_inductor.testing import assert_close_in_range, assert_close_to_eager, compile_for_test, fresh_compile, op_counts
 
 C, K = 48, 4
 BF = torch.bfloat16
+CAT, UPDATE_CAT = "kda.causal_conv1d_cat.default", "kda.causal_conv1d_update_cat.default"
 
 
 def _run(fn, *args, **options):
@@ -43,6 +45,13 @@ def _parts(c) -> dict[str, int]:
 
 def _misses(c) -> list:
     return [m for r in c.records for m in r.misses.get("causal_conv1d", [])]
+
+
+def _read_by(c, op) -> list[str]:
+    """The ops whose outputs ``op`` reads in the compiled graphs (after our pass)."""
+    rows = [r for rec in c.records for r in rec.after_nodes]
+    by_name = {r.name: r for r in rows}
+    return [by_name[i].target for r in rows if r.target == op for i in r.inputs]
 
 
 def _hf():
@@ -77,6 +86,7 @@ def test_transformers_prefill_and_decode():
     qkv = [torch.randn(2, 9, 16, generator=g).to(BF) for _ in range(3)]
     out, c = _run(prefill, *qkv)
     assert c.matches["causal_conv1d"] == 1 and _parts(c) == {"conv + silu": 1}
+    assert op_counts(c).after[CAT] == 1 and op_counts(c).after["aten.cat.default"] == 0  # the cat form
     assert_close_to_eager(list(out), list(_eager(prefill, *qkv)), exact=True)
     x, state = torch.randn(2, 1, C, generator=g).to(BF), torch.randn(2, C, K, generator=g).to(BF)
     want_state = state.clone()
@@ -85,6 +95,117 @@ def test_transformers_prefill_and_decode():
     assert c.matches["causal_conv1d"] == 1 and _parts(c) == {"conv + state update + silu": 1}
     assert_close_to_eager([out, state], [want, want_state], exact=True)
     assert "aten.convolution" not in c.records[0].after and "aten.cat" not in c.records[0].after
+
+
+# --------------------------------------------------------------------------- the cat form
+
+
+def _qwen3_next_layer(monkeypatch):
+    """transformers' own ``Qwen3NextGatedDeltaNet`` (2 key heads, 4 value heads, head dims 8: 64
+    conv channels), its torch paths (the hub / fla wrappers keep the torch function as
+    ``__wrapped__``)."""
+    M = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                 "causal_conv1d_update", "causal_conv1d_forward"):
+        if hasattr(M, name):
+            monkeypatch.setattr(M, name, getattr(getattr(M, name), "__wrapped__", getattr(M, name)))
+    cfg = M.Qwen3NextConfig(hidden_size=32, linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+                            linear_value_head_dim=8, linear_conv_kernel_dim=K, num_hidden_layers=1,
+                            layer_types=["linear_attention"])
+    torch.manual_seed(10)
+    return M.Qwen3NextGatedDeltaNet(cfg, 0).to(BF).eval(), cfg
+
+
+@pytest.mark.parametrize("step", ["prefill", "cached_prefill", "decode"])
+def test_transformers_qwen3_next_layer_reads_q_k_v_without_the_cat(step, monkeypatch):
+    """transformers' Qwen3-Next layer: its conv of ``cat((q, k, v)).transpose(1, 2)`` becomes
+    ``kda.causal_conv1d_cat`` (decode: ``_update_cat``, the state shifted in place) on the split
+    views of the ``qkvz`` projection: no cat feeds it; a first prefill with a cache writes the state
+    from a cat of the last K tokens only. The conv state is bit-exact, the layer's output close to
+    eager (its recurrence is compiled too)."""
+    import copy
+
+    from transformers.cache_utils import DynamicCache
+
+    layer, cfg = _qwen3_next_layer(monkeypatch)
+    g = torch.Generator().manual_seed(11)
+    x = torch.randn(2, 6, 32, generator=g).to(BF)
+    cache = None if step == "prefill" else DynamicCache(config=cfg)
+    if step == "decode":
+        _eager(layer, x, cache)
+        x = torch.randn(2, 1, 32, generator=g).to(BF)
+    want_cache = copy.deepcopy(cache)
+    want = _eager(layer, x, want_cache)
+    state = cache.get_conv_state(0) if step == "decode" else None
+    old = None if state is None else state.clone()
+    out, c = _run(layer, x, cache)
+    op, counts = (UPDATE_CAT if step == "decode" else CAT), op_counts(c)
+    assert c.matches["causal_conv1d"] == 1 and counts.after[op] == 1 and not counts.after["aten.convolution"]
+    assert "aten.cat.default" not in _read_by(c, op), _read_by(c, op)
+    cats = [r.meta for rec in c.records for r in rec.after_nodes if r.target == "aten.cat.default"]
+    assert cats == ([f"bfloat16[2, {K}, 64]"] if step == "cached_prefill" else []), cats
+    assert_close_in_range([out], [want])
+    if cache is not None:
+        assert_close_to_eager(cache.get_conv_state(0), want_cache.get_conv_state(0), exact=True)
+    if state is not None:  # written in place: the cache's own tensor holds the new state
+        assert cache.get_conv_state(0) is state and not torch.equal(state, old)
+
+
+def cat_read_elsewhere(q, k, v, w):
+    mixed = torch.cat((q, k, v), -1)  # also returned: the cat stays, the single-source op reads it
+    out = F.silu(F.conv1d(mixed.transpose(1, 2), w.unsqueeze(1), padding=K - 1, groups=C)[..., :q.shape[1]])
+    return out, mixed
+
+
+def five_parts(q, k, v, w):
+    mixed = torch.cat((q[..., :8], q[..., 8:], k, v[..., :8], v[..., 8:]), -1)  # more parts than the op reads
+    return F.silu(F.conv1d(mixed.transpose(1, 2), w.unsqueeze(1), padding=K - 1, groups=C)[..., :q.shape[1]])
+
+
+@pytest.mark.parametrize("fn,stage,words", [
+    (cat_read_elsewhere, "REGION", "the cat of the conv's 3 inputs stays (kda.causal_conv1d reads it, not its parts): "
+                                   "it is also read elsewhere"),
+    (five_parts, "VALIDATED", "kda.causal_conv1d_cat rejects the cat's parts (xs: expected a list of 1 to 4"),
+], ids=["read_elsewhere", "five_parts"])
+def test_a_cat_the_cat_form_cannot_drop_is_read_by_the_single_source_op(fn, stage, words):
+    """Where the cat is also read elsewhere (it is written anyway) or the ``_cat`` op rejects its
+    parts, ``kda.causal_conv1d`` reads the cat, bit-exact, and the miss says why at the cat's line
+    (shown: the concatenated copy is what the cat form saves)."""
+    g, w, _ = _weights(12)
+    args = [torch.randn(2, 7, 16, generator=g).to(BF) for _ in range(3)] + [w]
+    out, c = _run(fn, *args)
+    counts = op_counts(c)
+    assert c.matches["causal_conv1d"] == 1 and counts.after["kda.causal_conv1d.default"] == 1 and not counts.after[CAT]
+    assert_close_to_eager(list(out) if isinstance(out, tuple) else out, _eager(fn, *args), exact=True)
+    found = [m for m in _misses(c) if words in m.check]
+    assert len(found) == 1 and found[0].stage.name == stage and found[0].shown, _misses(c)
+    assert found[0].code.startswith("mixed = torch.cat(") and found[0].location.startswith(__file__), found[0]
+
+
+def test_cat_form_cached_first_prefill_at_a_symbolic_token_count():
+    """transformers 5.24's first prefill with a cache (``conv_state.copy_(x[..., -K:])`` of the
+    cat) at a symbolic T: one graph, the cat form, the state written from the last K tokens of q /
+    k / v; exact at two sizes."""
+    conv_fn, _ = _hf()
+    g, w, b = _weights(13, bias=True)
+
+    def fn(q, k, v, state):
+        x = torch.cat((q, k, v), -1).transpose(1, 2)
+        state.copy_(x[..., -K:])
+        return conv_fn(x, w, b, activation="silu").transpose(1, 2)
+
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(fn)
+        for T in (5, 9):
+            qkv = [torch.randn(2, T, 16, generator=g).to(BF) for _ in range(3)]
+            for t in qkv:
+                torch._dynamo.mark_dynamic(t, 1)
+            state, want_state = torch.randn(2, C, K, generator=g).to(BF), None
+            want_state = state.clone()
+            want = fn(*qkv, want_state)
+            assert_close_to_eager([c(*qkv, state), state], [want, want_state], exact=True)
+    assert len(c.records) == 1 and c.matches["causal_conv1d"] == 1 and op_counts(c).after[CAT] == 1
+    assert "aten.cat.default" not in _read_by(c, CAT)
 
 
 def _cache_prefill(conv_fn, w, b, T):

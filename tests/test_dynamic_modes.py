@@ -102,6 +102,22 @@ def indexer_write(k, weight, bias, kv_cache, slot_mapping):
     scales[blk, off] = scale.flatten(1)
 
 
+CONV_W = torch.nn.Parameter((0.5 * torch.randn(C, 4, generator=torch.Generator().manual_seed(7))).bfloat16(),
+                            requires_grad=False)
+"""The short conv's weight: a parameter, so its width stays static under dynamic=True (the op
+needs K static; Dynamo keeps parameters' sizes static)."""
+
+
+def conv_cat_cached(q, k, v, state):
+    """Qwen3-Next-style: the depthwise causal conv of ``cat(q, k, v)`` continuing a cached state
+    (transformers 5.24's prefill on a cache), the state written in place: the cat form's update."""
+    x = torch.cat((q, k, v), -1).transpose(1, 2)
+    full = torch.cat([state, x], -1)
+    state.copy_(full[..., -state.shape[-1]:])
+    out = F.conv1d(full, CONV_W.unsqueeze(1), padding=0, groups=C)[..., -q.shape[1]:]
+    return F.silu(out).transpose(1, 2)
+
+
 # --------------------------------------------------------------------------- inputs per step
 
 
@@ -148,6 +164,12 @@ def gather_inputs(T: int, seed: int, blocks: int = CACHES[0], block_size: int = 
     return cache, dst_value, dst_scale, wide, cu
 
 
+def conv_inputs(T: int, seed: int, blocks: int = 0):
+    g = _gen(seed)
+    return tuple(torch.randn(1, T, C // 3, generator=g).bfloat16() for _ in range(3)) + (
+        torch.randn(1, C, 4, generator=g).bfloat16(),)
+
+
 def write_inputs(T: int, seed: int, blocks: int = CACHES[0], block_size: int = BLOCK):
     g = _gen(seed)
     cache = torch.randint(0, 256, (blocks, block_size, D + 4), generator=g, dtype=torch.uint8)  # poisoned
@@ -178,6 +200,8 @@ CASES = {
                              lambda args, out: (args[1].view(torch.uint8), args[2].view(torch.uint8)), cache=0),
     "indexer_k_write": Case("indexer_k_write", indexer_write, write_inputs, ((0, 0), (4, 0)),
                             lambda args, out: (args[3],), cache=3),
+    "causal_conv1d": Case("causal_conv1d", conv_cat_cached, conv_inputs, ((0, 1), (1, 1), (2, 1)),
+                          lambda args, out: (out, args[3])),
 }
 MODES = ("automatic", "mark_dynamic", "mark_dynamic_cache", "dynamic")
 
@@ -292,6 +316,7 @@ COMPILES = {
     ("indexer_k_gather", "mark_dynamic_cache"): 1, ("indexer_k_gather", "dynamic"): 1,
     ("indexer_k_write", "automatic"): 3, ("indexer_k_write", "mark_dynamic"): 2,
     ("indexer_k_write", "mark_dynamic_cache"): 1, ("indexer_k_write", "dynamic"): 1,
+    ("causal_conv1d", "automatic"): 2, ("causal_conv1d", "mark_dynamic"): 1, ("causal_conv1d", "dynamic"): 1,
 }
 
 
@@ -302,6 +327,9 @@ def test_every_graph_keeps_the_rewrite(swept):
     assert swept.backend.compiles == COMPILES[key], (key, swept.backend.compiles)
     assert swept.counts == [1] * COMPILES[key], (key, swept.counts, [r.misses for r in swept.records])
     assert all(not r.errors for r in swept.records), [r.errors for r in swept.records]
+    if swept.case.name == "causal_conv1d":  # the cat form at every size: the op reads q / k / v, no cat
+        assert all({row.target for row in r.after_nodes} & {"kda.causal_conv1d_update_cat.default", "aten.cat.default"}
+                   == {"kda.causal_conv1d_update_cat.default"} for r in swept.records), key
 
 
 def test_bytes_equal_eager_at_every_step(swept):

@@ -1,38 +1,37 @@
 """``causal_conv1d``: a GDN / KDA layer's depthwise causal short conv (+ silu, + its conv state)
 -> one ``kda::causal_conv1d`` (prefill) or ``kda::causal_conv1d_update`` (the state in place).
 
-What it finds (post-grad graph): a 1-D depthwise convolution ``aten.convolution(inp, w [C, 1,
-K], bias, stride 1, padding p, dilation 1, groups C)`` (``F.conv1d(..., groups=C)``) whose input
-is ``x [B, C, T]``, possibly behind a cast to the weight's dtype, a zero ``F.pad(x, (P, 0))`` or
-a ``torch.cat([state, x], -1)`` in front of it (``state [B, C, S]``, ``S >= K - 1``), and whose
-used outputs are the ``T`` causal ones: output ``t`` is the window ending at ``x``'s token ``t``
-(slices of the time dim before and after the activation compose: transformers' ``[:, :, :T]``,
-its cache path's ``[:, :, -T:]``, the decode form's ``padding=0`` conv on ``[state | x]``).
-Then optionally casts, the silu (every spelling the canonical layer reads: ``F.silu``, ``x *
-sigmoid(x)``, ``x / (1 + exp(-x))``), one more cast and unit-dim views. The spellings:
-transformers' ``causal_conv1d_fn`` / ``causal_conv1d_update`` (qwen3_next, qwen3_5, kimi_linear,
-olmo_hybrid, bailing_hybrid, lara_mini: the same two functions, 5.17 and 5.24), the reference
-``causal_conv1d_ref`` / ``causal_conv1d_update_ref`` of Dao's causal-conv1d (vLLM's tests), FLA's
-``causal_conv1d_ref_torch`` and vLLM's CPU ``causal_conv1d_update_torch``.
+What it finds (post-grad graph): a 1-D depthwise ``aten.convolution(inp, w [C, 1, K], bias, stride
+1, padding p, dilation 1, groups C)`` whose input is ``x [B, C, T]``, possibly behind a cast to the
+weight's dtype, a zero ``F.pad(x, (P, 0))`` or a ``torch.cat([state, x], -1)`` (``state [B, C, S]``,
+``S >= K - 1``), and whose used outputs are the ``T`` causal ones (slices of the time dim before
+and after the activation compose: transformers' ``[:, :, :T]``, its cache path's ``[:, :, -T:]``,
+the decode form's ``padding=0`` conv on ``[state | x]``); then casts, the silu (``F.silu``, ``x *
+sigmoid(x)``, ``x / (1 + exp(-x))``), a cast and unit-dim views. The spellings: transformers'
+``causal_conv1d_fn`` / ``causal_conv1d_update`` (qwen3_next, qwen3_5, kimi_linear, olmo_hybrid,
+bailing_hybrid, lara_mini; 5.17 and 5.24), Dao's ``causal_conv1d_ref`` / ``_update_ref`` (vLLM's
+tests), FLA's ``causal_conv1d_ref_torch`` and vLLM's CPU ``causal_conv1d_update_torch``.
 
 The decode form: when the ``cat``'s state is a graph input that the graph writes back with the
 cat's last ``S`` columns (``conv_state.copy_(new[:, :, -S:])``), the write is fused too, and the
 op shifts the state in place (``auto_functionalized``, re-inplaced by Inductor).
 
 The op takes ``x`` where it lies (the projection's token-major memory) and writes its result
-token-major, so the consumers' ``transpose(1, 2)`` and split into q / k / v are views: the copies
-Inductor adds around aten's conv (to its input layout and back) go away with it.
+token-major, so the consumers' ``transpose(1, 2)`` and split into q / k / v are views. The cat
+form: where ``x`` is ``cat(parts, -1).transpose(1, 2)`` (Qwen3-Next's ``cat((q, k, v))`` of
+reshaped views of its ``qkvz`` projection; Kimi Linear's and Bailing's of three projections), the
+``_cat`` ops read the parts' sources (``src`` of a part ``view(clone(src))``) and the cat, clones
+and views go: no concatenated copy. Other readers of ``x``'s last tokens (the cache's state write
+of a first prefill: ``x[..., -K:]`` or ``F.pad(x, (K - T, 0))``) are rebuilt from the sources'
+last tokens; where the cat is read otherwise, the single-source op reads it (a miss at the cat).
 
-Where the silu cannot be fused (the conv's output is also read elsewhere before it, or something
-else, e.g. a bias added after the conv, stands between), the conv is still rewritten, without
-the activation (``part`` says so) and the miss says why the silu stayed. Not matched, with the
-reason at the user's line: a dilated or strided conv, a kernel wider than ``MAX_WIDTH``, groups
-that are not one per channel, outputs that are not the causal window (``padding="same"``), a
-state narrower than ``K - 1`` columns, a state written through a narrowing cast. Varlen convs
-written as gathers (``examples/gdn_layers.py``'s ``causal_conv_varlen``, a sum of taps over
-``x[idx]`` rows) and the sum-of-shifted-products spelling are no ``aten.convolution``:
-Inductor fuses them into one pointwise kernel already, and neither this rewrite nor
-``gdn_spec_split`` (whose rule leaves gathers that only feed elementwise code) takes them.
+Where the silu cannot be fused (the conv's output is also read before it, or a bias is added
+after the conv), the conv is still rewritten alone (``part`` says so) and the miss says why. Not
+matched, with the reason at the user's line: a dilated or strided conv, a kernel wider than
+``MAX_WIDTH``, groups that are not one per channel, outputs that are not the causal window, a
+state narrower than ``K - 1`` columns or written through a narrowing cast. Varlen convs written
+as gathers (``examples/gdn_layers.py``'s ``causal_conv_varlen``) and sums of shifted products are
+no ``aten.convolution``: Inductor fuses them into one pointwise kernel already.
 
 Speed rule (``speed_rule``): on CUDA every size (``CUDA_MIN_TOKENS = 1``): aten runs the conv as
 ``conv_depthwise2d_forward_kernel_generic`` at about ten times the copy floor, with Inductor's
@@ -42,11 +41,8 @@ the 10,510 us Qwen3-Next prefill-4096 step saved (``benchmarks/results/causal_co
 ``hf_models.md``; the history: ``docs/speed-rules.md``). On CPU never: the op's CPU
 implementation is aten's own conv with the activation unfused.
 
-Replacement (:func:`conv`, :func:`conv_update`): ``kda::causal_conv1d`` (prefill) or
-``kda::causal_conv1d_update`` (the state shifted in place, functionalized as
-``auto_functionalized``), viewed as the user's output was.
-
-Turn it off with ``options={"kda": {"disable": ["causal_conv1d"]}}``.
+Replacement (:func:`conv`, :func:`conv_update`): the op (``_cat`` for the cat form), viewed as the
+user's output was. Off: ``options={"kda": {"disable": ["causal_conv1d"]}}``.
 """
 
 from __future__ import annotations
@@ -56,11 +52,13 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from torch.fx.experimental.symbolic_shapes import statically_known_true as definitely
 
 from kda_inductor.lowerings import causal_conv1d as _lowering  # registers the ops
 from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
+    VIEWS,
     Match,
     Rewrite,
     Stage,
@@ -94,6 +92,16 @@ class _Input:
     prefix: Any
     cat: fx.Node | None  # the cat of [state, x] (cast or not) where there is one
     nodes: set[fx.Node]
+    # the cat form: the sources the op reads (:func:`_cat_sources`), the transpose, cat, clones and
+    # views they replace (in ``nodes``), the other readers of x's last tokens -> (n, zeros) (:func:`_tail`)
+    sources: list[fx.Node] | None = None
+    cat_nodes: set[fx.Node] = dataclasses.field(default_factory=set)
+    tails: dict[fx.Node, tuple[int, int]] = dataclasses.field(default_factory=dict)
+
+    def drop_cat_form(self) -> None:
+        """Read ``x`` itself (its cat stays): the single-source op."""
+        self.nodes -= self.cat_nodes
+        self.sources, self.cat_nodes, self.tails = None, set(), {}
 
 
 @dataclasses.dataclass
@@ -215,14 +223,15 @@ class CausalConv1d(Rewrite):
     finds = ("a GDN / KDA layer's depthwise causal short conv (`F.conv1d(..., padding=K - 1, groups=C)[..., :T]`, "
              "prefill and the cached decode update) with its silu and casts")
     spellings = (
-        "a depthwise causal short conv (`F.conv1d(x, w, bias, padding=K - 1, groups=C)[..., :T]`, or on "
-        "`torch.cat([state, x], -1)` / `F.pad(x, (P, 0))`, K <= 8) with its silu and casts, as transformers' "
-        "GDN / KDA layers (and Mamba's `nn.Conv1d`), Dao's causal-conv1d references (vLLM's tests), FLA's "
-        "`causal_conv1d_ref_torch` and vLLM's CPU fallback spell it; the decode form's "
-        "`conv_state.copy_(new[:, :, -S:])` too"
-    )
+        "a depthwise causal short conv (`F.conv1d(x, w, bias, padding=K - 1, groups=C)[..., :T]`, or on `torch.cat(["
+        "state, x], -1)` / `F.pad(x, (P, 0))`, K <= 8) with its silu and casts, as transformers' GDN / KDA layers (and "
+        "Mamba's `nn.Conv1d`), Dao's causal-conv1d references (vLLM's tests), FLA's `causal_conv1d_ref_torch` and "
+        "vLLM's CPU fallback spell it; the decode form's `conv_state.copy_(new[:, :, -S:])` too; on `torch.cat((q, k, "
+        "v), -1).transpose(1, 2)` (Qwen3-Next's reshaped views of its `qkvz` projection, Kimi Linear's and Bailing's "
+        "three projections) the op reads q / k / v without the cat, a first prefill's state write (`x[..., -K:]`, "
+        "`F.pad(x, (K - T, 0))`) from their last tokens")
     becomes = ("`kda::causal_conv1d` / `kda::causal_conv1d_update` (one Triton kernel reading x where it lies, "
-               "token-major output; the state shifted in place)")
+               "token-major output; the state shifted in place; `_cat`: q / k / v read without their cat)")
     # it touches only convolutions and the values around them; the split's speed rule (do a gather's
     # readers fuse it as an indirect load?) must see the fused op that reads a gathered mixed_qkv
     runs_before = ("gdn_spec_split",)
@@ -261,8 +270,8 @@ class CausalConv1d(Rewrite):
         if write is False or not self._validated(conv, inp, weight, bias, chain, write):
             return None
         region = {conv} | chain.nodes | (write.nodes if write else set())
-        region |= _kept_inputs(inp.nodes, region)
-        outputs = [chain.output] + ([write.output] if write else [])
+        region |= self._input_region(inp, region)
+        outputs = [chain.output] + ([write.output] if write else []) + list(inp.tails)
         if not self.region_closed(region, outputs, at=conv, what="a value between the conv and its output"):
             return None
         return ConvMatch(nodes=in_graph_order(region), conv=conv, weight=weight, bias=bias, input=inp,
@@ -297,7 +306,16 @@ class CausalConv1d(Rewrite):
         return w, bias, padding[0], width
 
     def _input(self, conv: fx.Node, dtype: torch.dtype) -> _Input | None:
-        """The conv's input as ``[prefix | x]`` (see :class:`_Input`)."""
+        """The conv's input (:class:`_Input`): ``[prefix | x]``, and ``x``'s sources where it is their cat."""
+        inp = self._prefixed(conv, dtype)
+        cat_form = None if inp is None else _cat_sources(inp.x)
+        if cat_form is not None:
+            inp.sources, inp.cat_nodes = cat_form
+            inp.nodes |= inp.cat_nodes
+        return inp
+
+    def _prefixed(self, conv: fx.Node, dtype: torch.dtype) -> _Input | None:
+        """The conv's input as ``[prefix | x]``: a state's cat, a zero pad or ``x`` itself."""
         inp = conv.args[0]
         base = _uncast(inp, dtype)
         nodes = {inp} if base is not inp else set()
@@ -423,11 +441,38 @@ class CausalConv1d(Rewrite):
                 return _StateWrite(s, copy, {s} | ({copy} if is_op(copy, aten.copy) else set()))
         return None
 
+    def _input_region(self, inp: _Input, region: set[fx.Node]) -> set[fx.Node]:
+        """:func:`_kept_inputs` of the input. The cat form's other readers of ``x`` that take its
+        last tokens (the cache's state write of a first prefill) join the region, rebuilt from the
+        sources; where the cat is read otherwise, the single-source op reads it (it is written
+        anyway), with a miss at the cat's line: the concatenated copy stays."""
+        kept = _kept_inputs(inp.nodes, region)
+        cat = None if inp.sources is None else inp.x.args[0]
+        if cat is None or {inp.x, cat} <= kept:
+            return kept
+        others = [u for n in (cat, inp.x) for u in live_users(n) if u not in region | kept | {inp.x}]
+        tails = {u: _tail(u, inp.x) for u in others}
+        if all(tails.values()):
+            inp.tails = tails
+            return _kept_inputs(inp.nodes, region | set(tails)) | set(tails)
+        reader = next(u for u, t in tails.items() if t is None)
+        self.miss(cat, Stage.REGION, f"the cat of the conv's {len(inp.sources)} inputs stays (kda.causal_conv1d "
+                  f"reads it, not its parts): it is also read elsewhere ({reader.name})")
+        inp.drop_cat_form()
+        return _kept_inputs(inp.nodes, region)
+
     def _validated(self, conv, inp: _Input, weight, bias, chain: _Chain, write) -> bool:
+        options = (val(weight), val(bias), val(inp.state), None, chain.activation, chain.act_dtype, chain.out_dtype)
+        state_arg = "conv_state" if write else "initial_state"
+        if inp.sources is not None:
+            try:
+                _lowering.validate_sources([val(s) for s in inp.sources], *options, state_arg=state_arg)
+            except (ValueError, TypeError) as exc:
+                self.miss(inp.x.args[0], Stage.VALIDATED, f"kda.causal_conv1d_cat rejects the cat's parts ({exc}): "
+                          "the cat stays, kda.causal_conv1d reads it")
+                inp.drop_cat_form()
         try:
-            _lowering.validate(val(inp.x), val(weight), val(bias), val(inp.state), None, chain.activation,
-                               chain.act_dtype, chain.out_dtype,
-                               state_arg="conv_state" if write else "initial_state")
+            _lowering.validate(val(inp.x), *options, state_arg=state_arg)
         except (ValueError, TypeError) as exc:
             self.miss(conv, Stage.VALIDATED, f"kda.causal_conv1d rejects these inputs: {exc}")
             return False
@@ -436,29 +481,88 @@ class CausalConv1d(Rewrite):
     # ------------------------------------------------------------------ replacing
     def replace(self, graph: fx.Graph, match: ConvMatch) -> None:
         m, c = match, match.chain
-        inputs = [n for n in (m.input.x, m.weight, m.bias, m.input.state) if isinstance(n, fx.Node)]
-        options = (c.activation, c.act_dtype, c.out_dtype, list(val(c.output).shape))
+        x = m.input.x if m.input.sources is None else list(m.input.sources)
+        inputs = [n for n in (*(x if isinstance(x, list) else [x]), m.weight, m.bias, m.input.state)
+                  if isinstance(n, fx.Node)]
+        options = (c.activation, c.act_dtype, c.out_dtype, list(val(c.output).shape), list(m.input.tails.values()))
         if m.write is None:
-            fn, args, outputs = conv, (m.input.x, m.weight, m.bias, m.input.state, *options), [c.output]
+            fn, args, outputs = conv, (x, m.weight, m.bias, m.input.state, *options), [c.output]
         else:
-            fn, args = conv_update, (m.input.x, m.input.state, m.weight, m.bias, *options)
+            fn, args = conv_update, (x, m.input.state, m.weight, m.bias, *options)
             outputs = [c.output, m.write.output]
+        outputs += list(m.input.tails)
         replace_by_function(graph, fn, args, outputs=outputs, before=in_graph_order(inputs)[-1].next,
                             region=m.nodes, origin=m.conv)
 
 
-def conv(x, weight, bias, initial_state, activation, act_dtype, out_dtype, shape):
+def conv(x, weight, bias, initial_state, activation, act_dtype, out_dtype, shape, tails):
     """The replacement (prefill): the conv and its activation in one op, viewed as the user's
-    output was."""
-    y = torch.ops.kda.causal_conv1d(x, weight, bias, initial_state, None, activation, act_dtype, out_dtype)
-    return y.reshape(shape)
+    output was. ``x``: the conv's input ``[B, C, T]``, or (the cat form) the sources it is the cat
+    of, with the cat's other readers (``tails``) rebuilt from their last tokens."""
+    op = torch.ops.kda.causal_conv1d_cat if isinstance(x, list) else torch.ops.kda.causal_conv1d
+    y = op(x, weight, bias, initial_state, None, activation, act_dtype, out_dtype)
+    return y.reshape(shape), [last_tokens(x, n, zeros) for n, zeros in tails]
 
 
-def conv_update(x, conv_state, weight, bias, activation, act_dtype, out_dtype, shape):
+def conv_update(x, conv_state, weight, bias, activation, act_dtype, out_dtype, shape, tails):
     """The replacement (decode): the conv continuing ``conv_state``, which the op shifts in place;
-    returns the output and the new state."""
-    y = torch.ops.kda.causal_conv1d_update(x, conv_state, weight, bias, activation, act_dtype, out_dtype)
-    return y.reshape(shape), conv_state
+    returns the output and the new state. ``x`` and ``tails`` as :func:`conv`'s."""
+    op = torch.ops.kda.causal_conv1d_update_cat if isinstance(x, list) else torch.ops.kda.causal_conv1d_update
+    y = op(x, conv_state, weight, bias, activation, act_dtype, out_dtype)
+    return y.reshape(shape), conv_state, [last_tokens(x, n, zeros) for n, zeros in tails]
+
+
+def last_tokens(xs, n, zeros):
+    """``F.pad(x[:, :, -n:], (zeros, 0))`` of the cat form's ``x``, from its sources' last ``n``
+    tokens (a cat of ``n`` tokens, not of all)."""
+    x = torch.cat([s[:, -n:].flatten(2) for s in xs], -1).transpose(1, 2)
+    return torch.constant_pad_nd(x, [zeros, 0]) if zeros else x
+
+
+def _cat_sources(x: fx.Node) -> tuple[list[fx.Node], set[fx.Node]] | None:
+    """``(sources, nodes)`` where ``x [B, C, T]`` is ``cat(parts, -1).transpose(1, 2)`` of token-major
+    parts ``[B, T, C_i]`` (the q / k / v of a GDN layer): each part's source (:func:`_source`) and
+    the transpose, the cat and the clones and views the sources make unneeded; else None."""
+    if not (is_op(x, aten.permute) and list(x.args[1]) == [0, 2, 1]):
+        return None
+    cat = x.args[0]
+    if not is_op(cat, aten.cat) or val(cat) is None or val(cat).dim() != 3:
+        return None
+    dim = cat.args[1] if len(cat.args) > 1 else cat.kwargs.get("dim", 0)
+    if dim % 3 != _TIME:
+        return None
+    found = [_source(p) for p in cat.args[0]]
+    return [s for s, _ in found], {x, cat}.union(*(n for _, n in found))
+
+
+def _tail(u: fx.Node, x: fx.Node) -> tuple[int, int] | None:
+    """``(n, zeros)`` where ``u`` is ``x[..., -n:]`` (transformers 5.24's state write) or ``F.pad(x,
+    (K - T, 0))`` (5.17's): ``x``'s last ``n`` tokens (static) after ``zeros`` zero columns."""
+    if u.args[0] is not x:
+        return None
+    tokens, window = val(x).shape[_TIME], _time_slice(u, val(x).shape[_TIME])
+    if window is not None and definitely(window[1] == tokens):
+        n, zeros = tokens - window[0], 0
+    elif is_op(u, aten.constant_pad_nd) and len(u.args[1]) == 2 and u.args[1][1] == 0 and \
+            (u.args[2] if len(u.args) > 2 else 0) == 0 and isinstance(u.args[1][0], int):
+        n, zeros = (tokens + u.args[1][0], 0) if u.args[1][0] < 0 else (tokens, u.args[1][0])
+    else:
+        return None
+    return (int(n), zeros) if is_concrete_int(n) and int(n) >= 1 else None
+
+
+def _source(part: fx.Node) -> tuple[fx.Node, set[fx.Node]]:
+    """What the cat form reads for one part of the cat: ``src [B, T, ...]`` (3-D or 4-D) where the
+    part is views of ``clone(src)`` (the reshape of a strided view: ``q.reshape(B, T, -1)`` of a
+    split of the projection), with the clone and views; else the part itself."""
+    base, nodes = part, {part}
+    while is_op(base, *VIEWS):
+        base = base.args[0]
+        nodes.add(base)
+    src = val(base.args[0]) if is_op(base, aten.clone) else None
+    if src is not None and src.dim() in (3, 4) and all(definitely(a == b) for a, b in zip(src.shape, val(part).shape[:2])):
+        return base.args[0], nodes
+    return part, set()
 
 
 def _keeps_time(cur: fx.Node, view: fx.Node) -> bool:

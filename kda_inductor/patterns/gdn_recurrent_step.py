@@ -412,7 +412,7 @@ class GdnRecurrentStep(Rewrite):
     runs_before = ("gated_norm_quant",)  # and so before gated_norm_merge, which runs after gated_norm_quant
 
     def find(self, graph: fx.Graph) -> list[Match]:
-        canon = Canon(graph)
+        canon = Canon()
         steps = {}
         for n in graph.nodes:
             s = self._step(n, canon)

@@ -3,7 +3,7 @@ transformers, Dao's causal-conv1d references (which vLLM's kernel tests use), FL
 reference and vLLM's CPU fallback write it, and the near misses. Each function is written in
 the style of the file named in its ``source`` (read with the search tools; not copied).
 Matched cases are bit-exact with eager (the op's CPU kernel is aten's conv); near misses run
-Inductor's own code."""
+Inductor's own code. The cat form's cases check that the ``_cat`` op reads the parts (no cat)."""
 
 from __future__ import annotations
 
@@ -55,21 +55,40 @@ def hf_conv_update(hidden_states, conv_state, weight, bias=None, activation=None
 
 class Qwen3NextConv(nn.Module):
     """Qwen3-Next's ``Qwen3NextGatedDeltaNet.forward`` around the conv: q / k / v split out of the
-    grouped ``qkvz`` projection, ``cat``, transpose, the conv, transpose back, split."""
+    grouped ``qkvz`` projection, ``cat``, transpose, the conv, transpose back, split. ``cache``: a
+    first prefill's state write, 5.24's ``conv_state.copy_(x[..., -K:])`` (``update_conv_state``)
+    or 5.17's ``F.pad(x, (K - T, 0))`` (returned: the layer stores it on the cache)."""
 
-    def __init__(self, seed: int = 0):
+    def __init__(self, seed: int = 0, cache: str | None = None):
         super().__init__()
-        self.weight = _weight(seed)
+        self.weight, self.cache = _weight(seed), cache
 
     def forward(self, qkvz, conv_state=None):
         q, k, v, _z = torch.split(qkvz, [QK, QK, V, V], dim=3)
         mixed = torch.cat([t.reshape(t.shape[0], t.shape[1], -1) for t in (q, k, v)], dim=-1).transpose(1, 2)
+        new_state = F.pad(mixed, (K - mixed.shape[-1], 0)) if self.cache == "5.17" else None
+        if self.cache == "5.24":
+            conv_state.copy_(mixed[..., -K:])
         if conv_state is not None and mixed.shape[-1] == 1:
             mixed = hf_conv_update(mixed, conv_state, self.weight, None, "silu")
         else:
             mixed = hf_conv_fn(mixed, self.weight, None, activation="silu")
         query, key, value = torch.split(mixed.transpose(1, 2), [2 * QK, 2 * QK, 2 * V], dim=-1)
-        return query.reshape(*query.shape[:2], -1, QK), key, value.reshape(*value.shape[:2], -1, V)
+        out = query.reshape(*query.shape[:2], -1, QK), key, value.reshape(*value.shape[:2], -1, V)
+        return out if new_state is None else (*out, new_state)
+
+
+class CatReadElsewhere(nn.Module):
+    """Qwen3-Next's ``cat(q, k, v)`` also returned (read elsewhere): the cat is written anyway."""
+
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        self.weight = _weight(seed)
+
+    def forward(self, qkvz):
+        q, k, v, _z = torch.split(qkvz, [QK, QK, V, V], dim=3)
+        mixed = torch.cat([t.reshape(t.shape[0], t.shape[1], -1) for t in (q, k, v)], dim=-1)
+        return hf_conv_fn(mixed.transpose(1, 2), self.weight, None, activation="silu"), mixed
 
 
 class ProjectedConv(nn.Module):
@@ -215,6 +234,35 @@ def bias_added_after(x, weight, bias):
     return F.silu(out + bias)
 
 
+# --------------------------------------------------------------------------- graph checks
+
+
+def reads_parts(op: str = "kda.causal_conv1d_cat.default", cat_tokens: int | None = None):
+    """The cat form: one ``op``, reading no ``aten.cat`` (the parts where the projection wrote
+    them); a cat left in the graph only of ``cat_tokens`` tokens (the state write's last K)."""
+
+    def check(records) -> str | None:
+        rows = [r for rec in records for r in rec.after_nodes]
+        by_name = {r.name: r for r in rows}
+        ops = [r for r in rows if r.target == op]
+        if len(ops) != 1:
+            return f"expected one {op}, found {[r.target for r in rows if r.target.startswith('kda.')]}"
+        fed = [by_name[i].target for i in ops[0].inputs]
+        cats = [r.meta for r in rows if r.target == "aten.cat.default"]
+        if "aten.cat.default" in fed or any(f", {cat_tokens}, " not in m for m in cats):
+            return f"{op} reads {fed}; cats left: {cats}"
+        return None
+
+    return check
+
+
+def reads_the_cat(records) -> str | None:
+    """The cat stays (read elsewhere): the single-source op reads it."""
+    rows = [r for rec in records for r in rec.after_nodes]
+    ops = [r.target for r in rows if r.target.startswith("kda.")]
+    return None if ops == ["kda.causal_conv1d.default"] else f"expected kda.causal_conv1d alone, found {ops}"
+
+
 # --------------------------------------------------------------------------- inputs
 
 
@@ -242,6 +290,13 @@ def _qwen_decode(seed):
     return [randn(g, 2, 1, 2, 2 * QK + 2 * V), randn(g, 2, C, K)]
 
 
+def _qwen_cached(T):
+    def make(seed):
+        g = gen(seed)
+        return [randn(g, 2, T, 2, 2 * QK + 2 * V), randn(g, 2, C, K)]
+    return make
+
+
 def _h(seed):
     return [randn(gen(seed), 2, 7, 16)]
 
@@ -255,12 +310,21 @@ def _state_only(T):
 
 CASES = [
     Spelling("hf_qwen3_next_conv_prefill", HF + "qwen3_next/modeling_qwen3_next.py", Qwen3NextConv(), _qkvz(1, 7),
-             CONV, exact),
+             CONV, exact, graph_check=reads_parts()),
     Spelling("hf_qwen3_next_conv_decode", HF + "qwen3_next/modeling_qwen3_next.py", Qwen3NextConv(1), _qwen_decode,
-             CONV, exact, mutated_args=(1,)),
+             CONV, exact, mutated_args=(1,), graph_check=reads_parts("kda.causal_conv1d_update_cat.default")),
+    Spelling("hf_qwen3_next_conv_cached_first_prefill", HF + "qwen3_next/modeling_qwen3_next.py (+ cache_utils.py, 5.24)",
+             Qwen3NextConv(2, cache="5.24"), _qwen_cached(7), CONV, exact, mutated_args=(1,),
+             why="the state copy reads the cat's last K tokens: rebuilt from q / k / v's", graph_check=reads_parts(cat_tokens=K)),
+    Spelling("hf_qwen3_next_conv_state_pad_5_17", HF + "qwen3_next/modeling_qwen3_next.py (5.17)",
+             Qwen3NextConv(3, cache="5.17"), _qkvz(2, 7), CONV, exact,
+             why="F.pad(x, (K - T, 0)) with T > K is x's last K tokens", graph_check=reads_parts(cat_tokens=K)),
+    Spelling("hf_qwen3_next_conv_state_pad_short_5_17", HF + "qwen3_next/modeling_qwen3_next.py (5.17)",
+             Qwen3NextConv(4, cache="5.17"), _qkvz(3, 2), CONV, exact,
+             why="a prompt shorter than K: the state is x after K - T zeros", graph_check=reads_parts(cat_tokens=2)),
     Spelling("hf_qwen3_5_conv_prefill", HF + "qwen3_5/modeling_qwen3_5.py", ProjectedConv(1), _h, CONV, exact),
     Spelling("hf_kimi_linear_conv_prefill", HF + "kimi_linear/modeling_kimi_linear.py", ProjectedConv(3), _h, CONV,
-             exact),
+             exact, why="cat of three projections: the cat form reads them", graph_check=reads_parts()),
     Spelling("hf_cached_prefill_continued", HF + "qwen3_next/modeling_qwen3_next.py (+ cache_utils.py, 5.24)",
              hf_cached_prefill_continued, _state_only(6), CONV, exact, mutated_args=(1,)),
     Spelling("hf_cached_prefill_padded", HF + "qwen3_next/modeling_qwen3_next.py (+ cache_utils.py, 5.24)",
@@ -288,6 +352,9 @@ CASES = [
              why="every output of a both-sides padded conv: not causal"),
     Spelling("conv_read_before_silu", "near-miss of " + DAO, conv_read_before_silu, _plain(9, (C, K)), CONV, exact,
              why="the conv alone is rewritten; the silu stays with Inductor"),
+    Spelling("hf_qwen3_next_conv_cat_read_elsewhere", "near-miss of " + HF + "qwen3_next/modeling_qwen3_next.py",
+             CatReadElsewhere(), _qkvz(4, 7), CONV, exact, graph_check=reads_the_cat,
+             why="the cat is also returned: written anyway, the single-source op reads it"),
     Spelling("bias_added_after_conv", "near-miss of " + DAO, bias_added_after, _plain(9, (C, K), (1, C, 1)), CONV,
              INDUCTOR, why="the conv alone is rewritten; the add (another rounding than F.conv1d's bias=) stays"),
 ]

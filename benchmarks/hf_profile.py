@@ -84,7 +84,7 @@ def _kda_variant(variant: str, decoder, call):
     if m is None:
         raise SystemExit(f"--variant: unknown {variant!r} (eager, stock, kda, kda-no-<rewrite>, kda-nofix)")
     options = {"kda": {"disable": [m.group(1)]}} if m.group(1) else None
-    fix = mock.patch.object(_dynamo_fixes, "_tracing_for_us", lambda: False) if m.group(2) else mock.MagicMock()
+    fix = mock.patch.object(_dynamo_fixes, "our_options", lambda tx: None) if m.group(2) else mock.MagicMock()
     with fix:
         fn, report = hf_models.kda_compile(decoder, call, options)
         fn()

@@ -144,6 +144,23 @@ def test_cpu_inplace_op_writes_the_final_state():
     assert not torch.equal(state, s)
 
 
+def test_cpu_final_state_is_contiguous_as_the_fake_says():
+    """A transposed initial state (a [B, H, V, K] cache read as [B, H, K, V]) still gives a
+    contiguous final state on CPU, at T = 0 and T > 0: the fake's strides, which Inductor asserts."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    q, k, v, g, beta, s = inputs(11)
+    s_t = s.transpose(-1, -2).contiguous().transpose(-1, -2)
+    for T in (0, 3):
+        _, final = op(q[:, :T], k[:, :T], v[:, :T], g[:, :T], beta[:, :T], s_t, 0.25, True)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = [mode.from_tensor(x) for x in (q[:, :T], k[:, :T], v[:, :T], g[:, :T], beta[:, :T], s_t)]
+            _, fake_final = op(*fake, 0.25, True)
+        assert final.is_contiguous() and final.stride() == fake_final.stride()
+        torch.testing.assert_close(final, op(q[:, :T], k[:, :T], v[:, :T], g[:, :T], beta[:, :T], s_t.contiguous(),
+                                             0.25, True)[1], rtol=0, atol=0)
+
+
 def test_out_dtype_and_outputs():
     q, k, v, g, beta, s = inputs(6, dtype=torch.bfloat16)
     out, final = op(q, k, v, g, beta, s, 0.25, True)

@@ -207,7 +207,10 @@ def reference_step(q, k, v, g, beta, state, scale, use_qk_l2norm, eps=1e-6) -> t
     group = v.shape[2] // q.shape[2]
     q, k = _heads(q, group), _heads(k, group)
     B, T, Hv, V = v.shape
-    S = v.new_zeros((B, Hv, q.shape[-1], V), dtype=torch.float32) if state is None else state.float().clone()
+    if state is None:
+        S = v.new_zeros((B, Hv, q.shape[-1], V), dtype=torch.float32)
+    else:  # a new contiguous state, as the fake says, whatever the initial state's strides
+        S = state.to(torch.float32, memory_format=torch.contiguous_format, copy=True)
     out = v.new_empty((B, T, Hv, V), dtype=torch.float32)
     for t in range(T):
         qt, kt = q[:, t], k[:, t]

@@ -33,7 +33,7 @@ kernels alone over ``SWEEP_PREFILL`` / ``SWEEP_UPDATE`` at Qwen3-Next's width, e
 compiled once and timed on every shape twice, the best per shape marked (``PREFILL_CONFIGS`` /
 ``UPDATE_CONFIGS`` in ``kda_inductor/lowerings/causal_conv1d.py`` are what it tunes). Results:
 ``benchmarks/results/causal_conv1d.{md,json}`` (the sweep: ``$OUT/bench_causal_conv1d_sweep.json``
-and ``benchmarks/results/causal_conv1d_sweep.md``).
+and ``benchmarks/results/causal_conv1d_sweep.{md,json}``).
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 forward, tokens per second for eager, stock ``torch.compile`` and ``kda_inductor``:
 ``python -m benchmarks.hf_generate`` (GPU), ``--smoke`` (CPU, tiny config, few tokens).
 
-transformers documents one way to compile generation (``docs/source/en/llm_optims.md`` and
-``kv_cache.md``, 5.17-5.25; ``GenerationMixin._valid_auto_compile_criteria``): pass a fixed-size
+transformers documents one way to compile generation (its docs' "LLM optimizations" and "KV cache"
+pages, 5.17-5.25; ``GenerationMixin._valid_auto_compile_criteria``): pass a fixed-size
 cache, ``cache_implementation="static"``, and ``generate`` compiles the model's forward itself
 for the decoding steps (``PreTrainedModel.get_compiled_call``: ``torch.compile(self.__call__,
 **compile_config.to_dict())``; the prefill runs uncompiled), with ``CompileConfig`` choosing the

@@ -221,7 +221,7 @@ def test_hf_stamp_names_the_commit_of_a_tree_without_git(tmp_path):
     if git.returncode == 0:
         assert _hf_record.blob_hash(readme.read_bytes()) == git.stdout.strip()
     (tmp_path / "kda_inductor").mkdir()
-    files = {"kda_inductor/a.py": b"x = 1\n", "README.md": b"hi\n", "benchmarks/results/r.md": b"old\n"}
+    files = {"kda_inductor/a.py": b"x = 1\n", "README.md": b"hi\n", "benchmarks/results/r.json": b"old\n"}
     for rel, data in files.items():
         (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / rel).write_bytes(data)
@@ -229,7 +229,7 @@ def test_hf_stamp_names_the_commit_of_a_tree_without_git(tmp_path):
     (tmp_path / _hf_record.STAMP).write_text(__import__("json").dumps(stamp))
     state = _hf_record.source_state(tmp_path)
     assert (state["commit"], state["dirty"], state["source"], state["how"]) == ("c" * 40, False, "c" * 40, "stamp")
-    (tmp_path / "benchmarks/results/r.md").write_text("a run's results\n")  # results never make it dirty
+    (tmp_path / "benchmarks/results/r.json").write_text("a run's results\n")  # results never make it dirty
     assert not _hf_record.source_state(tmp_path)["dirty"]
     (tmp_path / "kda_inductor/new.py").write_text("y = 2\n")
     state = _hf_record.source_state(tmp_path)

@@ -112,6 +112,11 @@ def test_the_frame_and_citation_checks_can_fail(tmp_path):
                     "https://github.com/o/r/blob/main/docs/elsewhere.md\n")
     assert [hit.split(" ")[1] for hit in _outside_citations(path, tmp_path)] == [
         "shared/reference.md", "docs/no-such-page.md"]
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "there.md").write_text("x\n")
+    page = tmp_path / "docs" / "page.md"
+    page.write_text("see ../there.md, ../gone.md and ../../outside.md\n")
+    assert [hit.split(" ")[1] for hit in _outside_citations(page, tmp_path)] == ["../gone.md", "../../outside.md"]
 
 
 # a path-like citation of a Markdown document: folders then ``name.md``
@@ -127,8 +132,9 @@ def _outside_citations(path: Path, root: Path = ROOT) -> list[str]:
         for cited in _CITED.findall(line):
             if "://" in line.split(cited)[0][-12:]:
                 continue  # part of a URL
-            outside = cited.startswith(("/", "shared/", "../"))
-            missing = cited.split("/")[0] in _REPO_FOLDERS and not any(
+            up = (path.parent / cited).resolve() if cited.startswith("../") else None
+            outside = cited.startswith(("/", "shared/")) or (up is not None and not up.is_relative_to(root.resolve()))
+            missing = (up is not None and not up.exists()) or cited.split("/")[0] in _REPO_FOLDERS and not any(
                 (base / cited).exists() for base in (ROOT, ROOT / "benchmarks", ROOT / "docs", path.parent))
             if outside or missing:
                 found.append(f"{path.relative_to(root)}:{number} {cited}")

@@ -412,7 +412,7 @@ def _producer_of_norm(graph_text: str) -> str:
 
     calls = dict(re.findall(r"%(\w+) : \[[^]]*\] = call_function\[target=(.*)", graph_text))
     name = re.search(r"gated_norm_merge\.default\]\(args = \(\[%(\w+)", calls and graph_text).group(1)
-    while re.match(r"(torch\.ops\.aten\.reshape|operator\.getitem)", calls[name]):
+    while re.match(r"(torch\.ops\.aten\.(reshape|view)|operator\.getitem)", calls[name]):
         name = re.search(r"args = \(%(\w+)", calls[name]).group(1)
     return calls[name]
 

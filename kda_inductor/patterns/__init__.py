@@ -40,7 +40,8 @@ def rewrites_page() -> str:
     out = ["# The rewrites", "",
            "<!-- generated from the registry: kda-inductor rewrites --update (tests/test_readme.py checks it) -->",
            "", "In the order the pass runs them. Each pattern file's docstring holds the rest: the canonical form it",
-           "reads, what must not match, its speed rule and the measurement behind it.", ""]
+           "reads, what must not match, and its speed rule with a one-line summary of its measurement",
+           "([speed-rules.md](speed-rules.md) holds the measurements and their history).", ""]
     for name, cls in REWRITES.items():
         path = f"kda_inductor/patterns/{cls.__module__.rsplit('.', 1)[-1]}.py"
         out += [f"## `{name}`", "", f"**Finds:** {cls.finds}.", ""]

@@ -84,8 +84,9 @@ def install(monkeypatch) -> types.SimpleNamespace:
     if importlib.util.find_spec("transformers") is not None:
         from transformers.integrations import hub_kernels
 
-        devices = hub_kernels._PACKAGE_SUPPORTED_DEVICES
-        monkeypatch.setitem(devices, "fla", (*devices.get("fla", ()), "cpu"))
+        devices = getattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES", None)  # 5.17 has none: fla on any device
+        if devices is not None:
+            monkeypatch.setitem(devices, "fla", (*devices.get("fla", ()), "cpu"))
     return types.SimpleNamespace(gdn=gdn.fused_recurrent_gated_delta_rule, kda=kda.fused_recurrent_kda)
 
 

@@ -91,7 +91,21 @@ def torch_core(module: str, name: str):
     fn = getattr(_hf(module), name)
     if isinstance(fn, torch.nn.Module):
         fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
-    return getattr(fn, "__wrapped__", fn)
+    fn = getattr(fn, "__wrapped__", fn)
+    return fn if "repeat_interleave" in inspect.getsource(fn) else _layer_repeats_heads(fn)
+
+
+def _layer_repeats_heads(core):
+    """``core`` behind the GQA repeat its layer does before the call (transformers 5.17: its
+    torch_recurrent_gated_delta_rule takes q / k with as many heads as v; 5.25 repeats inside)."""
+
+    def repeated(q, k, v, *args, **kwargs):
+        group = v.shape[2] // q.shape[2]
+        if group > 1:
+            q, k = q.repeat_interleave(group, dim=2), k.repeat_interleave(group, dim=2)
+        return core(q, k, v, *args, **kwargs)
+
+    return repeated
 
 
 def hf_decode(core):

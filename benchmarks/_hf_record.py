@@ -69,18 +69,23 @@ def _state(commit: str, changed: list[str], how: str, root: Path) -> dict[str, A
 
 
 def source_state(root: Path = ROOT) -> dict[str, Any]:
-    """``{"commit", "dirty", "source" (the section key), "how", "changed"}`` of the tree at ``root``."""
+    """``{"commit", "dirty", "source" (the section key), "how", "changed"}`` of the tree at ``root``:
+    the stamp's commit where every file matches the stamp (the device tool's copy carries a stale
+    ``.git``, whose HEAD is an older commit than its files), else git's, else the stamp's (dirty)."""
+    stamp = root / STAMP
+    stamped = None
+    if stamp.is_file():
+        data = json.loads(stamp.read_text())
+        stamped = _state(data["commit"], stamp_changes(data["files"], root), "stamp", root)
+        if not stamped["dirty"]:
+            return stamped
     head = _git(root, "rev-parse", "HEAD") if (root / ".git").exists() else None
     if head:
         status = _git(root, "status", "--porcelain", "--untracked-files=all") or ""
         changed = [line[3:].split(" -> ")[-1].strip('"') for line in status.splitlines() if line.strip()]
         changed = [p for p in changed if not p.startswith(RESULTS_PREFIX) and p != STAMP]
         return _state(head.strip(), changed, "git", root)
-    stamp = root / STAMP
-    if stamp.is_file():
-        data = json.loads(stamp.read_text())
-        return _state(data["commit"], stamp_changes(data["files"], root), "stamp", root)
-    return {"commit": "unknown", "dirty": None, "source": "unknown", "how": "none", "changed": []}
+    return stamped or {"commit": "unknown", "dirty": None, "source": "unknown", "how": "none", "changed": []}
 
 
 def stamp_changes(files: dict[str, str], root: Path) -> list[str]:

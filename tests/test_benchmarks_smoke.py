@@ -237,6 +237,15 @@ def test_hf_stamp_names_the_commit_of_a_tree_without_git(tmp_path):
     (tmp_path / "kda_inductor/new.py").unlink()
     (tmp_path / "README.md").write_text("changed\n")
     assert _hf_record.source_state(tmp_path)["changed"] == ["README.md"]
+    # a stale .git beside matching files (the device tool's copy): the stamp names the commit
+    (tmp_path / "README.md").write_bytes(b"hi\n")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=x", "-c", "user.email=x@x", "commit", "-q",
+                    "--allow-empty", "-m", "old"], check=True)
+    state = _hf_record.source_state(tmp_path)
+    assert (state["commit"], state["dirty"], state["how"]) == ("c" * 40, False, "stamp")
+    (tmp_path / "README.md").write_text("changed\n")  # the stamp no longer describes the files: git's answer
+    assert _hf_record.source_state(tmp_path)["how"] == "git"
 
 
 def test_hf_legacy_rows_become_sections_of_unknown_commit():

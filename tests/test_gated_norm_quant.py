@@ -101,7 +101,7 @@ def test_cpu_rule_leaves_it_to_inductor():
 
 def test_speed_rule_reads_the_measured_verdicts():
     """``faster_than_inductor`` on a made-up table: a static count fires where the measured
-    counts around it were faster (beyond the largest, where the largest was), a symbolic count
+    counts around it were faster (outside the measured counts: not measured), a symbolic count
     where the symbolic graph was never slower; an unmeasured width fires only between two
     measured widths that both fire; another kind of shape is not measured."""
     from kda_inductor.patterns.gated_norm_quant import Measured, Shape, faster_than_inductor
@@ -111,7 +111,8 @@ def test_speed_rule_reads_the_measured_verdicts():
              plain._replace(width=2048): Measured(faster=(1, 16, 256, 16384), slower=(), symbolic=True),
              plain._replace(width=8192): Measured(faster=(16, 256), slower=(1,), symbolic=True)}
     rule = lambda shape, T: faster_than_inductor(table, shape, T)  # noqa: E731
-    assert rule(plain, 1) is None and rule(plain, 256) is None and rule(plain, 100000) is None
+    assert rule(plain, 1) is None and rule(plain, 256) is None and rule(plain, 16384) is None
+    assert "not measured at T=100000" in rule(plain, 100000)  # no extrapolation past the largest
     assert "slower than Inductor's code at T=16" in rule(plain, 16) and "T=16" in rule(plain, 100)
     assert "symbolic" in rule(plain, None) and rule(plain._replace(width=2048), None) is None
     assert rule(plain._replace(width=3072), 256) is None  # 2048 and 4096 both faster there

@@ -180,15 +180,19 @@ def _layer(fn, **extra):
 OP = "torch.ops.kda.gdn_recurrent_step.default"
 
 
-def _compile_counted(fn, call, backend, **options):
-    """``(call(fn compiled fresh), graphs, kda::gdn_recurrent_step calls in them)``."""
+def _compile_counted(fn, call, backend, *, in_place=False, **options):
+    """``(call(fn compiled fresh), graphs, kda::gdn_recurrent_step calls in them)``; with
+    ``in_place``, also the in-place op's calls after our pass."""
     torch._dynamo.reset()
     if backend != "kda_inductor":
         counter = torch._dynamo.testing.CompileCounterWithBackend(backend)
         return call(torch.compile(fn, backend=counter)), counter.frame_count, 0
     with graph_caches_off(), observe() as records:  # every graph through our pass, none from a cache
         out = call(torch.compile(fn, backend=backend, options=options or None))
-    return out, len(records), sum(r.before.count(OP) for r in records)
+    counts = [len(records), sum(r.before.count(OP) for r in records)]
+    if in_place:
+        counts.append(sum(r.after.count("kda.gdn_recurrent_step_inplace.default") for r in records))
+    return out, *counts
 
 
 def _on(args):
@@ -267,7 +271,8 @@ def test_transformers_decode_step_with_fla_is_one_graph(fla, hub, monkeypatch, f
     its recurrent core to fla: stock Dynamo breaks the graph at each layer's fla call (11 graphs
     for the 4 layers on torch 2.13; where torch folds ``is_exporting()``, stock traces
     transformers' torch reference instead: one graph); kda_inductor compiles it to one graph
-    holding one ``kda::gdn_recurrent_step`` per layer, equal to eager."""
+    holding one ``kda::gdn_recurrent_step`` per layer, equal to eager; the cache's ``copy_`` of
+    its new state makes each the in-place op on the cache (no copy kernel of the state)."""
     from benchmarks import hf_models
 
     spec = hf_models.BY_NAME[family]
@@ -283,8 +288,8 @@ def test_transformers_decode_step_with_fla_is_one_graph(fla, hub, monkeypatch, f
         reset()
         _, stock_graphs, _ = _compile_counted(model.model, step, "eager")
         reset()
-        ours, graphs, with_op = _compile_counted(model.model, step, "kda_inductor")
+        ours, graphs, with_op, in_place = _compile_counted(model.model, step, "kda_inductor", in_place=True)
     assert stock_graphs == 1 if _dynamo_fixes.torch_folds_is_exporting() else stock_graphs > layers
-    assert (graphs, with_op) == (1, layers)
+    assert (graphs, with_op, in_place) == (1, layers, layers)
     torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
     torch._dynamo.reset()

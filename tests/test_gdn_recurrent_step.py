@@ -458,3 +458,74 @@ def test_the_gated_norm_after_the_op(monkeypatch):
     assert _producer_of_norm(c.records[0].after).startswith("torch.ops.higher_order.auto_functionalized"
                                                           "](args = (kda.gdn_recurrent_step_inplace")
     assert_close_to_eager([out, args], [want, want_args])
+
+
+# --------------------------------------------------------------------------- the op's state written back
+# the functional op as the fla rule traces fla-core's decode kernels (tests/test_dynamo_fixes.py), or
+# as a user calls it: where its new state only goes back into the cache it started from, in place
+
+
+def op_written_back(q, k, v, g, beta, state):
+    o, new = torch.ops.kda.gdn_recurrent_step(q, k, v, g, beta, state, D**-0.5, True)
+    state.copy_(new)
+    return o * 2
+
+
+def op_state_read_too(q, k, v, g, beta, state):
+    o, new = torch.ops.kda.gdn_recurrent_step(q, k, v, g, beta, state, D**-0.5, True)
+    state.copy_(new)
+    return o, new * 0.5  # the new state read too
+
+
+def op_into_another(q, k, v, g, beta, state, other):
+    o, new = torch.ops.kda.gdn_recurrent_step(q, k, v, g, beta, state, D**-0.5, True)
+    other.copy_(new)  # another buffer
+    return o
+
+
+def op_cache_read_after(q, k, v, g, beta, state):
+    o, new = torch.ops.kda.gdn_recurrent_step(q, k, v, g, beta, state, D**-0.5, True)
+    old = state.sum(-1)  # the old state after the step
+    state.copy_(new)
+    return o, old
+
+
+def test_the_functional_ops_state_written_back_goes_in_place():
+    """The op, then ``copy_`` of its new state into its initial state (a graph input): the
+    in-place op on that buffer, no copy kernel left (Inductor's code reads the argument itself)."""
+    import re
+
+    from torch._inductor.utils import run_and_get_code
+
+    args = inputs(40, 1)
+    want_args = _clones(args)
+    want = _eager(op_written_back, *want_args)
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(op_written_back, options=FORCED)
+        out, (code,) = run_and_get_code(c, *args)
+    assert c.matches[NAME] == 1 and _parts(c) == {"op's state in place": 1}, (c.matches, _checks(c))
+    assert_close_to_eager([out, args], [want, want_args], exact=True)
+    ops = op_counts(c)
+    assert (ops.after["kda.gdn_recurrent_step.default"], ops.after["kda.gdn_recurrent_step_inplace.default"]) == (0, 1)
+    call = re.search(r"torch\.ops\.kda\.gdn_recurrent_step_inplace\.default\((.*)\)", code)
+    assert call and "arg5_1" in call.group(1).split(", ")[5:6], code
+    assert "clone" not in code and not re.search(r"copy_\(|\.copy_", code), code
+
+
+@pytest.mark.parametrize("case", ["read_too", "another", "read_after"])
+def test_the_functional_op_stays_where_its_state_cannot_go_in_place(case):
+    """The new state read elsewhere too, written into another buffer, the old state read after
+    the step: the functional op and its copy stay (the results equal eager's), the reason at the
+    op's line."""
+    fn, words = {"read_too": (op_state_read_too, "the new state is read elsewhere too"),
+                 "another": (op_into_another, "written into another buffer"),
+                 "read_after": (op_cache_read_after, "the cache's old state is read after the step")}[case]
+    args = inputs(41, 1) + ([torch.randn(B, HV, D, D)] if case == "another" else [])
+    want_args = _clones(args)
+    want = _eager(fn, *want_args)
+    out, c = _run(fn, *args)
+    assert c.matches[NAME] == 0
+    _miss_at(c, words, "torch.ops.kda.gdn_recurrent_step(q, k, v, g, beta, state")
+    assert op_counts(c).after["kda.gdn_recurrent_step.default"] == 1
+    assert_close_to_eager(args, want_args, exact=True)  # the op's and its copy's bytes
+    assert_close_to_eager(out, want)  # read_after's sum: Inductor's reduction order

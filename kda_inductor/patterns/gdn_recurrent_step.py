@@ -21,7 +21,9 @@ state's write-back (``copy_``, or Dynamo's functional copy): the cache is read o
 in place (``auto_functionalized``, re-inplaced by Inductor). Spellings: transformers'
 ``torch_recurrent_gated_delta_rule`` (qwen3_next, qwen3_5(_moe), olmo_hybrid, lara_mini) and
 ``recurrent_kimi_delta_attention`` (kimi_linear, bailing_hybrid), FLA's ``naive_recurrent_kda`` and
-``recurrent_gated_delta_rule_ref``, vLLM's CPU ``recurrent_gated_delta_rule``.
+``recurrent_gated_delta_rule_ref``, vLLM's CPU ``recurrent_gated_delta_rule``. Also a functional
+``kda::gdn_recurrent_step`` already in the graph (the fla rule's, ``_dynamo_fixes``) whose new state only
+goes back into its initial state's buffer: in place on that buffer (:mod:`._gdn_write_back`; its misses).
 
 Not matched, with the reason at the user's line: a gated linear-attention update (``S * exp(g) + k
 v^T``: no delta rule), the decay applied after the update, a state read (``S k``) of another state
@@ -39,6 +41,7 @@ Speed rule (``speed_rule``):
   the state's copy floor, its speed changing from compile to compile (issue 35); the op reads and
   writes the state once. A minimum measured on the H200 (``bench_gdn_recurrent_step.py``) goes in
   ``CUDA_MIN_BATCH``.
+* The write-back of a functional op: on every device (one pass over the state fewer).
 * CPU: never. The op's CPU implementation is the loop in eager float32 torch; Inductor's C++ for
   transformers' step was 4-12x faster at every size measured (2-core machine, one thread, 2026-12-03:
   B 2 x 4 heads x 16 x 16, T 1 / 4: 76 vs 505 / 48 vs 554 us; Qwen3-Next's 32 x 128 x 128 heads, B 1
@@ -57,6 +60,7 @@ import torch
 import torch.fx as fx
 
 from kda_inductor.lowerings import gdn_recurrent_step as _lowering  # registers the ops
+from kda_inductor.patterns import _gdn_write_back as _write_back
 from kda_inductor.patterns import base
 from kda_inductor.patterns.base import Match, Rewrite, Stage, aten, in_graph_order, is_op, live_users, prims, val
 from kda_inductor.patterns._axes import (VALUE_VIEWS, F, arrange, between, broadcast, dot, downstream, factors, fresh,
@@ -424,9 +428,11 @@ class GdnRecurrentStep(Rewrite):
                 m = self._match(seg, canon)
                 if m is not None:
                     out.append(m)
-        return out
+        return out + _write_back.find(graph, self.miss)  # the functional op, its state written back
 
-    def speed_rule(self, match: StepMatch) -> str | None:
+    def speed_rule(self, match: StepMatch | _write_back.WriteBackMatch) -> str | None:
+        if isinstance(match, _write_back.WriteBackMatch):
+            return None  # the same op in place: one pass over the state fewer, on every device
         batch = shape(match.anchor)[0]
         if match.device == "cuda":
             if CUDA_MIN_BATCH > 1 and not (isinstance(batch, int) and batch >= CUDA_MIN_BATCH):
@@ -538,7 +544,7 @@ class GdnRecurrentStep(Rewrite):
         op's own validation (misses unless ``quiet``: a first try with the prologue folded in)."""
         asm = _assembly(seg)
         outs = [asm[:2]] if asm else [(s.out, s.out_labels) for s in seg]
-        inplace, state_out = _state_route(seg[-1].new, initial if seg[0].labels == _S else None)
+        inplace, state_out = _write_back.state_route(seg[-1].new, initial if seg[0].labels == _S else None)
         outputs = [n for n, _ in outs] + [state_out]
         stops = {r.node for r in reads.values()} | ({initial} if initial is not None else set())
         region = between(outputs, stops, canon)
@@ -559,7 +565,9 @@ class GdnRecurrentStep(Rewrite):
         return m
 
     # ------------------------------------------------------------------ replacing
-    def replace(self, graph: fx.Graph, match: StepMatch) -> None:
+    def replace(self, graph: fx.Graph, match: StepMatch | _write_back.WriteBackMatch) -> None:
+        if isinstance(match, _write_back.WriteBackMatch):
+            return match.replace(graph)
         m, moved = match, self.__dict__.setdefault("_moved", {})
         # a part of a split chain continues the state the part before it left, replaced by then
         args = [moved.get(a, a) for a in [m.reads[r].node for r in ("q", "k", "v", "g", "beta")] + [m.initial]]
@@ -584,13 +592,3 @@ def _disagree(rs: list[Read | None], role: str, T: int, canon: Canon) -> str | N
         return f"{role} has axes the op does not read ({r.labels})"
     return None
 
-
-def _state_route(last: fx.Node, initial: fx.Node | None) -> tuple[bool, fx.Node]:
-    """``(in place?, the node whose readers get the final state)``: in place where the chain starts
-    from a graph input and writes its last state back into it (``copy_``, or the functional
-    ``copy`` Dynamo leaves), else the functional op returning the new state."""
-    if initial is not None and initial.op in ("placeholder", "get_attr"):
-        for u in last.users:
-            if (is_op(u, aten.copy) or u.target is aten.copy_.default) and u.args[0] is initial and u.args[1] is last:
-                return True, (u if is_op(u, aten.copy) else last)
-    return False, last

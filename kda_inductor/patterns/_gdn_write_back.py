@@ -1,0 +1,184 @@
+"""The state's write-back for ``gdn_recurrent_step``: where a recurrence's final state goes back into
+the cache buffer it started from, the op runs in place on that buffer.
+
+Two readers of the same write-back (``copy_(buffer, state)``, the epilogue a functional graph keeps
+for a mutated input, or Dynamo's functional ``copy(buffer, state)`` before it):
+
+* :func:`state_route`: the unrolled loop the pattern file reads, in place where its last state is
+  written back into its initial state (a graph input);
+* :func:`find`: a functional ``kda::gdn_recurrent_step`` already in the graph (the fla rule of
+  ``_dynamo_fixes`` traces fla-core's decode kernels as one): where its final state is only
+  written back into its initial state's buffer, it becomes ``kda::gdn_recurrent_step_inplace`` on
+  that buffer (:class:`WriteBackMatch`). Without it the step runs the op, which writes a new state,
+  then Inductor's copy kernel of it into the cache: the state read and written twice (H200,
+  Qwen3-Next decode 32: 33.8 us the op, 33.2 us the copy, a layer).
+
+Not put in place (the functional op stays, a miss at the user's line): the new state read
+elsewhere too (written in place, that reader would share the cache's buffer: a returned state
+would alias the cache), written into another buffer than the one it started from, a starting
+state that is not a graph input itself (a view of the buffer: Inductor re-inplaces a mutated view
+of a graph input only on some torch versions, else it clones the cache first; a cast or a copy of
+it: nothing to write back into), the buffer read again after the step (Inductor would clone it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx as fx
+from torch.fx.operator_schemas import normalize_function
+from torch.multiprocessing.reductions import StorageWeakRef
+
+from kda_inductor.patterns import base
+from kda_inductor.patterns.base import SHAPE_VIEWS, Match, Stage, aten, in_graph_order, is_op, positions, val
+
+_INPUTS = ("q", "k", "v", "g", "beta")
+_SCALARS = ("scale", "use_qk_l2norm", "eps", "out_dtype")
+
+
+def write_back(state: fx.Node, buffer: fx.Node) -> fx.Node | None:
+    """The node that writes ``state`` into ``buffer``: ``copy_(buffer, state)``, or Dynamo's
+    functional ``copy(buffer, state)``; None where no user of ``state`` does."""
+    for u in state.users:
+        if (is_op(u, aten.copy) or u.target is aten.copy_.default) and u.args[0] is buffer and u.args[1] is state:
+            return u
+    return None
+
+
+def state_route(last: fx.Node, initial: fx.Node | None) -> tuple[bool, fx.Node]:
+    """``(in place?, the node whose readers get the final state)`` of an unrolled chain: in place
+    where it starts from a graph input and writes its last state back into it, else the functional
+    op returning the new state."""
+    if initial is not None and initial.op in ("placeholder", "get_attr"):
+        w = write_back(last, initial)
+        if w is not None:
+            return True, (w if is_op(w, aten.copy) else last)
+    return False, last
+
+
+# --------------------------------------------------------------------------- the functional op
+
+
+@dataclasses.dataclass
+class WriteBackMatch(Match):
+    """A functional ``kda::gdn_recurrent_step`` (``op``, its arguments by name ``args``) whose
+    final state goes only back into ``buffer``, its initial state: ``out`` (the output's
+    ``getitem``, None if unread) and ``state_out`` (the node whose readers get the new state: the
+    final state, its views or Dynamo's functional copy) are what the in-place op's results
+    replace."""
+
+    op: fx.Node
+    args: dict[str, Any]
+    buffer: fx.Node
+    out: fx.Node | None
+    state_out: fx.Node
+
+    @property
+    def anchor(self) -> fx.Node:
+        return self.op
+
+    @property
+    def part(self) -> str:
+        return "op's state in place"
+
+    def fn(self) -> Callable[..., Any]:
+        def fn(q, k, v, g, beta, state, scale, use_qk_l2norm, eps, out_dtype):
+            out = torch.ops.kda.gdn_recurrent_step_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm, eps,
+                                                           out_dtype)
+            return out, state
+
+        return fn
+
+    def replace(self, graph: fx.Graph) -> None:
+        args = [self.args[n] for n in _INPUTS] + [self.buffer] + [self.args[n] for n in _SCALARS]
+        base.replace_by_function(graph, self.fn(), args, outputs=[self.out, self.state_out], before=self.op,
+                                 region=self.nodes, origin=self.op)
+
+
+def find(graph: fx.Graph, miss: Callable[[fx.Node, Stage, str], None]) -> list[WriteBackMatch]:
+    """Every functional ``kda::gdn_recurrent_step`` of ``graph`` whose state can be written in place;
+    those that write their state back but cannot get a miss (``miss``: the rewrite's)."""
+    out = []
+    for op in graph.find_nodes(op="call_function", target=torch.ops.kda.gdn_recurrent_step.default):
+        got = _outputs(op)
+        if got is None or got[1] is None:
+            continue  # the new state is not read (or read as no getitem): nothing is written back
+        views = _views(got[1])
+        end = views[-1] if views else got[1]
+        w = next((u for u in end.users if _is_copy(u) and u.args[1] is end), None)
+        if w is None:
+            continue  # the new state is not written back: the functional op is the right one
+        args = normalize_function(op.target, op.args, op.kwargs, normalize_to_only_use_kwargs=True).kwargs
+        why = _why_not(op, args["initial_state"], end, w)
+        if why is not None:
+            miss(op, *why)
+            continue
+        functional_copy = [w] if is_op(w, aten.copy) else []
+        out.append(WriteBackMatch(in_graph_order([op, *(n for n in got if n is not None), *views, *functional_copy]),
+                                  op, args, args["initial_state"], got[0], (functional_copy or [end])[0]))
+    return out
+
+
+def _is_copy(n: fx.Node) -> bool:
+    return is_op(n, aten.copy) or n.target is aten.copy_.default
+
+
+def _outputs(op: fx.Node) -> tuple[fx.Node | None, fx.Node | None] | None:
+    """``(the output's getitem, the final state's)`` of the op (None: unread); None where its
+    results are read otherwise (two getitems of one, or the tuple itself)."""
+    got: dict[int, fx.Node] = {}
+    for u in op.users:
+        if u.target is not operator.getitem or u.args[1] in got:
+            return None
+        got[u.args[1]] = u
+    return got.get(0), got.get(1)
+
+
+def _views(final: fx.Node) -> list[fx.Node]:
+    """The views of ``final`` of its own shape (no-ops on its elements), each the only reader of
+    the one before, that a write-back may read instead of ``final`` itself."""
+    out, n = [], final
+    while len(n.users) == 1 and is_op(u := next(iter(n.users)), *SHAPE_VIEWS) and val(u).shape == val(final).shape:
+        out.append(n := u)
+    return out
+
+
+def _why_not(op: fx.Node, buffer: Any, end: fx.Node, w: fx.Node) -> tuple[Stage, str] | None:
+    """Why the op's state, written back by ``w`` (``end`` the state or its view that ``w`` reads),
+    cannot be written in place; None where it can."""
+    target = w.args[0]
+    readers = [u for u in end.users if u is not w] + [u for u in w.users if not (
+        is_op(w, aten.copy) and u.target is aten.copy_.default and u.args == (target, w))]
+    if readers or len(end.users) > 1:
+        return Stage.REGION, (f"the new state is read elsewhere too ({(readers or [end])[0].name}), not only written "
+                              "back: written in place, that reader would share the cache's buffer")
+    if target is not buffer:
+        return Stage.LAYOUT, (f"the new state is written into another buffer ({getattr(target, 'name', target)}) "
+                              f"than the initial state it continues ({getattr(buffer, 'name', buffer)})")
+    if buffer.op not in ("placeholder", "get_attr"):
+        return Stage.LAYOUT, (f"the initial state ({buffer.name}) is not the cache buffer itself (a view, a cast "
+                              "or a copy of it): the op writes in place only a graph input's own buffer")
+    late = _read_after(op, buffer, w)
+    if late is not None:
+        return Stage.REGION, (f"the cache's old state is read after the step ({late.name}): written in place, "
+                              "Inductor would copy the cache first")
+    return None
+
+
+def _read_after(op: fx.Node, buffer: fx.Node, w: fx.Node) -> fx.Node | None:
+    """A node after ``op`` that reads ``buffer``'s storage (through any view of it), other than
+    the write-back ``w`` and the functional graph's ``copy_`` epilogue into it."""
+    where = positions(op.graph)
+    storage = StorageWeakRef(val(buffer).untyped_storage())
+    for n in op.graph.nodes:
+        v = val(n)
+        if not (isinstance(v, torch.Tensor) and StorageWeakRef(v.untyped_storage()) == storage):
+            continue
+        for u in n.users:
+            if where[u] > where[op] and u is not w and not (u.target is aten.copy_.default and u.args[0] is buffer):
+                return u
+    return None

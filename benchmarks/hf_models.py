@@ -25,7 +25,12 @@ previous compile's kernels in memory (``PyCodeCache``'s loaded modules, their al
 variant) gets an empty Inductor cache (``TORCHINDUCTOR_CACHE_DIR`` and ``TRITON_CACHE_DIR`` of
 its own: FX graph cache, AOTAutograd cache, autotune results, compiled kernels), the others
 read it; ``--caches`` changes that (``each-fresh``, ``disable``, ``no-autotune``) to tell the
-causes of a warm-cache slowdown apart (docs/whole-step.md). kda compiles through
+causes of a warm-cache slowdown apart (docs/whole-step.md). ``fresh-inductor`` is ``fresh`` with
+one Triton cache for the run (compiled binaries, and fla-core's autotune results through
+``TRITON_CACHE_AUTOTUNING``): Inductor's caches and its autotune choices stay per variant and
+empty at the first compile, but the eager fla-core prefill that builds each decode case's cache
+no longer JIT-compiles and autotunes in every process (a cold compile's ``compile_s`` is then
+lower than a first start's: Triton binaries of the same source are reused). kda compiles through
 ``torch.compile(backend="kda_inductor")`` with the caches on, as users do (``--via explain``:
 through ``explain()``, graph caches off).
 
@@ -618,6 +623,7 @@ def _compile_facts(variant: str, report, made: dict, runs: list, observed: list)
 class RunSettings:
     """How a run compiles: ``compiles`` per variant; ``caches``: ``fresh`` (the first compile of
     each variant on an empty Inductor cache, the others reading it: a restarted server),
+    ``fresh-inductor`` (``fresh``, one Triton cache for the run: module docstring),
     ``each-fresh`` (every compile on an empty cache), ``disable``
     (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``), ``no-autotune`` (``fresh``, but Inductor's
     autotune results not cached); ``in_process``: compile in this process (dynamo reset between
@@ -640,7 +646,7 @@ class RunSettings:
     options: dict | None = None
 
 
-CACHE_MODES = ("fresh", "each-fresh", "disable", "no-autotune")
+CACHE_MODES = ("fresh", "fresh-inductor", "each-fresh", "disable", "no-autotune")
 
 
 def cache_state(settings: RunSettings, round_: int) -> str:
@@ -662,7 +668,10 @@ def _cache_env(settings: RunSettings, family: str, case: str, variant: str, roun
     if cache_state(settings, round_) != "warm" and folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    env = {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(folder / "triton")}
+    triton = Path(settings.cache_root) / "triton" if settings.caches == "fresh-inductor" else folder / "triton"
+    env = {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(triton)}
+    if settings.caches == "fresh-inductor":  # fla-core's eager kernels: compiled and autotuned once per run
+        env["TRITON_CACHE_AUTOTUNING"] = "1"
     if settings.caches == "disable":
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
     return env

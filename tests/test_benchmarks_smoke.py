@@ -155,6 +155,24 @@ def test_hf_models_compile_loop_alternates_and_writes_one_commit_section(tmp_pat
     assert md.count("<!-- hf-section") == 1 and md.count("- call ") == 2
 
 
+def test_hf_cache_modes_keep_inductors_cache_per_variant(tmp_path):
+    """``fresh``: Inductor's and Triton's caches per variant, emptied for its first compile;
+    ``fresh-inductor``: Inductor's the same, Triton's one for the run (with its autotune cache)."""
+    from benchmarks import hf_models
+
+    for mode in ("fresh", "fresh-inductor"):
+        settings = hf_models.RunSettings(caches=mode, cache_root=str(tmp_path / mode))
+        envs = [hf_models._cache_env(settings, "qwen3_next", "decode32", v, r) for v, r in
+                (("stock", 0), ("kda", 0), ("kda", 1))]
+        assert len({e["TORCHINDUCTOR_CACHE_DIR"] for e in envs}) == 2  # per variant
+        assert len({e["TRITON_CACHE_DIR"] for e in envs}) == (1 if mode == "fresh-inductor" else 2)
+        assert ("TRITON_CACHE_AUTOTUNING" in envs[0]) == (mode == "fresh-inductor")
+        (Path(envs[1]["TORCHINDUCTOR_CACHE_DIR"]) / "x").parent.mkdir(parents=True, exist_ok=True)
+        (Path(envs[1]["TORCHINDUCTOR_CACHE_DIR"]) / "x").write_text("")
+        hf_models._cache_env(settings, "qwen3_next", "decode32", "kda", 0)  # a cold compile again: emptied
+        assert not (Path(envs[1]["TORCHINDUCTOR_CACHE_DIR"]) / "x").exists()
+
+
 def test_hf_models_budget_starts_nothing_after_it(tmp_path, monkeypatch):
     """``--budget``: no compile starts once it is spent; what ran is recorded and what was not
     started is named in the section."""

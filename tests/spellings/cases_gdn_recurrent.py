@@ -41,11 +41,19 @@ def _state_close(got, want) -> None:
     assert_close_to_eager(got.args, want.args, rtol=0.02, atol=0.02)
 
 
-def _core(module: str, name: str):
-    """transformers' torch reference core itself (not fla's kernel, where fla-core is installed)."""
-    from tests.test_gdn_recurrent_step import torch_core
+_CORES: dict[tuple[str, str], object] = {}
 
-    return torch_core(module, name)
+
+def _core(module: str, name: str):
+    """transformers' torch reference core itself (not fla's kernel, where fla-core is installed),
+    looked up once, eagerly: a compiled case's trace reads it from ``_CORES`` (no import, no
+    ``inspect`` in the traced code); a case runs eagerly before it compiles (``check_case``, the
+    CUDA-graph test)."""
+    if (module, name) not in _CORES:
+        from tests.test_gdn_recurrent_step import torch_core
+
+        _CORES[module, name] = torch_core(module, name)
+    return _CORES[module, name]
 
 
 def inputs(T, *, hk=HK, kda=False, head_major=False, state_dtype=torch.float32):

@@ -148,7 +148,7 @@ def _keepdim(n: fx.Node, i: int) -> bool:
     return bool(n.args[i] if len(n.args) > i else n.kwargs.get("keepdim", False))
 
 
-def _f32(x: float) -> float:
+def f32(x: float) -> float:
     """``x`` rounded to float32 (a float32 op sees its Python scalar so)."""
     return float(torch.tensor(x, dtype=torch.float32))
 
@@ -487,7 +487,7 @@ def rule_where_clamp(c: Canon, n: fx.Node) -> Term | None:
     if bound is None or chosen is None:
         return None
     if _dtype(n) == torch.float32:
-        bound, chosen = _f32(bound), _f32(chosen)
+        bound, chosen = f32(bound), f32(chosen)
     if bound != chosen or val(other) is None or val(n) is None or val(n).shape != val(other).shape:
         return None
     folded = {n, cond} | ({picked} if isinstance(picked, fx.Node) else set())
@@ -496,8 +496,8 @@ def rule_where_clamp(c: Canon, n: fx.Node) -> Term | None:
 
 def _combine_clamp(c: Canon, n, x, lo, hi, folded) -> Term:
     if _dtype(n) == torch.float32:
-        lo = None if lo is None else _f32(lo)
-        hi = None if hi is None else _f32(hi)
+        lo = None if lo is None else f32(lo)
+        hi = None if hi is None else f32(hi)
     inner = c(x)
     if isinstance(inner, Term) and inner.op == "clamp":
         ilo, ihi = inner.attr("lo"), inner.attr("hi")

@@ -61,7 +61,7 @@ from kda_inductor.patterns.base import (
     replace_by_function,
     val,
 )
-from kda_inductor.patterns.canonical import Canon, Term, const_value
+from kda_inductor.patterns.canonical import Canon, Term, const_value, f32
 from kda_inductor.lowerings._fp8 import FP8_MAX, SCALE_FLOOR
 
 
@@ -131,10 +131,6 @@ def _verdict(m: Measured, tokens: int | None) -> str | None:
 
 def _is_fp8_cast(n: fx.Node) -> bool:
     return is_op(n, torch.ops.prims.convert_element_type) and n.args[1] == torch.float8_e4m3fn
-
-
-def _f32(x: float) -> float:
-    return float(torch.tensor(x, dtype=torch.float32))
 
 
 @dataclasses.dataclass
@@ -327,7 +323,7 @@ def _scale_formula(st: Term, canon: Canon, y: fx.Node) -> bool | str:
     if s.op == "clamp" and _lifted(s.attr("lo")):
         return _LIFTED.format(what="the scale's floor")
     if not (s.op == "clamp" and s.attr("hi") is None and const_value(s.attr("lo")) is not None
-            and _f32(s.attr("lo")) == _f32(SCALE_FLOOR)):
+            and f32(s.attr("lo")) == f32(SCALE_FLOOR)):
         return f"the scale is not floored at 1 / ({FP8_MAX:g} * 512) (another scale formula)"
     raw, ue8m0 = s.args[0], False
     if raw.op == "exp2" and raw.args[0].op == "ceil" and raw.args[0].args[0].op == "log2":

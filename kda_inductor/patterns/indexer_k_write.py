@@ -96,7 +96,7 @@ from kda_inductor.patterns.base import (
     source_location,
     val,
 )
-from kda_inductor.patterns.canonical import Canon, Term, const_value
+from kda_inductor.patterns.canonical import Canon, Term, const_value, f32
 from kda_inductor.lowerings._fp8 import AMAX_FLOOR, FP8_MAX
 from kda_inductor.reference import QUANT_GROUP, CacheLayout
 
@@ -120,10 +120,6 @@ class _Quant:
     ue8m0: bool
     nodes: set[fx.Node]
     fp8_max_input: fx.Node | None = None  # the divisor, lifted to a graph input (dynamic=True)
-
-
-def _f32(x: float) -> float:
-    return float(torch.tensor(x, dtype=torch.float32))
 
 
 def _read_quant(q: fx.Node, canon: Canon, fixed: dict | None = None) -> _Quant | str:
@@ -200,12 +196,12 @@ def _scale_formula(plain: Term, exact: bool, xt: Term, canon: Canon) -> fx.Node 
     divisor = plain.args[1] if plain.op == "div" and len(plain.args) == 2 else None
     fp8_max_input = divisor.attr("input") if isinstance(divisor, Term) and divisor.op == "lifted" else None
     times_inverse = (exact and plain.op == "mul" and len(plain.args) == 2
-                     and const_value(plain.args[1]) is not None and _f32(const_value(plain.args[1])) == _f32(1 / FP8_MAX))
+                     and const_value(plain.args[1]) is not None and f32(const_value(plain.args[1])) == f32(1 / FP8_MAX))
     if const_value(divisor) != FP8_MAX and fp8_max_input is None and not times_inverse:
         return f"scale is not max(amax, {AMAX_FLOOR:g}) / {FP8_MAX:g} (another scale formula)"
     floor = plain.args[0]
     if not (floor.op == "clamp" and floor.attr("hi") is None and floor.attr("lo") is not None
-            and _f32(floor.attr("lo")) == _f32(AMAX_FLOOR)):
+            and f32(floor.attr("lo")) == f32(AMAX_FLOOR)):
         return f"scale is not max(amax, {AMAX_FLOOR:g}) / {FP8_MAX:g} (another floor)"
     amax = floor.args[0]
     rank = val(amax.args[0].node).dim() if amax.op == "amax" and amax.args[0].node is not None else None

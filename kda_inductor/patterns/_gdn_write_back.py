@@ -34,19 +34,11 @@ from torch.fx.operator_schemas import normalize_function
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from kda_inductor.patterns import base
+from kda_inductor.patterns._graph import copy_into
 from kda_inductor.patterns.base import SHAPE_VIEWS, Match, Stage, aten, in_graph_order, is_op, positions, val
 
 _INPUTS = ("q", "k", "v", "g", "beta")
 _SCALARS = ("scale", "use_qk_l2norm", "eps", "out_dtype")
-
-
-def write_back(state: fx.Node, buffer: fx.Node) -> fx.Node | None:
-    """The node that writes ``state`` into ``buffer``: ``copy_(buffer, state)``, or Dynamo's
-    functional ``copy(buffer, state)``; None where no user of ``state`` does."""
-    for u in state.users:
-        if (is_op(u, aten.copy) or u.target is aten.copy_.default) and u.args[0] is buffer and u.args[1] is state:
-            return u
-    return None
 
 
 def state_route(last: fx.Node, initial: fx.Node | None) -> tuple[bool, fx.Node]:
@@ -54,7 +46,7 @@ def state_route(last: fx.Node, initial: fx.Node | None) -> tuple[bool, fx.Node]:
     where it starts from a graph input and writes its last state back into it, else the functional
     op returning the new state."""
     if initial is not None and initial.op in ("placeholder", "get_attr"):
-        w = write_back(last, initial)
+        w = copy_into(last, initial)
         if w is not None:
             return True, (w if is_op(w, aten.copy) else last)
     return False, last
@@ -73,13 +65,16 @@ class WriteBackMatch(Match):
 
     op: fx.Node
     args: dict[str, Any]
-    buffer: fx.Node
     out: fx.Node | None
     state_out: fx.Node
 
     @property
     def anchor(self) -> fx.Node:
         return self.op
+
+    @property
+    def buffer(self) -> fx.Node:
+        return self.args["initial_state"]
 
     @property
     def part(self) -> str:
@@ -109,7 +104,7 @@ def find(graph: fx.Graph, miss: Callable[[fx.Node, Stage, str], None]) -> list[W
             continue  # the new state is not read (or read as no getitem): nothing is written back
         views = _views(got[1])
         end = views[-1] if views else got[1]
-        w = next((u for u in end.users if _is_copy(u) and u.args[1] is end), None)
+        w = copy_into(end)
         if w is None:
             continue  # the new state is not written back: the functional op is the right one
         args = normalize_function(op.target, op.args, op.kwargs, normalize_to_only_use_kwargs=True).kwargs
@@ -119,12 +114,8 @@ def find(graph: fx.Graph, miss: Callable[[fx.Node, Stage, str], None]) -> list[W
             continue
         functional_copy = [w] if is_op(w, aten.copy) else []
         out.append(WriteBackMatch(in_graph_order([op, *(n for n in got if n is not None), *views, *functional_copy]),
-                                  op, args, args["initial_state"], got[0], (functional_copy or [end])[0]))
+                                  op, args, got[0], (functional_copy or [end])[0]))
     return out
-
-
-def _is_copy(n: fx.Node) -> bool:
-    return is_op(n, aten.copy) or n.target is aten.copy_.default
 
 
 def _outputs(op: fx.Node) -> tuple[fx.Node | None, fx.Node | None] | None:
@@ -153,8 +144,8 @@ def _why_not(op: fx.Node, buffer: Any, end: fx.Node, w: fx.Node) -> tuple[Stage,
     target = w.args[0]
     readers = [u for u in end.users if u is not w] + [u for u in w.users if not (
         is_op(w, aten.copy) and u.target is aten.copy_.default and u.args == (target, w))]
-    if readers or len(end.users) > 1:
-        return Stage.REGION, (f"the new state is read elsewhere too ({(readers or [end])[0].name}), not only written "
+    if readers:
+        return Stage.REGION, (f"the new state is read elsewhere too ({readers[0].name}), not only written "
                               "back: written in place, that reader would share the cache's buffer")
     if target is not buffer:
         return Stage.LAYOUT, (f"the new state is written into another buffer ({getattr(target, 'name', target)}) "

@@ -34,6 +34,17 @@ def is_op(node: Any, *targets: Any) -> bool:
     return False
 
 
+def copy_into(value: fx.Node, buffer: fx.Node | None = None) -> fx.Node | None:
+    """The user of ``value`` that copies it into ``buffer`` (into any buffer where None):
+    ``copy_(buffer, value)``, or Dynamo's functional ``copy(buffer, value)`` (its result written
+    back by a ``copy_`` at the graph's end); None where none does."""
+    for u in value.users:
+        if (is_op(u, aten.copy) or u.target is aten.copy_.default) and u.args[1] is value \
+                and (buffer is None or u.args[0] is buffer):
+            return u
+    return None
+
+
 def escaping(nodes: Iterable[fx.Node], outputs: Iterable[fx.Node]) -> list[fx.Node]:
     """The region's nodes, other than its outputs, that are read outside it (by a node
     that is not dead: Inductor leaves dead views behind, e.g. of ``out[:n] = ...``).

@@ -56,6 +56,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from torch.fx.experimental.symbolic_shapes import statically_known_true as definitely
 
 from kda_inductor.lowerings import causal_conv1d as _lowering  # registers the ops
+from kda_inductor.patterns._graph import copy_into
 from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
     VIEWS,
@@ -427,7 +428,7 @@ class CausalConv1d(Rewrite):
             return None
         for src in (inp.cat, *[u for u in inp.cat.users if is_op(u, *_CASTS)]):
             for s in src.users:
-                copy = _copy_into(s, state)
+                copy = copy_into(s, state)
                 if copy is None:
                     continue
                 length = val(src).shape[_TIME]
@@ -589,12 +590,3 @@ def _downstream(n: fx.Node, depth: int) -> list[fx.Node]:
         seen.update(frontier)
         out += frontier
     return out
-
-
-def _copy_into(s: fx.Node, state: fx.Node) -> fx.Node | None:
-    """The node writing ``s`` into ``state``: ``aten.copy(state, s)`` (functional, written back
-    by a ``copy_`` at the end) or ``copy_(state, s)``."""
-    for u in s.users:
-        if (is_op(u, aten.copy) or u.target is aten.copy_.default) and u.args[0] is state and u.args[1] is s:
-            return u
-    return None

@@ -58,8 +58,10 @@ import contextlib
 import copy
 import dataclasses
 import importlib
+import os
 import statistics
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -71,7 +73,7 @@ _HERE = Path(__file__).resolve().parent
 if str(_HERE.parent) not in sys.path:
     sys.path.insert(0, str(_HERE.parent))
 
-from benchmarks import _timing  # noqa: E402
+from benchmarks import _hf_sched, _timing  # noqa: E402
 
 RESULTS = _HERE / "results"
 LINEAR, FULL = "linear_attention", "full_attention"
@@ -488,9 +490,11 @@ def _reference(spec: dict[str, Any], model, config) -> torch.Tensor:
     if path is not None and path.exists():
         return torch.load(path, map_location=spec["device"])
     logits = reference_logits(model, config, spec["case"], smoke=spec["smoke"], device=spec["device"])
-    if path is not None:
+    if path is not None:  # written whole or not at all: another compile of the run may read it next
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(logits, path)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save(logits, tmp)
+        os.replace(tmp, path)
     return logits
 
 
@@ -541,33 +545,46 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
     family, device, smoke = BY_NAME[spec["family"]], spec["device"], spec["smoke"]
     if spec.get("autotune_cache") is False:
         inductor_config.autotune_local_cache = False
+    # the run's GPU lock (--jobs > 1): held while the case is set up on the GPU, given back
+    # while Dynamo and Inductor compile, taken again when the compile ends (benchmarks/_hf_sched.py)
+    lock = _hf_sched.GpuLock(spec.get("gpu_lock"))
     dtype = torch.float32 if smoke and family.kind == "indexer" else torch.bfloat16
-    built = build(family, tiny=smoke, device=device, dtype=dtype, layers=SMOKE_LAYERS if smoke else N_LAYERS)
-    if built is None:
-        return {"error": "not in this transformers"}
-    model, config = built
     record: dict[str, Any] = {}
     reference = None
-    if spec.get("numerics", True):
-        try:
-            reference = _reference(spec, model, config)
-        except Exception as err:  # noqa: BLE001 - the timing stands without the check
-            record["numerics_error"] = f"{type(err).__name__}: {str(err)[:300]}"
-    call, reset = make_case(model, config, spec["case"], smoke=smoke, device=device)
-    torch._dynamo.reset()
-    counters.clear()
-    with torch.inference_mode(), pass_manager.counted() as made, pass_manager.timed() as runs, \
-            pass_manager.observe() as observed:
+    with lock.during():
+        built = build(family, tiny=smoke, device=device, dtype=dtype, layers=SMOKE_LAYERS if smoke else N_LAYERS)
+        if built is None:
+            return {"error": "not in this transformers"}
+        model, config = built
+        if spec.get("numerics", True):
+            try:
+                reference = _reference(spec, model, config)
+            except Exception as err:  # noqa: BLE001 - the timing stands without the check
+                record["numerics_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        call, reset = make_case(model, config, spec["case"], smoke=smoke, device=device)
+        torch._dynamo.reset()
+        counters.clear()
         expected = None
         if spec.get("check"):
-            reset()
-            expected = call(model.model).clone()
-        reset()
-        t_compile = time.perf_counter()
-        step, report = compile_variant(spec["variant"], model.model, call, spec.get("options"), via=spec.get("via"))
+            with torch.inference_mode():
+                reset()
+                expected = call(model.model).clone()
         if device == "cuda":
             torch.cuda.synchronize()
-        record["compile_s"] = time.perf_counter() - t_compile
+    with torch.inference_mode(), pass_manager.counted() as made, pass_manager.timed() as runs, \
+            pass_manager.observe() as observed:
+        reset()
+        if spec["variant"] == "eager":  # no compile: the call is GPU work from its start
+            lock.acquire()
+        waited = lock.waited
+        t_compile = time.perf_counter()
+        with lock.from_compile_end():
+            step, report = compile_variant(spec["variant"], model.model, call, spec.get("options"),
+                                           via=spec.get("via"))
+            if device == "cuda":
+                torch.cuda.synchronize()
+        # what a user waits for: the first call, less the time this process queued for the GPU
+        record["compile_s"] = time.perf_counter() - t_compile - (lock.waited - waited)
     record.update(_compile_facts(spec["variant"], report, made, runs, observed))
     with torch.inference_mode():
         reset()
@@ -592,6 +609,9 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
                     record["all_triton"] = inductor_kernels()
             except Exception as err:  # noqa: BLE001 - the timing stands without the table
                 record["kernels_error"] = f"{type(err).__name__}: {str(err)[:300]}"
+    if spec.get("gpu_lock"):
+        record["lock_wait_s"], record["gpu_s"] = round(lock.waited, 1), round(lock.held(), 1)
+    lock.release()
     record["wall_s"] = time.perf_counter() - t0
     return record
 
@@ -628,7 +648,9 @@ class RunSettings:
     (``TORCHINDUCTOR_FORCE_DISABLE_CACHES=1``), ``no-autotune`` (``fresh``, but Inductor's
     autotune results not cached); ``in_process``: compile in this process (dynamo reset between
     compiles) instead of a fresh process per compile; ``budget``: seconds after which no new
-    compile starts (a running one gets ``grace`` more)."""
+    compile starts (a running one gets ``grace`` more); ``recipe``: which compiles each variant
+    gets (``benchmarks/_hf_sched.py``: ``rounds`` or ``table``); ``jobs``: compile processes at
+    once, the GPU phases one at a time under the run's lock."""
 
     smoke: bool = False
     device: str = "cuda"
@@ -644,28 +666,31 @@ class RunSettings:
     grace: float = 150.0
     cache_root: str | None = None
     options: dict | None = None
+    recipe: str = "rounds"
+    jobs: int = 1
 
 
 CACHE_MODES = ("fresh", "fresh-inductor", "each-fresh", "disable", "no-autotune")
 
 
-def cache_state(settings: RunSettings, round_: int) -> str:
-    """What a compile of round ``round_`` reads: ``cold`` (an empty cache), ``warm`` (the one
-    its variant's first compile filled) or ``disabled``."""
-    if settings.caches == "disable":
-        return "disabled"
-    return "cold" if round_ == 0 or settings.caches == "each-fresh" else "warm"
+def cache_state(settings: RunSettings, round_: int, variant: str = "kda") -> str:
+    """What compile ``round_`` of ``variant`` reads: ``cold`` (an empty cache), ``warm`` (the one
+    its variant's first compile filled), ``disabled``, or ``-`` (eager)."""
+    states = _hf_sched.round_states(settings.recipe, settings.compiles, variant, settings.caches)
+    return states[min(round_, len(states) - 1)]
 
 
 def _cache_env(settings: RunSettings, family: str, case: str, variant: str, round_: int) -> dict[str, str]:
     """The environment of one compile: its Inductor and Triton cache directories (one per
-    family, case and variant, made empty for a cold compile), caches off for ``disable``."""
+    family, case and variant, made empty for a cold compile; a cold compile after the first
+    gets a fresh one of its own), caches off for ``disable``."""
     import shutil
 
+    state = cache_state(settings, round_, variant)
     folder = Path(settings.cache_root) / family / case / variant.replace("+", "_")
-    if settings.caches in ("each-fresh", "disable"):
+    if settings.caches in ("each-fresh", "disable") or (state == "cold" and round_ > 0):
         folder = folder / f"c{round_}"
-    if cache_state(settings, round_) != "warm" and folder.exists():
+    if state != "warm" and folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True, exist_ok=True)
     triton = Path(settings.cache_root) / "triton" if settings.caches == "fresh-inductor" else folder / "triton"
@@ -674,6 +699,9 @@ def _cache_env(settings: RunSettings, family: str, case: str, variant: str, roun
         env["TRITON_CACHE_AUTOTUNING"] = "1"
     if settings.caches == "disable":
         env["TORCHINDUCTOR_FORCE_DISABLE_CACHES"] = "1"
+    threads = _hf_sched.compile_threads(settings.jobs)
+    if threads:
+        env["TORCHINDUCTOR_COMPILE_THREADS"] = threads
     return env
 
 
@@ -683,7 +711,8 @@ def _spec(settings: RunSettings, family: str, case: str, variant: str, round_: i
             "replay_rounds": settings.replay_rounds, "numerics": settings.numerics, "profile": settings.profile,
             "all_kernels": settings.all_kernels, "check": settings.smoke,
             "reference_path": str(Path(settings.cache_root) / family / case / "fp32_logits.pt"),
-            "autotune_cache": settings.caches != "no-autotune"}
+            "autotune_cache": settings.caches != "no-autotune",
+            "gpu_lock": str(Path(settings.cache_root) / "gpu.lock") if settings.jobs > 1 else None}
 
 
 def compile_once(settings: RunSettings, spec: dict[str, Any], env: dict[str, str], timeout: float) -> dict[str, Any]:
@@ -747,38 +776,46 @@ class Budget:
         return self.seconds + self.grace - (time.perf_counter() - self.start)
 
 
-def schedule(requested: list[str] | None, fired: dict[str, int] | None, round_: int) -> list[str]:
-    """The variants of one round, alternating: eager (first round only), stock, stock+fix,
-    kda, kda-no-<rewrite>..."""
-    first = ["eager"] if round_ == 0 and (requested is None or "eager" in requested) else []
-    return first + variants_for(requested, fired)
+def run_compiles(settings: RunSettings, cases: list[tuple[str, str]], requested: list[str] | None,
+                 budget: Budget, sink: Callable[[dict], None]) -> list[str]:
+    """Every compile of every (family, case) in ``cases`` (``settings.recipe``), ``settings.jobs``
+    at a time (``benchmarks/_hf_sched.py``); each compile's record goes to ``sink`` as it
+    finishes. The rewrites that fired in kda's first compile (an empty cache: our pass ran) add
+    their kda-no-<rewrite> compiles. Returns what was never started (the budget)."""
+    fired: dict[tuple[str, str], list[str]] = {}
+    index = {fc: i for i, fc in enumerate(cases)}
+    lock = threading.Lock()
 
+    def jobs_of(family: str, case: str, variants: list[str]) -> list[_hf_sched.Job]:
+        return _hf_sched.case_jobs(family, case, index[(family, case)], variants, settings.recipe,
+                                   settings.compiles, settings.caches, fired.get((family, case), []))
 
-def run_case_compiles(settings: RunSettings, family: str, case: str, requested: list[str] | None,
-                      budget: Budget, sink: Callable[[dict], None]) -> list[str]:
-    """Every variant of one case, ``settings.compiles`` times, alternating variants round by
-    round; each compile's record goes to ``sink`` as it finishes. The rewrites that fired in
-    kda's first compile (an empty cache: our pass ran) add their kda-no-<rewrite> variants,
-    right after it. Returns what was never started (the budget)."""
-    fired: dict[str, int] | None = None
-    not_started: list[str] = []
-    for round_ in range(settings.compiles):
-        pending = schedule(requested, fired, round_)
-        while pending:
-            variant = pending.pop(0)
-            if budget.spent():
-                not_started.append(f"{variant} #{round_ + 1}")
-                continue
-            record = _compile_and_record(settings, family, case, variant, round_, budget)
+    def run(job: _hf_sched.Job) -> dict:
+        return _compile_and_record(settings, job.family, job.case, job.variant, job.round, budget)
+
+    def on_done(job: _hf_sched.Job, record: dict) -> list[_hf_sched.Job]:
+        with lock:
             sink(record)
-            if variant == "kda" and fired is None and record.get("pass_runs"):
-                fired = {k: v for k, v in (record.get("matches") or {}).items() if v}
-                done = set(pending) | {variant}
-                pending += [v for v in schedule(requested, fired, round_)
-                            if v not in done and v.startswith("kda-no-")]
-    if fired is None and requested is not None and "kda-no-*" in requested:
-        not_started.append("kda-no-* (kda's first compile did not report its rewrites)")
-    return not_started
+            if job.variant != "kda" or job.round != 0 or (job.family, job.case) in fired or not record.get("pass_runs"):
+                return []
+            names = [k for k, v in (record.get("matches") or {}).items() if v]
+            fired[(job.family, job.case)] = names
+            extra = [v for v in variants_for(requested, dict.fromkeys(names, 1))
+                     if v.startswith("kda-no-") and v not in planned[(job.family, job.case)]]
+            return jobs_of(job.family, job.case, extra)
+
+    planned = {}
+    initial = []
+    for family, case in cases:
+        variants = (["eager"] if requested is None or "eager" in requested else []) + variants_for(requested, None)
+        planned[(family, case)] = set(variants)
+        initial += jobs_of(family, case, variants)
+    missed = _hf_sched.Scheduler(run, on_done, budget.spent, settings.jobs)(initial)
+    out = [f"{j.family} {j.case} {j.variant} #{j.round + 1}" for j in missed]
+    for family, case in cases:
+        if (family, case) not in fired and requested is not None and "kda-no-*" in requested:
+            out.append(f"{family} {case} kda-no-* (kda's first compile did not report its rewrites)")
+    return out
 
 
 def _compile_and_record(settings: RunSettings, family: str, case: str, variant: str, round_: int,
@@ -787,9 +824,10 @@ def _compile_and_record(settings: RunSettings, family: str, case: str, variant: 
     env = _cache_env(settings, family, case, variant, round_)
     record = compile_once(settings, _spec(settings, family, case, variant, round_), env, budget.timeout())
     record.update(family=family, case=case, variant=variant, round=round_,
-                  cache=cache_state(settings, round_) if variant != "eager" else "-")
+                  cache=cache_state(settings, round_, variant))
     _timing.progress({k: record.get(k) for k in ("family", "case", "variant", "round", "cache", "us", "replay_spread",
-                                               "compile_s", "caches", "matches", "error") if k in record})
+                                               "compile_s", "lock_wait_s", "gpu_s", "caches", "matches", "error")
+                      if k in record})
     return record
 
 
@@ -991,6 +1029,9 @@ PLAN_WARM_SHARE = 0.4
 """Assumed warm compile time as a share of the cold one (no warm compile was recorded yet)."""
 PLAN_DEFAULT_COLD_S = 30.0
 """Assumed cold compile seconds of a (family, case) with none recorded."""
+PLAN_GPU_S = 15.0
+"""Assumed seconds a compile's process holds the GPU lock (setup, autotune, replays, profile,
+logits) where no ``--jobs`` run recorded it."""
 def _assumed_fires() -> dict[tuple[str, str], tuple[str, ...]]:
     """The rewrites assumed to fire (a kda-no-<rewrite> variant each) where no kda compile of the
     (family, case) is recorded, for the plan's estimate only (an over-estimate costs nothing): in
@@ -1017,6 +1058,8 @@ def _recorded(sections: list[dict]) -> dict[tuple, dict[str, Any]]:
                 if v:
                     rec[kind] = v
         for r in s.get("records", []):
+            if r.get("gpu_s"):
+                out.setdefault((r["family"], r["case"]), {})["gpu_s"] = r["gpu_s"]
             if r.get("cache") == "cold" and r.get("compile_s") and r.get("variant") != "eager":
                 rec = out.setdefault((r["family"], r["case"]), {})
                 rec["kda" if r["variant"].startswith("kda") else "stock"] = r["compile_s"]
@@ -1040,29 +1083,35 @@ def plan_variants(family: Family, case: str, fired: list[str] | None) -> list[st
 
 
 def plan(sections: list[dict], families: list[Family], cases: list[str], compiles: int, call_s: float,
-         lanes: int = 1) -> tuple[list[dict], list[list[list[str]]]]:
-    """Estimated seconds per (family, case) at ``compiles`` compiles per variant, from the
-    recorded cold compile times (``PLAN_*`` assumptions where none), and a split into device
-    calls of ``lanes`` GPUs, each lane at most ``call_s`` seconds of work (a case longer than
-    that split by variant). Returns (rows, calls: each a list of lanes, each a list of argument
-    strings run one after the other)."""
+         lanes: int = 1, recipe: str = "rounds", jobs: int = 1) -> tuple[list[dict], list[list[list[str]]]]:
+    """Estimated seconds per (family, case) under ``recipe`` (``compiles``), from the recorded
+    cold compile times and GPU-lock times (``PLAN_*`` assumptions where none), and a split into
+    device calls of ``lanes`` GPUs, each lane at most ``call_s`` seconds (a case longer than that
+    split by variant). With ``jobs`` compile processes at once a variant costs the larger of its
+    process seconds / ``jobs`` and its GPU seconds (one process at a time holds the GPU): an
+    upper bound, since a sum of maxima is at least the maximum of the sums. Returns (rows,
+    calls: each a list of lanes, each a list of argument strings run one after the other)."""
     recorded = _recorded(sections)
-    rows, jobs = [], []
+    rows, out_jobs = [], []
     for fam in families:
         for case in cases:
             rec = recorded.get((fam.name, case), {})
             stock = rec.get("stock", PLAN_DEFAULT_COLD_S)
             kda = rec.get("kda", stock)
+            gpu = rec.get("gpu_s", PLAN_GPU_S)
             per = {}
             for v in plan_variants(fam, case, rec.get("fired")):
+                states = _hf_sched.round_states(recipe, compiles, v, "fresh")
                 cold = 0.0 if v == "eager" else (kda if v.startswith("kda") else stock)
-                n = 1 if v == "eager" else compiles
-                per[v] = n * PLAN_OVERHEAD_S + (cold * (1 + PLAN_WARM_SHARE * (compiles - 1)) if cold else 0.0)
+                n_cold, n_warm = states.count("cold"), states.count("warm")
+                process_s = len(states) * PLAN_OVERHEAD_S + cold * (n_cold + PLAN_WARM_SHARE * n_warm)
+                per[v] = max(process_s / max(jobs, 1), len(states) * gpu) if jobs > 1 else process_s
             total = sum(per.values())
             rows.append({"family": fam.name, "case": case, "recorded": "stock" in rec, "stock_cold_s": stock,
-                         "kda_cold_s": kda, "fired_known": "fired" in rec, "total_s": total, "per_variant_s": per})
-            jobs += _jobs(fam.name, case, per, call_s)
-    return rows, _pack(jobs, call_s, lanes)
+                         "kda_cold_s": kda, "gpu_s": gpu, "fired_known": "fired" in rec, "total_s": total,
+                         "per_variant_s": per})
+            out_jobs += _jobs(fam.name, case, per, call_s)
+    return rows, _pack(out_jobs, call_s, lanes)
 
 
 def _jobs(family: str, case: str, per: dict[str, float], call_s: float) -> list[tuple[float, str]]:
@@ -1092,7 +1141,7 @@ def _pack(jobs: list[tuple[float, str]], call_s: float, lanes: int) -> list[list
     return [lane_args[i:i + lanes] for i in range(0, len(lane_args), lanes)]
 
 
-def print_plan(rows: list[dict], calls: list[list[list[str]]]) -> None:
+def print_plan(rows: list[dict], calls: list[list[list[str]]], jobs: int = 1) -> None:
     for it in rows:
         per = ", ".join(f"{k} {v:.0f}" for k, v in it["per_variant_s"].items())
         print(f"{it['family']:12s} {it['case']:9s} ~{it['total_s']:5.0f} s  (cold compile s: stock "
@@ -1101,7 +1150,9 @@ def print_plan(rows: list[dict], calls: list[list[list[str]]]) -> None:
     total = sum(it["total_s"] for it in rows)
     print(f"total ~{total:.0f} s of work; {len(calls)} device call(s) of {len(calls[0]) if calls else 0} lane(s); "
           f"assumed: {PLAN_OVERHEAD_S:.0f} s a compile's process beyond compiling, warm compile "
-          f"{PLAN_WARM_SHARE:.0%} of cold, {PLAN_DEFAULT_COLD_S:.0f} s cold where none is recorded")
+          f"{PLAN_WARM_SHARE:.0%} of cold, {PLAN_DEFAULT_COLD_S:.0f} s cold where none is recorded"
+          + (f"; {jobs} compiles at once, {PLAN_GPU_S:.0f} s of GPU lock a compile where none is recorded"
+             if jobs > 1 else ""))
     for i, call in enumerate(calls, 1):
         print(f"call {i}:")
         for j, lane in enumerate(call):
@@ -1120,7 +1171,12 @@ def _args(argv):
     add("--stage", action="store_true", help=f"the families of `.ci/gpu hf` (the default): {', '.join(STAGE)}")
     add("--variant", default=None, help="comma list: eager, stock, stock+fix, kda, kda-no-<rewrite>, kda-no-* "
                                         "(every rewrite that fired in kda); default all")
-    add("--compiles", type=int, default=3, help="compiles per variant (the first cold, the others warm)")
+    add("--compiles", type=int, default=3, help="compiles per variant (--recipe rounds: the first cold, the others "
+                                                "warm; table: stock's cold compiles)")
+    add("--recipe", choices=_hf_sched.RECIPES, default="rounds",
+        help="rounds: every variant --compiles times; table: stock --compiles cold compiles, kda cold + warm, "
+             "kda-no-<rewrite> cold, eager once (benchmarks/_hf_sched.py)")
+    add("--jobs", type=int, default=1, help="compile processes at once (their GPU work one at a time, under a lock)")
     add("--caches", choices=CACHE_MODES, default="fresh", help="see RunSettings")
     add("--in-process", action="store_true", help="compile in this process (dynamo reset between compiles)")
     add("--via", choices=["compile", "explain"], default="compile", help="how kda variants compile")
@@ -1176,7 +1232,7 @@ def main(argv=None) -> list[dict]:
     cases = args.case or list(CASES)
     if args.plan:
         print_plan(*plan(_hf_record.load_sections(results / "hf_models.json"), _families(args), cases,
-                         args.compiles, args.call_seconds, args.lanes))
+                         args.compiles, args.call_seconds, args.lanes, args.recipe, args.jobs), jobs=args.jobs)
         return []
     return _run(args, cases, results)
 
@@ -1208,7 +1264,8 @@ def _settings(args) -> RunSettings:
                        replay_rounds=args.replay_rounds, numerics=not args.no_numerics,
                        profile=not args.no_profile, all_kernels=args.all_kernels, budget=args.budget,
                        grace=args.grace, cache_root=args.cache_root or tempfile.mkdtemp(prefix="hf_caches_"),
-                       options={"kda": {"force": True}} if args.smoke else None)
+                       options={"kda": {"force": True}} if args.smoke else None, recipe=args.recipe,
+                       jobs=args.jobs)
 
 
 def _run(args, cases: list[str], results: Path) -> list[dict]:
@@ -1232,7 +1289,8 @@ def _run(args, cases: list[str], results: Path) -> list[dict]:
     mode = run_mode(settings)
     print(f"hf_models: commit {state['commit'][:12]}{' (dirty)' if state['dirty'] else ''}, "
           f"{env.get('gpu') or 'CPU'}, torch {env['torch']}, transformers {env.get('transformers')}, "
-          f"fla-core {env.get('fla')}; {settings.compiles} compiles per variant, caches {mode}", flush=True)
+          f"fla-core {env.get('fla')}; recipe {settings.recipe} ({settings.compiles}), {settings.jobs} compile "
+          f"process(es) at once, caches {mode}", flush=True)
 
     def sink(record: dict) -> None:
         record.update(source=state["source"], env=env, call=call["id"], mode=mode,
@@ -1247,13 +1305,13 @@ def _run(args, cases: list[str], results: Path) -> list[dict]:
                                       section_markdown(section, NOTES))
 
     budget = Budget(args.budget, args.grace)
+    todo = []
     for family in _families(args):
         if load(family) is None:
             call["not_started"].append(f"{family.name} (not in this transformers)")
             continue
-        for case in cases:
-            missed = run_case_compiles(settings, family.name, case, requested, budget, sink)
-            call["not_started"] += [f"{family.name} {case} {m}" for m in missed]
+        todo += [(family.name, case) for case in cases]
+    call["not_started"] += run_compiles(settings, todo, requested, budget, sink)
     if record_to is not None and records:
         sink_final = _hf_record.merge_into(sections, state, env, call, records)
         _hf_record.save_sections(record_to / "hf_models.json", sections)

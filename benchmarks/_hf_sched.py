@@ -1,0 +1,228 @@
+"""How ``benchmarks.hf_models`` spends a device call: which compiles a case gets (the recipe),
+the order they start in, several compiling at once while one at a time uses the GPU.
+
+A compile's process is mostly CPU work: importing torch and transformers, Dynamo's trace,
+Inductor's lowering and code generation, Triton's compiler. What it measures is GPU work: the
+step's CUDA-graph replays, the kernel profile, the logits check, and before those the GPU work
+that sets a case up (the model's random init, the fp32 reference, the eager prefill of a decode
+case's cache) and Inductor's autotuning on the first call. ``--jobs N`` runs N compile
+processes at once; each takes the run's **GPU lock** (``GpuLock``, an ``flock`` on a file of
+the run) for every GPU phase: held while it sets its case up, given back while Dynamo and
+Inductor compile, taken again when the compile ends (Dynamo's ``on_compile_end`` callback,
+before the compiled code's first call runs and autotunes) and kept until the process ends. So
+no two processes' GPU work overlaps, and a timed replay never shares the GPU with another
+compile's work; only the CPU-bound compiles overlap. The time a process waited for the lock is
+taken out of its ``compile_s`` and recorded (``lock_wait_s``); its time holding it is
+``gpu_s``. Compiles that run beside others compete for the CPU: ``compile_s`` of a parallel
+run is longer than a lone user's (``TORCHINDUCTOR_COMPILE_THREADS`` is set to the cores / jobs).
+
+Recipes (``--recipe``): ``rounds`` (every variant ``--compiles`` times, the first on an empty
+cache, the others reading it, variants alternating round by round) and ``table`` (the table a
+user reads: stock and stock+fix ``--compiles`` times, each on an empty cache of its own, since
+a warm compile repeats its cold compile's autotune choice and stock's choice is a lottery; kda
+once cold and once warm; each kda-no-<rewrite> once cold; eager once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import threading
+import time
+from typing import Any, Callable, Iterable
+
+RECIPES = ("rounds", "table")
+
+
+def round_states(recipe: str, compiles: int, variant: str, caches: str) -> list[str]:
+    """The cache state of each compile of ``variant``: ``cold`` (an empty cache), ``warm``
+    (reading its first compile's) or ``disabled``; eager: one entry, ``-``."""
+    if variant == "eager":
+        return ["-"]
+    if recipe == "table":
+        if variant.startswith("kda-no-"):
+            states = ["cold"]
+        elif variant == "kda":
+            states = ["cold", "warm"]
+        else:
+            states = ["cold"] * compiles
+    elif recipe == "rounds":
+        states = ["cold"] + ["warm"] * (compiles - 1)
+    else:
+        raise ValueError(f"recipe: unknown {recipe!r} (one of {RECIPES})")
+    if caches == "disable":
+        return ["disabled"] * len(states)
+    if caches == "each-fresh":
+        return ["cold"] * len(states)
+    return states
+
+
+@dataclasses.dataclass(frozen=True)
+class Job:
+    """One compile: a variant's ``round``-th compile of a (family, case)."""
+
+    family: str
+    case: str
+    variant: str
+    round: int
+    state: str          # cold / warm / disabled / - (eager)
+    order: tuple        # where it starts in a sequential run
+
+    @property
+    def key(self) -> tuple:
+        return (self.family, self.case, self.variant, self.round)
+
+    @property
+    def needs(self) -> tuple | None:
+        """The job whose cache this one reads (a warm compile: its variant's first)."""
+        return (self.family, self.case, self.variant, 0) if self.state == "warm" else None
+
+
+def variant_rank(variant: str, fired_order: list[str]) -> tuple:
+    base = {"eager": 0, "stock": 1, "stock+fix": 2, "kda": 3}
+    if variant in base:
+        return (base[variant], 0)
+    name = variant.removeprefix("kda-no-")
+    return (4, fired_order.index(name) if name in fired_order else len(fired_order), name)
+
+
+def case_jobs(family: str, case: str, case_index: int, variants: Iterable[str], recipe: str, compiles: int,
+              caches: str, fired_order: list[str]) -> list[Job]:
+    """Every compile of ``variants`` of one (family, case), in the order a sequential run takes:
+    round by round, variants alternating within a round."""
+    out = []
+    for v in variants:
+        for r, state in enumerate(round_states(recipe, compiles, v, caches)):
+            out.append(Job(family, case, v, r, state, (case_index, r, variant_rank(v, fired_order))))
+    return sorted(out, key=lambda j: j.order)
+
+
+class Scheduler:
+    """Runs jobs ``jobs`` at a time in ``order``, a warm compile only after the compile whose
+    cache it reads finished; ``on_done(job, record)`` may return jobs to add (kda's first
+    compile names the rewrites that fired: their kda-no-<rewrite> compiles). Nothing starts
+    once ``spent()`` is true; what never started is returned."""
+
+    def __init__(self, run: Callable[[Job], dict], on_done: Callable[[Job, dict], list[Job]],
+                 spent: Callable[[], bool], jobs: int = 1):
+        self.run, self.on_done, self.spent, self.jobs = run, on_done, spent, max(1, jobs)
+
+    def __call__(self, jobs: list[Job]) -> list[Job]:
+        from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+        pending = sorted(jobs, key=lambda j: j.order)
+        done: set[tuple] = set()
+        running: dict[Any, Job] = {}
+        not_started: list[Job] = []
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            while pending or running:
+                started = False
+                while pending and len(running) < self.jobs and not self.spent():
+                    ready = next((j for j in pending if j.needs is None or j.needs in done), None)
+                    if ready is None:
+                        break
+                    pending.remove(ready)
+                    running[pool.submit(self.run, ready)] = ready
+                    started = True
+                if self.spent() and pending:
+                    not_started += pending
+                    pending = []
+                if not running:
+                    if pending and not started:  # waiting on a job that will never run
+                        not_started += pending
+                        pending = []
+                    continue
+                finished, _ = wait(list(running), return_when=FIRST_COMPLETED)
+                for fut in finished:
+                    job = running.pop(fut)
+                    done.add(job.key)
+                    added = self.on_done(job, fut.result())
+                    pending = sorted(pending + [j for j in added if j.key not in done], key=lambda j: j.order)
+        return not_started
+
+
+class GpuLock:
+    """An exclusive ``flock`` on ``path`` shared by a run's compile processes (no path: a lock
+    that is always free, the sequential run's). Re-entrant within a process; released when the
+    process ends whatever happens."""
+
+    def __init__(self, path: str | None):
+        self.path, self.fd = path, None
+        self.waited = 0.0       # seconds spent waiting for it
+        self.held_s = 0.0       # seconds held (closed spans)
+        self._since: float | None = None
+        self._mutex = threading.Lock()
+
+    def acquire(self) -> None:
+        with self._mutex:
+            if self.fd is not None or not self.path:
+                if self._since is None:
+                    self._since = time.perf_counter()
+                return
+            import fcntl
+
+            t0 = time.perf_counter()
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            self.fd, self._since = fd, time.perf_counter()
+            self.waited += self._since - t0
+
+    def release(self) -> None:
+        with self._mutex:
+            if self._since is not None:
+                self.held_s += time.perf_counter() - self._since
+                self._since = None
+            if self.fd is not None:
+                import fcntl
+
+                fcntl.flock(self.fd, fcntl.LOCK_UN)
+                os.close(self.fd)
+                self.fd = None
+
+    def held(self) -> float:
+        """Seconds held so far, the open span included."""
+        return self.held_s + (time.perf_counter() - self._since if self._since is not None else 0.0)
+
+    @contextlib.contextmanager
+    def during(self):
+        """Held for the block, released after it."""
+        self.acquire()
+        try:
+            yield self
+        finally:
+            self.release()
+
+    @contextlib.contextmanager
+    def from_compile_end(self):
+        """For a compile: the lock taken again when Dynamo's compile of a frame ends (before its
+        compiled code first runs: autotuning, fla's kernels between graph breaks) and kept. On a
+        torch without Dynamo's compile callbacks it is taken before the compile (compiles then do
+        not overlap)."""
+        try:
+            from torch._dynamo.callback import callback_handler
+        except ImportError:
+            callback_handler = None
+        if callback_handler is None or not hasattr(callback_handler, "register_end_callback"):
+            self.acquire()
+            yield self
+            return
+
+        def taken(*_args) -> None:
+            self.acquire()
+
+        callback_handler.register_end_callback(taken)
+        try:
+            yield self
+        finally:
+            with contextlib.suppress(Exception):
+                callback_handler.remove_end_callback(taken)
+            self.acquire()  # eager, or a call that compiled nothing: its GPU work is ours
+
+
+def compile_threads(jobs: int) -> str | None:
+    """``TORCHINDUCTOR_COMPILE_THREADS`` for each of ``jobs`` compile processes: the machine's
+    cores shared out (None: one process, Inductor's own default)."""
+    if jobs <= 1:
+        return None
+    return str(max(1, (os.cpu_count() or 1) // jobs))

@@ -498,3 +498,32 @@ def test_hf_generate_smoke_cold_and_warm(tmp_path):
 
 def json_tokens(record):
     return str(record["tokens"])
+
+
+# --------------------------------------------------------------------------- benchmarks.stock_lottery
+
+
+def test_stock_lottery_row_names_the_costliest_autotuned_kernel_and_its_choice():
+    """A compile's row: the autotuned kernel whose configs the autotuner saw take longest, the
+    config it chose (the smallest time it saw), what it saw and the re-timed medians."""
+    from benchmarks import stock_lottery
+
+    record = {"compile": 1, "step_us": 500.0, "autotuned": [
+        {"kernel": "triton_poi_small", "seen_us": {"XBLOCK=128 w4 s1": 2.0}, "again_us": {"XBLOCK=128 w4 s1": [2.0]}},
+        {"kernel": "triton_red_fused_loop", "seen_us": {"R0_BLOCK=64 w8 s1": 700.0, "R0_BLOCK=8 w2 s1": 210.0},
+         "again_us": {"R0_BLOCK=64 w8 s1": [220.0, 230.0, 225.0], "R0_BLOCK=8 w2 s1": [215.0, 212.0, 214.0]}}]}
+    row = stock_lottery.row_of(record)
+    assert row["kernel"] == "triton_red_fused_loop" and row["chosen"] == "R0_BLOCK=8 w2 s1"
+    assert row["seen"] == "R0_BLOCK=64 w8 s1: 700.0; R0_BLOCK=8 w2 s1: 210.0"
+    assert row["again"] == "R0_BLOCK=64 w8 s1: 225.0; R0_BLOCK=8 w2 s1: 214.0"
+    assert stock_lottery.row_of({"compile": 2, "autotuned": []})["kernel"] == "-"
+
+
+@pytest.mark.slow
+def test_stock_lottery_worker_compiles_the_step_on_cpu(tmp_path):
+    """The worker on CPU (tiny dims): stock compiles transformers' step and times it; no Triton
+    autotuning there."""
+    from benchmarks import stock_lottery
+
+    record = stock_lottery.worker({"smoke": True, "batch": 2, "tokens": 1, "seed": 0})
+    assert record["step_us"] > 0 and record["compile_s"] > 0 and record["autotuned"] == []

@@ -220,6 +220,38 @@ class GpuLock:
             self.acquire()  # eager, or a call that compiled nothing: its GPU work is ours
 
 
+@contextlib.contextmanager
+def outside_compiles(lock: "GpuLock"):
+    """The lock held for the block except while Dynamo compiles (given back when a compile
+    starts, taken again when it ends): for a process whose compiles happen inside a longer GPU
+    call (``generate()`` compiles its decode step between eager GPU work). Without Dynamo's
+    compile callbacks: held throughout."""
+    try:
+        from torch._dynamo.callback import callback_handler
+    except ImportError:
+        callback_handler = None
+    lock.acquire()
+    if callback_handler is None or not hasattr(callback_handler, "register_start_callback"):
+        yield lock
+        return
+
+    def started(*_args) -> None:
+        lock.release()
+
+    def ended(*_args) -> None:
+        lock.acquire()
+
+    callback_handler.register_start_callback(started)
+    callback_handler.register_end_callback(ended)
+    try:
+        yield lock
+    finally:
+        with contextlib.suppress(Exception):
+            callback_handler.remove_start_callback(started)
+            callback_handler.remove_end_callback(ended)
+        lock.acquire()
+
+
 def compile_threads(jobs: int) -> str | None:
     """``TORCHINDUCTOR_COMPILE_THREADS`` for each of ``jobs`` compile processes: the machine's
     cores shared out (None: one process, Inductor's own default)."""

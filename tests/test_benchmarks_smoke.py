@@ -527,3 +527,38 @@ def test_stock_lottery_worker_compiles_the_step_on_cpu(tmp_path):
 
     record = stock_lottery.worker({"smoke": True, "batch": 2, "tokens": 1, "seed": 0})
     assert record["step_us"] > 0 and record["compile_s"] > 0 and record["autotuned"] == []
+
+
+def test_hf_generate_parallel_runs_warm_after_cold(tmp_path, monkeypatch):
+    """``hf_generate --jobs 3``: processes overlap, each variant's warm process starts after its
+    cold one finished (it reads that cache), every process is recorded once with its cache
+    state, and they share one GPU lock file."""
+    import threading
+    import time as _time
+
+    from benchmarks import hf_generate
+
+    finished, specs, live, peak = set(), [], set(), []
+    guard = threading.Lock()
+
+    def fake(spec, env, timeout):
+        key = (spec["batch"], spec["variant"], env["TORCHINDUCTOR_CACHE_DIR"])
+        with guard:
+            warm = key in finished
+            live.add(id(spec))
+            peak.append(len(live))
+            specs.append((spec, warm))
+        _time.sleep(0.05)
+        with guard:
+            live.discard(id(spec))
+            finished.add(key)
+        return {"tokens_per_s": 10.0, "first_s": 1.0, "warm_seen": warm}
+
+    monkeypatch.setattr(hf_generate, "_spawn", fake)
+    records = hf_generate.main(["--smoke", "--family", "qwen3_next", "--batch", "1", "--batch", "2", "--jobs", "3",
+                                "--results-dir", str(tmp_path)])
+    assert sorted((r["case"], r["variant"], r["cache"]) for r in records) == sorted(
+        (f"batch {b}", v, c) for b in (1, 2) for v, c in (("eager", "cold"), ("stock", "cold"), ("stock", "warm"),
+                                                          ("kda", "cold"), ("kda", "warm")))
+    assert all(r["warm_seen"] == (r["cache"] == "warm") for r in records)
+    assert max(peak) > 1 and len({s["gpu_lock"] for s, _ in specs}) == 1

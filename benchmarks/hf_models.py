@@ -1159,6 +1159,44 @@ def print_plan(rows: list[dict], calls: list[list[list[str]]], jobs: int = 1) ->
             print(f"  lane {j}: " + " ; ".join(lane))
 
 
+# --------------------------------------------------------------------------- the table's bar
+
+
+BAR_FAMILIES = 4
+"""The table a user reads covers at least this many families, decode and prefill each."""
+
+
+def check_section(section: dict[str, Any]) -> list[str]:
+    """What the newest table still lacks or breaks (empty: it clears the bar): at least
+    ``BAR_FAMILIES`` families with both a decode and a prefill case measured for stock and kda,
+    stock with more than one compile (a spread), and no case where kda's median is above
+    stock's (or stock+fix's)."""
+    rows = summarize(section.get("records", []))
+    problems = []
+    measured: dict[str, set[str]] = {}
+    for r in rows:
+        if r["variant"] == "kda" and r["us"] is not None:
+            other = {x["variant"]: x for x in rows if (x["family"], x["case"]) == (r["family"], r["case"])}
+            if "stock" in other and other["stock"]["us"] is not None:
+                measured.setdefault(r["family"], set()).add("prefill" if r["case"] == "prefill" else "decode")
+                if other["stock"]["spread"] is None:
+                    problems.append(f"{r['family']} {r['case']}: stock has one compile (no spread)")
+            for base in ("stock", STOCK_FIX):
+                if base in other and other[base]["us"] and r["us"] > other[base]["us"]:
+                    problems.append(f"{r['family']} {r['case']}: kda {r['us']:.0f} us above {base} "
+                                    f"{other[base]['us']:.0f} us")
+    full = sorted(f for f, kinds in measured.items() if kinds == {"decode", "prefill"})
+    if len(full) < BAR_FAMILIES:
+        problems.append(f"{len(full)} families with decode and prefill measured ({', '.join(full) or 'none'}); "
+                        f"the table needs {BAR_FAMILIES} (measured at all: {', '.join(sorted(measured)) or 'none'})")
+    return problems
+
+
+def newest_gpu_section(sections: list[dict]) -> dict | None:
+    gpu = [s for s in sections if s.get("env", {}).get("gpu") and s.get("records")]
+    return max(gpu, key=lambda s: s.get("env", {}).get("date", "")) if gpu else None
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -1193,6 +1231,7 @@ def _args(argv):
     add("--stamp", action="store_true", help="write .hf_stamp.json (HEAD and its files) for a tree without .git")
     add("--merge", nargs="+", default=None, metavar="JSON", help="merge hf_models.json copies of several calls")
     add("--plan", action="store_true", help="estimate each (family, case) and propose device calls")
+    add("--check", action="store_true", help="the newest GPU section against the table's bar (exit 1 if short)")
     add("--call-seconds", type=float, default=480.0, help="--plan: seconds of work per device call and lane")
     add("--lanes", type=int, default=1, help="--plan: GPUs per device call (one lane each)")
     add("--worker", default=None, help=argparse.SUPPRESS)
@@ -1230,6 +1269,14 @@ def main(argv=None) -> list[dict]:
     if args.merge:
         return _merge(args.merge, results)
     cases = args.case or list(CASES)
+    if args.check:
+        section = newest_gpu_section(_hf_record.load_sections(results / "hf_models.json"))
+        problems = check_section(section) if section else ["no GPU section recorded"]
+        print(f"hf_models --check: section of {section['commit'][:10] if section else '-'}: "
+              + ("clears the bar" if not problems else "short of the bar:\n  " + "\n  ".join(problems)))
+        if problems:
+            raise SystemExit(1)
+        return []
     if args.plan:
         print_plan(*plan(_hf_record.load_sections(results / "hf_models.json"), _families(args), cases,
                          args.compiles, args.call_seconds, args.lanes, args.recipe, args.jobs), jobs=args.jobs)

@@ -431,6 +431,45 @@ def test_hf_plan_with_parallel_compiles_needs_fewer_calls():
     assert all(r["gpu_s"] > 0 for r in rows)
 
 
+def _bar_records(families, slow_kda=None, one_stock=None):
+    out = []
+    for fam in families:
+        for case in ("decode32", "prefill"):
+            for variant, rounds, us in (("stock", 3, 100.0), ("kda", 2, 80.0)):
+                for r in range(rounds):
+                    if (fam, case) == one_stock and variant == "stock" and r > 0:
+                        continue
+                    value = 120.0 if (fam, case) == slow_kda and variant == "kda" else us + r
+                    out.append({"family": fam, "case": case, "variant": variant, "round": r,
+                                "cache": "cold", "us": value, "mode": "fresh"})
+    return out
+
+
+def test_hf_check_names_what_the_table_lacks():
+    """``--check``: four families with decode and prefill clear the bar; fewer families, a stock
+    measured once (no spread), or kda slower than stock anywhere are each named."""
+    from benchmarks import hf_models
+
+    four = ["qwen3_next", "qwen3_5", "kimi_linear", "olmo_hybrid"]
+    assert hf_models.check_section({"records": _bar_records(four)}) == []
+    short = hf_models.check_section({"records": _bar_records(four[:2])})
+    assert len(short) == 1 and "2 families with decode and prefill" in short[0]
+    slow = hf_models.check_section({"records": _bar_records(four, slow_kda=("qwen3_5", "prefill"))})
+    assert slow == ["qwen3_5 prefill: kda 120 us above stock 101 us"]  # the median of 100, 101, 102
+    once = hf_models.check_section({"records": _bar_records(four, one_stock=("kimi_linear", "decode32"))})
+    assert once == ["kimi_linear decode32: stock has one compile (no spread)"]
+
+
+def test_hf_recorded_newest_section_never_has_kda_above_stock():
+    """The newest GPU section recorded: whatever it covers, kda is nowhere slower than stock
+    (the table's coverage is what ``--check`` reports; it grows over device calls)."""
+    from benchmarks import _hf_record, hf_models
+
+    section = hf_models.newest_gpu_section(_hf_record.load_sections(hf_models.RESULTS / "hf_models.json"))
+    assert section is not None
+    assert [p for p in hf_models.check_section(section) if "above" in p] == []
+
+
 @pytest.mark.slow
 def test_hf_models_smoke_three_compiles_in_fresh_processes(tmp_path):
     """The real thing on CPU (tiny Qwen3-Next, 2 layers): stock and kda compiled three times

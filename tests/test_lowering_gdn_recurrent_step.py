@@ -381,9 +381,9 @@ def test_launch_config_table():
         pytest.skip("needs triton")
     cfg, small, big = mod.launch_config, mod.LaunchConfig(16, 1), mod.LaunchConfig(64, 4)
     assert [cfg(b, 32, 128, 128) for b in (1, 8, 16, 32, 128, 256)] == [small] * 3 + [big] * 3
-    assert all(cfg(b, 32, 128, 128, t).window for b in (1, 32, 128, 256) for t in (2, 3, 4, 5, 8, 9))
-    assert cfg(1, 32, 128, 128, 4) == mod.LaunchConfig(8, 1, window=True)
-    assert cfg(128, 32, 128, 128, 4) == mod.LaunchConfig(32, 4, window=True)
+    assert all(cfg(b, 32, 128, 128, t).window for b in (1, 32, 128, 256) for t in (2, 3, 4, 5, 8))
+    assert cfg(32, 32, 128, 128, 9) == mod.LaunchConfig(16, 1)  # past MAX_WINDOW: token by token
+    assert cfg(1, 32, 128, 128, 4) == cfg(128, 32, 128, 128, 8) == mod.LaunchConfig(16, 1, window=True)
     assert cfg(32, 30, 96, 192) == big and cfg(1, 30, 96, 192) == small
     assert cfg(128, 8, 256, 64) == mod.LaunchConfig(32, 4)
     assert cfg(128, 8, 256, 64, 2) == mod.LaunchConfig(8, 1, window=True)
@@ -398,7 +398,7 @@ def test_launch_config_table():
 
 
 @needs_runner
-@pytest.mark.parametrize("row", range(6))
+@pytest.mark.parametrize("row", range(len(mod.LAUNCH_TABLE)))
 def test_each_table_class_matches_the_cpu_op(row):
     """Each class's launch on the interpreter at both ends of its token range (T = 1; 2; 3, 4;
     5, 8), a scalar decay at the first and Kimi's per-key-channel decay at the last, grouped
@@ -414,12 +414,15 @@ def test_each_table_class_matches_the_cpu_op(row):
 @pytest.mark.parametrize("T", [2, 4, 8])
 def test_window_body_without_state_or_l2norm_and_strided(T):
     """The window body from a zeros state without l2norm (g strongly negative: the decays' ratios
-    stay finite), and on head-major strided inputs with a bf16 output."""
+    stay finite), on head-major strided inputs with a bf16 output; a window config given 9 tokens
+    (past ``MAX_WINDOW``) runs them token by token."""
     q, k, v, g, beta, _ = inputs(1600 + T, B=1, T=T, Hk=1, Hv=2, K=16, V=16, state=False)
     W = mod.LaunchConfig(16, 2, window=True)
     _kernel_vs_op((0.3 * q, 0.3 * k, v, 8 * g, beta, None), scale=1.0, l2=False, config=W)
     args = inputs(1610 + T, B=2, T=T, Hk=1, Hv=2, K=16, V=16, layout="head-major", dtype=torch.bfloat16)
     _kernel_vs_op(args, config=W, out_dtype=torch.bfloat16)
+    if T == 8:
+        _kernel_vs_op(inputs(1620, B=1, T=9, Hk=1, Hv=1, K=16, V=16), config=W)
 
 
 def test_step_triton_checks_its_out_argument():

@@ -479,16 +479,23 @@ LAUNCH_TABLE = (
     TableRow((1, 1), (1, SMALL_HEADS), LaunchConfig(16, 1), "H200 2026-12-03 (bf322d0): B 1 4.2 us, B 8 10.8"),
     TableRow((1, 1), (SMALL_HEADS + 1, None), LaunchConfig(64, 4), "H200 2026-12-03: B 32 37.7, B 128 135.7 us"),
     TableRow((2, 2), (1, None), LaunchConfig(16, 1, window=True), None),
-    TableRow((3, 4), (1, SMALL_HEADS), LaunchConfig(8, 1, window=True), None),
-    TableRow((3, 4), (SMALL_HEADS + 1, None), LaunchConfig(32, 4, window=True), None),
-    TableRow((5, 8), (1, None), LaunchConfig(16, 4, window=True), None),
+    TableRow((3, 4), (1, None), LaunchConfig(16, 1, window=True), None),
+    TableRow((5, 8), (1, None), LaunchConfig(16, 1, window=True), None),
 )
 """The fixed launch table (no run-time autotuning: CUDA graphs and reproducibility) at Qwen3-Next's
-dims (K = V = 128), by class. Measured rows name their run; the window rows (``T > 1``) are
-provisional: chosen from their sm_90 register counts without spills (Triton 3.9: 16 x 1 at TP 2
-177 registers; 8 x 1 / 32 x 4 at TP 4 168 / 140, per-channel 208 / 208; 16 x 4 at TP 8 156, 8 x 1
-and 16 x 1 spill there), until ``--verify --candidates`` has timed them beside the token-by-token
-body's measured ``16 x 1`` (T = 4: 55.4 us at B 32, 202.2 at B 128 on the H200, 2026-12-03)."""
+dims (K = V = 128), by class. Measured rows name their run. The window rows (``T > 1``) are
+provisional, until ``bench_gdn_recurrent_step.py --verify`` has timed them beside its
+``--candidates`` (the token-by-token body's measured 16 x 1: T = 4 55.4 us at B 32, 202.2 at B 128
+on the H200, 2026-12-03): chosen by the fewest warp-instructions per state column in the sm_90 SASS
+(Triton 3.9, 2026-12-05; the H200 runs 3.6, whose counts differ), the token-by-token body ~400 at
+T = 4 (its loop body times 4). Window, scalar decay, instructions / column (registers, spill
+instructions): TP 2: 16 x 1 146 (177 regs), 8 x 1 185; TP 4: 16 x 1 231 (255, 6), 8 x 1 317 (168),
+32 x 4 344 (140, 181 barriers); TP 8: 16 x 1 469 (255, 240), 8 x 1 673, 16 x 2 733, 32 x 4 738,
+16 x 4 1246 (no spills: 365 barriers). KDA, TP 4: 16 x 1 271 (134 spill instructions), 16 x 2
+343 and 8 x 1 368 without."""
+MAX_WINDOW = 8
+"""The most tokens the window body takes (its ``[TP, K]`` blocks live in registers): a longer step
+(the op called directly) runs token by token at its class's launch."""
 MIN_BLOCK_V = 8
 """32 bytes per key row: one DRAM sector."""
 TABLE_KP = 128
@@ -512,7 +519,7 @@ def launch_config(batch: int, v_heads: int, k_dim: int, v_dim: int, tokens: int 
     cfg = table_row(int(batch) * int(v_heads), tokens).config
     widest = max(MIN_BLOCK_V, triton.next_power_of_2(max(int(v_dim), 1)))
     bv = min(max(MIN_BLOCK_V, cfg.block_v * TABLE_KP // kp), widest)
-    return cfg._replace(block_v=bv)
+    return cfg._replace(block_v=bv, window=cfg.window and int(tokens) <= MAX_WINDOW)
 
 
 def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta: StepMeta,
@@ -534,7 +541,8 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
         *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),
         KP=max(16, triton.next_power_of_2(meta.k_dim)), BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
         L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, SCALED=bool(cfg.scaled),
-        TP=triton.next_power_of_2(meta.tokens) if cfg.window and meta.tokens > 1 else 0, num_warps=cfg.num_warps,
+        TP=triton.next_power_of_2(meta.tokens) if cfg.window and 1 < meta.tokens <= MAX_WINDOW else 0,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
 

@@ -82,47 +82,41 @@ if triton is not None:
             return _row(x, rt, t) * tl.exp(base - _at(gc, rt, t))
 
     @triton.jit
-    def _pairs(q, k, gc, rt, t, PER_CHANNEL: tl.constexpr):
-        """Token ``t``'s couplings to the window's tokens ``i``: ``m[i] = k_t . (k_i decayed from i to
-        t)`` for ``i < t`` (what their updates add to the state read of ``t``) and ``n[i] = q_t . (k_i
-        decayed from i to t)`` for ``i <= t`` (what they add to its output)."""
-        kt, qt = _row(k, rt, t), _row(q, rt, t)
+    def _pairs(k, gc, rt, t, kt, qt, gt, PER_CHANNEL: tl.constexpr):
+        """Token ``t``'s couplings to the window's tokens ``i`` (``kt``, ``qt``, ``gt``: its ``k``, ``q``,
+        ``G``): ``m[i] = k_t . (k_i decayed from i to t)`` for ``i < t`` (what their updates add to the
+        state read of ``t``), ``n[i] = q_t . (k_i decayed from i to t)`` for ``i <= t`` (to its output)."""
         if PER_CHANNEL:
-            r = tl.exp(tl.where(rt[:, None] <= t, _row(gc, rt, t)[None, :] - gc, float("-inf")))
-            m, n = tl.sum(k * r * kt[None, :], 1), tl.sum(k * r * qt[None, :], 1)
+            kr = k * tl.exp(tl.where(rt[:, None] <= t, gt[None, :] - gc, float("-inf")))
+            m, n = tl.sum(kr * kt[None, :], 1), tl.sum(kr * qt[None, :], 1)
         else:
-            r = tl.exp(tl.where(rt <= t, _at(gc, rt, t) - gc, float("-inf")))
+            r = tl.exp(tl.where(rt <= t, gt - gc, float("-inf")))
             m, n = tl.sum(k * kt[None, :], 1) * r, tl.sum(k * qt[None, :], 1) * r
         return tl.where(rt < t, m, 0.0), n
 
     @triton.jit
     def window(S, q, k, v, g, beta, T, rt, scale, eps, TP: tl.constexpr, PER_CHANNEL: tl.constexpr,
-                L2NORM: tl.constexpr):
+               L2NORM: tl.constexpr):
         """The window through the tile ``S [KP, BV]`` with one pass over it (the chunk form; ``G_t``
-        the cumulative log decay): ``a_t = sum_K(S e^G_t k_t)``, ``b_t = sum_K(S e^G_t q_t)``, all
-        tokens independent of each other; then per token (``[BV]`` vectors) ``d_t = (v_t - a_t -
-        sum_{i<t} m_ti d_i) beta_t``, ``o_t = b_t + sum_{i<=t} n_ti d_i``; the tile once: ``S e^G_last
-        + sum_t (k_t e^(G_last - G_t)) d_t^T``. The spec's loop, summed in another order."""
+        the cumulative log decay), per token: ``a_t = sum_K(S e^G_t k_t)``, ``b_t = sum_K(S e^G_t q_t)``
+        (of the initial tile: no token waits on another's), ``d_t = (v_t - a_t - sum_{i<t} m_ti d_i)
+        beta_t``, ``o_t = b_t + sum_{i<=t} n_ti d_i`` (``[BV]`` vectors); then the tile once: ``S
+        e^G_last + sum_t (k_t e^(G_last - G_t)) d_t^T``. The spec's loop, summed in another order."""
         q, k, gc, last = _window_keys(q, k, g, T, rt, scale, eps, L2NORM, PER_CHANNEL)
-        a = tl.zeros_like(v)
-        b = tl.zeros_like(v)
-        for t in tl.static_range(TP):
-            e = tl.exp(_row(gc, rt, t) if PER_CHANNEL else _at(gc, rt, t))  # the decay from the start to t
-            kg, qg = _row(k, rt, t) * e, _row(q, rt, t) * e
-            at, bt = tl.reduce((S * kg[:, None], S * qg[:, None]), 0, add2)
-            a, b = _put(a, rt, t, at), _put(b, rt, t, bt)
         d = tl.zeros_like(v)
         o = tl.zeros_like(v)
         for t in tl.static_range(TP):
-            m, n = _pairs(q, k, gc, rt, t, PER_CHANNEL)
-            dt = (_row(v, rt, t) - _row(a, rt, t) - tl.sum(d * m[:, None], 0)) * _at(beta, rt, t)
-            d = _put(d, rt, t, dt)
-            o = _put(o, rt, t, _row(b, rt, t) + tl.sum(d * n[:, None], 0))
+            kt, qt = _row(k, rt, t), _row(q, rt, t)
+            gt = _row(gc, rt, t) if PER_CHANNEL else _at(gc, rt, t)
+            e = tl.exp(gt)  # the decay from the window's start to t
+            at, bt = tl.reduce((S * (kt * e)[:, None], S * (qt * e)[:, None]), 0, add2)
+            m, n = _pairs(k, gc, rt, t, kt, qt, gt, PER_CHANNEL)
+            d = _put(d, rt, t, (_row(v, rt, t) - at - tl.sum(d * m[:, None], 0)) * _at(beta, rt, t))
+            o = _put(o, rt, t, bt + tl.sum(d * n[:, None], 0))
         S = S * (tl.exp(last)[:, None] if PER_CHANNEL else tl.exp(last))
         for t in tl.static_range(TP):
             S += _decayed(k, gc, rt, t, last, PER_CHANNEL)[:, None] * _row(d, rt, t)[None, :]
         return S, o
-
 
 
 def aot_variants():

@@ -389,9 +389,9 @@ _FIRST = (("qwen3_next", 32, 4), ("qwen3_next", 128, 4), ("qwen3_next", 1, 1), (
 VERIFY_CASES = _FIRST + tuple(c for c in ((model, B, T) for model in ("qwen3_next", "kimi_linear")
                                           for T in (1, 2, 4, 8) for B in (1, 32, 128)) if c not in _FIRST)
 """The issue's targets first (a spent ``--budget`` drops the last)."""
-CANDIDATES = "seq16w1,seq64w4,seq16w4,seq16w1+scaled,win16w1,win8w1,win16w2,win32w4"
+CANDIDATES = "seq16w1,seq64w4,seq16w2,seq16w4,seq16w1+scaled,win16w1,win8w1,win16w2,win32w4"
 """``--candidates``' default: the token-by-token body at the T = 1 table's two launches, 4 warps on 16
-columns (B = 1: a shorter chain per program) and its SCALED body; the window body (``win``, T > 1
+columns and 2 (B = 1: a shorter chain per program) and its SCALED body; the window body (``win``, T > 1
 only) at the table's provisional 16 x 1 and the runners-up of its SASS counts (``LAUNCH_TABLE``)."""
 
 

@@ -15,7 +15,8 @@ from typing import Any
 import torch.fx as fx
 
 from kda_inductor.patterns.base import aten, is_op, live_users
-from kda_inductor.patterns._axes import (F, _groups, _view_step, factors, relabel, same_bag, shape, token, unit)
+from kda_inductor.patterns._axes import (F, _groups, _view_step, factors, fresh, relabel, same_bag, shape, token, unit,
+                                          upcast)
 from kda_inductor.patterns.canonical import Canon
 
 _VIEWS = (aten.unsqueeze, aten.squeeze, aten.permute, aten.expand, aten.view, aten.reshape, aten._unsafe_view,
@@ -49,6 +50,14 @@ def dot(n: Any, labels: tuple) -> list[tuple[list[F], F]] | None:
         return None
     xs = [f for f in fs if isinstance(f.node, fx.Node) and f.sig() >= {"k"} and "v" not in f.sig()]
     return [([f for f in fs if f is not x], x) for x in xs]
+
+
+def plain(n: Any) -> bool:
+    """``n`` is established to be a state as it was stored or updated, no decay in it: a graph input,
+    a fresh tensor, an update's ``add``, a float32 cast or contiguous copy of one of these."""
+    while isinstance(n, fx.Node) and (is_op(n, aten.clone) or upcast(n)):
+        n = n.args[0]
+    return isinstance(n, fx.Node) and (n.op == "placeholder" or fresh(n) or is_op(n, aten.add))
 
 
 # --------------------------------------------------------------------------- the state read

@@ -430,16 +430,18 @@ class GdnRecurrentStep(Rewrite):
         prev = [f for f in fa if isinstance(f.node, fx.Node) and f.sig() == _names(n)]
         decay = [f for f in fa if f not in prev]
         if len(prev) != 1:
-            return self.miss(n, Stage.FORM, "the update adds k (x) (...) to something that is not the state (times "
-                             "its decay)")
+            return self.miss(n, Stage.FORM, "the update adds k (x) (...) to something not recognised as the state "
+                             "(times its decay)")
         if not decay:
             after = any(_is_exp(f) for u in live_users(n) if is_op(u, aten.mul) for f in factors(u, labels))
             return self.miss(n, Stage.FORM, "the decay is applied after the update (S = (S + k delta^T) * exp(g)): "
                              "the gated delta rule decays the state before it reads it" if after else
-                             "the state is not decayed (the delta rule without a gate): the op decays it by exp(g)")
+                             "the state is not decayed (the delta rule without a gate): the op decays it by exp(g)"
+                             if products.plain(prev[0].node) else "no decay of the state (S * exp(g)) before the update "
+                             "was recognised")
         if len(decay) != 1 or not decay[0].sig() <= {"b", "h", "k"} or not _is_exp(decay[0]):
-            return self.miss(n, Stage.FORM, "the state is not scaled by one exp(g) per head (or per key channel) "
-                             "before the update")
+            return self.miss(n, Stage.FORM, "the state's factor before the update is not recognised as one exp(g) per "
+                             "head (or per key channel)")
         return self._delta(n, canon, prev[0], decay[0], fa, k, vside, rest, labels)
 
     def _delta(self, n, canon, prev, decay, fa, k, vside, rest, labels) -> Step | None:

@@ -400,13 +400,15 @@ def test_launch_config_table():
 @needs_runner
 @pytest.mark.parametrize("row", range(len(mod.LAUNCH_TABLE)))
 def test_each_table_class_matches_the_cpu_op(row):
-    """Each class's launch on the interpreter at both ends of its token range (T = 1; 2; 3, 4;
-    5, 8), a scalar decay at the first and Kimi's per-key-channel decay at the last, grouped
-    heads, K and V not powers of two (12 / 20: masked rows and columns, a partial column block)."""
+    """Each class's launch on the interpreter at both ends of its token range (T = 1 at B = 1 for
+    the first class; 2; 3, 4; 5, 8), a scalar decay at the first end and Kimi's per-key-channel decay
+    (in place) at the last, grouped heads, K and V not powers of two (12 / 20: masked rows and
+    columns, a partial column block)."""
     r = mod.LAUNCH_TABLE[row]
     for T, per_channel in ((r.tokens[0], False), (r.tokens[1], True)):
         Hk, Hv = (1, 2) if per_channel else (2, 4)
-        args = inputs(1500 + 10 * row + T, B=2 if T < 5 else 1, T=T, Hk=Hk, Hv=Hv, K=12, V=20, per_channel=per_channel)
+        B = 1 if row == 0 or T >= 5 else 2
+        args = inputs(1500 + 10 * row + T, B=B, T=T, Hk=Hk, Hv=Hv, K=12, V=20, per_channel=per_channel)
         _kernel_vs_op(args, config=r.config, inplace=per_channel)
 
 

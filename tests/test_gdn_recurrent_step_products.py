@@ -173,14 +173,34 @@ def read_not_recognised(q, k, v, g, beta, s):
     return (s * q[:, :, 0, :, None]).sum(-2), s
 
 
+def output_before_update(q, k, v, g, beta, s):
+    q, k = l2(q) * D ** -0.5, l2(k)
+    kt = k[:, :, 0]
+    s = s * g[:, :, 0].exp()[..., None, None]
+    o = torch.einsum("bhkv,bhk->bhv", s, q[:, :, 0])  # the output of the state before the update
+    d = (v[:, :, 0] - torch.einsum("bhkv,bhk->bhv", s, kt)) * beta[:, :, 0, None]
+    s = s + torch.einsum("bhk,bhv->bhkv", kt, d)
+    return o, s
+
+
+def outer_of_v(q, k, v, g, beta, s):
+    q, k = l2(q) * D ** -0.5, l2(k)
+    s = s * g[:, :, 0].exp()[..., None, None]
+    s = s + torch.einsum("bhk,bhv->bhkv", k[:, :, 0], v[:, :, 0])  # k v^T: no delta rule
+    return torch.einsum("bhkv,bhk->bhv", s, q[:, :, 0]), s
+
+
 @pytest.mark.parametrize("fn, words, line", [
     (read_before_decay, "reads the state before its decay", "# the state before its decay"),
     (k_of_another_token, "reads k of token 1, the update adds k of token 0", "# k of the next token"),
     (read_not_recognised, "the state read (S k in v - S k) is of a form not recognised here", "cumsum"),
+    (output_before_update, "no output sum_k(S q) of the updated state was recognised", "s = s + torch.einsum"),
+    (outer_of_v, "a gated linear-attention update (S * exp(g) + k v^T): no delta rule", "# k v^T: no delta rule"),
 ])
-def test_a_state_read_says_what_it_reads_only_where_established(fn, words, line):
-    """A true near miss names what the read is; a form not read here says so (never "not k of the
-    decayed state"); nothing rewritten, the results eager's."""
+def test_near_misses_say_what_is_established(fn, words, line):
+    """A true near miss names what the product is (the state read of the state before its decay, or
+    of k of another token; an update of k v^T); a form not read here, or an output not found, says
+    so (never "not k of the decayed state"); nothing rewritten, the results eager's."""
     c, out, want = _compile(fn, inputs(8))
     assert c.matches[NAME] == 0
     hits = [loc for why, loc in _misses(c).items() if words in why]

@@ -47,11 +47,12 @@ provisional; no run-time autotuning: CUDA graphs and reproducibility). For ``T >
 rows take the window body (:mod:`._gdn_window`, the chunk form: every token's q / k / v / g / beta
 loaded once per tile as ``[TP, ...]`` blocks, the tile read by ``T`` independent sums and updated
 once, no token waiting on the last one's tile update; provisional until timed against the
-token-by-token body by ``bench_gdn_recurrent_step.py --verify``). For sm_90, compiled as a launch specializes it (unit inner strides, 16-divisible
-sizes and strides; ``T = 1`` a constant), the tile's loads and stores are 16 bytes wide and nothing
-spills: at K = V = 128 with Triton 3.6, the table's 16 columns x 1 warp take 127 registers per
-thread for T = 1 and 165 for T > 1 (4 / 2 barriers per token), 64 x 4 take 125 / 168 (13 / 14
-barriers: the reductions and layout conversions between warps). The ``SCALED`` body
+token-by-token body by ``bench_gdn_recurrent_step.py --verify``). For sm_90, compiled as a launch
+specializes it (unit inner strides, 16-divisible sizes and strides; ``T = 1`` a constant), the
+tile's loads and stores are 16 bytes wide; the token-by-token body does not spill: at K = V = 128
+with Triton 3.6, 16 columns x 1 warp take 127 registers per thread for T = 1 and 165 for T > 1 (4 /
+2 barriers per token), 64 x 4 take 125 / 168 (13 / 14 barriers: the reductions and layout
+conversions between warps); the window body's counts are with :data:`LAUNCH_TABLE`. The ``SCALED`` body
 (:func:`_update_scaled`, a launch option the sweep times) has two fewer conversions a token.
 
 Every argument is checked by :func:`validate` (also the pattern's check), each bad one an error
@@ -487,12 +488,12 @@ dims (K = V = 128), by class. Measured rows name their run. The window rows (``T
 provisional, until ``bench_gdn_recurrent_step.py --verify`` has timed them beside its
 ``--candidates`` (the token-by-token body's measured 16 x 1: T = 4 55.4 us at B 32, 202.2 at B 128
 on the H200, 2026-12-03): chosen by the fewest warp-instructions per state column in the sm_90 SASS
-(Triton 3.9, 2026-12-05; the H200 runs 3.6, whose counts differ), the token-by-token body ~400 at
-T = 4 (its loop body times 4). Window, scalar decay, instructions / column (registers, spill
-instructions): TP 2: 16 x 1 146 (177 regs), 8 x 1 185; TP 4: 16 x 1 231 (255, 6), 8 x 1 317 (168),
-32 x 4 344 (140, 181 barriers); TP 8: 16 x 1 469 (255, 240), 8 x 1 673, 16 x 2 733, 32 x 4 738,
-16 x 4 1246 (no spills: 365 barriers). KDA, TP 4: 16 x 1 271 (134 spill instructions), 16 x 2
-343 and 8 x 1 368 without."""
+(Triton 3.9, 2026-12-05, the kernel of this commit; the H200 runs 3.6, whose counts differ), the
+token-by-token body ~400 at T = 4 (its loop body times 4). Window, scalar decay, instructions per
+column (registers; spill instructions; barriers where many): TP 2: 16 x 1 146 (177), 8 x 1 184
+(128); TP 4: 16 x 1 242 (168; 173), 8 x 1 312 (168), 16 x 2 326 (188; 107 barriers), 32 x 4 332
+(138; 149 barriers); TP 8: 16 x 1 468 (255; 274), 8 x 1 655 (255; 86), 16 x 4 1190 (156; 301
+barriers). KDA, TP 4: 16 x 1 271 (255; 138), 16 x 2 334 (210; 65 barriers), 8 x 1 363 (208)."""
 MAX_WINDOW = 8
 """The most tokens the window body takes (its ``[TP, K]`` blocks live in registers): a longer step
 (the op called directly) runs token by token at its class's launch."""

@@ -30,6 +30,8 @@ it too). Models: Qwen3-Next / Qwen3.5 (16 key / 32 value heads, K = V = 128), Ki
     python benchmarks/bench_gdn_recurrent_step.py --budget 540           # every model x B x T (past the budget: partial)
     python benchmarks/bench_gdn_recurrent_step.py --no-stock --no-eager  # every case, kda / FLA / floor only (~2 min)
     python benchmarks/bench_gdn_recurrent_step.py --sweep --budget 170   # launch configs, T 1..8 x B 1..128 (~150 s)
+    python benchmarks/bench_gdn_recurrent_step.py --verify --budget 200  # T 1/2/4/8 x B 1/32/128, GDN + KDA,
+                                                                         # with the --candidates launches (~3 min)
     python benchmarks/bench_gdn_recurrent_step.py --smoke                # CPU, tiny: the code paths only
 
 No new case starts after ``--budget`` seconds; the rows done are recorded (``benchmarks/results/
@@ -380,6 +382,103 @@ def _mark_best(rows: list[dict]) -> None:
             r["over_floor"] = r["us"] / r["floor_us"] if r.get("floor_us") else None
 
 
+# --------------------------------------------------------------------------- the verify window (issue 44)
+
+
+_FIRST = (("qwen3_next", 32, 4), ("qwen3_next", 128, 4), ("qwen3_next", 1, 1), ("kimi_linear", 32, 4))
+VERIFY_CASES = _FIRST + tuple(c for c in ((model, B, T) for model in ("qwen3_next", "kimi_linear")
+                                          for T in (1, 2, 4, 8) for B in (1, 32, 128)) if c not in _FIRST)
+"""The issue's targets first (a spent ``--budget`` drops the last)."""
+CANDIDATES = "seq16w1,seq64w4,seq16w2,seq16w4,seq16w1+scaled,win16w1,win8w1,win16w2,win32w4"
+"""``--candidates``' default: the token-by-token body at the T = 1 table's two launches, 4 warps on 16
+columns and 2 (B = 1: a shorter chain per program) and its SCALED body; the window body (``win``, T > 1
+only) at the table's provisional 16 x 1 and the runners-up of its SASS counts (``LAUNCH_TABLE``)."""
+
+
+def parse_config(label: str) -> L.LaunchConfig:
+    """``seq16w1`` / ``win32w4`` (``+scaled``): body, columns per program, warps."""
+    import re
+
+    got = re.fullmatch(r"(seq|win)(\d+)w(\d+)(\+scaled)?", label.strip())
+    if got is None:
+        raise SystemExit(f"--candidates: {label!r} is not like seq16w1 or win32w4 (+scaled)")
+    return L.LaunchConfig(int(got[2]), int(got[3]), 1, bool(got[4]), got[1] == "win")
+
+
+def config_label(cfg: L.LaunchConfig) -> str:
+    return f"{'win' if cfg.window else 'seq'}{cfg.block_v}w{cfg.num_warps}" + ("+scaled" if cfg.scaled else "")
+
+
+def _timed(row: dict, key: str, fn: Callable, sets: list[dict], inplace: bool, timer) -> None:
+    """``fn`` checked, then timed twice: ``row[key + "_us"]`` (their mean) and its spread, or the
+    failed check in ``row["check"]``."""
+    verdict, _ = check(fn, sets[0], inplace)
+    if verdict != "ok":
+        row["check"] = (row.get("check", "") + f"; {key} {verdict}").lstrip("; ")
+        return
+    runs = time_twice(timer, fn, sets)
+    row[f"{key}_us"], row[f"{key}_spread"] = sum(runs) / 2, 100 * abs(runs[0] - runs[1]) / min(runs)
+
+
+def verify_case(model: str, B: int, T: int, cands: list, *, smoke: bool, device, timer, bandwidth) -> dict:
+    """One case of ``--verify``: the op (its table's launch), FLA, the floor, each candidate launch."""
+    m = (SMOKE_MODELS if smoke else MODELS)[model]
+    sets = input_sets(m, B, T, device, smoke)
+    row = table_row_info(model, m, B, T)
+    _timed(row, "kda", kda_inplace, sets, True, timer)
+    fla = fla_step(m)
+    if fla is not None:
+        _timed(row, "fla", fla, sets, False, timer)
+    for cfg in cands:
+        if cfg.window and T == 1:
+            continue
+        fn = (lambda x, cfg=cfg: L.step_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], x["state"],
+                                                x["scale"], True, inplace=True, config=cfg)[0])
+        _timed(row, config_label(cfg), fn, sets, True, timer)
+    if bandwidth:
+        row["floor_us"] = bytes_moved(m, B, T) / bandwidth * 1e6
+    timed = {k[:-3]: v for k, v in row.items() if k.endswith("_us") and k[:-3] in map(config_label, cands)}
+    row["best"] = min(timed, key=timed.get) if timed else ""
+    return add_ratios(row, (("kda_over_floor", "kda_us", "floor_us"), ("kda_over_fla", "kda_us", "fla_us"),
+                            ("best_over_floor", f"{row['best']}_us", "floor_us")))
+
+
+def table_row_info(model: str, m: Model, B: int, T: int) -> dict:
+    cfg = L.launch_config(B, m.v_heads, m.k_dim, m.v_dim, T)
+    measured = L.table_row(B * m.v_heads, T).measured
+    return {"model": model, "B": B, "T": T, "table": config_label(cfg), "class": measured or "provisional"}
+
+
+def run_verify(args, device, timer, bandwidth, deadline) -> list[dict]:
+    """``--verify``: T = 1, 2, 4, 8 at B = 1, 32, 128 for GDN (Qwen3-Next) and KDA (Kimi Linear): the
+    op, FLA and the floor, with each ``--candidates`` launch of the kernel beside them."""
+    t0 = time.perf_counter()
+    cands = [parse_config(c) for c in args.candidates.split(",") if c.strip()]
+    cases = [("qwen3_next", 1, 2), ("kimi_linear", 2, 2)] if args.smoke else VERIFY_CASES
+    rows = []
+    for model, B, T in cases:
+        if time.perf_counter() > deadline:
+            print(f"verify: time budget spent before {model} B={B} T={T}", flush=True)
+            break
+        rows.append(verify_case(model, B, T, cands, smoke=args.smoke, device=device, timer=timer,
+                                bandwidth=bandwidth))
+        progress(rows[-1])
+    labels = [config_label(c) for c in cands]
+    cols = (("model", "model", "s"), ("B", "B", ","), ("T", "T", ","), ("table", "table", "s"),
+            ("class", "class", "s"), ("kda_us", "kda us", ".2f"), ("fla_us", "FLA us", ".2f"),
+            ("floor_us", "floor us", ".2f"), ("kda_over_floor", "kda/floor", ".2f"), ("kda_over_fla", "kda/FLA", ".3f"),
+            *((f"{c}_us", c, ".2f") for c in labels), ("best", "best", "s"), ("best_over_floor", "best/floor", ".2f"),
+            ("kda_spread", "kda spread %", ".1f"), ("check", "check", "s"))
+    title = (f"verify window: CUDA-graph replay, {CALLS} calls a graph, each figure the mean of two timings; "
+             f"{_versions()}; {time.perf_counter() - t0:.0f} s" if not args.smoke else "NOT meaningful (CPU smoke run)")
+    print_table(rows, cols, title=title)
+    print(title + "\n\n" + markdown_table(rows, cols), flush=True)
+    if not args.smoke:
+        write_out_json(f"bench_{NAME}_verify.json", {"env": environment_info(), "commit": git_commit(),
+                                                      "versions": _versions(), "rows": rows})
+    return rows
+
+
 # --------------------------------------------------------------------------- report / main
 
 
@@ -458,6 +557,10 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--no-eager", action="store_true", help="skip eager (slow at large B x T)")
     p.add_argument("--reps", type=int, default=30)
     p.add_argument("--sweep", action="store_true", help="time the kernel's launch configs instead")
+    p.add_argument("--verify", action="store_true",
+                   help="the verify window: T 1 / 2 / 4 / 8 x B 1 / 32 / 128, GDN and KDA, op / FLA / floor (~3 min)")
+    p.add_argument("--candidates", default=CANDIDATES,
+                   help="with --verify: launches of the kernel timed beside the op (seq16w1, win32w4, ...)")
     p.add_argument("--budget", type=float, default=480, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
@@ -471,6 +574,8 @@ def main(argv=None) -> list[dict]:
     bandwidth = None if args.smoke else measure_copy_bandwidth(device)
     if args.sweep:
         return run_sweep(args, device, timer, bandwidth, deadline)
+    if args.verify:
+        return run_verify(args, device, timer, bandwidth, deadline)
     rows = []
     keep = [None if v is None else v.split(",") for v in (args.models, args.B, args.T)]
     cases = [c for c in plan(args.quick, args.smoke)

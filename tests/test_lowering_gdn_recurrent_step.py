@@ -372,19 +372,59 @@ def test_triton_kernel_no_tokens():
 
 
 def test_launch_config_table():
-    """The measured table (``launch_config``'s docstring), at Qwen3-Next's dims (32 value heads,
-    K = V = 128): 16 columns x 1 warp up to B = 16 at T = 1 and at every B for T > 1, 64 x 4 from
-    B = 32 at T = 1; OLMo-hybrid's K = 96 pads to 128; K = 256 halves the columns, a narrow V caps
-    them; the SCALED body stays off until a GPU has timed it."""
+    """The table's classes (``LAUNCH_TABLE``) at Qwen3-Next's dims (32 value heads, K = V = 128):
+    T = 1 16 columns x 1 warp up to B = 16, 64 x 4 from B = 32 (measured); T > 1 the window body
+    (provisional until timed); OLMo-hybrid's K = 96 pads to 128; K = 256 halves the columns, a
+    narrow V caps them; the SCALED body stays off until a GPU has timed it; every class is covered
+    once, the provisional ones say so."""
     if mod.triton is None:
         pytest.skip("needs triton")
     cfg, small, big = mod.launch_config, mod.LaunchConfig(16, 1), mod.LaunchConfig(64, 4)
     assert [cfg(b, 32, 128, 128) for b in (1, 8, 16, 32, 128, 256)] == [small] * 3 + [big] * 3
-    assert all(cfg(b, 32, 128, 128, t) == small for b in (1, 32, 128, 256) for t in (2, 4, 8))
-    assert cfg(32, 30, 96, 192) == big and cfg(1, 30, 96, 192) == small and cfg(32, 30, 96, 192, 2) == small
-    assert cfg(128, 8, 256, 64) == mod.LaunchConfig(32, 4) and cfg(128, 8, 256, 64, 4) == mod.LaunchConfig(8, 1)
+    assert all(cfg(b, 32, 128, 128, t).window for b in (1, 32, 128, 256) for t in (2, 3, 4, 5, 8))
+    assert cfg(32, 32, 128, 128, 9) == mod.LaunchConfig(16, 1)  # past MAX_WINDOW: token by token
+    assert cfg(1, 32, 128, 128, 4) == cfg(128, 32, 128, 128, 8) == mod.LaunchConfig(16, 1, window=True)
+    assert cfg(32, 30, 96, 192) == big and cfg(1, 30, 96, 192) == small
+    assert cfg(128, 8, 256, 64) == mod.LaunchConfig(32, 4)
+    assert cfg(128, 8, 256, 64, 2) == mod.LaunchConfig(8, 1, window=True)
     assert cfg(32, 32, 64, 32) == mod.LaunchConfig(32, 4) and cfg(1, 1, 8, 4) == mod.LaunchConfig(8, 1)
     assert not any(cfg(b, 32, 128, 128, t).scaled for b in (1, 256) for t in (1, 4))
+    rows = mod.LAUNCH_TABLE
+    for t in range(1, 9):
+        for heads in (1, 32, 512, 513, 4096):
+            assert sum(r.tokens[0] <= t <= r.tokens[1] and r.heads[0] <= heads <= (r.heads[1] or heads)
+                       for r in rows) == 1
+    assert all((r.measured is None) == r.config.window for r in rows)
+
+
+@needs_runner
+@pytest.mark.parametrize("row", range(len(mod.LAUNCH_TABLE)))
+def test_each_table_class_matches_the_cpu_op(row):
+    """Each class's launch on the interpreter at both ends of its token range (T = 1 at B = 1 for
+    the first class; 2; 3, 4; 5, 8), a scalar decay at the first end and Kimi's per-key-channel decay
+    (in place) at the last, grouped heads, K and V not powers of two (12 / 20: masked rows and
+    columns, a partial column block)."""
+    r = mod.LAUNCH_TABLE[row]
+    for T, per_channel in ((r.tokens[0], False), (r.tokens[1], True)):
+        Hk, Hv = (1, 2) if per_channel else (2, 4)
+        B = 1 if row == 0 or T >= 5 else 2
+        args = inputs(1500 + 10 * row + T, B=B, T=T, Hk=Hk, Hv=Hv, K=12, V=20, per_channel=per_channel)
+        _kernel_vs_op(args, config=r.config, inplace=per_channel)
+
+
+@needs_runner
+@pytest.mark.parametrize("T", [2, 4, 8])
+def test_window_body_without_state_or_l2norm_and_strided(T):
+    """The window body from a zeros state without l2norm (g strongly negative: the decays' ratios
+    stay finite), on head-major strided inputs with a bf16 output; a window config given 9 tokens
+    (past ``MAX_WINDOW``) runs them token by token."""
+    q, k, v, g, beta, _ = inputs(1600 + T, B=1, T=T, Hk=1, Hv=2, K=16, V=16, state=False)
+    W = mod.LaunchConfig(16, 2, window=True)
+    _kernel_vs_op((0.3 * q, 0.3 * k, v, 8 * g, beta, None), scale=1.0, l2=False, config=W)
+    args = inputs(1610 + T, B=2, T=T, Hk=1, Hv=2, K=16, V=16, layout="head-major", dtype=torch.bfloat16)
+    _kernel_vs_op(args, config=W, out_dtype=torch.bfloat16)
+    if T == 8:
+        _kernel_vs_op(inputs(1620, B=1, T=9, Hk=1, Hv=1, K=16, V=16), config=W)
 
 
 def test_step_triton_checks_its_out_argument():
@@ -405,10 +445,11 @@ needs_cuda = pytest.mark.cuda  # the kda_inductor pytest plugin skips these with
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_cuda_ops_match_the_cpu_op_at_model_dims(per_channel):
     """The CUDA impls at Qwen3-Next's (16 / 32 heads, 128 / 128) and Kimi's (32 / 32, per
-    channel) dims, T = 1 and 4, B = 3: the default launch table."""
+    channel) dims, T = 1, 2, 4 and 8 at B = 3 and T = 4 at B = 17 (more than ``SMALL_HEADS`` state
+    matrices): every class of the default launch table."""
     Hk = 32 if per_channel else 16
-    for T in (1, 4):
-        q, k, v, g, beta, s = inputs(T, B=3, T=T, Hk=Hk, Hv=32, K=128, V=128, per_channel=per_channel,
+    for T, B in ((1, 3), (2, 3), (4, 3), (8, 3), (4, 17), (1, 17)):
+        q, k, v, g, beta, s = inputs(T + B, B=B, T=T, Hk=Hk, Hv=32, K=128, V=128, per_channel=per_channel,
                                      dtype=torch.bfloat16)
         want, want_state = op(q, k, v, g, beta, s, 128 ** -0.5, True)
         out, final = op(*_dev(q, k, v, g, beta, s), 128 ** -0.5, True)

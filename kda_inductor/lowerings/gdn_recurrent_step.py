@@ -41,13 +41,18 @@ rounded otherwise (float32 sums in another order: within ~1e-6 relative of the l
 reduction order; ``tests/test_lowering_gdn_recurrent_step.py``). The in-place variant reads its
 whole tile before it writes it, and programs own disjoint tiles, so ``state`` may be read and
 written by the one launch. No host sync, no allocation but the outputs, safe under CUDA-graph
-capture; the launch configuration (``BV`` columns per program, warps) comes from a fixed table
-(:func:`launch_config`, measured on an H200; no run-time autotuning: CUDA graphs and
-reproducibility). For sm_90, compiled as a launch specializes it (unit inner strides, 16-divisible
-sizes and strides; ``T = 1`` a constant), the tile's loads and stores are 16 bytes wide and nothing
-spills: at K = V = 128 with Triton 3.6, the table's 16 columns x 1 warp take 127 registers per
-thread for T = 1 and 165 for T > 1 (4 / 2 barriers per token), 64 x 4 take 125 / 168 (13 / 14
-barriers: the reductions and layout conversions between warps). The ``SCALED`` body
+capture; the launch configuration (``BV`` columns per program, warps, the body) comes from a fixed
+table by (tokens, ``B * Hv``) class (:data:`LAUNCH_TABLE`, each row measured on an H200 or marked
+provisional; no run-time autotuning: CUDA graphs and reproducibility). For ``T > 1`` the table's
+rows take the window body (:mod:`._gdn_window`, the chunk form: every token's q / k / v / g / beta
+loaded once per tile as ``[TP, ...]`` blocks, the tile read by ``T`` independent sums and updated
+once, no token waiting on the last one's tile update; provisional until timed against the
+token-by-token body by ``bench_gdn_recurrent_step.py --verify``). For sm_90, compiled as a launch
+specializes it (unit inner strides, 16-divisible sizes and strides; ``T = 1`` a constant), the
+tile's loads and stores are 16 bytes wide; the token-by-token body does not spill: at K = V = 128
+with Triton 3.6, 16 columns x 1 warp take 127 registers per thread for T = 1 and 165 for T > 1 (4 /
+2 barriers per token), 64 x 4 take 125 / 168 (13 / 14 barriers: the reductions and layout
+conversions between warps); the window body's counts are with :data:`LAUNCH_TABLE`. The ``SCALED`` body
 (:func:`_update_scaled`, a launch option the sweep times) has two fewer conversions a token.
 
 Every argument is checked by :func:`validate` (also the pattern's check), each bad one an error
@@ -284,10 +289,9 @@ def _gdn_recurrent_step_inplace_cuda(q, k, v, g, beta, state, scale, use_qk_l2no
 # Triton
 # --------------------------------------------------------------------------------------
 if triton is not None:
-
-    @triton.jit
-    def _add2(a0, b0, a1, b1):
-        return a0 + a1, b0 + b1
+    from kda_inductor.lowerings._gdn_window import add2 as _add2
+    from kda_inductor.lowerings._gdn_window import load_window as _load_window
+    from kda_inductor.lowerings._gdn_window import window as _window
 
     @triton.jit
     def _add3(a0, b0, c0, a1, b1, c1):
@@ -386,35 +390,53 @@ if triton is not None:
             q, k, qk = _keys(q, k, scale, eps, L2NORM)
             return _update(S, q, k, qk, v, beta, tl.exp(g), PER_CHANNEL)
 
+    @triton.jit
+    def _sequential(S, q_row, k_row, v_row, g_row, b_row, o_row, T, HV, V, rk, kmask, vmask, scale, eps, sq_t, sk_t,
+                    sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
+                    SCALED: tl.constexpr):
+        """Token by token through the tile (the next token's inputs loaded before this one's
+        reductions), each output stored as it comes; returns the final tile."""
+        nxt = _load_token(q_row, k_row, v_row, g_row, b_row, 0, T, rk, kmask, vmask, sq_t, sk_t, sv_t, sg_t,
+                          sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
+        for t in range(T):
+            q, k, v, g, beta = nxt
+            nxt = _load_token(q_row, k_row, v_row, g_row, b_row, t + 1, T, rk, kmask, vmask, sq_t, sk_t,
+                              sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
+            S, o = _token(S, q, k, v, g, beta, scale, eps, PER_CHANNEL, L2NORM, SCALED)
+            tl.store(o_row + t * HV * V, o.to(o_row.dtype.element_ty), mask=vmask)
+        return S
+
     def _step_body(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, f_ptr, o_ptr, T, HV, K, V, GROUP, scale, eps,
                    sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, sg_b, sg_t, sg_h, sg_k,
                    sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, ss_v, sf_b, sf_h, sf_k, sf_v,
                    KP: tl.constexpr, BV: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
-                   HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False):
+                   HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False, TP: tl.constexpr = 0):
         """Program ``(b, h, j)``: the state tile ``[b, h, :, j * BV : (j + 1) * BV]`` read once
-        into registers (zeros without a state), every token run through it (the next token's
-        inputs loaded before this one's reductions), written once."""
+        into registers (zeros without a state), the tokens run through it (``TP`` > 0: the window
+        body, every token's inputs loaded at once, ``TP >= T`` rows; else token by token), written once."""
         b, h, j = _program(V, HV, BV)
         rk = tl.arange(0, KP)
         rv = j * BV + tl.arange(0, BV)
         kmask, vmask = rk < K, rv < V
         b64, hk = b.to(tl.int64), h // GROUP
         q_row, k_row = q_ptr + b64 * sq_b + hk * sq_h, k_ptr + b64 * sk_b + hk * sk_h
-        v_row, g_row = v_ptr + b64 * sv_b + h * sv_h + rv * sv_v, g_ptr + b64 * sg_b + h * sg_h
+        v_base, g_row = v_ptr + b64 * sv_b + h * sv_h, g_ptr + b64 * sg_b + h * sg_h
         b_row, o_row = b_ptr + b64 * sb_b + h * sb_h, o_ptr + (b64 * T * HV + h) * V + rv
-        nxt = _load_token(q_row, k_row, v_row, g_row, b_row, 0, T, rk, kmask, vmask, sq_t, sk_t, sv_t, sg_t,
-                          sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
         mask = kmask[:, None] & vmask[None, :]
         if HAS_STATE:
             S = tl.load(_tile(s_ptr, b, h, rk, rv, ss_b, ss_h, ss_k, ss_v), mask=mask, other=0.0)
         else:
             S = tl.zeros((KP, BV), tl.float32)
-        for t in range(T):
-            q, k, v, g, beta = nxt
-            nxt = _load_token(q_row, k_row, v_row, g_row, b_row, t + 1, T, rk, kmask, vmask, sq_t, sk_t,
-                              sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
-            S, o = _token(S, q, k, v, g, beta, scale, eps, PER_CHANNEL, L2NORM, SCALED)
-            tl.store(o_row + t * HV * V, o.to(o_ptr.dtype.element_ty), mask=vmask)
+        if TP > 0:
+            rt = tl.arange(0, TP)
+            q, k, v, g, beta = _load_window(q_row, k_row, v_base, g_row, b_row, T, rt, rk, rv, kmask, vmask, sq_t,
+                                            sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
+            S, o = _window(S, q, k, v, g, beta, T, rt, scale, eps, TP, PER_CHANNEL, L2NORM)
+            omask = (rt[:, None] < T) & vmask[None, :]
+            tl.store(o_row + rt[:, None] * HV * V, o.to(o_ptr.dtype.element_ty), mask=omask)
+        else:
+            S = _sequential(S, q_row, k_row, v_base + rv * sv_v, g_row, b_row, o_row, T, HV, V, rk, kmask, vmask,
+                            scale, eps, sq_t, sk_t, sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL, L2NORM, SCALED)
         tl.store(_tile(f_ptr, b, h, rk, rv, sf_b, sf_h, sf_k, sf_v), S, mask=mask)
 
     _step_kernel = triton.jit(_step_body)
@@ -434,11 +456,47 @@ class LaunchConfig(NamedTuple):
     instead of 14 at 4 warps, 3 instead of 4 at one warp, the same registers, no spills; Triton 3.9
     keeps its 4-warp barriers, 15 / 18, and takes 188 registers at one warp instead of 167). Not
     yet timed on a GPU: off in the table, timed by the sweep; ignored for a per-channel decay."""
+    window: bool = False
+    """The window body for ``T > 1`` (:func:`_window`, the chunk form: every token's inputs loaded
+    once, the tile read by ``T`` independent sums and updated once, no token waiting on the last
+    one's tile update); ignored at ``T = 1``."""
+
+
+class TableRow(NamedTuple):
+    """One class of the launch table: steps of ``tokens`` (first, last) over ``heads`` state
+    matrices (``B * Hv``: first, last; None unbounded), the launch, and its measurement (None:
+    provisional, not yet measured on a GPU: ``bench_gdn_recurrent_step.py --verify --candidates``
+    times it beside the others)."""
+
+    tokens: tuple[int, int]
+    heads: tuple[int, int | None]
+    config: LaunchConfig
+    measured: str | None
 
 
 SMALL_HEADS = 512
-"""At most this many ``batch * v_heads`` state matrices: the one-token step is the small-batch
-launch (16 columns, one warp); more: the large one (64 columns, 4 warps)."""
+"""At most this many ``B * Hv`` state matrices (B <= 16 at 32 value heads): a small-batch class."""
+LAUNCH_TABLE = (
+    TableRow((1, 1), (1, SMALL_HEADS), LaunchConfig(16, 1), "H200 2026-12-03 (bf322d0): B 1 4.2 us, B 8 10.8"),
+    TableRow((1, 1), (SMALL_HEADS + 1, None), LaunchConfig(64, 4), "H200 2026-12-03: B 32 37.7, B 128 135.7 us"),
+    TableRow((2, 2), (1, None), LaunchConfig(16, 1, window=True), None),
+    TableRow((3, 4), (1, None), LaunchConfig(16, 1, window=True), None),
+    TableRow((5, 8), (1, None), LaunchConfig(16, 1, window=True), None),
+)
+"""The fixed launch table (no run-time autotuning: CUDA graphs and reproducibility) at Qwen3-Next's
+dims (K = V = 128), by class. Measured rows name their run. The window rows (``T > 1``) are
+provisional, until ``bench_gdn_recurrent_step.py --verify`` has timed them beside its
+``--candidates`` (the token-by-token body's measured 16 x 1: T = 4 55.4 us at B 32, 202.2 at B 128
+on the H200, 2026-12-03): chosen by the fewest warp-instructions per state column in the sm_90 SASS
+(Triton 3.9, 2026-12-05, the kernel of this commit; the H200 runs 3.6, whose counts differ), the
+token-by-token body ~400 at T = 4 (its loop body times 4). Window, scalar decay, instructions per
+column (registers; spill instructions; barriers where many): TP 2: 16 x 1 146 (177), 8 x 1 184
+(128); TP 4: 16 x 1 242 (168; 173), 8 x 1 312 (168), 16 x 2 326 (188; 107 barriers), 32 x 4 332
+(138; 149 barriers); TP 8: 16 x 1 468 (255; 274), 8 x 1 655 (255; 86), 16 x 4 1190 (156; 301
+barriers). KDA, TP 4: 16 x 1 271 (255; 138), 16 x 2 334 (210; 65 barriers), 8 x 1 363 (208)."""
+MAX_WINDOW = 8
+"""The most tokens the window body takes (its ``[TP, K]`` blocks live in registers): a longer step
+(the op called directly) runs token by token at its class's launch."""
 MIN_BLOCK_V = 8
 """32 bytes per key row: one DRAM sector."""
 TABLE_KP = 128
@@ -447,26 +505,22 @@ to it). Other ``KP``: the columns scaled by ``TABLE_KP / KP`` (the same state va
 not measured)."""
 
 
+def table_row(heads: int, tokens: int) -> TableRow:
+    """The class of a step of ``tokens`` over ``heads`` state matrices (``tokens`` past the table:
+    its last row's)."""
+    t = max(1, min(int(tokens), LAUNCH_TABLE[-1].tokens[1]))
+    return next(r for r in LAUNCH_TABLE if r.tokens[0] <= t <= r.tokens[1] and r.heads[0] <= max(1, int(heads))
+                and (r.heads[1] is None or heads <= r.heads[1]))
+
+
 def launch_config(batch: int, v_heads: int, k_dim: int, v_dim: int, tokens: int = 1) -> LaunchConfig:
-    """The fixed launch table (no run-time autotuning: CUDA graphs and reproducibility), from the
-    H200 sweep of 2026-12-03 (``bench_gdn_recurrent_step.py --sweep``, bf322d0, CUDA-graph replay
-    us; the old default in brackets), Qwen3-Next's dims (32 value heads, K = V = 128):
-
-    * T = 1, B = 1: BV16 w1 4.2 us (BV8 w1 5.0; OLMo-hybrid's 30 x 96 x 192: BV16 w1 4.1).
-    * T = 1, B = 8: BV16 w1 10.8 (BV32 w2 11.0, BV64 w4 11.3, BV32 w4 12.0).
-    * T = 1, B = 32: BV64 w4 37.7 (BV32 w4 38.2; BV16 w1 47.8; Kimi BV64 w4 37.4 / 38.0).
-    * T = 1, B = 128 / 256: BV64 w4 135.7 / 265.7 (BV32 w4 139.8 / 273.9).
-    * T = 4, B = 32: BV16 w1 55.4 (BV32 w2 57.6, BV64 w4 59.5, BV32 w4 67.3; 8 warps ~150).
-    * T = 4, B = 128: BV16 w1 202.2 (BV64 w4 201.9, BV32 w2 204.9, BV32 w4 240.3; 8 warps 560).
-
-    So: T > 1 at any batch, or at most ``SMALL_HEADS`` state matrices (B <= 16 at 32 heads,
-    between B = 8 and 32 not measured): 16 columns, one warp; else 64 columns, 4 warps. Columns
-    no wider than ``V`` (a power of two), scaled by ``TABLE_KP / KP`` for other key dims."""
+    """The launch of :data:`LAUNCH_TABLE`'s class for this step: columns no wider than ``V`` (a
+    power of two), scaled by ``TABLE_KP / KP`` for other key dims."""
     kp = max(16, triton.next_power_of_2(int(k_dim)))
-    small = int(tokens) > 1 or int(batch) * int(v_heads) <= SMALL_HEADS
-    bv, warps = (16, 1) if small else (64, 4)
-    bv = min(max(MIN_BLOCK_V, bv * TABLE_KP // kp), max(MIN_BLOCK_V, triton.next_power_of_2(max(int(v_dim), 1))))
-    return LaunchConfig(bv, warps)
+    cfg = table_row(int(batch) * int(v_heads), tokens).config
+    widest = max(MIN_BLOCK_V, triton.next_power_of_2(max(int(v_dim), 1)))
+    bv = min(max(MIN_BLOCK_V, cfg.block_v * TABLE_KP // kp), widest)
+    return cfg._replace(block_v=bv, window=cfg.window and int(tokens) <= MAX_WINDOW)
 
 
 def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta: StepMeta,
@@ -487,7 +541,9 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
         float(scale), float(eps), *q.stride(), *k.stride(), *v.stride(), *g_strides, *beta.stride(),
         *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),
         KP=max(16, triton.next_power_of_2(meta.k_dim)), BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
-        L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, SCALED=bool(cfg.scaled), num_warps=cfg.num_warps,
+        L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, SCALED=bool(cfg.scaled),
+        TP=triton.next_power_of_2(meta.tokens) if cfg.window and 1 < meta.tokens <= MAX_WINDOW else 0,
+        num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
 
@@ -515,8 +571,9 @@ def step_triton(q, k, v, g, beta, state=None, scale=1.0, use_qk_l2norm=False, ep
 
 def aot_variants():
     """The launches to compile ahead of time for sm_90: Qwen3-Next's decode (bf16 q / k / v and
-    beta, float32 g, K = 128, scalar decay, l2norm, a state) at the table's two configs and in the
-    ``SCALED`` body, Kimi's per-channel decay, a float32 step without l2norm or state, and K = 256."""
+    beta, float32 g, K = 128, scalar decay, l2norm, a state) at the table's two T = 1 configs and in
+    the ``SCALED`` body, Kimi's per-channel decay, a float32 step without l2norm or state, K = 256,
+    and each window class of the table (scalar and per-channel decay; one without l2norm or state)."""
     from kda_inductor.lowerings import AotVariant
 
     names = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "b_ptr", "s_ptr", "f_ptr", "o_ptr")
@@ -526,10 +583,13 @@ def aot_variants():
     bf16 = dict(zip(names, ("*bf16", "*bf16", "*bf16", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16")),
                 **dict.fromkeys(ints, "i32"), scale="fp32", eps="fp32")
     fp32 = {**bf16, **dict.fromkeys(names, "*fp32")}
-    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False)
+    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False, TP=0)
     small = dict(big, BV=16)
     variants = ((bf16, big, 4), (bf16, small, 1), (bf16, dict(small, SCALED=True), 1),
                 (bf16, dict(big, SCALED=True), 4), (bf16, dict(big, PER_CHANNEL=True), 4),
-                (fp32, dict(small, L2NORM=False, HAS_STATE=False), 1), (bf16, dict(big, KP=256, BV=32), 4))
+                (fp32, dict(small, L2NORM=False, HAS_STATE=False), 1), (bf16, dict(big, KP=256, BV=32), 4),
+                *((bf16, dict(big, BV=row.config.block_v, TP=triton.next_power_of_2(row.tokens[1]), PER_CHANNEL=pc),
+                   row.config.num_warps) for row in LAUNCH_TABLE if row.config.window for pc in (False, True)),
+                (fp32, dict(small, L2NORM=False, HAS_STATE=False, TP=4), 1))
     for types, consts, warps in variants:
         yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1})

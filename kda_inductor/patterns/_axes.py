@@ -108,7 +108,7 @@ def _groups(xs: tuple, ns: tuple) -> list[tuple[list[int], list[int]]] | None:
     out, a, b = [], 0, 0
     while a < len(xi) and b < len(ni):
         ga, gb, pa, pb = [xi[a]], [ni[b]], xs[xi[a]], ns[ni[b]]
-        while pa != pb and a + 1 < len(xi) and b + 1 < len(ni):
+        while pa != pb and (a + 1 < len(xi) if pa < pb else b + 1 < len(ni)):  # grow the smaller side
             if pa < pb:
                 a += 1
                 ga, pa = ga + [xi[a]], pa * xs[xi[a]]

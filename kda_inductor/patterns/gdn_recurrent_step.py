@@ -60,12 +60,13 @@ import torch
 import torch.fx as fx
 
 from kda_inductor.lowerings import gdn_recurrent_step as _lowering  # registers the ops
+from kda_inductor.patterns import _gdn_products as products
 from kda_inductor.patterns import _gdn_write_back as _write_back
 from kda_inductor.patterns import base
 from kda_inductor.patterns.base import Match, Rewrite, Stage, aten, in_graph_order, is_op, live_users, prims, val
-from kda_inductor.patterns._axes import (VALUE_VIEWS, F, arrange, between, broadcast, dot, downstream, factors, fresh,
-                                          known, labels_of, relabel, repeat, same_bag, same_shape, shape, sole_user,
-                                          token, unit, upcast, view_map, written)
+from kda_inductor.patterns._axes import (VALUE_VIEWS, F, arrange, between, broadcast, factors, fresh,
+                                          known, labels_of, relabel, repeat, shape, sole_user,
+                                          token, unit, upcast, written)
 from kda_inductor.patterns.canonical import Canon, const_value, term
 
 MAX_TOKENS = 8
@@ -148,38 +149,12 @@ def _update(n: Any) -> tuple[fx.Node, F, F, list[F], tuple] | None:
     return next((f for f in found if is_op(f[2].node, aten.sub)), found[0] if found else None)
 
 
-def _out_labels(u: fx.Node, n: fx.Node, labels: tuple) -> tuple | None:
-    """The axis names of ``u`` where it may be ``sum_k(n * q)`` (a ``sum``, or the reshape after a
-    ``bmm``) of the state ``n``; None where it cannot."""
-    if is_op(u, aten.sum) and u.target is aten.sum.dim_IntList and len(u.args[1]) == 1:
-        p = u.args[0]
-        d = u.args[1][0] % max(len(shape(p)), 1)
-        for x in (p.args if is_op(p, aten.mul) else [p]):
-            b, src = view_map(x)
-            if b is n and same_shape(shape(x), shape(p)):
-                names = tuple(labels[j] if j is not None else "" for j in src)
-                keep = len(u.args) > 2 and u.args[2]
-                return names[:d] + (("",) if keep else ()) + names[d + 1:]
-    if is_op(u, aten.view, aten.reshape, aten._unsafe_view) and is_op(u.args[0], aten.bmm):
-        m = u.args[0].args[1]
-        b, src = view_map(m.args[0]) if is_op(m, aten.view, aten.reshape, aten._unsafe_view) else (None, None)
-        if b is n:
-            lead = [labels[j] for j in src[:-2] if j is not None]
-            big = [i for i, s in enumerate(shape(u)[:-1]) if not unit(s)]
-            names = ["" for _ in shape(u)]
-            for i, l in zip(big, lead):
-                names[i] = l
-            return tuple(names[:-1]) + ("v",) if len(big) == len(lead) else None
-    return None
-
-
 def _output(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, F, float] | None:
     """``(o, its axis names, q, c)`` where ``o = sum_k(n * q * c)`` reads the new state ``n`` (``c``
     the numbers among the product's factors: a scale of q)."""
-    for u in downstream(n, 4):
-        names = _out_labels(u, n, labels)
-        big = frozenset(l for l, s in zip(names or (), shape(u)) if l and not unit(s))
-        for m, q in dot(u, names) if names is not None else ():
+    for u, names in products.readers(n, labels):
+        big = frozenset(l for l, s in zip(names, shape(u)) if l and not unit(s))
+        for m, q in products.dot(u, names) or ():
             nums = [const_value(f.node) for f in m if not isinstance(f.node, fx.Node)]
             state = [f for f in m if isinstance(f.node, fx.Node)]
             if len(state) == 1 and state[0].node is n and state[0].labels == labels and None not in nums \
@@ -455,16 +430,18 @@ class GdnRecurrentStep(Rewrite):
         prev = [f for f in fa if isinstance(f.node, fx.Node) and f.sig() == _names(n)]
         decay = [f for f in fa if f not in prev]
         if len(prev) != 1:
-            return self.miss(n, Stage.FORM, "the update adds k (x) (...) to something that is not the state (times "
-                             "its decay)")
+            return self.miss(n, Stage.FORM, "the update adds k (x) (...) to something not recognised as the state "
+                             "(times its decay)")
         if not decay:
             after = any(_is_exp(f) for u in live_users(n) if is_op(u, aten.mul) for f in factors(u, labels))
             return self.miss(n, Stage.FORM, "the decay is applied after the update (S = (S + k delta^T) * exp(g)): "
                              "the gated delta rule decays the state before it reads it" if after else
-                             "the state is not decayed (the delta rule without a gate): the op decays it by exp(g)")
+                             "the state is not decayed (the delta rule without a gate): the op decays it by exp(g)"
+                             if products.plain(prev[0].node) else "no decay of the state (S * exp(g)) before the update "
+                             "was recognised")
         if len(decay) != 1 or not decay[0].sig() <= {"b", "h", "k"} or not _is_exp(decay[0]):
-            return self.miss(n, Stage.FORM, "the state is not scaled by one exp(g) per head (or per key channel) "
-                             "before the update")
+            return self.miss(n, Stage.FORM, "the state's factor before the update is not recognised as one exp(g) per "
+                             "head (or per key channel)")
         return self._delta(n, canon, prev[0], decay[0], fa, k, vside, rest, labels)
 
     def _delta(self, n, canon, prev, decay, fa, k, vside, rest, labels) -> Step | None:
@@ -474,18 +451,17 @@ class GdnRecurrentStep(Rewrite):
                 and all(isinstance(a, fx.Node) for a in sub.args)):
             return self.miss(n, Stage.FORM, "a gated linear-attention update (S * exp(g) + k v^T): no delta rule "
                              "((v - S k) * beta), which the op computes")
-        reads = dot(sub.args[1], broadcast(sub.args[1], sub, vside.labels))
-        read = next(([*m, x] for m, x in reads if x.key(canon) == k.key(canon) and same_bag(m, fa, canon)), None)
+        read, why = products.state_read(sub.args[1], broadcast(sub.args[1], sub, vside.labels), k, fa, prev, canon)
         if read is None:
-            return self.miss(n, Stage.FORM, "the state read (S k in v - S k) is not k of the decayed state the "
-                             "update adds to")
+            return self.miss(sub.args[1], Stage.FORM, why)  # at the state read's line
         betas = [f for f in rest if isinstance(f.node, fx.Node)]
         if len(betas) != 1 or len(rest) != 1:
             return self.miss(n, Stage.FORM, "no single beta (the update's per-head step size): the op computes "
                              "(v - S k) * beta")
         out = _output(n, labels)
         if out is None:
-            return self.miss(n, Stage.PIECES, "no output sum_k(S q) reads the updated state")
+            return self.miss(n, Stage.PIECES, "no output sum_k(S q) of the updated state was recognised among its "
+                             "readers (read: a sum over k of a broadcast product, einsum, matmul or bmm)")
         v = F(sub.args[0], broadcast(sub.args[0], sub, vside.labels))
         return Step(n, prev, decay, k, v, betas[0], out[2], out[0], out[1], read, labels, out[3])
 

@@ -1,0 +1,125 @@
+"""The window body of ``kda::gdn_recurrent_step``'s Triton kernel (``T > 1`` tokens, a launch option:
+``LaunchConfig.window``), in the chunk form: per program, the float32 state tile ``S [KP, BV]`` in
+registers and every token's ``q`` / ``k`` / ``v`` / ``g`` / ``beta`` loaded once as ``[TP, ...]`` blocks
+(``TP`` the tokens padded to a power of two, zeros past the last). With ``G_t`` the cumulative log
+decay from the window's start (per head or per key channel), the spec's loop is, exactly in real
+arithmetic (float32 sums in another order)::
+
+    a_t = sum_K(S e^G_t k_t)          b_t = sum_K(S e^G_t q_t)          # T sums, independent
+    d_t = (v_t - a_t - sum_{i<t} (k_t . k_i e^(G_t - G_i)) d_i) beta_t  # [BV] vectors, per token
+    o_t = b_t + sum_{i<=t} (q_t . k_i e^(G_t - G_i)) d_i
+    S'  = S e^G_last + sum_t (k_t e^(G_last - G_t)) d_t^T                # the tile updated once
+
+(``e^(G_t - G_i)`` per key channel inside the dots for KDA; exponents of ``i > t`` masked to
+``-inf`` before ``exp``, never overflowing). No token waits on the last one's tile update: the
+tile is read by ``T`` independent sums and written by one pass of ``T`` outer products.
+"""
+
+from __future__ import annotations
+
+from kda_inductor.lowerings._triton import tl, triton
+
+if triton is not None:
+
+    @triton.jit
+    def add2(a0, b0, a1, b1):
+        return a0 + a1, b0 + b1
+
+    @triton.jit
+    def _row(X, rt, t):
+        """Row ``t`` of the register block ``X [TP, N]`` (a ``[N]`` vector)."""
+        return tl.sum(tl.where(rt[:, None] == t, X, 0.0), 0)
+
+    @triton.jit
+    def _put(X, rt, t, x):
+        """``X`` with row ``t`` set to the vector ``x``."""
+        return tl.where(rt[:, None] == t, x[None, :], X)
+
+    @triton.jit
+    def _at(x, rt, t):
+        """Element ``t`` of the vector ``x [TP]``."""
+        return tl.sum(tl.where(rt == t, x, 0.0), 0)
+
+    @triton.jit
+    def load_window(q_row, k_row, v_base, g_row, b_row, T, rt, rk, rv, kmask, vmask, sq_t, sk_t, sv_t, sv_v,
+                     sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL: tl.constexpr):
+        """Every token's ``q``, ``k`` (``[TP, KP]``), ``v`` (``[TP, BV]``), ``g`` (``[TP]`` or ``[TP, KP]``)
+        and ``beta`` (``[TP]``) as float32, loaded once; zeros past the last token."""
+        tm = rt < T
+        mk = tm[:, None] & kmask[None, :]
+        q = tl.load(q_row + rt[:, None] * sq_t + rk[None, :] * sq_k, mask=mk, other=0.0).to(tl.float32)
+        k = tl.load(k_row + rt[:, None] * sk_t + rk[None, :] * sk_k, mask=mk, other=0.0).to(tl.float32)
+        v = tl.load(v_base + rt[:, None] * sv_t + rv[None, :] * sv_v, mask=tm[:, None] & vmask[None, :], other=0.0)
+        if PER_CHANNEL:
+            g = tl.load(g_row + rt[:, None] * sg_t + rk[None, :] * sg_k, mask=mk, other=0.0).to(tl.float32)
+        else:
+            g = tl.load(g_row + rt * sg_t, mask=tm, other=0.0).to(tl.float32)
+        beta = tl.load(b_row + rt * sb_t, mask=tm, other=0.0).to(tl.float32)
+        return q, k, v.to(tl.float32), g, beta
+
+    @triton.jit
+    def _window_keys(q, k, g, T, rt, scale, eps, L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr):
+        """The window's keys, every token at once: ``q`` normalized and scaled, ``k`` normalized; ``gc``
+        the cumulative log decay from the window's start (``G_t``: ``[TP]`` or ``[TP, KP]``) and its
+        last value ``G_last``."""
+        if L2NORM:
+            q = q * (tl.math.rsqrt(tl.sum(q * q, 1) + eps) * scale)[:, None]
+            k = k * tl.math.rsqrt(tl.sum(k * k, 1) + eps)[:, None]
+        else:
+            q = q * scale
+        gc = tl.cumsum(g, 0)
+        if PER_CHANNEL:
+            return q, k, gc, _row(gc, rt, T - 1)
+        else:
+            return q, k, gc, _at(gc, rt, T - 1)
+
+    @triton.jit
+    def _decayed(x, gc, rt, t, base, PER_CHANNEL: tl.constexpr):
+        """Row ``t`` of ``x [TP, KP]`` times ``exp(base - G_t)`` (per key channel or one number)."""
+        if PER_CHANNEL:
+            return _row(x, rt, t) * tl.exp(base - _row(gc, rt, t))
+        else:
+            return _row(x, rt, t) * tl.exp(base - _at(gc, rt, t))
+
+    @triton.jit
+    def _pairs(k, gc, rt, t, kt, qt, gt, PER_CHANNEL: tl.constexpr):
+        """Token ``t``'s couplings to the window's tokens ``i`` (``kt``, ``qt``, ``gt``: its ``k``, ``q``,
+        ``G``): ``m[i] = k_t . (k_i decayed from i to t)`` for ``i < t`` (what their updates add to the
+        state read of ``t``), ``n[i] = q_t . (k_i decayed from i to t)`` for ``i <= t`` (to its output)."""
+        if PER_CHANNEL:
+            kr = k * tl.exp(tl.where(rt[:, None] <= t, gt[None, :] - gc, float("-inf")))
+            m, n = tl.sum(kr * kt[None, :], 1), tl.sum(kr * qt[None, :], 1)
+        else:
+            r = tl.exp(tl.where(rt <= t, gt - gc, float("-inf")))
+            m, n = tl.sum(k * kt[None, :], 1) * r, tl.sum(k * qt[None, :], 1) * r
+        return tl.where(rt < t, m, 0.0), n
+
+    @triton.jit
+    def window(S, q, k, v, g, beta, T, rt, scale, eps, TP: tl.constexpr, PER_CHANNEL: tl.constexpr,
+               L2NORM: tl.constexpr):
+        """The window through the tile ``S [KP, BV]`` with one pass over it (the chunk form; ``G_t``
+        the cumulative log decay), per token: ``a_t = sum_K(S e^G_t k_t)``, ``b_t = sum_K(S e^G_t q_t)``
+        (of the initial tile: no token waits on another's), ``d_t = (v_t - a_t - sum_{i<t} m_ti d_i)
+        beta_t``, ``o_t = b_t + sum_{i<=t} n_ti d_i`` (``[BV]`` vectors); then the tile once: ``S
+        e^G_last + sum_t (k_t e^(G_last - G_t)) d_t^T``. The spec's loop, summed in another order."""
+        q, k, gc, last = _window_keys(q, k, g, T, rt, scale, eps, L2NORM, PER_CHANNEL)
+        d = tl.zeros_like(v)
+        o = tl.zeros_like(v)
+        for t in tl.static_range(TP):
+            kt, qt = _row(k, rt, t), _row(q, rt, t)
+            gt = _row(gc, rt, t) if PER_CHANNEL else _at(gc, rt, t)
+            e = tl.exp(gt)  # the decay from the window's start to t
+            at, bt = tl.reduce((S * (kt * e)[:, None], S * (qt * e)[:, None]), 0, add2)
+            m, n = _pairs(k, gc, rt, t, kt, qt, gt, PER_CHANNEL)
+            d = _put(d, rt, t, (_row(v, rt, t) - at - tl.sum(d * m[:, None], 0)) * _at(beta, rt, t))
+            o = _put(o, rt, t, bt + tl.sum(d * n[:, None], 0))
+        S = S * (tl.exp(last)[:, None] if PER_CHANNEL else tl.exp(last))
+        for t in tl.static_range(TP):
+            S += _decayed(k, gc, rt, t, last, PER_CHANNEL)[:, None] * _row(d, rt, t)[None, :]
+        return S, o
+
+
+def aot_variants():
+    """None of its own: these helpers are inlined into ``gdn_recurrent_step``'s kernel, whose
+    ``aot_variants()`` compile each window class."""
+    return ()

@@ -292,7 +292,7 @@ def run_varlen(T: int, C: int, *, device, timer, bandwidth) -> dict:
     cu = varlen_cu(T, VARLEN_SEQS, device)
     x = _input("varlen", T, 1, C, device)
     bf = torch.bfloat16
-    want = L._conv_cpu(x.transpose(1, 2), module.weight, None, None, cu, "silu", bf, bf,
+    want = L.conv_cpu(x.transpose(1, 2), module.weight, None, None, cu, "silu", bf, bf,
                        L.validate(x.transpose(1, 2), module.weight, None, None, cu)).transpose(1, 2)
     fns = {"op": lambda x: torch.ops.kda.causal_conv1d(x.transpose(1, 2), module.weight, None, None, cu, "silu",
                                                        bf, bf).transpose(1, 2)}

@@ -18,7 +18,7 @@ import math
 from typing import NamedTuple
 
 __all__ = ["PREFILL_CONFIGS", "QWEN3_NEXT_SOURCES", "UPDATE_CONFIGS", "UPDATE_MAX_T", "LaunchConfig", "Source",
-           "UpdateConfig", "aot_geometry", "fit", "geometry", "head_block", "launch_config", "next_power_of_2",
+           "UpdateConfig", "aot_geometry", "fit", "fit_update", "geometry", "head_block", "launch_config", "next_power_of_2",
            "read_sources", "update_config"]
 
 MAX_SOURCES = 4  # the _cat ops' sources (``_conv_validate.MAX_SOURCES``)
@@ -111,9 +111,13 @@ def launch_config(tokens: int, channels: int, batch: int = 1) -> LaunchConfig:
 
 
 def update_config(tokens: int, channels: int, batch: int) -> UpdateConfig:
-    """The update config of ``UPDATE_CONFIGS`` for ``batch * channels`` (capped at the channels;
-    warps at 128 channels a warp)."""
-    cfg = [c for start, c, _ in UPDATE_CONFIGS if int(batch) * int(channels) >= start][-1]
+    """The update config of ``UPDATE_CONFIGS`` for ``batch * channels`` (:func:`fit_update`)."""
+    return fit_update([c for start, c, _ in UPDATE_CONFIGS if int(batch) * int(channels) >= start][-1], channels)
+
+
+def fit_update(cfg: UpdateConfig, channels: int) -> UpdateConfig:
+    """``cfg`` for ``channels``: the channel block capped at the channels (a power of two), warps
+    at 128 channels a warp."""
     block_c = min(cfg.block_c, max(8, next_power_of_2(int(channels))))
     return UpdateConfig(block_c, max(1, min(cfg.num_warps, block_c // 128)))
 

@@ -256,13 +256,14 @@ def _check_prefill(cfg, label):
     state = torch.randn(5, 40, 5, generator=g).to(torch.bfloat16)
     x = _x(g, 1, 40, T, torch.bfloat16)
     w, b = _params(g, 40, 4, torch.bfloat16)
-    _same(mod.conv_triton(*_dev(x, w, b, state, cu), activation="none", config=mod.fit(cfg, T, 40),
-                          out=_poisoned(1, 40, T)), taps_reference(x, w, b, state, cu, act="none"), "none", f"{label} varlen")
+    out = mod.conv_triton(*_dev(x, w, b, state, cu), activation="none", config=mod.fit(cfg, T, 40),
+                          out=_poisoned(1, 40, T))
+    _same(out, taps_reference(x, w, b, state, cu, act="none"), "none", f"{label} varlen")
     st = torch.randn(1, 200, 3, generator=g).to(torch.bfloat16)
     x = _x(g, 1, 200, T, torch.bfloat16)
     w, b = _params(g, 200, 4, torch.bfloat16)
-    _same(mod.conv_triton(*_dev(x, w, b, st), config=mod.fit(cfg, T, 200), out=_poisoned(1, 200, T)), taps_reference(x, w, b, st), "silu",
-          f"{label} state")
+    out = mod.conv_triton(*_dev(x, w, b, st), config=mod.fit(cfg, T, 200), out=_poisoned(1, 200, T))
+    _same(out, taps_reference(x, w, b, st), "silu", f"{label} state")
 
 
 @needs_runner

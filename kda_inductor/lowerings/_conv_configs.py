@@ -18,8 +18,8 @@ import math
 from typing import NamedTuple
 
 __all__ = ["PREFILL_CONFIGS", "QWEN3_NEXT_SOURCES", "UPDATE_CONFIGS", "UPDATE_MAX_T", "LaunchConfig", "Source",
-           "UpdateConfig", "aot_geometry", "fit", "fit_update", "geometry", "head_block", "launch_config", "next_power_of_2",
-           "read_sources", "update_config"]
+           "UpdateConfig", "aot_geometry", "fit", "fit_update", "geometry", "head_block", "launch_config",
+           "next_power_of_2", "read_sources", "update_config"]
 
 MAX_SOURCES = 4  # the _cat ops' sources (``_conv_validate.MAX_SOURCES``)
 

@@ -421,7 +421,8 @@ if triton is not None:
                      H3: tl.constexpr, D3: tl.constexpr, SH3: tl.constexpr, JB3: tl.constexpr, CO3: tl.constexpr,
                      C: tl.constexpr, NSRC: tl.constexpr, K: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
                      S_P2: tl.constexpr, SS_C: tl.constexpr, S_W: tl.constexpr, CONV: tl.constexpr,
-                     ONE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, W_KIND: tl.constexpr, ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr, S_KIND: tl.constexpr,
+                     ONE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, W_KIND: tl.constexpr,
+                     ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr, S_KIND: tl.constexpr,
                      HW: tl.constexpr, X_UNIT: tl.constexpr):
         """Program (j, b): channel block ``j`` of row ``b``, every token: the state tile read once
         into registers, the conv of each token (``CONV``; else the state shift alone, after a

@@ -52,6 +52,7 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from torch.fx.experimental.symbolic_shapes import statically_known_true as definitely
 
@@ -493,8 +494,22 @@ class CausalConv1d(Rewrite):
             fn, args = conv_update, (x, m.input.state, m.weight, m.bias, *options)
             outputs = [c.output, m.write.output]
         outputs += list(m.input.tails)
-        replace_by_function(graph, fn, args, outputs=outputs, before=in_graph_order(inputs)[-1].next,
-                            region=m.nodes, origin=m.conv)
+        made = replace_by_function(graph, fn, args, outputs=outputs, before=in_graph_order(inputs)[-1].next,
+                                   region=m.nodes, origin=m.conv)
+        _drop_layout_copy(graph, made[0])
+
+
+def _drop_layout_copy(graph: fx.Graph, n: fx.Node) -> None:
+    """The user's ``.transpose(1, 2).contiguous()`` of the output, a no-op on the op's layout: the
+    views' values recomputed, the clone erased (one chain of single users: no output aliases)."""
+    with detect_fake_mode([val(n)]):
+        while len(n.users) == 1 and is_op(u := next(iter(n.users)), aten.permute, *SHAPE_VIEWS):
+            u.meta["val"], n = u.target(val(n), *fx.node.map_arg(u.args[1:], val), **u.kwargs), u
+    a, u = val(n), next(iter(n.users), None)
+    if len(n.users) == 1 and is_op(u, aten.clone) and a.dtype == val(u).dtype and all(
+            definitely(p == q) for p, q in zip(a.stride() + a.shape, val(u).stride() + val(u).shape)):
+        u.replace_all_uses_with(n)
+        graph.erase_node(u)
 
 
 def conv(x, weight, bias, initial_state, activation, act_dtype, out_dtype, shape, tails):

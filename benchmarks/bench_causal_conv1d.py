@@ -25,7 +25,7 @@ of the ``qkvz`` projection, the cat included in every compiled variant; ``op`` r
 ``varlen`` (the op and FLA only: ``VARLEN_SEQS`` sequences of random lengths in T tokens).
 
 Cases run one width at a time; no new case starts after ``--budget`` seconds (450) and the rows
-done are recorded. The run ends with the targets of issue 37 (op against the floor and FLA) and
+done are recorded. The run ends with the targets (op against the floor and FLA, decode against FLA) and
 the speed rule's input: per width and form, the smallest T from which kda (forced) is faster
 than stock at that T and every larger one (``CUDA_MIN_TOKENS`` in
 ``kda_inductor/patterns/causal_conv1d.py``; 1 when it never loses). ``kda`` is the rewrite
@@ -327,7 +327,7 @@ def crossover(rows: list[dict]) -> list[dict]:
 
 
 def targets(rows: list[dict]) -> list[dict]:
-    """Issue 37's targets, per row where they apply: projection form op <= 1.5x the floor at
+    """The kernel's targets, per row where they apply: projection form op <= 1.5x the floor at
     T >= 4096 and faster than FLA at T >= 256; the cat form's op <= 2x the floor; decode faster
     than FLA at B = 32 and 128."""
     out = []
@@ -458,7 +458,7 @@ def report(args, rows: list[dict], bandwidth, t0: float) -> None:
            started=t0)
     print_table(targets(rows), (("case", "case", "s"), ("T", "T", ","), ("B", "B", ","), ("target", "target", "s"),
                                 ("met", "met", "s"), ("op_us", "op us", ".2f"), ("runs", "2 rounds", "s")),
-                title="issue 37's targets")
+                title="targets: op <= 1.5x the floor and ahead of FLA (T >= 256), decode ahead of FLA")
     print_table(rule, (("case", "case", "s"), ("min_tokens", "kda faster from B*T", "s"),
                        ("worst", "worst forced/stock", ".3f")), title="speed rule input (CUDA_MIN_TOKENS)")
 

@@ -12,7 +12,7 @@ tables (summed over the widths that class covers: each width's time over its bes
 ``kda_inductor/lowerings/_conv_configs.py`` (classes the budget left unmeasured keep their
 row). Records ``benchmarks/results/tune_causal_conv1d.{md,json}``.
 
-    python benchmarks/tune_causal_conv1d.py --budget 270    # what .ci/gpu tune-causal_conv1d runs (5-minute call)
+    python benchmarks/tune_causal_conv1d.py --budget 250    # what .ci/gpu tune-causal_conv1d runs (a 300 s call)
     python benchmarks/tune_causal_conv1d.py --widths 8192 --tokens 4096,16384
     TRITON_INTERPRET=1 python benchmarks/tune_causal_conv1d.py --smoke    # CPU, tiny: the code path only
 
@@ -236,7 +236,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)))
     p.add_argument("--tokens", default=",".join(map(str, TOKENS)))
     p.add_argument("--batches", default=",".join(map(str, DECODE_BATCHES)))
-    p.add_argument("--budget", type=float, default=270, help="seconds after which no new compile starts")
+    p.add_argument("--budget", type=float, default=250, help="seconds after which no new compile starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes: the code path")
     args = p.parse_args(argv)

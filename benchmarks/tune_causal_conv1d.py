@@ -15,6 +15,7 @@ row). Records ``benchmarks/results/tune_causal_conv1d.{md,json}``.
     python benchmarks/tune_causal_conv1d.py --budget 250    # what .ci/gpu tune-causal_conv1d runs (a 300 s call)
     python benchmarks/tune_causal_conv1d.py --widths 8192 --tokens 4096,16384
     TRITON_INTERPRET=1 python benchmarks/tune_causal_conv1d.py --smoke    # CPU, tiny: the code path only
+    python benchmarks/tune_causal_conv1d.py --registers --widths 8192     # no GPU: registers for sm_90
 
 Widths run one at a time in ``WIDTHS`` order; no new (width, config) compile starts past
 ``--budget`` seconds (each compiles once per width: the channels are a constexpr).
@@ -53,13 +54,13 @@ TOKENS = (1, 64, 512, 4096, 16384)
 DECODE_BATCHES = (1, 32, 128)
 LC, UC = L.LaunchConfig, L.UpdateConfig
 PREFILL_CANDIDATES = (
-    # blocks of taps, 8 values a thread (48 registers for sm_90), tokens a program
+    # blocks of taps, 8 values a thread (72 registers for sm_90: --registers), tokens a program
     LC(16, 128, 4, 1, 8, False), LC(32, 128, 4, 1, 8, False), LC(64, 128, 4, 1, 8, False),
     LC(128, 128, 4, 1, 8, False), LC(64, 256, 8, 1, 8, False), LC(64, 64, 2, 1, 8, False),
-    # pipelined steps, 16 values a thread (90 registers), 8 warps on 16 rows
+    # a pipelined loop (80), 16 values a thread (108), 8 warps on 16 rows (78)
     LC(64, 128, 4, 2, 8, False), LC(64, 128, 4, 1, 16, False), LC(64, 128, 8, 1, 16, False),
-    # the register window: 4 channels x 2 rows a thread (64 registers), 8 x 2 (128), the kernel
-    # measured on 2026-12-03 (64 x 1024, 4 warps, 8 rows: 255 registers)
+    # the register window: 4 channels x 2 rows a thread (76), 8 x 2 (98), the kernel measured on
+    # 2026-12-03 (64 x 1024, 4 warps, 8 rows: 213)
     LC(64, 128, 1, 1, 2, True), LC(64, 256, 1, 1, 2, True), LC(64, 1024, 4, 1, 8, True),
 )
 UPDATE_CANDIDATES = (UC(64, 1), UC(128, 1), UC(256, 1), UC(256, 2), UC(512, 2), UC(512, 4), UC(1024, 4),
@@ -232,6 +233,59 @@ def tables(rows: list[dict], env: str, smoke: bool = False) -> tuple[list[dict],
     return summary, "\n".join(lines)
 
 
+def registers(widths, smoke: bool) -> list[dict]:
+    """Each candidate's registers a thread and local memory (spills) compiled for sm_90 (bf16,
+    K = 4, silu; Triton's run-time specialization of 16-divisible arguments assumed), and the
+    warps an SM its registers leave room for: no GPU needed (Triton's CUDA backend and its
+    ``cuobjdump``)."""
+    import os
+    import re
+    import subprocess
+    import tempfile
+
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from kda_inductor.lowerings import _conv_kernels as kernels
+    from kda_inductor.lowerings._conv_configs import aot_geometry
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    ptrs = {n: "*bf16" for n in ("x0", "x1", "x2", "x3", "w_ptr", "b_ptr", "s_ptr", "y_ptr")}
+    ints = {n: "i32" for n in ("T", "S", "sx_b", "sx_t", "sx_c", "ss_n", "ss_c", "ss_t", "sw_c", "sw_k")}
+    unaligned = ("S", "num_seqs", "sx_c", "ss_c", "ss_t", "sw_k")
+    base = dict(K=K, HAS_BIAS=False, SILU=True, W_KIND=1, ACT_KIND=1, OUT_KIND=1, HW=True, X_UNIT=True)
+    rows = []
+    for C in widths:
+        for kind in ("prefill", "decode"):
+            for cand in candidates(kind, smoke):
+                if kind == "prefill":
+                    kernel, types = kernels.prefill_kernel, dict(ptrs, cu_ptr="*i32", num_seqs="i32", **ints)
+                    consts = dict(base, **aot_geometry(((1, C, 0),), cand.block_c), HAS_STATE=False, VARLEN=False,
+                                  STEPS=1, BLOCK_T=cand.block_t, ROWS=cand.rows, NUM_STAGES=cand.num_stages,
+                                  WINDOW=cand.window)
+                else:
+                    kernel, types = kernels.update_kernel, dict(ptrs, **ints)
+                    consts = dict(base, **aot_geometry(((1, C, 0),), cand.block_c), S_P2=4, SS_C=4, S_W=4, CONV=True,
+                                  ONE=True, S_KIND=1)
+                names = kernel.arg_names
+                src = ASTSource(fn=kernel, signature={n: types.get(n, "constexpr") for n in names},
+                                constexprs={(names.index(k),): v for k, v in consts.items()},
+                                attrs={(names.index(n),): [["tt.divisibility", 16]] for n in types if n not in unaligned})
+                compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": cand.num_warps})
+                with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                    f.write(compiled.asm["cubin"])
+                    f.flush()
+                    usage = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+                regs, local = (int(re.search(rf"{k}:(\d+)", usage).group(1)) for k in ("REG", "LOCAL"))
+                ctas = min(32, 65536 // (regs * 32 * cand.num_warps))
+                rows.append({"kind": kind, "C": C, "config": _cfg_text(cand), "regs": regs, "local": local,
+                             "warps_per_sm": min(64, ctas * cand.num_warps)})
+                print(f"{kind} C={C} {rows[-1]['config']}: {regs} registers, {local} bytes local, "
+                      f"{rows[-1]['warps_per_sm']} warps an SM", flush=True)
+    return rows
+
+
 def main(argv=None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--widths", default=",".join(map(str, WIDTHS)))
@@ -240,7 +294,11 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--budget", type=float, default=250, help="seconds after which no new compile starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes: the code path")
+    p.add_argument("--registers", action="store_true",
+                   help="no timing, no GPU: each candidate's registers for sm_90 (without TRITON_INTERPRET)")
     args = p.parse_args(argv)
+    if args.registers:
+        return registers([int(v) for v in args.widths.split(",")][:1 if args.smoke else None], args.smoke)
     t0 = time.perf_counter()
     device = "cpu" if args.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():

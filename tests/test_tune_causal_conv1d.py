@@ -37,3 +37,19 @@ def test_tune_smoke_prints_tables_to_paste():
     # the smoke's widths (40, 136) fall in the narrowest class: T >= 1 and T >= 64, and decode
     assert len(measured) == 3 and all("CPU smoke: NOT a measurement" in n for n in measured), measured
     assert all("tune_causal_conv1d.md" in n for n in notes if n not in measured)
+
+
+def test_tune_registers_without_a_gpu():
+    """``--registers``: each candidate (smoke: the tables' 4 + 4) compiled for sm_90 here (no
+    GPU), its registers and spills read from the cubin; the taps tiles under 128, no spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tune_causal_conv1d.py"), "--registers", "--smoke",
+                           "--widths", "8192"], capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    if proc.returncode != 0 and ("GPUTarget" in proc.stderr or "cuobjdump" in proc.stderr):
+        pytest.skip("this Triton cannot compile for CUDA here")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = [line for line in proc.stdout.splitlines() if " registers, " in line]
+    assert len(lines) == 8 and all(" 0 bytes local" in line for line in lines), lines
+    for line in lines:
+        if "LaunchConfig" in line and "False)" in line:
+            assert int(line.split(": ")[1].split(" ")[0]) < 128, line

@@ -58,9 +58,10 @@ _C_CLASSES = ((1, 4096), (6144, 8192), (10240, 11520))
 def _guess(tokens: int) -> LaunchConfig:
     """Today's best guess per token class (see the module docstring), FLA's shape of tile: blocks
     of taps, 128 channels (a head) x 8 tokens over 4 warps, 8 values a thread (one 16-byte
-    load per tap), more tokens a program as T grows. Compiled for sm_90 (Triton 3.9, no GPU)
-    it holds 48 registers a thread: 40 warps an SM, where the register window of 64 x 1024 in
-    4 warps (the kernel measured at 99.3 us) takes 255 (8 warps an SM)."""
+    load per tap), more tokens a program as T grows. Compiled for sm_90 (Triton 3.9, no GPU:
+    ``tune_causal_conv1d.py --registers``) it holds 72 registers a thread (48 for one step of 8
+    tokens): 28 warps an SM, where the register window of 64 x 1024 in 4 warps (the kernel
+    measured at 99.3 us) takes 213 (8 warps an SM)."""
     block_t = 8 if tokens < 64 else 16 if tokens < 512 else 32 if tokens < 4096 else 64
     return LaunchConfig(block_t, 128, 4, 1, 8, False)
 
@@ -79,9 +80,10 @@ UPDATE_CONFIGS = (
     (1 << 19, UpdateConfig(512, 4), f"provisional: B * C >= 512K (decode 64+ at 8192); measure: {_RESULTS}, B=128"),
 )
 """Update configs by the channels of the whole batch (``B * C``), from the smallest they serve.
-PROVISIONAL: 4 channels a thread, where the decode launch (one token) compiles to 83-96
-registers a thread for sm_90 (Triton 3.9); 8 a thread (the configs measured at 3.88 / 9.22 us
-for B = 32 / 128 at 8192 channels, 256 x 1 warp and 512 x 2) take 166, the former launch 255."""
+PROVISIONAL: 4 channels a thread, where the decode launch (one token) compiles to 80 registers
+a thread for sm_90 (Triton 3.9, ``tune_causal_conv1d.py --registers``); 8 a thread (the configs
+measured at 3.88 / 9.22 us for B = 32 / 128 at 8192 channels, 256 x 1 warp and 512 x 2) take
+166."""
 UPDATE_MAX_T = 64
 """Tokens per row up to which the update op runs one launch (each program every token of its
 channels); above, the prefill launch and then the state shift (``CONV=False``)."""

@@ -261,6 +261,23 @@ if triton is not None:
                 p1 = cur
 
     @triton.jit
+    def _edge_tap(acc, wk, xp, srow, src, start, mt, S, sx_t, ss_t, D: tl.constexpr, W_KIND: tl.constexpr,
+                  HAS_STATE: tl.constexpr, HW: tl.constexpr):
+        """One tap of a block of tokens reading tokens ``src``: from ``x`` inside their sequence
+        (from ``start``), from the state's last columns before it (``srow``: each token's
+        sequence's state row), else skipped (the conv's zero padding: the sum left as is)."""
+        from_x = src >= start
+        v = _to_w(tl.load(xp[None, :, :] + src * sx_t, mask=mt & from_x, other=0.0), D, W_KIND, HW)
+        ok = from_x
+        if HAS_STATE:
+            col = S + (src - start)
+            in_s = (src < start) & (col >= 0)
+            sv = tl.load(srow + col * ss_t, mask=mt & in_s, other=0.0)
+            v = tl.where(from_x, v, _to_w(sv, D, W_KIND, HW))
+            ok = from_x | in_s
+        return tl.where(ok, tl.fma(wk, v, acc), acc)
+
+    @triton.jit
     def _taps_tile(xp, yp, sp, ch, m, cu_ptr, b, t0, T, S, num_seqs, sx_t, ss_n, ss_c, ss_t, bias,
                    w0, w1, w2, w3, w4, w5, w6, w7, C: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr,
                    ROWS: tl.constexpr, NUM_STAGES: tl.constexpr, D: tl.constexpr, W_KIND: tl.constexpr,
@@ -287,16 +304,7 @@ if triton is not None:
                 src = t - (K - 1) + k
                 wk = tl.broadcast_to(_sel(k, w0, w1, w2, w3, w4, w5, w6, w7)[None, :, :], acc.shape)
                 if EDGE:
-                    from_x = src >= start
-                    v = _to_w(tl.load(xp[None, :, :] + src * sx_t, mask=mt & from_x, other=0.0), D, W_KIND, HW)
-                    ok = from_x
-                    if HAS_STATE:
-                        col = S + (src - start)
-                        in_s = (src < start) & (col >= 0)
-                        sv = tl.load(srow + col * ss_t, mask=mt & in_s, other=0.0)
-                        v = tl.where(from_x, v, _to_w(sv, D, W_KIND, HW))
-                        ok = from_x | in_s
-                    acc = tl.where(ok, tl.fma(wk, v, acc), acc)
+                    acc = _edge_tap(acc, wk, xp, srow, src, start, mt, S, sx_t, ss_t, D, W_KIND, HAS_STATE, HW)
                 else:
                     v = _to_w(tl.load(xp[None, :, :] + src * sx_t, mask=mt, other=0.0), D, W_KIND, HW)
                     acc = tl.fma(wk, v, acc)
@@ -387,6 +395,19 @@ if triton is not None:
         return new
 
     @triton.jit
+    def _state_tile(sp, ch, m, S, ss_c, ss_t, S_P2: tl.constexpr, SS_C: tl.constexpr, S_W: tl.constexpr):
+        """The pointers and mask of the tile's state ``[BH, BD, S_P2]`` (``sp``: the row's)."""
+        jj = tl.arange(0, S_P2)[None, None, :]
+        if SS_C > 0:
+            ptrs = sp + ch[:, :, None] * SS_C + jj
+        else:
+            ptrs = sp + ch[:, :, None] * ss_c + jj * ss_t
+        sm = m[:, :, None] & (jj < S_P2)
+        if SS_C == 0 or S_P2 != S_W:
+            sm = m[:, :, None] & (jj < S)
+        return ptrs, sm
+
+    @triton.jit
     def _decode_one(xp, sp, ch, m, w_ptr, b_ptr, yp, S, ss_t, sw_c, sw_k, C: tl.constexpr, K: tl.constexpr,
                     S_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, W_KIND: tl.constexpr,
                     ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr, S_KIND: tl.constexpr, HW: tl.constexpr):
@@ -438,14 +459,7 @@ if triton is not None:
             _decode_one(xp, s_ptr + b * ss_n + ch * ss_c, ch, m, w_ptr, b_ptr, y_ptr + b * C + ch, S, ss_t, sw_c,
                         sw_k, C, K, S_P2, HAS_BIAS, SILU, W_KIND, ACT_KIND, OUT_KIND, S_KIND, HW)
             return
-        jj = tl.arange(0, S_P2)[None, None, :]
-        if SS_C > 0:
-            sp = s_ptr + b * ss_n + ch[:, :, None] * SS_C + jj
-        else:
-            sp = s_ptr + b * ss_n + ch[:, :, None] * ss_c + jj * ss_t
-        sm = m[:, :, None] & (jj < S_P2)
-        if SS_C == 0 or S_P2 != S_W:
-            sm = m[:, :, None] & (jj < S)
+        sp, sm = _state_tile(s_ptr + b * ss_n, ch, m, S, ss_c, ss_t, S_P2, SS_C, S_W)
         old = tl.load(sp, mask=sm, other=0.0)
         D = w_ptr.dtype.element_ty
         if CONV:

@@ -14,7 +14,7 @@ against eager (kda must be bit-exact; the ``exact`` column).
     python benchmarks/bench_causal_conv1d.py --budget 230     # every width, as far as 230 s go
     python benchmarks/bench_causal_conv1d.py --widths qwen3_next --forms proj,cat --T 1,256,1024,4096,16384
     python benchmarks/bench_causal_conv1d.py --static         # prefill compiled per T (static sizes)
-    python benchmarks/bench_causal_conv1d.py --sweep --cases proj --budget 230   # config candidates
+    python benchmarks/bench_causal_conv1d.py --quick          # the lead's check, < 4 minutes (below)
     python benchmarks/bench_causal_conv1d.py --smoke          # CPU, tiny, checks only
 
 Widths (``conv_dim``, K = 4): Qwen3-Next / Qwen3.5 8192 (2 x 16 x 128 + 32 x 128), Kimi Linear and
@@ -25,15 +25,14 @@ of the ``qkvz`` projection, the cat included in every compiled variant; ``op`` r
 ``varlen`` (the op and FLA only: ``VARLEN_SEQS`` sequences of random lengths in T tokens).
 
 Cases run one width at a time; no new case starts after ``--budget`` seconds (450) and the rows
-done are recorded. The run ends with the targets of issue 37 (op against the floor and FLA) and
+done are recorded. The run ends with the targets (op against the floor and FLA, decode against FLA) and
 the speed rule's input: per width and form, the smallest T from which kda (forced) is faster
 than stock at that T and every larger one (``CUDA_MIN_TOKENS`` in
-``kda_inductor/patterns/causal_conv1d.py``; 1 when it never loses). ``--sweep`` times the
-kernels alone over ``SWEEP_PREFILL`` / ``SWEEP_UPDATE`` at Qwen3-Next's width, each config
-compiled once and timed on every shape twice, the best per shape marked (``PREFILL_CONFIGS`` /
-``UPDATE_CONFIGS`` in ``kda_inductor/lowerings/causal_conv1d.py`` are what it tunes). Results:
-``benchmarks/results/causal_conv1d.{md,json}`` (the sweep: ``$OUT/bench_causal_conv1d_sweep.json``
-and ``benchmarks/results/causal_conv1d_sweep.{md,json}``).
+``kda_inductor/patterns/causal_conv1d.py``; 1 when it never loses). ``kda`` is the rewrite
+inside the compiled layer ("in the step"); ``kda/op`` its time over the op's alone. ``--quick``:
+Qwen3-Next's width, prefill T 4096 and 16384 (eager, stock, kda, the op, FLA, the floor) and
+decode 32 / 128, 20 repetitions, a 200 s budget. The kernels' launch configs are swept by
+``benchmarks/tune_causal_conv1d.py``. Results: ``benchmarks/results/causal_conv1d.{md,json}``.
 """
 
 from __future__ import annotations
@@ -77,7 +76,7 @@ ROUNDS = 2
 COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("B", "B", ","), ("C", "C", ","), ("eager_us", "eager us", ".2f"),
            ("stock_us", "stock us", ".2f"), ("kda_us", "kda us", ".2f"), ("forced_us", "kda forced us", ".2f"),
            ("op_runs", "op us (2 rounds)", "s"), ("fla_runs", "FLA us (2 rounds)", "s"), ("floor_us", "floor us", ".2f"),
-           ("op_over_floor", "op/floor", ".2f"), ("op_over_fla", "op/FLA", ".2f"),
+           ("op_over_floor", "op/floor", ".2f"), ("op_over_fla", "op/FLA", ".2f"), ("step_over_op", "kda/op", ".2f"),
            ("kda_over_stock", "forced/stock", ".3f"), ("spread", "spread", ".1%"), ("exact", "exact", "s"),
            ("note", "note", "s"))
 
@@ -280,7 +279,7 @@ def run(case: str, T: int, B: int, C: int, *, device, timer, bandwidth, fns=None
     if bandwidth:
         row["floor_us"] = bytes_moved(T, B, C, decode) / bandwidth * 1e6
     return add_ratios(row, (("kda_over_stock", "forced_us", "stock_us"), ("op_over_floor", "op_us", "floor_us"),
-                            ("op_over_fla", "op_us", "fla_us")))
+                            ("op_over_fla", "op_us", "fla_us"), ("step_over_op", "kda_us", "op_us")))
 
 
 def run_varlen(T: int, C: int, *, device, timer, bandwidth) -> dict:
@@ -292,7 +291,7 @@ def run_varlen(T: int, C: int, *, device, timer, bandwidth) -> dict:
     cu = varlen_cu(T, VARLEN_SEQS, device)
     x = _input("varlen", T, 1, C, device)
     bf = torch.bfloat16
-    want = L._conv_cpu(x.transpose(1, 2), module.weight, None, None, cu, "silu", bf, bf,
+    want = L.conv_cpu(x.transpose(1, 2), module.weight, None, None, cu, "silu", bf, bf,
                        L.validate(x.transpose(1, 2), module.weight, None, None, cu)).transpose(1, 2)
     fns = {"op": lambda x: torch.ops.kda.causal_conv1d(x.transpose(1, 2), module.weight, None, None, cu, "silu",
                                                        bf, bf).transpose(1, 2)}
@@ -328,7 +327,7 @@ def crossover(rows: list[dict]) -> list[dict]:
 
 
 def targets(rows: list[dict]) -> list[dict]:
-    """Issue 37's targets, per row where they apply: projection form op <= 1.5x the floor at
+    """The kernel's targets, per row where they apply: projection form op <= 1.5x the floor at
     T >= 4096 and faster than FLA at T >= 256; the cat form's op <= 2x the floor; decode faster
     than FLA at B = 32 and 128."""
     out = []
@@ -347,110 +346,6 @@ def targets(rows: list[dict]) -> list[dict]:
             out.append({"case": r["case"], "T": r["T"], "B": r["B"], "target": what, "met": "yes" if ok else "NO",
                         "op_us": r.get("op_us"), "runs": r.get("op_runs")})
     return out
-
-
-# --------------------------------------------------------------------------- the sweep
-
-
-def sweep_candidates():
-    """The configs ``--sweep`` times: prefill tokens x rows x (channels, warps), update
-    (channels, warps); the tables' own first."""
-    from kda_inductor.lowerings import causal_conv1d as L
-
-    pre = [cfg for _, cfg, _ in L.PREFILL_CONFIGS]
-    pre += [L.LaunchConfig(bt, rows, bc, nw) for bt in (16, 32, 64, 128) for rows in (4, 8)
-            for bc, nw in ((256, 1), (512, 1), (512, 2), (1024, 2), (1024, 4))]
-    up = [cfg for _, cfg, _ in L.UPDATE_CONFIGS]
-    up += [L.UpdateConfig(bc, nw) for bc in (128, 256, 512, 1024) for nw in (1, 2, 4) if bc >= 128 * nw]
-    return list(dict.fromkeys(pre)), list(dict.fromkeys(up))
-
-
-SWEEP_SHAPES = {"proj": [(256, 1), (1024, 1), (4096, 1), (16384, 1)], "cat": [(4096, 1), (16384, 1)],
-                "varlen": [(4096, 1)], "decode": [(1, 8), (1, 32), (1, 128)]}
-"""``--sweep``'s shapes per case, ``(T, B)`` at Qwen3-Next's width (``--cases`` picks)."""
-
-
-def _sweep_calls(case: str, T: int, B: int, C: int, device):
-    """``(x, call(config))`` of the kernel alone for one sweep shape."""
-    from kda_inductor.lowerings import causal_conv1d as L
-
-    w = 0.3 * torch.randn(C, K, device=device, dtype=torch.bfloat16)
-    if case == "cat":
-        xs = list(torch.split(_input("x:cat", T, 1, C, device), list(QKVZ_SPLIT), dim=3)[:3])
-        return lambda cfg: L.conv_triton(xs, w, None, config=cfg)
-    x = torch.randn(B, T, C, device=device, dtype=torch.bfloat16).transpose(1, 2)
-    if case == "decode":
-        state = torch.randn(B, C, K, device=device, dtype=torch.bfloat16)
-        return lambda cfg: L.conv_triton(x, w, None, state, update=True, config=cfg)
-    cu = varlen_cu(T, VARLEN_SEQS, device) if case == "varlen" else None
-    return lambda cfg: L.conv_triton(x, w, None, None, cu, config=cfg)
-
-
-def _default_config(case: str, T: int, B: int, C: int):
-    from kda_inductor.lowerings import causal_conv1d as L
-
-    return L.update_config(T, C, B) if case == "decode" else L.launch_config(T, C, B)
-
-
-def sweep(device, timer, bandwidth, cases, deadline: float, smoke: bool = False) -> list[dict]:
-    """The kernels alone over the candidates at Qwen3-Next's width: each config compiled once,
-    then timed on every shape of its kind in two rounds; nothing new starts past ``deadline``."""
-    pre, up = sweep_candidates()
-    C = 64 if smoke else WIDTHS["qwen3_next"]
-    rows = []
-    for case in [c for c in cases if not (smoke and c == "cat")]:  # the cat's geometry is 8192 channels
-        shapes = [(1, 2)] if smoke and case == "decode" else [(9, 1)] if smoke else SWEEP_SHAPES[case]
-        calls = {shape: _sweep_calls(case, *shape, C, device) for shape in shapes}
-        for cfg in (up if case == "decode" else pre)[:2 if smoke else None]:
-            if time.perf_counter() > deadline:
-                print(f"sweep {case}: --budget spent, later configs not run", flush=True)
-                break
-            for (T, B), call in calls.items():
-                rows.append(_sweep_row(case, T, B, C, cfg, call, timer, bandwidth))
-    return mark_best(rows)
-
-
-def _sweep_row(case, T, B, C, cfg, call, timer, bandwidth) -> dict:
-    row = {"case": case, "T": T, "B": B, "config": " ".join(f"{k}={v}" for k, v in cfg._asdict().items()),
-           "default": "yes" if cfg == _default_config(case, T, B, C) else "", "note": ""}
-    try:
-        time_rounds({"k": lambda x, cfg=cfg: call(cfg)}, None, timer, row)
-        row["us"], row["runs"] = row.pop("k_us"), row.pop("k_runs")
-    except Exception as e:  # noqa: BLE001
-        row["us"], row["note"] = None, f"{type(e).__name__}: {e}"[:120]
-        print(f"sweep {case} {T}x{B} {cfg}: {row['note']}", flush=True)
-    if bandwidth:
-        row["floor_us"] = bytes_moved(T, B, C, case == "decode") / bandwidth * 1e6
-    return row
-
-
-def mark_best(rows: list[dict]) -> list[dict]:
-    """``best`` on each shape's fastest config (by the median of its rounds)."""
-    for key in dict.fromkeys((r["case"], r["T"], r["B"]) for r in rows):
-        mine = [r for r in rows if (r["case"], r["T"], r["B"]) == key and r.get("us") is not None]
-        for r in mine:
-            r["best"] = "best" if r is min(mine, key=lambda r: r["us"]) else ""
-    return rows
-
-
-SWEEP_COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("B", "B", ","), ("config", "config", "s"),
-                 ("us", "us", ".2f"), ("runs", "2 rounds", "s"), ("floor_us", "floor us", ".2f"),
-                 ("default", "default", "s"), ("best", "best", "s"), ("note", "note", "s"))
-
-
-def finish_sweep(rows: list[dict], smoke: bool, record: bool, started: float) -> None:
-    best = [r for r in rows if r.get("best")]
-    print_table(rows, SWEEP_COLUMNS, title="launch configs")
-    print_table(best, SWEEP_COLUMNS, title="best per shape (the tables' classes: PREFILL_CONFIGS / UPDATE_CONFIGS)")
-    print(f"({time.perf_counter() - started:.0f} s)")
-    if smoke:
-        return
-    payload = {"env": environment_info(), "rows": rows}
-    write_out_json(f"bench_{NAME}_sweep.json", payload)
-    if record:
-        record_results(f"{NAME}_sweep", payload, markdown_table(best, SWEEP_COLUMNS), results_dir=_HERE / "results",
-                       title=f"{NAME} launch-config sweep (best per shape)", notes="CUDA-graph replay medians, "
-                       "kernel alone, Qwen3-Next width 8192, bf16, K=4; two rounds")
 
 
 # --------------------------------------------------------------------------- report / main
@@ -515,12 +410,17 @@ def parse_args(argv):
     p.add_argument("--reps", type=int, default=50)
     p.add_argument("--static", action="store_true", help="prefill compiled per T (default: T dynamic)")
     p.add_argument("--forms", default="proj,cat,decode,varlen", help="the rows to run per width (cat: qwen3_next)")
-    p.add_argument("--sweep", action="store_true", help="time the kernels' launch configs instead")
-    p.add_argument("--cases", default=",".join(SWEEP_SHAPES), help=f"--sweep's cases, of {sorted(SWEEP_SHAPES)}")
+    p.add_argument("--quick", action="store_true",
+                   help="the lead's check, under 4 minutes: Qwen3-Next's width, prefill (proj) T 4096 / 16384 "
+                        "(op, FLA, stock, the compiled layer, the floor) and decode 32 / 128")
     p.add_argument("--budget", type=float, default=450, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.widths, args.forms = args.widths or "qwen3_next", "proj,decode"
+        args.T, args.reps, args.budget = args.T or "4096,16384", min(args.reps, 20), min(args.budget, 200)
+    return args
 
 
 def main(argv=None) -> list[dict]:
@@ -533,10 +433,6 @@ def main(argv=None) -> list[dict]:
     bandwidth = None if args.smoke else measure_copy_bandwidth(device)
     torch._inductor.config.force_disable_caches = True
     t0 = time.perf_counter()
-    if args.sweep:
-        rows = sweep(device, timer, bandwidth, args.cases.split(","), t0 + args.budget, args.smoke)
-        finish_sweep(rows, args.smoke, not args.no_record, t0)
-        return rows
     t_values = (tuple(int(v) for v in args.T.split(",")) if args.T else (1, 5, 16) if args.smoke else T_VALUES)
     names = args.widths.split(",") if args.widths else list(WIDTHS)
     widths = {"smoke": 64} if args.smoke else {n: WIDTHS[n] for n in names}
@@ -562,7 +458,7 @@ def report(args, rows: list[dict], bandwidth, t0: float) -> None:
            started=t0)
     print_table(targets(rows), (("case", "case", "s"), ("T", "T", ","), ("B", "B", ","), ("target", "target", "s"),
                                 ("met", "met", "s"), ("op_us", "op us", ".2f"), ("runs", "2 rounds", "s")),
-                title="issue 37's targets")
+                title="targets: op <= 1.5x the floor and ahead of FLA (T >= 256), decode ahead of FLA")
     print_table(rule, (("case", "case", "s"), ("min_tokens", "kda faster from B*T", "s"),
                        ("worst", "worst forced/stock", ".3f")), title="speed rule input (CUDA_MIN_TOKENS)")
 

@@ -457,3 +457,52 @@ def test_the_examples_convs_are_gathers_and_sums_not_convolutions():
     fixed = torch.randn(3, 2, C, generator=g).to(BF)
     out, c = _run(lambda x, s: G.causal_conv(x, s, w), fixed, state)
     assert c.matches["causal_conv1d"] == 0 and not _misses(c)
+
+
+def test_the_layers_contiguous_copy_of_the_output_is_dropped():
+    """The layer's ``conv(...).transpose(1, 2).contiguous()`` (prefill, T static and symbolic;
+    decode) copies nothing after the rewrite: the op writes token-major, so the clone Inductor
+    would run as a copy kernel (the gap between the op and the compiled layer) is erased, the
+    output contiguous and bit-exact. A copy whose source is read elsewhere too stays;
+    every output has eager's strides (a channel-first one too)."""
+    g, w, _ = _weights(31)
+
+    def layer(x, w):  # x [B, T, C]
+        T = x.shape[1]
+        y = F.conv1d(x.transpose(1, 2), w.unsqueeze(1), None, padding=K - 1, groups=C)[:, :, :T]
+        return F.silu(y).transpose(1, 2).contiguous()
+
+    def channel_first(x, w):  # no clone left to the pass (Inductor drops eager's): the output in eager's layout
+        T = x.shape[1]
+        return F.silu(F.conv1d(x.transpose(1, 2), w.unsqueeze(1), None, padding=K - 1, groups=C)[:, :, :T]).clone()
+
+    def read_twice(x, w):
+        T = x.shape[1]
+        y = F.silu(F.conv1d(x.transpose(1, 2), w.unsqueeze(1), None, padding=K - 1, groups=C)[:, :, :T])
+        return y.transpose(1, 2).contiguous(), y.sum()
+
+    state = torch.randn(2, C, K, generator=g).to(BF)
+
+    def decode(x, state, w):  # transformers' update: the state in place
+        new = torch.cat([state, x.transpose(1, 2)], -1)
+        state.copy_(new[:, :, -K:])
+        return F.silu(F.conv1d(new, w.unsqueeze(1), None, groups=C)[:, :, -1:]).transpose(1, 2).contiguous()
+
+    x = torch.randn(2, 9, C, generator=g).to(BF)
+    for fn, dynamic, clones in ((layer, False, 0), (layer, True, 0), (channel_first, False, 0), (read_twice, False, 1)):
+        x = x.clone()
+        if dynamic:
+            torch._dynamo.mark_dynamic(x, 1)
+        with torch.inference_mode(), fresh_compile():
+            c = compile_for_test(fn, force=True)
+            out = c(x, w)
+        assert c.matches["causal_conv1d"] == 1 and op_counts(c).after["aten.clone.default"] == clones, fn.__name__
+        want = _eager(fn, x, w)
+        assert_close_to_eager(out, want, exact=True)
+        for got, ref in zip(out if isinstance(out, tuple) else [out], want if isinstance(want, tuple) else [want]):
+            assert got.stride() == ref.stride(), fn.__name__
+    want_state = state.clone()
+    want = _eager(decode, x[:, :1], want_state, w)
+    out, c = _run(decode, x[:, :1], state, w, force=True)
+    assert c.matches["causal_conv1d"] == 1 and op_counts(c).after["aten.clone.default"] == 0
+    assert_close_to_eager([out, state], [want, want_state], exact=True)

@@ -225,29 +225,59 @@ def test_triton_kernel_matches_the_reference(dtype, layout):
         _same(out, taps_reference(x, w, b, act=act), act, f"K={K} bias={bias} {act}")
 
 
-PREFILL_CLASSES = {reason.split(":")[0]: cfg for _, cfg, reason in mod.PREFILL_CONFIGS} if mod.triton else {}
-UPDATE_CLASSES = {reason.split(":")[0]: cfg for _, cfg, reason in mod.UPDATE_CONFIGS} if mod.triton else {}
+PREFILL_CLASSES = {f"{cfg}": cfg for _, _, cfg, _ in mod.PREFILL_CONFIGS}
+"""The table's distinct configs (its classes share them until the sweep says otherwise)."""
+WINDOWS = {"window 8 rows": mod.LaunchConfig(16, 256, 1, 1, 8, True),
+           "window 4 rows, 2 stages": mod.LaunchConfig(8, 64, 1, 2, 4, True),
+           "taps 16 rows, 2 stages": mod.LaunchConfig(32, 64, 2, 2, 16, False)}
+"""What the sweep also times (``benchmarks/tune_causal_conv1d.py``): the register window, the
+pipelined loop."""
+UPDATE_CLASSES = {reason.split(":")[1]: cfg for _, cfg, reason in mod.UPDATE_CONFIGS}
+
+
+def _poisoned(B, C, T, dtype=torch.bfloat16):
+    """An output ``[B, C, T]`` over token-major memory, every value NaN until the kernel writes it."""
+    return torch.full((B, T, C), float("nan"), dtype=dtype, device=DEVICE).transpose(1, 2)
+
+
+def _check_prefill(cfg, label):
+    """``cfg`` (fitted to each shape, as the launcher fits the table's) on tokens spanning an edge
+    tile (the sequence start) and a partial last one (T not a multiple of BLOCK_T), T < K, and
+    channels not a multiple of the channel block (masked: 40, 200; whole heads of 128: 256);
+    varlen with a state (sequence starts inside a tile, one past the first tile)."""
+    g = torch.Generator().manual_seed(cfg.block_t + cfg.block_c)
+    for C, T in ((40, cfg.block_t + 5), (256, cfg.block_t + 5), (200, 2 * cfg.block_t + 3), (40, 2)):
+        x = _x(g, 2 if C == 200 else 1, C, T, torch.bfloat16)
+        w, b = _params(g, C, 4, torch.bfloat16)
+        out = mod.conv_triton(*_dev(x, w, b), config=mod.fit(cfg, T, C), out=_poisoned(x.shape[0], C, T))
+        _same(out, taps_reference(x, w, b), "silu", f"{label} C={C} T={T}")
+    T = 2 * cfg.block_t + 5
+    cu = torch.tensor([0, 1, 3, 4, cfg.block_t + 2, T], dtype=torch.int32)
+    state = torch.randn(5, 40, 5, generator=g).to(torch.bfloat16)
+    x = _x(g, 1, 40, T, torch.bfloat16)
+    w, b = _params(g, 40, 4, torch.bfloat16)
+    out = mod.conv_triton(*_dev(x, w, b, state, cu), activation="none", config=mod.fit(cfg, T, 40),
+                          out=_poisoned(1, 40, T))
+    _same(out, taps_reference(x, w, b, state, cu, act="none"), "none", f"{label} varlen")
+    st = torch.randn(1, 200, 3, generator=g).to(torch.bfloat16)
+    x = _x(g, 1, 200, T, torch.bfloat16)
+    w, b = _params(g, 200, 4, torch.bfloat16)
+    out = mod.conv_triton(*_dev(x, w, b, st), config=mod.fit(cfg, T, 200), out=_poisoned(1, 200, T))
+    _same(out, taps_reference(x, w, b, st), "silu", f"{label} state")
 
 
 @needs_runner
 @pytest.mark.parametrize("name", list(PREFILL_CLASSES))
 def test_triton_kernel_every_prefill_config_class(name):
-    """Each config class of ``PREFILL_CONFIGS`` on tokens spanning an edge tile (the sequence
-    start) and a second, partial one (the register window): 40 channels (masked), 256 (whole
-    heads of 128: the 16-byte path); varlen with a state (sequence starts inside a tile)."""
-    cfg = PREFILL_CLASSES[name]
-    g = torch.Generator().manual_seed(cfg.block_t)
-    T = cfg.block_t + 5  # the first tile (a sequence start), a second one (the register window), partial
-    for C in (40, 256):
-        x = _x(g, 1, C, T, torch.bfloat16)
-        w, b = _params(g, C, 4, torch.bfloat16)
-        _same(mod.conv_triton(*_dev(x, w, b), config=cfg), taps_reference(x, w, b), "silu", f"{name} C={C}")
-    cu = torch.tensor([0, 1, 3, 4, T], dtype=torch.int32)  # starts in the first tile: the second's windows inside
-    state = torch.randn(4, 40, 5, generator=g).to(torch.bfloat16)
-    x = _x(g, 1, 40, T, torch.bfloat16)
-    w, b = _params(g, 40, 4, torch.bfloat16)
-    _same(mod.conv_triton(*_dev(x, w, b, state, cu), activation="none", config=cfg),
-          taps_reference(x, w, b, state, cu, act="none"), "none", f"{name} varlen")
+    """Each distinct config of ``PREFILL_CONFIGS`` (:func:`_check_prefill`)."""
+    _check_prefill(PREFILL_CLASSES[name], name)
+
+
+@needs_runner
+@pytest.mark.parametrize("name", list(WINDOWS))
+def test_triton_kernel_the_sweeps_other_kinds_of_tile(name):
+    """The register window and the pipelined loop, which the table may take after the sweep."""
+    _check_prefill(WINDOWS[name], name)
 
 
 @needs_runner
@@ -260,7 +290,7 @@ def test_triton_kernel_mixed_dtypes():
                           out=torch.empty(2, 45, 20, dtype=torch.bfloat16, device=DEVICE).transpose(1, 2))
     _same(out, taps_reference(x, w.float(), b.float(), act_dtype=torch.float32, out_dtype=torch.bfloat16), "silu")
     xf = _x(g, 2, 20, 45, torch.float32)
-    out = mod.conv_triton(*_dev(xf, w, b), config=mod.LaunchConfig(8, 4, 16, 1))
+    out = mod.conv_triton(*_dev(xf, w, b), config=mod.LaunchConfig(8, 16, 1, 1, 4, True))
     _same(out, taps_reference(xf, w, b), "silu")
 
 
@@ -272,7 +302,7 @@ def test_triton_kernel_initial_state_and_varlen():
     cu = torch.tensor([0, 1, 1, 9, 30, 40], dtype=torch.int32)
     state = torch.randn(5, 24, 6, generator=g).to(torch.float16)
     for st in (None, state):
-        for cfg in (None, mod.LaunchConfig(8, 4, 8, 1)):
+        for cfg in (None, mod.LaunchConfig(8, 8, 1, 1, 4, True), mod.LaunchConfig(16, 8, 1, 1, 8, False)):
             out = mod.conv_triton(*_dev(x, w, b, st, cu), config=cfg)
             _same(out, taps_reference(x, w, b, st, cu), "silu", f"state={st is not None} {cfg}")
     fixed = _x(g, 3, 24, 5, torch.float16)
@@ -296,7 +326,8 @@ def _check_update(x, state, w, b, act="none", config=None, label=""):
     want_state = state.clone()
     want = update_op(x, want_state, w, b, act, w.dtype, w.dtype)
     xd, wd, bd, sd = _dev(x, w, b, state.clone())
-    got = mod.conv_triton(xd, wd, bd, sd, activation=act, update=True, config=config)
+    got = mod.conv_triton(xd, wd, bd, sd, activation=act, update=True, config=config,
+                          out=_poisoned(x.shape[0], x.shape[1], x.shape[2], w.dtype))
     if act == "none":
         assert_close_to_eager([got.cpu(), sd.cpu()], [want, want_state], exact=True)
     else:
@@ -318,35 +349,44 @@ def test_triton_kernel_update_matches_the_cpu_op(T):
 @needs_runner
 @pytest.mark.parametrize("name", list(UPDATE_CLASSES))
 def test_triton_kernel_every_update_config_class(name):
-    """Each class of ``UPDATE_CONFIGS``: decode (T = 1) and a few tokens, a state of 4 (the
-    vector path), of 6 and a state whose taps are strided (the generic addressing), K = 2 and 4."""
+    """Each class of ``UPDATE_CONFIGS``: decode (T = 1, the one-token launch) with one row and
+    several, a state of K (transformers), of K - 1 (vLLM); a few tokens, a state of 6; a state
+    whose taps are strided (the generic addressing); K = 2 and 4."""
     cfg = UPDATE_CLASSES[name]
     g = torch.Generator().manual_seed(cfg.block_c)
-    for T, S, K, strided in ((1, 4, 4, False), (3, 6, 4, False), (1, 4, 2, True), (5, 3, 4, True)):
-        x = _x(g, 3, 40, T, torch.bfloat16)
+    for B, T, S, K, strided in ((1, 1, 4, 4, False), (3, 1, 4, 4, False), (2, 1, 3, 4, False), (3, 3, 6, 4, False),
+                                (1, 1, 4, 2, True), (3, 5, 3, 4, True)):
+        x = _x(g, B, 40, T, torch.bfloat16)
         w, b = _params(g, 40, K, torch.bfloat16)
-        state = torch.randn(3, 40, S, generator=g).to(torch.bfloat16)
+        state = torch.randn(B, 40, S, generator=g).to(torch.bfloat16)
         if strided:
-            state = torch.randn(3, S, 40, generator=g).to(torch.bfloat16).transpose(1, 2)
-        _check_update(x, state, w, b, "silu", cfg, f"{name} T={T} S={S} K={K} strided={strided}")
+            state = torch.randn(B, S, 40, generator=g).to(torch.bfloat16).transpose(1, 2)
+        _check_update(x, state, w, b, "silu", cfg, f"{name} B={B} T={T} S={S} K={K} strided={strided}")
 
 
 def test_launch_config():
-    """The fixed tables: each token count gets its class (blocks capped at the tokens and the
-    channels), decode by the batch's channels."""
-    if mod.triton is None:
-        pytest.skip("needs triton")
-    assert mod.launch_config(4096, 8192) == (64, 8, 1024, 4)
-    assert mod.launch_config(1024, 8192) == (32, 8, 512, 2)
-    assert mod.launch_config(256, 8192) == (16, 8, 256, 1)
-    assert mod.launch_config(5, 8192) == (8, 8, 256, 1)
-    assert mod.launch_config(3, 8192) == (4, 4, 256, 1)
-    assert mod.launch_config(4096, 40) == (64, 8, 64, 1)
-    assert mod.update_config(1, 8192, 32) == (256, 1)
-    assert mod.update_config(1, 8192, 128) == (512, 2)
+    """The fixed tables: each shape gets its class's config (tokens per row x channels; blocks
+    capped at the tokens and the channels, warps at what the tile keeps busy), decode by the
+    batch's channels; every class has a note naming where its measurement is recorded."""
+    tiles = {t: mod.LaunchConfig(bt, 128, 4, 1, 8, False) for t, bt in ((64, 16), (512, 32), (4096, 64))}
+    for C in (4096, 8192, 11520, 12288):
+        assert mod.launch_config(4096, C) == mod.launch_config(16384, C) == tiles[4096]
+        assert mod.launch_config(1024, C) == mod.launch_config(512, C) == tiles[512]
+        assert mod.launch_config(256, C) == tiles[64]
+        assert mod.launch_config(5, C) == mod.LaunchConfig(8, 128, 4, 1, 8, False)
+        assert mod.launch_config(3, C) == mod.LaunchConfig(4, 128, 2, 1, 4, False)
+        assert mod.launch_config(1, C) == mod.LaunchConfig(1, 128, 1, 1, 1, False)
+    assert mod.launch_config(4096, 40) == mod.LaunchConfig(64, 64, 2, 1, 8, False)
+    assert mod.update_config(1, 8192, 32) == (256, 2)
+    assert mod.update_config(1, 8192, 128) == (512, 4)
     assert mod.update_config(1, 4096, 2) == (128, 1)
-    for _, cfg, _ in mod.PREFILL_CONFIGS:
-        assert cfg.block_t % cfg.rows == 0 and cfg.rows <= 8 and cfg.block_c >= 256 * cfg.num_warps
+    classes = [(t, c) for t, c, _, _ in mod.PREFILL_CONFIGS]
+    assert classes == sorted(classes) and len(set(classes)) == len(classes) == 15
+    for t, c, cfg, note in mod.PREFILL_CONFIGS:
+        assert mod.launch_config(t, c) == mod.fit(cfg, t, c) and "tune_causal_conv1d.md" in note
+        assert cfg.block_t % cfg.rows == 0 and (cfg.rows <= 8 or not cfg.window)
+    for _, _, note in mod.UPDATE_CONFIGS:
+        assert "tune_causal_conv1d.md" in note
 
 
 @needs_runner
@@ -474,8 +514,9 @@ def test_triton_kernel_cat_sources():
     ref = _cat([t.cpu() for t in xs])
     C = ref.shape[1]
     w, b = _params(g, C, 4, torch.bfloat16)
-    assert mod._sources(xs) is not None  # the kernel reads the views themselves
-    for cfg in (None, mod.LaunchConfig(8, 4, 32, 1), mod.LaunchConfig(16, 8, 256, 1)):
+    assert mod.read_sources(xs) is not None  # the kernel reads the views themselves
+    for cfg in (None, mod.LaunchConfig(8, 32, 1, 1, 4, True), mod.LaunchConfig(16, 256, 1, 1, 8, True),
+                mod.LaunchConfig(16, 128, 4, 1, 8, False)):
         _same(mod.conv_triton(xs, *_dev(w, b), config=cfg), taps_reference(ref, w, b), "silu", str(cfg))
     flat = [xs[0].flatten(2), xs[1], xs[2]]
     _same(mod.conv_triton(flat, *_dev(w, None)), taps_reference(ref, w, None), "silu", "3-D")
@@ -493,6 +534,6 @@ def test_triton_kernel_cat_sources():
         assert torch.equal(sd.cpu(), want_state)
     own = torch.randn(2, 21, xs[1].shape[2] * xs[1].shape[3], generator=g).to(torch.bfloat16)
     mixed = [xs[0], own.to(DEVICE), xs[2]]
-    assert mod._sources(mixed) is None  # its own token stride: the kernel reads the cat
+    assert mod.read_sources(mixed) is None  # its own token stride: the kernel reads the cat
     want = taps_reference(_cat([xs[0].cpu(), own, xs[2].cpu()]), w, b)
     _same(mod.conv_triton(mixed, *_dev(w, b)), want, "silu", "strided")

@@ -298,6 +298,8 @@ def sole_user(n: fx.Node) -> fx.Node | None:
 
 
 def downstream(n: fx.Node, depth: int) -> list[fx.Node]:
+    """Nodes reading ``n`` (live users) within ``depth`` steps, nearest first, each once. Used by
+    ``gdn_recurrent_step`` (the step's readers) and ``causal_conv1d`` (the silu after the conv)."""
     seen, frontier, out = {n}, [n], []
     for _ in range(depth):
         frontier = [u for f in frontier for u in live_users(f) if u not in seen]

@@ -52,10 +52,12 @@ from typing import Any
 
 import torch
 import torch.fx as fx
+from torch._guards import detect_fake_mode
 from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from torch.fx.experimental.symbolic_shapes import statically_known_true as definitely
 
 from kda_inductor.lowerings import causal_conv1d as _lowering  # registers the ops
+from kda_inductor.patterns._axes import downstream
 from kda_inductor.patterns._graph import copy_into
 from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
@@ -364,7 +366,7 @@ class CausalConv1d(Rewrite):
             return u, start + window[0], start + window[1], rounding, out_dtype
         if is_op(u, *SHAPE_VIEWS) and _keeps_time(cur, u):
             return u, start, end, rounding, out_dtype
-        if is_op(u, *_CASTS) and _dtype(u) in _lowering._FLOATS:
+        if is_op(u, *_CASTS) and _dtype(u) in _lowering.FLOATS:
             if act == "silu":
                 return u, start, end, rounding, _dtype(u)
             r = _rounding(rounding, _dtype(u))
@@ -378,7 +380,7 @@ class CausalConv1d(Rewrite):
         if len(users) != 1:
             return None
         me = canon(cur)
-        for n in _downstream(cur, _MAX_SILU_DEPTH):
+        for n in downstream(cur, _MAX_SILU_DEPTH):
             t = canon(n)
             if isinstance(t, Term) and t.op == "silu" and _reads(t.args[0], me):
                 region = canon.region(t, stop=lambda s: s == me) | {n}
@@ -391,7 +393,7 @@ class CausalConv1d(Rewrite):
         """A miss where a silu reads the conv's output (or the conv's output plus something)
         but could not be fused."""
         me = canon(cur)
-        for n in _downstream(cur, _MAX_SILU_DEPTH):
+        for n in downstream(cur, _MAX_SILU_DEPTH):
             t = canon(n)
             if not (isinstance(t, Term) and t.op == "silu"):
                 continue
@@ -399,7 +401,7 @@ class CausalConv1d(Rewrite):
             if _reads(t.args[0], me):
                 why = (f"the conv's output is also read elsewhere ({users[-1].name}) before the activation"
                        if len(users) > 1 else "an intermediate of the activation is read elsewhere")
-            elif len(users) == 1 and is_op(users[0], aten.add, aten.sub) and n in _downstream(users[0], 4):
+            elif len(users) == 1 and is_op(users[0], aten.add, aten.sub) and n in downstream(users[0], 4):
                 other = [a for a in users[0].args if isinstance(a, fx.Node) and a is not cur]
                 shape = list(val(other[0]).shape) if other else "a scalar"
                 why = (f"a bias ({shape}) is added after the conv: it rounds after the conv's sum, unlike "
@@ -492,8 +494,22 @@ class CausalConv1d(Rewrite):
             fn, args = conv_update, (x, m.input.state, m.weight, m.bias, *options)
             outputs = [c.output, m.write.output]
         outputs += list(m.input.tails)
-        replace_by_function(graph, fn, args, outputs=outputs, before=in_graph_order(inputs)[-1].next,
-                            region=m.nodes, origin=m.conv)
+        made = replace_by_function(graph, fn, args, outputs=outputs, before=in_graph_order(inputs)[-1].next,
+                                   region=m.nodes, origin=m.conv)
+        _drop_layout_copy(graph, made[0])
+
+
+def _drop_layout_copy(graph: fx.Graph, n: fx.Node) -> None:
+    """The user's ``.transpose(1, 2).contiguous()`` of the output, a no-op on the op's layout: the
+    views' values recomputed, the clone erased (one chain of single users: no output aliases)."""
+    with detect_fake_mode([val(n)]):
+        while len(n.users) == 1 and is_op(u := next(iter(n.users)), aten.permute, *SHAPE_VIEWS):
+            u.meta["val"], n = u.target(val(n), *fx.node.map_arg(u.args[1:], val), **u.kwargs), u
+    a, u = val(n), next(iter(n.users), None)
+    if len(n.users) == 1 and is_op(u, aten.clone) and a.dtype == val(u).dtype and all(
+            definitely(p == q) for p, q in zip(a.stride() + a.shape, val(u).stride() + val(u).shape)):
+        u.replace_all_uses_with(n)
+        graph.erase_node(u)
 
 
 def conv(x, weight, bias, initial_state, activation, act_dtype, out_dtype, shape, tails):
@@ -580,13 +596,3 @@ def _reads(t: Any, me: Term) -> bool:
     """The silu's argument is ``me`` or its float32 cast."""
     return t == me or (isinstance(t, Term) and t.op == "cast" and t.args[0] == me and
                        t.attr("dtype") == torch.float32)
-
-
-def _downstream(n: fx.Node, depth: int) -> list[fx.Node]:
-    """Nodes reading ``n`` within ``depth`` steps, nearest first."""
-    seen, frontier, out = {n}, [n], []
-    for _ in range(depth):
-        frontier = [u for f in frontier for u in live_users(f) if u not in seen]
-        seen.update(frontier)
-        out += frontier
-    return out

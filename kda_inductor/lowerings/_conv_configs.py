@@ -1,0 +1,196 @@
+"""The launch configurations of the ``kda::causal_conv1d`` kernels (``_conv_kernels.py``): fixed
+per shape class, no run-time autotuning (CUDA graphs, reproducible numbers), and the geometry
+of a channel block (a source's heads, ``[BH, BD]`` channels a program).
+
+The tables are PROVISIONAL: chosen from what was measured before any sweep ran (H200, torch
+2.11, triton 3.6, ``benchmarks/results/causal_conv1d.md``, 2026-12-03: the register-window
+kernel with 64 x 1024 tiles of 4 warps at 99.3 us for 8192 channels x T = 4096, against FLA's
+tap-shifted ``[64 tokens, <= 128 channels]`` tiles at 52.5 us), so the guess for every class
+from 64 tokens is FLA's shape of tile in this kernel's order of sums. ``.ci/gpu
+tune-causal_conv1d`` (``benchmarks/tune_causal_conv1d.py``) times the candidates per class and
+prints the tables to paste here; its results are recorded in
+``benchmarks/results/tune_causal_conv1d.md``, the row each class's note names.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+__all__ = ["PREFILL_CONFIGS", "QWEN3_NEXT_SOURCES", "UPDATE_CONFIGS", "UPDATE_MAX_T", "LaunchConfig", "Source",
+           "UpdateConfig", "aot_geometry", "fit", "fit_update", "geometry", "head_block", "launch_config",
+           "next_power_of_2", "read_sources", "update_config"]
+
+MAX_SOURCES = 4  # the _cat ops' sources (``_conv_validate.MAX_SOURCES``)
+
+
+class LaunchConfig(NamedTuple):
+    """A prefill launch: ``block_t`` tokens x ``block_c`` channels per program, ``num_warps``
+    warps, the program's loop over its tokens pipelined ``num_stages`` deep (``tl.range``), in
+    steps of ``rows`` tokens (a power of two dividing ``block_t``). ``window``: the register
+    window (``rows <= 8`` tokens loaded at a time, the ``K - 1`` previous ones carried in
+    registers: each row read once); else blocks of taps (``rows`` x channels at once, each tap
+    one shifted load, the overlap served by the cache)."""
+
+    block_t: int
+    block_c: int
+    num_warps: int
+    num_stages: int = 1
+    rows: int = 8
+    window: bool = False
+
+
+class UpdateConfig(NamedTuple):
+    """An update launch: ``block_c`` channels of one row per program, every token, ``num_warps``."""
+
+    block_c: int
+    num_warps: int
+
+
+_RESULTS = "benchmarks/results/tune_causal_conv1d.md"
+_T_CLASSES = (1, 64, 512, 4096, 16384)
+"""Token classes (tokens per row, from), each measured at its first value."""
+_C_CLASSES = ((1, 4096), (6144, 8192), (10240, 11520))
+"""Channel classes (from, measured at): Kimi in vLLM / Lara 4096; Qwen3-Next 8192; OLMo-hybrid
+11520 and Kimi / Bailing in transformers 12288 (the sweep times both; the class's best sums both)."""
+
+
+def _guess(tokens: int) -> LaunchConfig:
+    """Today's best guess per token class (see the module docstring), FLA's shape of tile: blocks
+    of taps, 128 channels (a head) x 8 tokens over 4 warps, 8 values a thread (one 16-byte
+    load per tap), more tokens a program as T grows. Compiled for sm_90 (Triton 3.9, no GPU:
+    ``tune_causal_conv1d.py --registers``) it holds 72 registers a thread (48 for one step of 8
+    tokens): 28 warps an SM, where the register window of 64 x 1024 in 4 warps (the kernel
+    measured at 99.3 us) takes 213 (8 warps an SM)."""
+    block_t = 8 if tokens < 64 else 16 if tokens < 512 else 32 if tokens < 4096 else 64
+    return LaunchConfig(block_t, 128, 4, 1, 8, False)
+
+
+PREFILL_CONFIGS = tuple(
+    (t, c, _guess(t), f"provisional: T >= {t}, C >= {c}; measure: {_RESULTS}, row T={t} C={at}")
+    for t in _T_CLASSES for c, at in _C_CLASSES)
+"""``(from tokens per row, from channels, config, note)``, ordered: a shape takes the last row
+both of whose bounds it meets. PROVISIONAL until ``.ci/gpu tune-causal_conv1d`` has run (the
+module docstring); the note names where each class's measurement will be recorded."""
+
+UPDATE_CONFIGS = (
+    (1, UpdateConfig(128, 1), f"provisional: B * C < 64K (a few rows): more programs; measure: {_RESULTS}, B=1"),
+    (1 << 16, UpdateConfig(256, 2), f"provisional: 64K <= B * C < 512K (decode 8 .. 63 at 8192); "
+                                    f"measure: {_RESULTS}, B=32"),
+    (1 << 19, UpdateConfig(512, 4), f"provisional: B * C >= 512K (decode 64+ at 8192); measure: {_RESULTS}, B=128"),
+)
+"""Update configs by the channels of the whole batch (``B * C``), from the smallest they serve.
+PROVISIONAL: 4 channels a thread, where the decode launch (one token) compiles to 80 registers
+a thread for sm_90 (Triton 3.9, ``tune_causal_conv1d.py --registers``); 8 a thread (the configs
+measured at 3.88 / 9.22 us for B = 32 / 128 at 8192 channels, 256 x 1 warp and 512 x 2) take
+166."""
+UPDATE_MAX_T = 64
+"""Tokens per row up to which the update op runs one launch (each program every token of its
+channels); above, the prefill launch and then the state shift (``CONV=False``)."""
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def fit(cfg: LaunchConfig, tokens: int, channels: int) -> LaunchConfig:
+    """``cfg`` for ``tokens`` per row and ``channels``: tokens per program capped at the tokens,
+    channel blocks at the channels (powers of two), warps at what the tile keeps busy (256
+    channels a warp in the window; 256 values of a block of taps)."""
+    block_t = min(cfg.block_t, next_power_of_2(max(int(tokens), 1)))
+    rows = min(cfg.rows, block_t)
+    block_c = min(cfg.block_c, max(8, next_power_of_2(int(channels))))
+    per_warp = block_c if cfg.window else rows * block_c
+    return cfg._replace(block_t=block_t, rows=rows, block_c=block_c,
+                        num_warps=max(1, min(cfg.num_warps, per_warp // 256)))
+
+
+def launch_config(tokens: int, channels: int, batch: int = 1) -> LaunchConfig:
+    """The prefill config of ``PREFILL_CONFIGS`` for ``tokens`` per row and ``channels``
+    (:func:`fit`)."""
+    cfg = [c for t, ch, c, _ in PREFILL_CONFIGS if int(tokens) >= t and int(channels) >= ch][-1]
+    return fit(cfg, tokens, channels)
+
+
+def update_config(tokens: int, channels: int, batch: int) -> UpdateConfig:
+    """The update config of ``UPDATE_CONFIGS`` for ``batch * channels`` (:func:`fit_update`)."""
+    return fit_update([c for start, c, _ in UPDATE_CONFIGS if int(batch) * int(channels) >= start][-1], channels)
+
+
+def fit_update(cfg: UpdateConfig, channels: int) -> UpdateConfig:
+    """``cfg`` for ``channels``: the channel block capped at the channels (a power of two), warps
+    at 128 channels a warp."""
+    block_c = min(cfg.block_c, max(8, next_power_of_2(int(channels))))
+    return UpdateConfig(block_c, max(1, min(cfg.num_warps, block_c // 128)))
+
+
+# --------------------------------------------------------------------------------------
+# the channel blocks
+# --------------------------------------------------------------------------------------
+class Source(NamedTuple):
+    """One source as the kernels read it: ``H`` heads of ``D`` channels, strides in elements."""
+
+    t: object
+    H: int
+    D: int
+    sb: int
+    st: int
+    sh: int
+    sd: int
+
+
+def read_sources(x) -> list[Source] | None:
+    """The kernels' view of ``x`` (``[B, C, T]``: one source of one head) or of the ``_cat``
+    ops' sources list; None where the sources do not share batch / token / channel strides
+    (then the launcher reads their cat)."""
+    if not isinstance(x, (list, tuple)):
+        return [Source(x, 1, x.shape[1], x.stride(0), x.stride(2), 0, x.stride(1) if x.shape[1] > 1 else 1)]
+    out = []
+    for t in x:
+        if t.dim() == 3:
+            out.append(Source(t, 1, t.shape[2], t.stride(0), t.stride(1), 0, t.stride(2)))
+        else:
+            sd = t.stride(3) if t.shape[3] > 1 else 1
+            out.append(Source(t, t.shape[2], t.shape[3], t.stride(0), t.stride(1), t.stride(2), sd))
+    shared = {(s.sb if s.t.shape[0] > 1 else 0, s.st if s.t.shape[1] > 1 else 0, s.sd) for s in out}
+    return out if len(shared) == 1 else None
+
+
+def head_block(srcs: list[Source], block_c: int) -> tuple[int, int]:
+    """``(BH, BD)``: ``BD`` channels of a head per tile row (the largest power of two up to 128
+    dividing every source's head size; at least 8, masked, where none does), ``BH`` rows."""
+    g = 0
+    for s in srcs:
+        g = math.gcd(g, s.D)
+    bd = min(128, block_c, g & -g if g else 1)
+    if bd < 8:
+        bd = min(block_c, 128, next_power_of_2(min(s.D for s in srcs)))
+    return max(1, block_c // bd), bd
+
+
+def geometry(srcs: list[Source], bh: int, bd: int) -> tuple[dict, int]:
+    """The kernels' per-source constexprs (heads, head size, head stride, first block, first
+    output channel; unused sources repeat source 0) and the number of channel blocks."""
+    geo, block, chan = {}, 0, 0
+    for i in range(MAX_SOURCES):
+        s = srcs[i] if i < len(srcs) else None
+        if s is None:
+            geo.update({f"H{i}": 0, f"D{i}": 1, f"SH{i}": 0} | ({f"JB{i}": 1 << 30, f"CO{i}": 0} if i else {}))
+            continue
+        geo.update({f"H{i}": s.H, f"D{i}": s.D, f"SH{i}": s.sh} | ({f"JB{i}": block, f"CO{i}": chan} if i else {}))
+        block += -(-s.H * -(-s.D // bd) // bh)
+        chan += s.H * s.D
+    return geo, block
+
+
+QWEN3_NEXT_SOURCES = ((16, 128, 768), (16, 128, 768), (16, 256, 768))
+"""Qwen3-Next's ``cat(q, k, v)`` as the kernels read it: (heads, head size, head stride) of each
+source, views of the ``[B, T, 16, 768]`` qkvz projection (TP1)."""
+
+
+def aot_geometry(sources, block_c: int) -> dict:
+    """:func:`geometry`'s constexprs for sources given as ``(H, D, SH)`` (no tensors)."""
+    srcs = [Source(None, h, d, 0, 0, sh, 1) for h, d, sh in sources]
+    bh, bd = head_block(srcs, block_c)
+    geo, _ = geometry(srcs, bh, bd)
+    return dict(geo, C=sum(h * d for h, d, _ in sources), NSRC=len(srcs), BH=bh, BD=bd)

@@ -178,13 +178,13 @@ def _dev(*ts):
     return [t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in ts]
 
 
-def _kernel_vs_op(args, scale=None, l2=True, cu=None, out_dtype=None, tol=TOL):
+def _kernel_vs_op(args, scale=None, l2=True, cu=None, out_dtype=None, tol=TOL, config=None):
     q, k, v, g, beta, s = args
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
     want, want_state = op(q, k, v, g, beta, scale, s, l2, cu_t, 1e-6, out_dtype)
     out = torch.full(want.shape, float("nan"), dtype=want.dtype, device=DEVICE)
     got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), scale, *_dev(s), l2, *_dev(cu_t), 1e-6, out_dtype, out=out,
-                                  dot="ieee")
+                                  dot="ieee", config=config)
     assert got is out and final.shape == want_state.shape and final.dtype == torch.float32
     if want.dtype == torch.float32:
         torch.testing.assert_close(got.cpu(), want, **tol)
@@ -232,6 +232,16 @@ def test_triton_kernel_bf16_inputs_and_output():
     q, k, v, g, beta, s = inputs(400, T=80, dtype=torch.bfloat16)
     _kernel_vs_op((q, k, v, g, beta, s))
     _kernel_vs_op((q, k, v, g, beta, s), out_dtype=torch.float32)
+
+
+@needs_runner
+def test_triton_kernel_launch_configs():
+    """Several scan and output column blocks (V = 40: 16-column blocks, the last one masked), 4 warps,
+    two pipeline stages; bfloat16 intermediates (w, u, v_new, the per-chunk states) within their
+    rounding."""
+    args = inputs(500, T=75, V=40)
+    _kernel_vs_op(args, config=mod.LaunchConfig(16, 4, 16, 4, 4, 2))
+    _kernel_vs_op(args, config=mod.LaunchConfig(inter_dtype=torch.bfloat16), tol=dict(rtol=2e-2, atol=2e-2))
 
 
 @needs_runner

@@ -45,7 +45,7 @@ from kda_inductor.lowerings._triton import triton
 from kda_inductor.lowerings.gdn_recurrent_step import (_check_gates, _check_qkv, _check_scalars, _check_sizes,
                                                        reference_step)
 
-__all__ = ["CHUNK", "ChunkMeta", "chunk_map", "chunk_triton", "gdn_chunk", "reference", "validate"]
+__all__ = ["CHUNK", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk", "reference", "validate"]
 
 _INTS = (torch.int32, torch.int64)
 
@@ -184,14 +184,34 @@ def chunk_map(cu_seqlens: Tensor, tokens: int) -> tuple[Tensor, Tensor, Tensor, 
     return seq.to(torch.int32), start, length.to(torch.int32), cu_chunks, M
 
 
+class LaunchConfig(NamedTuple):
+    """The four launches' shapes (no run-time autotuning: CUDA graphs and reproducibility). The
+    defaults: no register spills at K = V = 128 for sm_90 (Triton 3.9, ahead-of-time compile:
+    ``kkt`` 112 registers at 8 warps, ``wu`` 254, ``output`` 197 at 64 columns; the scan 255 with
+    56 bytes of stack at 32 columns, the least of the configurations tried: 4 warps or 64 columns
+    spill 300-1800 bytes). Not yet timed on a GPU: ``benchmarks/bench_gdn_chunk.py --sweep``."""
+
+    scan_block_v: int = 32
+    """State columns per scan program (``Hv * V / scan_block_v`` programs per sequence run the
+    sequential part: 128 at Qwen3-Next's 32 x 128)."""
+    scan_warps: int = 8
+    out_block_v: int = 64
+    out_warps: int = 8
+    warps: int = 8
+    """The ``kkt`` and ``wu`` launches'."""
+    num_stages: int = 1
+    inter_dtype: torch.dtype = torch.float32
+    """The stored ``w``, ``u``, ``v_new`` and per-chunk states (float32; bfloat16 halves their
+    traffic, as fla stores them, at the cost of a rounding)."""
+
+
 def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
-                 out_dtype=None, *, out: Tensor | None = None, dot: str = "tf32", block_v: int = 64,
-                 inter_dtype: torch.dtype = torch.float32) -> tuple[Tensor, Tensor]:
+                 out_dtype=None, *, out: Tensor | None = None, dot: str = "tf32",
+                 config: LaunchConfig | None = None) -> tuple[Tensor, Tensor]:
     """The four Triton launches on checked arguments (what the CUDA impl runs; also on CPU tensors
     under ``TRITON_INTERPRET=1``): ``(o, final_state)``. ``out``: a contiguous ``[B, T, Hv, V]`` to
     write (default a new one); ``dot``: the large products' input precision (``"tf32"``, ``"ieee"``);
-    ``inter_dtype``: the stored ``w``, ``u``, ``v_new`` and per-chunk states (float32; bfloat16 halves
-    their traffic, as fla stores them)."""
+    ``config``: the launches (default :class:`LaunchConfig`)."""
     if triton is None:  # pragma: no cover
         raise RuntimeError("gdn_chunk: the Triton kernels need triton, which is not installed")
     from kda_inductor.lowerings import _gdn_chunk_kernels as kern
@@ -211,40 +231,45 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
     if N == 0 or Hv == 0:
         return o, final
     dev = v.device
+    cfg = config or LaunchConfig()
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, B + 1, device=dev, dtype=torch.int64) * T
+    cu_seqlens = cu_seqlens.to(torch.int64)
     seq, start, length, cu_chunks, M = chunk_map(cu_seqlens, Ttot)
     # token-major 3-D views [B * T, heads, dim] (a copy only where B and T do not merge)
     q3, k3, v3 = q.reshape(Ttot, Hk, K), k.reshape(Ttot, Hk, K), v.reshape(Ttot, Hv, V)
     g2, b2 = g.reshape(Ttot, Hv), beta.reshape(Ttot, Hv)
     o3 = o.view(Ttot, Hv, V)
     f32 = torch.float32
-    tinv = torch.empty((Ttot, Hv, CHUNK), device=dev, dtype=f32)
+    akk = torch.empty((Ttot, Hv, CHUNK), device=dev, dtype=f32)
     gc = torch.empty((Ttot, Hv), device=dev, dtype=f32)
-    w = torch.empty((Ttot, Hv, K), device=dev, dtype=inter_dtype)
-    u = torch.empty((Ttot, Hv, V), device=dev, dtype=inter_dtype)
-    vn = torch.empty((Ttot, Hv, V), device=dev, dtype=inter_dtype)
-    hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter_dtype)
+    inter = cfg.inter_dtype
+    w = torch.empty((Ttot, Hv, K), device=dev, dtype=inter)
+    u = torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
+    vn = torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
+    hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
     KP = max(16, triton.next_power_of_2(K))
-    BV = max(16, min(block_v, triton.next_power_of_2(V)))
-    nv = triton.cdiv(V, BV)
+    vp = max(16, triton.next_power_of_2(V))
+    BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
+    stages = cfg.num_stages
     l2, scale = bool(use_qk_l2norm), _scale(scale, meta)
     group = Hv // Hk
-    kern.inverse_kernel[(M, Hv)](
-        k3, g2, b2, tinv, gc, seq, start, length, K, group, float(eps), *k3.stride(), *g2.stride(), *b2.stride(),
-        *tinv.stride()[:2], *gc.stride(), KP=KP, L2NORM=l2, DOT=dot, num_warps=4)
+    kern.kkt_kernel[(M, Hv)](
+        k3, g2, b2, akk, gc, seq, start, length, K, group, float(eps), *k3.stride(), *g2.stride(), *b2.stride(),
+        *akk.stride()[:2], *gc.stride(), KP=KP, L2NORM=l2, DOT=dot, num_warps=cfg.warps, num_stages=stages)
     kern.wu_kernel[(M, Hv)](
-        k3, v3, b2, tinv, gc, w, u, seq, start, length, K, V, group, float(eps), *k3.stride(), *v3.stride(),
-        *b2.stride(), *tinv.stride()[:2], *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=BV, L2NORM=l2,
-        DOT=dot, num_warps=4)
+        k3, v3, b2, akk, gc, w, u, seq, start, length, K, V, group, float(eps), *k3.stride(), *v3.stride(),
+        *b2.stride(), *akk.stride()[:2], *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2,
+        DOT=dot, num_warps=cfg.warps, num_stages=stages)
     s = initial_state
-    kern.scan_kernel[(N, Hv, nv)](
+    kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
         k3, w, u, gc, s if s is not None else final, final, hs, vn, cu_seqlens, cu_chunks, K, V, group, float(eps),
         *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
         *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2],
-        *final.stride()[:3], KP=KP, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, num_warps=4)
-    kern.output_kernel[(M, Hv, nv)](
+        *final.stride()[:3], KP=KP, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, num_warps=cfg.scan_warps,
+        num_stages=stages)
+    kern.output_kernel[(M, Hv, triton.cdiv(V, OBV))](
         q3, k3, gc, hs, vn, o3, seq, start, length, K, V, group, scale, float(eps), *q3.stride(), *k3.stride(),
-        *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KP=KP, BV=BV, L2NORM=l2, DOT=dot,
-        num_warps=4)
+        *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KP=KP, BV=OBV, L2NORM=l2, DOT=dot,
+        num_warps=cfg.out_warps, num_stages=stages)
     return o, final

@@ -1,0 +1,323 @@
+"""``gdn_chunk`` on a GPU: the chunked gated delta rule forward over a prefill (one sequence of T
+tokens, no initial state, the final state returned) at Qwen3-Next's dims (16 q / k heads, 32 v
+heads, K = V = 128, bf16 q / k / v / beta, float32 g), as our op and its peers run it.
+
+Variants, each checked against a float32 reference (transformers' ``torch_chunk_gated_delta_rule``
+on float32 copies of the inputs, eager; relative norm error ``|o - ref| / |ref|`` of the output,
+``err``, and of the final state, ``state err``), then timed:
+
+* ``kda``: ``kda::gdn_chunk`` (our four Triton kernels; l2norm of q / k and the scale inside).
+* ``fla``: flash-linear-attention's ``chunk_gated_delta_rule`` (fla-core, where importable; called
+  with ``use_qk_l2norm_in_kernel=True``, GVA heads as they are).
+* ``stock``: stock ``torch.compile`` of transformers' ``torch_chunk_gated_delta_rule`` (its torch
+  core, never the fla dispatch around it), l2norm in the function as the layer asks. Its chunk loop
+  is unrolled in the graph (T / 64 iterations): compiles take minutes past a few thousand tokens,
+  so it runs only up to ``--stock-max-t`` (default 8192). ``eager``: the same uncompiled.
+
+Times are CUDA-graph replay medians (one call per graph; ``_timing.graph_replay_median_us``), the
+inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call streams from HBM.
+
+    python benchmarks/bench_gdn_chunk.py --quick --budget 200     # T = 4096 and 16384 (~2-3 min on an H200)
+    python benchmarks/bench_gdn_chunk.py --budget 500             # T = 256 ... 65536
+    python benchmarks/bench_gdn_chunk.py --sweep --T 16384        # kda's launch configs (LaunchConfig)
+    python benchmarks/bench_gdn_chunk.py --smoke                  # CPU, tiny: the code paths only
+
+No new case starts after ``--budget`` seconds; the rows done are recorded (``benchmarks/results/
+gdn_chunk.{md,json}``, and ``$OUT/bench_gdn_chunk.json`` when ``OUT`` is set).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+import torch
+
+if "--smoke" in sys.argv and not torch.cuda.is_available():  # our kernels on CPU tensors (before triton)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE), str(_HERE.parent), str(_HERE.parent / "examples")]
+from _timing import (  # noqa: E402
+    environment_info,
+    finish,
+    graph_replay_median_us,
+    markdown_table,
+    perf_counter_median_us,
+    print_table,
+    progress,
+    write_out_json,
+)
+
+from kda_inductor.lowerings import gdn_chunk as L  # noqa: E402  (registers kda::gdn_chunk)
+
+NAME = "gdn_chunk"
+
+
+class Dims(NamedTuple):
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+
+
+QWEN3_NEXT = Dims(16, 32, 128, 128)
+SMOKE = Dims(1, 2, 16, 16)
+TOKENS = (256, 1024, 4096, 16384, 65536)
+QUICK = (4096, 16384)
+
+
+def make_inputs(d: Dims, T: int, device, seed: int = 0) -> dict:
+    """A prefill's tensors as the layer makes them: bf16 q / k / v, ``g = logsigmoid`` (log decay
+    < 0), bf16 ``beta`` a sigmoid."""
+    gen = torch.Generator(device=device).manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device=device, generator=gen)
+
+    return dict(q=rnd(1, T, d.k_heads, d.k_dim).bfloat16(), k=rnd(1, T, d.k_heads, d.k_dim).bfloat16(),
+                v=rnd(1, T, d.v_heads, d.v_dim).bfloat16(), g=torch.nn.functional.logsigmoid(rnd(1, T, d.v_heads)),
+                beta=torch.sigmoid(rnd(1, T, d.v_heads)).bfloat16())
+
+
+# --------------------------------------------------------------------------- the variants
+
+
+def transformers_chunk() -> Callable | None:
+    """transformers' torch core ``torch_chunk_gated_delta_rule`` (qwen3_next), unwrapped from the
+    hub / fla dispatch (5.25 wraps it in a module whose ``forward`` calls the wrapper ``func``)."""
+    import inspect
+
+    try:
+        from transformers.models.qwen3_next import modeling_qwen3_next as mq
+    except ImportError:
+        return None
+    fn = getattr(mq, "torch_chunk_gated_delta_rule", None)
+    if isinstance(fn, torch.nn.Module):
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
+    return getattr(fn, "__wrapped__", fn)
+
+
+def _hf_call(fn):
+    def call(x):
+        return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=None, output_final_state=True,
+                  use_qk_l2norm_in_kernel=True)
+    return call
+
+
+def kda(x, config=None):
+    """The op (on CPU tensors, the smoke run: its Triton kernels under the interpreter, not the op's
+    CPU loop, which is the reference)."""
+    if config is not None or x["q"].device.type == "cpu":
+        return L.chunk_triton(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True, config=config)
+    return torch.ops.kda.gdn_chunk(x["q"], x["k"], x["v"], x["g"], x["beta"], None, None, True)
+
+
+def fla_chunk() -> Callable | None:
+    try:
+        import fla_core
+
+        if not fla_core.available():
+            return None
+        fn = fla_core.fla().gdn_chunk
+    except Exception:  # noqa: BLE001 - not installed, or its import fails here
+        traceback.print_exc()
+        return None
+    return lambda x: fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=None, output_final_state=True,
+                        use_qk_l2norm_in_kernel=True)
+
+
+def variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
+    out: dict[str, Callable] = {"kda": kda}
+    fla = None if smoke else fla_chunk()
+    if fla is not None:
+        out["fla"] = fla
+    hf = transformers_chunk()
+    if hf is not None:
+        if T <= stock_max_t and not smoke:
+            out["stock"] = _hf_call(torch.compile(hf))
+        if eager:
+            out["eager"] = _hf_call(hf)
+    return out
+
+
+# --------------------------------------------------------------------------- checks and timing
+
+
+def reference(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """float32: transformers' chunked core on float32 copies (on CPU tensors without transformers:
+    the op's token loop)."""
+    f = {k: v.float() for k, v in x.items()}
+    hf = transformers_chunk()
+    if hf is None:
+        return L.reference(f["q"], f["k"], f["v"], f["g"], f["beta"], None, None, True)
+    with torch.inference_mode():
+        return _hf_call(hf)(f)
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b).norm() / b.norm().clamp_min(1e-30)).item()
+
+
+def check(fn: Callable, x: dict, want) -> tuple[float | None, float | None, str]:
+    try:
+        with torch.inference_mode():
+            o, state = fn(x)
+    except Exception as e:  # noqa: BLE001 - a failing variant is reported, the others go on
+        traceback.print_exc()
+        return None, None, f"{type(e).__name__}: {e}"[:120]
+    return rel(o, want[0]), rel(state, want[1]), ""
+
+
+def time_us(fn: Callable, x: dict, smoke: bool, T: int) -> tuple[float, str]:
+    """CUDA-graph replay median (eager event timing where capture fails: noted)."""
+    if smoke:
+        return perf_counter_median_us(lambda: fn(x), 1), ""
+    reps, inner = (30, 5) if T <= 4096 else (10, 2)
+    with torch.inference_mode():
+        try:
+            return graph_replay_median_us(lambda: fn(x), warmup=2, reps=reps, inner=inner), ""
+        except Exception as e:  # noqa: BLE001
+            from _timing import eager_median_us
+
+            torch.cuda.synchronize()
+            return eager_median_us(lambda: fn(x), reps=5), f"not captured ({type(e).__name__})"
+
+
+def run_case(T: int, *, device, smoke: bool, stock_max_t: int, eager: bool) -> dict:
+    d = SMOKE if smoke else QWEN3_NEXT
+    x = make_inputs(d, T, device)
+    want = reference(x)
+    row: dict = {"T": T}
+    notes = []
+    for name, fn in variants(T, smoke=smoke, stock_max_t=stock_max_t, eager=eager).items():
+        err, serr, problem = check(fn, x, want)
+        row[f"{name}_err"], row[f"{name}_state_err"] = err, serr
+        if problem:
+            notes.append(f"{name}: {problem}")
+            continue
+        us, note = time_us(fn, x, smoke, T)
+        row[f"{name}_us"] = us
+        if note:
+            notes.append(f"{name}: {note}")
+    for peer in ("fla", "stock", "eager"):
+        a, b = row.get(f"{peer}_us"), row.get("kda_us")
+        row[f"vs_{peer}"] = None if a is None or b is None else a / b
+    row["note"] = "; ".join(notes)
+    del x, want
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return row
+
+
+COLUMNS = (("T", "T", ","), ("kda_us", "kda us", ".1f"), ("fla_us", "fla us", ".1f"), ("stock_us", "stock us", ".1f"),
+           ("eager_us", "eager us", ".1f"), ("vs_fla", "fla/kda", ".2f"), ("vs_stock", "stock/kda", ".2f"),
+           ("kda_err", "kda err", ".2e"), ("fla_err", "fla err", ".2e"), ("stock_err", "stock err", ".2e"),
+           ("eager_err", "eager err", ".2e"), ("kda_state_err", "kda state err", ".2e"),
+           ("fla_state_err", "fla state err", ".2e"), ("note", "note", "s"))
+
+
+# --------------------------------------------------------------------------- the launch sweep
+
+
+def sweep_configs(smoke: bool) -> dict[str, object]:
+    C = L.LaunchConfig
+    base = C()
+    cfgs = {"default": base, "scan bv64": base._replace(scan_block_v=64), "scan bv16": base._replace(scan_block_v=16),
+            "scan w4": base._replace(scan_warps=4), "out bv32": base._replace(out_block_v=32),
+            "2 stages": base._replace(num_stages=2), "bf16 inter": base._replace(inter_dtype=torch.bfloat16),
+            "bf16 inter bv64": base._replace(inter_dtype=torch.bfloat16, scan_block_v=64)}
+    return dict(list(cfgs.items())[:2]) if smoke else cfgs
+
+
+def run_sweep(args, device, deadline) -> list[dict]:
+    d = SMOKE if args.smoke else QWEN3_NEXT
+    rows = []
+    for T in [int(t) for t in (args.T or ("70" if args.smoke else "16384")).split(",")]:
+        x = make_inputs(d, T, device)
+        want = reference(x)
+        for label, cfg in sweep_configs(args.smoke).items():
+            if time.perf_counter() > deadline:
+                break
+            fn = lambda x, cfg=cfg: kda(x, cfg)  # noqa: E731
+            err, serr, problem = check(fn, x, want)
+            us = None if problem else time_us(fn, x, args.smoke, T)[0]
+            rows.append({"T": T, "config": label, "us": us, "err": err, "state_err": serr, "note": problem})
+            progress(rows[-1])
+    cols = (("T", "T", ","), ("config", "config", "s"), ("us", "us", ".1f"), ("err", "err", ".2e"),
+            ("state_err", "state err", ".2e"), ("note", "note", "s"))
+    print_table(rows, cols, title="kda::gdn_chunk launch configs")
+    print(markdown_table(rows, cols), flush=True)
+    if not args.smoke:
+        write_out_json(f"bench_{NAME}_sweep.json", {"env": environment_info(), "rows": rows})
+    return rows
+
+
+def _versions() -> str:
+    try:
+        from importlib.metadata import version
+
+        fla = version("fla-core")
+    except Exception:  # noqa: BLE001
+        fla = None
+    try:
+        import transformers
+
+        tf = transformers.__version__
+    except ImportError:
+        tf = None
+    return f"fla-core {fla}; transformers {tf}; triton {getattr(L.triton, '__version__', None)}"
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help=f"T = {', '.join(map(str, QUICK))} only")
+    p.add_argument("--T", default=None, help="tokens, comma-separated (default: the plan's)")
+    p.add_argument("--stock-max-t", type=int, default=8192, help="stock torch.compile only up to this T")
+    p.add_argument("--no-eager", action="store_true")
+    p.add_argument("--sweep", action="store_true", help="time kda's launch configs instead")
+    p.add_argument("--budget", type=float, default=480, help="seconds after which no new case starts")
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
+    args = p.parse_args(argv)
+    device = "cpu" if args.smoke else "cuda"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (use --smoke on CPU)")
+    torch._inductor.config.fx_graph_cache = False  # stock's compile timed as a user's first one would be
+    t0 = time.perf_counter()
+    deadline = t0 + args.budget
+    if args.sweep:
+        return run_sweep(args, device, deadline)
+    if args.T:
+        plan = [int(t) for t in args.T.split(",")]
+    else:
+        plan = [70, 130] if args.smoke else list(QUICK if args.quick else TOKENS)
+    rows = []
+    for T in plan:
+        if time.perf_counter() > deadline:
+            print(f"time budget of {args.budget:.0f} s spent: T = {plan[len(rows):]} not run", flush=True)
+            break
+        try:
+            rows.append(run_case(T, device=device, smoke=args.smoke, stock_max_t=args.stock_max_t,
+                                 eager=not args.no_eager))
+        except Exception as e:  # noqa: BLE001 - one failing case must not lose the others
+            traceback.print_exc()
+            rows.append({"T": T, "note": f"{type(e).__name__}: {e}"[:200]})
+        progress(rows[-1])
+    d = SMOKE if args.smoke else QWEN3_NEXT
+    notes = ("NOT meaningful (CPU smoke run)" if args.smoke else
+             f"batch 1, {d.k_heads} q / k heads, {d.v_heads} v heads, K = {d.k_dim}, V = {d.v_dim}, bf16 inputs, "
+             f"no initial state; CUDA-graph replay medians, one call per graph; err: |o - ref| / |ref| against "
+             f"transformers' chunked reference in float32; {_versions()}")
+    finish(NAME, rows, COLUMNS, notes, smoke=args.smoke, record=not args.no_record, results_dir=_HERE / "results",
+           started=t0)
+    print(markdown_table(rows, COLUMNS), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

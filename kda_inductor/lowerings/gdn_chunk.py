@@ -1,0 +1,275 @@
+"""``kda::gdn_chunk``: the gated delta rule's forward over a prefill (one sequence, a batch, or
+sequences packed along T by ``cu_seqlens``), computed by chunks of 64 tokens, as transformers'
+``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5) and fla's ``chunk_gated_delta_rule``.
+
+``kda::gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False,
+cu_seqlens=None, eps=1e-6, out_dtype=None) -> (o, final_state)``. The same function as
+``kda::gdn_recurrent_step`` (per value head ``h``, key head ``h // (Hv // Hk)``, per token, in
+float32)::
+
+    if use_qk_l2norm: q = q * rsqrt(sum(q * q) + eps); k = k * rsqrt(sum(k * k) + eps)
+    q = q * scale                           # scale None: K ** -0.5
+    S = S * exp(g_t); delta = (v - sum_K(S * k[:, None])) * beta_t
+    S = S + k[:, None] * delta[None, :];  o_t = sum_K(S * q[:, None])
+
+* ``q``, ``k``: ``[B, T, Hk, K]``; ``v``: ``[B, T, Hv, V]``, ``Hv % Hk == 0`` (GQA / GVA); any
+  strides, any float dtype.
+* ``g``: ``[B, T, Hv]`` log decay (GDN; float32 as the layers make it); ``[B, T, Hv, K]`` (a decay
+  per key channel, Kimi's KDA) is accepted by the signature and computed by the CPU loop (on CUDA
+  too, slowly, until its kernel comes: :func:`_cuda`). ``beta``: ``[B, T, Hv]``.
+* ``cu_seqlens``: None (``B`` sequences of ``T`` tokens) or an int tensor ``[N + 1]`` on ``q``'s
+  device with ``B == 1`` (fla's varlen: sequence ``n`` is tokens ``cu_seqlens[n]:cu_seqlens[n+1]``,
+  ``cu_seqlens[0] == 0``, ``cu_seqlens[N] == T``; never read on the host by the CUDA path).
+* ``initial_state``: None (zeros) or float32 ``[N, Hv, K, V]`` (``N = B`` without ``cu_seqlens``).
+* Returns ``o`` contiguous ``[B, T, Hv, V]`` in ``out_dtype`` (None: ``v``'s) and the float32
+  ``final_state [N, Hv, K, V]``.
+
+CPU: :func:`reference` (the token loop of ``gdn_recurrent_step``, per sequence: the spec). CUDA:
+four Triton launches by chunks (:mod:`kda_inductor.lowerings._gdn_chunk_kernels`: the inverse of
+``I + A`` per chunk, the UT transform ``w, u``, the sequential scan over chunks holding the state
+in registers, the output), float32 state and inverse; the chunk map (which sequence and tokens
+each chunk holds) computed on the device from ``cu_seqlens``: no host sync, CUDA-graph safe.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from kda_inductor.lowerings import arg_error as _err
+from kda_inductor.lowerings import check_tensor, definitely
+from kda_inductor.lowerings._gdn_chunk_kernels import CHUNK
+from kda_inductor.lowerings._triton import triton
+from kda_inductor.lowerings.gdn_recurrent_step import (_check_gates, _check_qkv, _check_scalars, _check_sizes,
+                                                       reference_step)
+
+__all__ = ["CHUNK", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk", "reference", "validate"]
+
+_INTS = (torch.int32, torch.int64)
+
+
+class ChunkMeta(NamedTuple):
+    """The geometry :func:`validate` returns."""
+
+    batch: int
+    tokens: int
+    k_heads: int
+    v_heads: int
+    k_dim: int
+    v_dim: int
+    per_channel: bool
+    sequences: int
+    """``N``: ``B``, or ``len(cu_seqlens) - 1``."""
+
+    @property
+    def group(self) -> int:
+        return self.v_heads // self.k_heads
+
+
+def validate(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
+             out_dtype=None) -> ChunkMeta:
+    """The op's one validator (sync-free: shapes, dtypes, devices), each bad argument an error naming
+    it; symbolic sizes checked where the answer is known at trace time."""
+    B, T, Hk, K, Hv, V = _check_qkv(q, k, v)
+    per_channel = _check_gates(g, beta, B, T, Hv, K)
+    _check_scalars(1.0 if scale is None else scale, use_qk_l2norm, eps, out_dtype)
+    N = B
+    if cu_seqlens is not None:
+        check_tensor(cu_seqlens, "cu_seqlens")
+        if cu_seqlens.dim() != 1 or cu_seqlens.dtype not in _INTS:
+            raise _err("cu_seqlens", f"expected a 1-D int32 / int64 tensor [N + 1], got {cu_seqlens.dim()}-D "
+                       f"{cu_seqlens.dtype}")
+        if definitely(cu_seqlens.shape[0] < 2):
+            raise _err("cu_seqlens", f"expected at least 2 offsets (one sequence), got {cu_seqlens.shape[0]}")
+        if definitely(B != 1):
+            raise _err("q", f"with cu_seqlens the sequences are packed along T: expected B = 1, got {B}")
+        N = cu_seqlens.shape[0] - 1
+    if initial_state is not None:
+        check_tensor(initial_state, "initial_state")
+        if initial_state.dtype != torch.float32:
+            raise _err("initial_state", f"expected a float32 state [N, Hv, K, V], got {initial_state.dtype}")
+        _check_sizes(initial_state, "initial_state", [N, Hv, K, V], "[N, Hv, K, V]")
+    for t, arg in ((k, "k"), (v, "v"), (g, "g"), (beta, "beta"), (initial_state, "initial_state"),
+                   (cu_seqlens, "cu_seqlens")):
+        if t is not None and t.device != q.device:
+            raise _err(arg, f"expected device {q.device} (q's), got {t.device}")
+    return ChunkMeta(B, T, Hk, Hv, K, V, per_channel, N)
+
+
+def _scale(scale, meta: ChunkMeta) -> float:
+    return float(meta.k_dim) ** -0.5 if scale is None else float(scale)
+
+
+def _new_outputs(v: Tensor, meta: ChunkMeta, out_dtype) -> tuple[Tensor, Tensor]:
+    o = v.new_empty((meta.batch, meta.tokens, meta.v_heads, meta.v_dim), dtype=out_dtype or v.dtype)
+    return o, v.new_empty((meta.sequences, meta.v_heads, meta.k_dim, meta.v_dim), dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------------------
+# CPU: the token loop per sequence (the spec)
+# --------------------------------------------------------------------------------------
+def reference(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6):
+    """The recurrence in float32 torch, token by token, per sequence: float32 ``o [B, T, Hv, V]``
+    and the final states ``[N, Hv, K, V]`` (arguments as the op's, unchecked; reads ``cu_seqlens``
+    on the host)."""
+    scale = float(q.shape[-1]) ** -0.5 if scale is None else float(scale)
+    if cu_seqlens is None:
+        return reference_step(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, eps)
+    B, T, Hv, V = v.shape
+    offsets = [int(x) for x in cu_seqlens.tolist()]
+    o = v.new_zeros((B, T, Hv, V), dtype=torch.float32)
+    finals = []
+    for n, (s, e) in enumerate(zip(offsets[:-1], offsets[1:])):
+        state = None if initial_state is None else initial_state[n:n + 1]
+        out, final = reference_step(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], state, scale,
+                                    use_qk_l2norm, eps)
+        o[:, s:e] = out
+        finals.append(final)
+    return o, torch.cat(finals) if finals else v.new_zeros((0, Hv, q.shape[-1], V), dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------------------
+# the custom op
+# --------------------------------------------------------------------------------------
+@torch.library.custom_op("kda::gdn_chunk", mutates_args=(), device_types="cpu")
+def gdn_chunk(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, scale: float | None = None,
+              initial_state: Tensor | None = None, use_qk_l2norm: bool = False, cu_seqlens: Tensor | None = None,
+              eps: float = 1e-6, out_dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
+    """The chunked gated delta rule forward: ``(o, final_state)`` (the module docstring)."""
+    validate(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps, out_dtype)
+    o, final = reference(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps)
+    return o.to(out_dtype or v.dtype), final
+
+
+@gdn_chunk.register_fake
+def _gdn_chunk_fake(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None,
+                    eps=1e-6, out_dtype=None):
+    meta = validate(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps, out_dtype)
+    return _new_outputs(v, meta, out_dtype)
+
+
+@gdn_chunk.register_kernel("cuda")
+def _cuda(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
+          out_dtype=None):
+    meta = validate(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps, out_dtype)
+    if meta.per_channel:  # KDA: no chunk kernel yet; the float32 loop (correct, slow; reads cu_seqlens on the host)
+        o, final = reference(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps)
+        return o.to(out_dtype or v.dtype), final
+    return chunk_triton(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps, out_dtype)
+
+
+# --------------------------------------------------------------------------------------
+# the Triton launches
+# --------------------------------------------------------------------------------------
+def chunk_map(cu_seqlens: Tensor, tokens: int) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """On the device, from ``cu_seqlens [N + 1]`` over ``tokens`` packed tokens: ``(seq, start,
+    length, cu_chunks, M)``: for each of ``M = tokens // CHUNK + N`` chunk ids (at least the number
+    of chunks, from shapes alone) its sequence, first token and length (0 past the last chunk), and
+    the first chunk id of each sequence (int32 ``[N + 1]``). No host sync."""
+    cu = cu_seqlens.to(torch.int64)
+    N = cu.shape[0] - 1
+    lens = (cu[1:] - cu[:-1]).clamp_min(0)
+    counts = (lens + CHUNK - 1) // CHUNK
+    cu_chunks = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    M = tokens // CHUNK + N
+    ids = torch.arange(M, device=cu.device)
+    seq = torch.searchsorted(cu_chunks[1:], ids, right=True)
+    live = seq < N
+    s = seq.clamp(max=max(N - 1, 0))
+    start = cu[s] + (ids - cu_chunks[s]) * CHUNK
+    length = torch.where(live, (cu[s + 1] - start).clamp(0, CHUNK), 0)
+    start = torch.where(live, start, 0)
+    return seq.to(torch.int32), start, length.to(torch.int32), cu_chunks, M
+
+
+class LaunchConfig(NamedTuple):
+    """The four launches' shapes (no run-time autotuning: CUDA graphs and reproducibility). The
+    defaults: no register spills at K = V = 128 for sm_90 (Triton 3.9, ahead-of-time compile:
+    ``kkt`` 112 registers at 8 warps, ``wu`` 254, ``output`` 197 at 64 columns; the scan 255 with
+    56 bytes of stack at 32 columns, the least of the configurations tried: 4 warps or 64 columns
+    spill 300-1800 bytes). Not yet timed on a GPU: ``benchmarks/bench_gdn_chunk.py --sweep``."""
+
+    scan_block_v: int = 32
+    """State columns per scan program (``Hv * V / scan_block_v`` programs per sequence run the
+    sequential part: 128 at Qwen3-Next's 32 x 128)."""
+    scan_warps: int = 8
+    out_block_v: int = 64
+    out_warps: int = 8
+    warps: int = 8
+    """The ``kkt`` and ``wu`` launches'."""
+    num_stages: int = 1
+    inter_dtype: torch.dtype = torch.float32
+    """The stored ``w``, ``u``, ``v_new`` and per-chunk states (float32; bfloat16 halves their
+    traffic, as fla stores them, at the cost of a rounding)."""
+
+
+def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
+                 out_dtype=None, *, out: Tensor | None = None, dot: str = "tf32",
+                 config: LaunchConfig | None = None) -> tuple[Tensor, Tensor]:
+    """The four Triton launches on checked arguments (what the CUDA impl runs; also on CPU tensors
+    under ``TRITON_INTERPRET=1``): ``(o, final_state)``. ``out``: a contiguous ``[B, T, Hv, V]`` to
+    write (default a new one); ``dot``: the large products' input precision (``"tf32"``, ``"ieee"``);
+    ``config``: the launches (default :class:`LaunchConfig`)."""
+    if triton is None:  # pragma: no cover
+        raise RuntimeError("gdn_chunk: the Triton kernels need triton, which is not installed")
+    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+
+    meta = validate(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps, out_dtype)
+    if meta.per_channel:
+        raise NotImplementedError("gdn_chunk: the Triton kernels take a decay per head (g [B, T, Hv]); a decay per "
+                                  "key channel (KDA) is not implemented yet")
+    o, final = _new_outputs(v, meta, out_dtype if out is None else out.dtype)
+    if out is not None:
+        if out.shape != o.shape or not out.is_contiguous() or out.device != v.device:
+            raise _err("out", f"expected a contiguous {list(o.shape)} on {v.device}, got {list(out.shape)}")
+        o = out
+    B, T, Hk, K, Hv, V, N = (meta.batch, meta.tokens, meta.k_heads, meta.k_dim, meta.v_heads, meta.v_dim,
+                             meta.sequences)
+    Ttot = B * T
+    if N == 0 or Hv == 0:
+        return o, final
+    dev = v.device
+    cfg = config or LaunchConfig()
+    if cu_seqlens is None:
+        cu_seqlens = torch.arange(0, B + 1, device=dev, dtype=torch.int64) * T
+    cu_seqlens = cu_seqlens.to(torch.int64)
+    seq, start, length, cu_chunks, M = chunk_map(cu_seqlens, Ttot)
+    # token-major 3-D views [B * T, heads, dim] (a copy only where B and T do not merge)
+    q3, k3, v3 = q.reshape(Ttot, Hk, K), k.reshape(Ttot, Hk, K), v.reshape(Ttot, Hv, V)
+    g2, b2 = g.reshape(Ttot, Hv), beta.reshape(Ttot, Hv)
+    o3 = o.view(Ttot, Hv, V)
+    f32 = torch.float32
+    akk = torch.empty((Ttot, Hv, CHUNK), device=dev, dtype=f32)
+    gc = torch.empty((Ttot, Hv), device=dev, dtype=f32)
+    inter = cfg.inter_dtype
+    w = torch.empty((Ttot, Hv, K), device=dev, dtype=inter)
+    u = torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
+    vn = torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
+    hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
+    KP = max(16, triton.next_power_of_2(K))
+    vp = max(16, triton.next_power_of_2(V))
+    BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
+    stages = cfg.num_stages
+    l2, scale = bool(use_qk_l2norm), _scale(scale, meta)
+    group = Hv // Hk
+    kern.kkt_kernel[(M, Hv)](
+        k3, g2, b2, akk, gc, seq, start, length, K, group, float(eps), *k3.stride(), *g2.stride(), *b2.stride(),
+        *akk.stride()[:2], *gc.stride(), KP=KP, L2NORM=l2, DOT=dot, num_warps=cfg.warps, num_stages=stages)
+    kern.wu_kernel[(M, Hv)](
+        k3, v3, b2, akk, gc, w, u, seq, start, length, K, V, group, float(eps), *k3.stride(), *v3.stride(),
+        *b2.stride(), *akk.stride()[:2], *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2,
+        DOT=dot, num_warps=cfg.warps, num_stages=stages)
+    s = initial_state
+    kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
+        k3, w, u, gc, s if s is not None else final, final, hs, vn, cu_seqlens, cu_chunks, K, V, group, float(eps),
+        *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
+        *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2],
+        *final.stride()[:3], KP=KP, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, num_warps=cfg.scan_warps,
+        num_stages=stages)
+    kern.output_kernel[(M, Hv, triton.cdiv(V, OBV))](
+        q3, k3, gc, hs, vn, o3, seq, start, length, K, V, group, scale, float(eps), *q3.stride(), *k3.stride(),
+        *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KP=KP, BV=OBV, L2NORM=l2, DOT=dot,
+        num_warps=cfg.out_warps, num_stages=stages)
+    return o, final

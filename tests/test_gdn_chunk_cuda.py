@@ -1,0 +1,137 @@
+"""``kda::gdn_chunk`` on CUDA (skipped without a GPU): the Triton kernels at Qwen3-Next's dims
+(16 q / k heads, 32 v heads, K = V = 128, bf16 inputs) against the float32 token loop (the op's CPU
+spec, run on the GPU) and against fla's ``chunk_gated_delta_rule`` where fla-core is importable;
+varlen with ``cu_seqlens`` on the device; CUDA-graph capture and replay; ``torch.compile`` with the
+op in one graph; exact float32 (``dot="ieee"``) at small dims.
+
+Tolerances: relative norm errors ``|o - ref| / |ref|``. bf16 outputs carry ~2^-9 relative rounding
+(a norm error of ~1.5e-3); the kernels' tf32 products add their ~1e-3 per product: the op must stay
+within 1e-2 of the reference and within 1.5x fla's own error (+ 1e-3) where fla runs. The state:
+float32 throughout, tf32 products: 1e-2.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kda_inductor.lowerings import gdn_chunk as mod
+
+pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
+BF = torch.bfloat16
+
+
+def _inputs(T, seed, Hk=16, Hv=32, D=128, N=1, state=False, dtype=BF):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, device="cuda", generator=g)
+
+    q, k, v = rnd(1, T, Hk, D).to(dtype), rnd(1, T, Hk, D).to(dtype), rnd(1, T, Hv, D).to(dtype)
+    gate = torch.nn.functional.logsigmoid(rnd(1, T, Hv))
+    beta = torch.sigmoid(rnd(1, T, Hv)).to(dtype)
+    s = 0.1 * rnd(N, Hv, D, D) if state else None
+    return q, k, v, gate, beta, s
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+def _fla():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception:  # noqa: BLE001 - fla-core not installed or not importable here
+        return None
+    return chunk_gated_delta_rule
+
+
+@pytest.mark.parametrize("T,state", [(1, True), (100, False), (1000, True), (4096, False)])
+def test_op_matches_the_float32_loop_and_fla(T, state):
+    q, k, v, g, beta, s = _inputs(T, seed=T, state=state)
+    with torch.inference_mode():
+        want, want_state = mod.reference(q, k, v, g, beta, None, s, True)
+        out = torch.full_like(v, float("nan"))
+        got, final = mod.chunk_triton(q, k, v, g, beta, None, s, True, out=out)
+        op_out, op_final = torch.ops.kda.gdn_chunk(q, k, v, g, beta, None, s, True)
+    assert got.dtype == BF and final.dtype == torch.float32 and not got.isnan().any()
+    assert torch.equal(op_out, got) and torch.equal(op_final, final)  # the op is these launches
+    err, serr = _rel(got, want), _rel(final, want_state)
+    assert err < 1e-2 and serr < 1e-2, (err, serr)
+    fla = _fla()
+    if fla is not None:
+        with torch.inference_mode():
+            fo, fs = fla(q, k, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        fla_err = _rel(fo, want)
+        print(f"T={T}: kda {err:.2e} / state {serr:.2e}; fla {fla_err:.2e} / state {_rel(fs, want_state):.2e}")
+        assert err <= 1.5 * fla_err + 1e-3, (err, fla_err)
+
+
+def test_varlen_on_the_device():
+    """Four sequences packed along T (lengths 1, 699, 0, 1348), an initial state each, ``cu_seqlens``
+    on the GPU: per-sequence loops give the same."""
+    cu = torch.tensor([0, 1, 700, 700, 2048], device="cuda", dtype=torch.int32)
+    q, k, v, g, beta, s = _inputs(2048, seed=3, N=4, state=True)
+    with torch.inference_mode():
+        got, final = torch.ops.kda.gdn_chunk(q, k, v, g, beta, None, s, True, cu)
+        want, want_state = mod.reference(q, k, v, g, beta, None, s, True, cu)
+    assert _rel(got, want) < 1e-2 and _rel(final, want_state) < 1e-2
+    torch.testing.assert_close(final[2], s[2], rtol=0, atol=0)  # the empty sequence keeps its state
+
+
+def test_exact_float32_products_at_small_dims():
+    """``dot="ieee"``: the kernels' float32 math within 1e-4 of the loop (T across chunks, GQA 1:2)."""
+    q, k, v, g, beta, s = _inputs(300, seed=5, Hk=2, Hv=4, D=64, state=True, dtype=torch.float32)
+    with torch.inference_mode():
+        want, want_state = mod.reference(q, k, v, g, beta, 0.2, s, True)
+        got, final = mod.chunk_triton(q, k, v, g, beta, 0.2, s, True, dot="ieee")
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(final, want_state, rtol=1e-4, atol=1e-4)
+
+
+def test_cuda_graph_capture_and_replay():
+    """No host sync (varlen included): captured once, replayed on new inputs copied in."""
+    cu = torch.tensor([0, 37, 300], device="cuda", dtype=torch.int64)
+    a = _inputs(300, seed=7, Hk=4, Hv=8, D=64, N=2, state=True)
+    b = _inputs(300, seed=8, Hk=4, Hv=8, D=64, N=2, state=True)
+    bufs = [x.clone() for x in a]
+
+    def call():
+        return torch.ops.kda.gdn_chunk(*bufs[:5], None, bufs[5], True, cu)
+
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, final = call()
+        for x, y in zip(bufs, b):
+            x.copy_(y)
+        graph.replay()
+        want, want_state = torch.ops.kda.gdn_chunk(*b[:5], None, b[5], True, cu)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(final, want_state, rtol=0, atol=0)
+
+
+def test_compiled_in_one_graph():
+    """torch.compile (Inductor) of a prefill core calling the op, T dynamic: one graph, no break."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    cnt = CompileCounterWithBackend("inductor")
+
+    @torch.compile(backend=cnt, fullgraph=True, dynamic=True)
+    def core(q, k, v, g, beta):
+        o, state = torch.ops.kda.gdn_chunk(q, k, v, g, beta, None, None, True)
+        return o.flatten(-2), state
+
+    for T in (200, 333):
+        xs = _inputs(T, seed=T, Hk=2, Hv=4, D=64)[:5]
+        with torch.inference_mode():
+            o, state = core(*xs)
+            want, want_state = torch.ops.kda.gdn_chunk(*xs, None, None, True)
+        torch.testing.assert_close(o, want.flatten(-2), rtol=0, atol=0)
+        torch.testing.assert_close(state, want_state, rtol=0, atol=0)
+    assert cnt.frame_count == 1

@@ -1,0 +1,254 @@
+"""``kda::gdn_chunk`` itself: the CPU op against independent references (transformers' chunked
+torch reference ``torch_chunk_gated_delta_rule``, a float64 einsum loop, per-sequence calls for
+``cu_seqlens``), its fake impl (symbolic T), torch.compile of the op, the validator's errors, the
+device-side chunk map, and the Triton kernels (the interpreter on CPU, the GPU under ``.ci/gpu
+tests``) against the CPU op.
+
+Tolerances. The CPU op is the float32 token loop; the kernels compute the same function by chunks
+(an inverse of ``I + A`` per 64 tokens, products in another order): on O(1) values (unit-norm q / k
+or 0.2-scaled raw ones, ``|v| ~ 1``, a ``randn`` state) the interpreter (float32 numpy products)
+lands within ~1e-6 of the loop; ``rtol = atol = 2e-5`` leaves ~20x slack, and a wrong term (a
+missing decay, the wrong key head, a chunk crossing a sequence's end, one token off) moves
+outputs by > 1e-2. On a GPU the large products run in tf32 (``dot="tf32"``, the default): there
+the kernel tests pass ``dot="ieee"`` for the same tolerance; tf32 itself is measured against
+float32 and fla in ``tests/test_gdn_chunk_cuda.py``.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from kda_inductor.lowerings import gdn_chunk as mod
+from tests.test_lowering_gdn_recurrent_step import einsum_reference
+
+op = torch.ops.kda.gdn_chunk.default
+HAS_RUNNER = mod.triton is not None and (torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1")
+needs_runner = pytest.mark.skipif(not HAS_RUNNER, reason="needs a GPU or TRITON_INTERPRET=1 with triton")
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = dict(rtol=2e-5, atol=2e-5)
+
+
+def inputs(seed, B=1, T=70, Hk=1, Hv=2, K=16, V=16, *, N=None, dtype=torch.float32, state=True, weak=False):
+    """Random prefill inputs as a layer makes them (``g = -softplus``, ``beta`` a sigmoid);
+    ``weak``: decays near 1 and beta near 1 (the inverse's entries grow: the hard case for a chunked
+    solve). ``N``: sequences of the state (default B)."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+
+    q, k, v = rnd(B, T, Hk, K), rnd(B, T, Hk, K), rnd(B, T, Hv, V)
+    g = -torch.nn.functional.softplus(torch.randn(B, T, Hv, generator=gen) - (6 if weak else 0))
+    beta = torch.sigmoid(torch.randn(B, T, Hv, generator=gen) + (4 if weak else 0)).to(dtype)
+    s = torch.randn(N or B, Hv, K, V, generator=gen) if state else None
+    return q, k, v, g, beta, s
+
+
+def _transformers_chunk():
+    from tests.test_gdn_recurrent_step import torch_core
+
+    return torch_core("qwen3_next", "torch_chunk_gated_delta_rule")
+
+
+# --------------------------------------------------------------------------- the CPU op
+
+
+@pytest.mark.parametrize("T,group", [(1, 1), (63, 2), (130, 2)])
+def test_cpu_op_is_transformers_chunk_gated_delta_rule(T, group):
+    """transformers' chunked torch reference (l2norm in the kernel, ``K ** -0.5``, GQA by
+    repeat_interleave) on float32 inputs: the op's default scale is K ** -0.5."""
+    ref = _transformers_chunk()
+    q, k, v, g, beta, s = inputs(T + group, B=2, T=T, Hk=2, Hv=2 * group, K=16, V=12)
+    want, want_state = ref(q, k, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
+    out, final = op(q, k, v, g, beta, None, s, True)
+    torch.testing.assert_close(out, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(final, want_state, rtol=1e-4, atol=1e-4)
+
+
+def test_cpu_op_is_the_float64_loop():
+    q, k, v, g, beta, s = inputs(3, B=2, T=9, Hk=1, Hv=3)
+    want, want_state = einsum_reference(q, k, v, g, beta, s, 0.3, False)
+    out, final = op(q, k, v, g, beta, 0.3, s, False)
+    torch.testing.assert_close(out, want.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final, want_state.float(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("state", [True, False])
+def test_cpu_varlen_is_one_call_per_sequence(state):
+    """Sequences packed along T (one of length 1, one empty) run as separate calls."""
+    cu = [0, 5, 6, 6, 19]
+    q, k, v, g, beta, s = inputs(4, T=19, N=4, state=state)
+    out, final = op(q, k, v, g, beta, None, s, True, torch.tensor(cu))
+    assert out.shape == v.shape and final.shape == (4, 2, 16, 16)
+    for n, (a, b) in enumerate(zip(cu[:-1], cu[1:])):
+        one, fin = op(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], None,
+                      None if s is None else s[n:n + 1], True)
+        torch.testing.assert_close(out[:, a:b], one, rtol=0, atol=0)
+        torch.testing.assert_close(final[n:n + 1], fin, rtol=0, atol=0)
+
+
+def test_out_dtype_and_fake_with_symbolic_tokens():
+    """The fake's outputs (shape, dtype, strides) are the real ones', with T symbolic (one graph for
+    every prompt length) and N taken from cu_seqlens; torch's opcheck agrees."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv
+    from torch.fx.experimental.symbolic_shapes import StatelessSymbolicContext as Ctx
+
+    q, k, v, g, beta, s = inputs(5, T=7, N=2, dtype=torch.bfloat16)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    args = (q, k, v, g, beta, 0.25, s, True, cu, 1e-6, None)
+    real = op(*args)
+    assert real[0].dtype == torch.bfloat16 and real[1].dtype == torch.float32
+    with FakeTensorMode(shape_env=ShapeEnv()) as mode:
+        def fake(x):
+            if not isinstance(x, torch.Tensor):
+                return x
+            dyn = [DimDynamic.DYNAMIC if i == 1 and x.dim() >= 3 else DimDynamic.STATIC for i in range(x.dim())]
+            return mode.from_tensor(x, symbolic_context=Ctx(dynamic_sizes=dyn))
+
+        f = op(*(fake(a) for a in args))
+        assert isinstance(f[0].shape[1], torch.SymInt)
+    for a, b in zip(f, real):
+        assert (a.dtype, a.dim()) == (b.dtype, b.dim()) and tuple(a.shape[2:]) == tuple(b.shape[2:])
+    assert f[1].shape == real[1].shape
+    torch.library.opcheck(op, args)
+
+
+def test_compiles_in_one_graph_with_dynamic_tokens():
+    """The op in a compiled function: one graph, no break, a second prompt length without a recompile."""
+    from torch._dynamo.testing import CompileCounter
+
+    cnt = CompileCounter()
+
+    @torch.compile(backend=cnt, fullgraph=True, dynamic=True)
+    def fn(q, k, v, g, beta, s):
+        o, f = torch.ops.kda.gdn_chunk(q, k, v, g, beta, None, s, True)
+        return o * 2, f
+
+    for T in (5, 9):
+        q, k, v, g, beta, s = inputs(T, T=T)
+        out, final = fn(q, k, v, g, beta, s)
+        want, want_state = op(q, k, v, g, beta, None, s, True)
+        torch.testing.assert_close(out, 2 * want)
+        torch.testing.assert_close(final, want_state)
+    assert cnt.frame_count == 1
+
+
+def _err(match, *args, exc=ValueError):
+    with pytest.raises(exc, match=match):
+        op(*args)
+
+
+def test_bad_arguments_are_named():
+    q, k, v, g, beta, s = inputs(8, B=2, T=5)
+    cu = torch.tensor([0, 2, 5])
+    _err(r"^initial_state: expected \[N, Hv, K, V\] = \[2, 2, 16, 16\]", q, k, v, g, beta, None, s[:1])
+    _err("^initial_state: expected a float32 state", q, k, v, g, beta, None, s.double())
+    _err("^q: with cu_seqlens the sequences are packed along T: expected B = 1, got 2", q, k, v, g, beta, None, None,
+         True, cu)
+    _err("^cu_seqlens: expected a 1-D int32 / int64 tensor", q[:1], k[:1], v[:1], g[:1], beta[:1], None, None, True,
+         cu.float())
+    _err("^cu_seqlens: expected at least 2 offsets", q[:1], k[:1], v[:1], g[:1], beta[:1], None, None, True, cu[:1])
+    _err(r"^initial_state: expected \[N, Hv, K, V\] = \[2, 2, 16, 16\], got \[1, 2, 16, 16\]", q[:1], k[:1], v[:1],
+         g[:1], beta[:1], None, s[:1], True, cu)
+    _err(r"^beta: expected \[B, T, Hv\]", q, k, v, g, beta[:, :4])
+    _err("^scale: expected a finite float, got inf", q, k, v, g, beta, float("inf"))
+    with pytest.raises(ValueError, match="^cu_seqlens: expected device meta"):
+        mod.validate(*(x.to("meta") for x in (q[:1], k[:1], v[:1], g[:1], beta[:1])), cu_seqlens=cu)
+
+
+def test_chunk_map():
+    """Chunks never cross a sequence's end; ids past the last chunk have length 0."""
+    seq, start, length, cu_chunks, M = mod.chunk_map(torch.tensor([0, 1, 1, 130, 194]), 194)
+    assert M == 194 // 64 + 4
+    assert cu_chunks.tolist() == [0, 1, 1, 4, 5]
+    assert seq.tolist() == [0, 2, 2, 2, 3, 4, 4]
+    assert start.tolist()[:5] == [0, 1, 65, 129, 130] and length.tolist() == [1, 64, 64, 1, 64, 0, 0]
+
+
+# --------------------------------------------------------------------------- the Triton kernels
+# under the interpreter on CPU (TRITON_INTERPRET=1, set by conftest) or on the GPU (dot="ieee");
+# outputs poisoned first (NaN), against the CPU op.
+
+
+def _dev(*ts):
+    return [t.to(DEVICE) if isinstance(t, torch.Tensor) else t for t in ts]
+
+
+def _kernel_vs_op(args, scale=None, l2=True, cu=None, out_dtype=None, tol=TOL, config=None):
+    q, k, v, g, beta, s = args
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    want, want_state = op(q, k, v, g, beta, scale, s, l2, cu_t, 1e-6, out_dtype)
+    out = torch.full(want.shape, float("nan"), dtype=want.dtype, device=DEVICE)
+    got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), scale, *_dev(s), l2, *_dev(cu_t), 1e-6, out_dtype, out=out,
+                                  dot="ieee", config=config)
+    assert got is out and final.shape == want_state.shape and final.dtype == torch.float32
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got.cpu(), want, **tol)
+    else:  # one rounding step of the output dtype (the interpreter truncates float32 -> bf16)
+        full = op(q, k, v, g, beta, scale, s, l2, cu_t, 1e-6, torch.float32)[0]
+        ulp = torch.finfo(want.dtype).eps * full.abs()
+        assert ((got.cpu().float() - full).abs() <= 2 * ulp + tol["atol"]).all()
+    torch.testing.assert_close(final.cpu(), want_state, **tol)
+
+
+@needs_runner
+@pytest.mark.parametrize("T", [1, 37, 64, 100, 130])
+def test_triton_kernel_matches_the_cpu_op(T):
+    """T below, at and across the 64-token chunk, not a multiple of it; two key heads for four
+    value heads (value head h reads key head h // 2)."""
+    _kernel_vs_op(inputs(100 + T, T=T, Hk=2, Hv=4))
+
+
+@needs_runner
+@pytest.mark.parametrize("case", ["no state", "no l2norm", "batch 2", "weak decay", "masked K V"])
+def test_triton_kernel_cases(case):
+    """No initial state; raw q / k (scaled down) with a scale; two sequences as a batch; decays near
+    1 with beta near 1 (the inverse's entries largest); K = 12 and V = 20 (masked rows and columns,
+    two column blocks of 16)."""
+    kw = dict(state=case != "no state", B=2 if case == "batch 2" else 1, weak=case == "weak decay", T=90)
+    if case == "masked K V":
+        kw.update(K=12, V=20)
+    q, k, v, g, beta, s = inputs(200 + len(case), **kw)
+    if case == "no l2norm":
+        q, k = 0.2 * q, 0.2 * k
+    _kernel_vs_op((q, k, v, g, beta, s), scale=0.4 if case == "no l2norm" else None, l2=case != "no l2norm")
+
+
+@needs_runner
+@pytest.mark.parametrize("state", [True, False])
+def test_triton_kernel_varlen(state):
+    """Three sequences of odd lengths packed along T (one of length 1, one crossing a chunk
+    boundary) and an empty one, with GQA: chunks restart at each sequence."""
+    cu = [0, 1, 70, 70, 103]
+    _kernel_vs_op(inputs(300, T=103, Hk=1, Hv=2, N=4, state=state), cu=cu)
+
+
+@needs_runner
+def test_triton_kernel_bf16_inputs_and_output():
+    q, k, v, g, beta, s = inputs(400, T=80, dtype=torch.bfloat16)
+    _kernel_vs_op((q, k, v, g, beta, s))
+    _kernel_vs_op((q, k, v, g, beta, s), out_dtype=torch.float32)
+
+
+@needs_runner
+def test_triton_kernel_launch_configs():
+    """Several scan and output column blocks (V = 40: 16-column blocks, the last one masked), 4 warps,
+    two pipeline stages; bfloat16 intermediates (w, u, v_new, the per-chunk states) within their
+    rounding."""
+    args = inputs(500, T=75, V=40)
+    _kernel_vs_op(args, config=mod.LaunchConfig(16, 4, 16, 4, 4, 2))
+    _kernel_vs_op(args, config=mod.LaunchConfig(inter_dtype=torch.bfloat16), tol=dict(rtol=2e-2, atol=2e-2))
+
+
+@needs_runner
+def test_triton_kernel_no_tokens():
+    """T = 0: the final state is the initial state (zeros without one)."""
+    q, k, v, g, beta, s = inputs(5, T=0, B=2)
+    out, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True)
+    assert out.shape == (2, 0, 2, 16) and torch.equal(final.cpu(), s)
+    _, zeros = mod.chunk_triton(*_dev(q, k, v, g, beta), None, None, True)
+    assert torch.equal(zeros.cpu(), torch.zeros_like(s))

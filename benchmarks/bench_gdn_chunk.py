@@ -230,7 +230,10 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
     cfgs = {"default": base, "scan bv64": base._replace(scan_block_v=64), "scan bv16": base._replace(scan_block_v=16),
             "scan w4": base._replace(scan_warps=4), "out bv32": base._replace(out_block_v=32),
             "2 stages": base._replace(num_stages=2), "bf16 inter": base._replace(inter_dtype=torch.bfloat16),
-            "bf16 inter bv64": base._replace(inter_dtype=torch.bfloat16, scan_block_v=64)}
+            "bf16 inter bv64": base._replace(inter_dtype=torch.bfloat16, scan_block_v=64),
+            "pre kd": base._replace(precompute_kd=True),
+            "pre kd bf16 inter": base._replace(precompute_kd=True, inter_dtype=torch.bfloat16),
+            "pre kd 2 stages": base._replace(precompute_kd=True, num_stages=2)}
     return dict(list(cfgs.items())[:2]) if smoke else cfgs
 
 

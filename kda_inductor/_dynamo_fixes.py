@@ -40,14 +40,16 @@ import torch
 
 from kda_inductor.options import TRACE_RULES, KdaOptions
 
-RULE = TRACE_RULES[0]
-"""``gdn_recurrent_step``: ``options["kda"]["disable"]`` turns the fla rule off with the name of the
-rewrite whose op it emits."""
+RULE, CHUNK_RULE = TRACE_RULES
+"""``gdn_recurrent_step`` / ``gdn_chunk``: ``options["kda"]["disable"]`` turns an fla rule off with
+the name of the op it emits."""
 FLA_ENTRY_POINTS = (
     ("fla.ops.gated_delta_rule", "fused_recurrent_gated_delta_rule"),  # qwen3_next, qwen3_5, olmo_hybrid
     ("fla.ops.kda", "fused_recurrent_kda"),  # kimi_linear
 )
 """fla-core's recurrent entry points transformers dispatches decode to: (module, attribute)."""
+FLA_CHUNK_ENTRY_POINTS = (("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),)  # qwen3_next, qwen3_5 prefill
+"""fla-core's chunked entry points traced as ``kda::gdn_chunk`` (rule :data:`CHUNK_RULE`)."""
 
 _every_backend = False
 _exporting_rule: ReadsTheFlag | None = None
@@ -60,10 +62,11 @@ def register() -> None:
     rule for each entry point whose module is imported (never imports fla). Idempotent."""
     _register_exporting_rule()
     if hasattr(torch.compiler, "substitute_in_graph") and hasattr(torch.compiler, "assume_constant_result"):
-        for module, name in FLA_ENTRY_POINTS:
-            fn = getattr(sys.modules.get(module), name, None)
-            if callable(fn) and id(fn) not in _substituted:
-                _substitute(fn)
+        for entry_points, chunked in ((FLA_ENTRY_POINTS, False), (FLA_CHUNK_ENTRY_POINTS, True)):
+            for module, name in entry_points:
+                fn = getattr(sys.modules.get(module), name, None)
+                if callable(fn) and id(fn) not in _substituted:
+                    _substitute_chunk(fn) if chunked else _substitute(fn)
 
 
 # --------------------------------------------------------------------------- whose trace
@@ -184,14 +187,24 @@ def fla_recurrent_step(q, k, v, g=None, beta=None, scale=None, initial_state=Non
 _READS = tuple(inspect.signature(fla_recurrent_step).parameters)
 
 
+def _rule_is_on(rule: str) -> bool:
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    options = our_options(InstructionTranslator.current_tx())
+    return options is not None and rule not in options.disable
+
+
 @torch.compiler.assume_constant_result
 def _rule_on() -> bool:
     """Evaluated once per trace, at trace time: the trace is for kda_inductor and the rule is not
     disabled (``options["kda"]["disable"]``)."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
+    return _rule_is_on(RULE)
 
-    options = our_options(InstructionTranslator.current_tx())
-    return options is not None and RULE not in options.disable
+
+@torch.compiler.assume_constant_result
+def _chunk_rule_on() -> bool:
+    """:func:`_rule_on` of :data:`CHUNK_RULE`."""
+    return _rule_is_on(CHUNK_RULE)
 
 
 def _same_function(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -226,6 +239,48 @@ def _substitute(fn: Callable[..., Any]) -> None:
                      and (bound.get("g") is not None or bound.get("gk") is not None))
         if in_domain and _rule_on():
             return fla_recurrent_step(**{n: bound[n] for n in _READS if n in bound})
+        return fla(*args, **kwargs)
+
+    traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"
+    torch.compiler.substitute_in_graph(fn)(traced)
+    _substituted[id(fn)] = fn
+
+
+# --------------------------------------------------------------------------- rule 2 for prefill: fla's chunk
+
+
+def fla_chunk(q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False, cu_seqlens=None):
+    """fla's ``chunk_gated_delta_rule`` on the arguments transformers passes, as one
+    ``kda::gdn_chunk``: ``[B, T, H, K]`` q / k (GVA), ``g [B, T, HV]``, ``beta [B, T, HV]``, an
+    ``[N, HV, K, V]`` state read as float32, varlen ``cu_seqlens``; ``(o, final_state or None)``."""
+    state = None if initial_state is None else initial_state.float()
+    out, final = torch.ops.kda.gdn_chunk(q, k, v, g, beta, scale, state, bool(use_qk_l2norm_in_kernel), cu_seqlens)
+    return out, final if output_final_state else None
+
+
+_CHUNK_READS = tuple(inspect.signature(fla_chunk).parameters)
+
+
+def _substitute_chunk(fn: Callable[..., Any]) -> None:
+    """:func:`_substitute` for fla's chunk entry point: in the op's domain (every argument
+    :func:`fla_chunk` does not read at its default; a decay and a beta per head, ``[B, T, HV]``:
+    a per-channel decay has no chunk kernel yet) and with the rule on, :func:`fla_chunk`; else fla's."""
+    import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op fla_chunk calls)
+
+    params = inspect.signature(fn).parameters.values()
+    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    fla = _same_function(fn)
+
+    def traced(*args, **kwargs):
+        bound = {**defaults, **dict(zip(names, args)), **kwargs}
+        others = [n for n in bound if n not in _CHUNK_READS]
+        g, beta = bound.get("g"), bound.get("beta")
+        in_domain = (len(args) <= len(names) and all(n in defaults and bound[n] is defaults[n] for n in others)
+                     and g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3)
+        if in_domain and _chunk_rule_on():
+            return fla_chunk(**{n: bound[n] for n in _CHUNK_READS if n in bound})
         return fla(*args, **kwargs)
 
     traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"

@@ -4,8 +4,8 @@
 fla-core's Triton kernels need a GPU, and transformers 5.25 sends CPU inputs to its torch reference
 anyway (``_PACKAGE_SUPPORTED_DEVICES`` in ``transformers/integrations/hub_kernels.py``). So
 :func:`install` puts a small ``fla`` package in ``sys.modules`` whose
-``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule`` and ``fla.ops.kda.fused_recurrent_kda``
-have fla-core 0.6.0's signatures, compute the recurrence in plain torch (a token loop written here,
+``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule``, ``fla.ops.kda.fused_recurrent_kda``
+and ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` have fla-core 0.6.0's signatures, compute the recurrence in plain torch (a token loop written here,
 independent of kda_inductor's op) and are wrapped in ``torch.compiler.disable`` as fla keeps its
 kernels out of graphs; and lets transformers dispatch CPU inputs to ``fla``. :func:`modeling` then
 executes a transformers modeling file anew (under a private module name), so that its
@@ -71,6 +71,15 @@ def fused_recurrent_kda(q, k, v, g, beta, A_log=None, dt_bias=None, scale=None, 
                                             cu_seqlens=cu_seqlens, **kwargs)
 
 
+def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                           use_qk_l2norm_in_kernel=False, cu_seqlens=None, **kwargs):
+    """fla-core 0.6.0's chunked entry point (prefill), here the same token loop."""
+    if cu_seqlens is not None or kwargs:
+        raise NotImplementedError("the stand-in computes what transformers asks for, nothing else")
+    o, state = _recurrence(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel)
+    return o, state if output_final_state else None
+
+
 def install(monkeypatch) -> types.SimpleNamespace:
     """The stand-in ``fla`` package in ``sys.modules`` (fresh function objects each time), and
     transformers' dispatch sending CPU inputs to it; undone by ``monkeypatch``."""
@@ -78,6 +87,7 @@ def install(monkeypatch) -> types.SimpleNamespace:
     gdn, kda = types.ModuleType("fla.ops.gated_delta_rule"), types.ModuleType("fla.ops.kda")
     gdn.fused_recurrent_gated_delta_rule = torch.compiler.disable(fused_recurrent_gated_delta_rule)
     kda.fused_recurrent_kda = torch.compiler.disable(fused_recurrent_kda)
+    gdn.chunk_gated_delta_rule = torch.compiler.disable(chunk_gated_delta_rule)
     fla.ops, ops.gated_delta_rule, ops.kda = ops, gdn, kda
     for module in (fla, ops, gdn, kda):
         monkeypatch.setitem(sys.modules, module.__name__, module)
@@ -87,7 +97,8 @@ def install(monkeypatch) -> types.SimpleNamespace:
         devices = getattr(hub_kernels, "_PACKAGE_SUPPORTED_DEVICES", None)  # 5.17 has none: fla on any device
         if devices is not None:
             monkeypatch.setitem(devices, "fla", (*devices.get("fla", ()), "cpu"))
-    return types.SimpleNamespace(gdn=gdn.fused_recurrent_gated_delta_rule, kda=kda.fused_recurrent_kda)
+    return types.SimpleNamespace(gdn=gdn.fused_recurrent_gated_delta_rule, kda=kda.fused_recurrent_kda,
+                                 gdn_chunk=gdn.chunk_gated_delta_rule)
 
 
 def modeling(monkeypatch, family_module: str) -> types.ModuleType:

@@ -241,6 +241,8 @@ def test_triton_kernel_launch_configs():
     rounding."""
     args = inputs(500, T=75, V=40)
     _kernel_vs_op(args, config=mod.LaunchConfig(16, 4, 16, 4, 4, 2))
+    _kernel_vs_op(args, config=mod.LaunchConfig(precompute_kd=True))
+    _kernel_vs_op(inputs(501, T=75, V=40, Hk=1, N=3), cu=[0, 1, 66, 75], config=mod.LaunchConfig(precompute_kd=True))
     _kernel_vs_op(args, config=mod.LaunchConfig(inter_dtype=torch.bfloat16), tol=dict(rtol=2e-2, atol=2e-2))
 
 

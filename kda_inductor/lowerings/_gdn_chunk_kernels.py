@@ -134,12 +134,15 @@ if triton is not None:
                + tl.dot(T33, X3, input_precision=DOT))
 
     @triton.jit
-    def wu_kernel(k_ptr, v_ptr, b_ptr, a_ptr, gc_ptr, w_ptr, u_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP, eps,
-                  sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sb_t, sb_h, sa_t, sa_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h,
-                  KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr):
+    def wu_kernel(k_ptr, v_ptr, b_ptr, a_ptr, gc_ptr, w_ptr, u_ptr, kd_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP,
+                  eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sb_t, sb_h, sa_t, sa_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h,
+                  skd_t, skd_h, KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                  PRE_KD: tl.constexpr = False):
         """Program (chunk, head): ``Tinv = (I + A)^-1`` by 16 x 16 blocks (the diagonal ones by forward
         substitution, those below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj``, float32
-        products), then ``w = Tinv (beta exp(gc) k)`` and ``u = Tinv (beta v)``."""
+        products), then ``w = Tinv (beta exp(gc) k)`` and ``u = Tinv (beta v)``; ``PRE_KD``: also the
+        scan's ``k exp(gc_last - gc)`` (``kd``), so that the sequential scan reads it instead of
+        normalizing ``k`` and decaying it itself."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk(c, seq_ptr, start_ptr, len_ptr)
         r = tl.arange(0, 16)
@@ -161,13 +164,25 @@ if triton is not None:
         bb, cb = b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
         b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
             _vec(bb, sb_t, r + 48, L)
-        e0, e1, e2, e3 = (b0 * tl.exp(_vec(cb, sc_t, r, L)), b1 * tl.exp(_vec(cb, sc_t, r + 16, L)),
-                          b2 * tl.exp(_vec(cb, sc_t, r + 32, L)), b3 * tl.exp(_vec(cb, sc_t, r + 48, L)))
+        c0, c1, c2, c3 = _vec(cb, sc_t, r, L), _vec(cb, sc_t, r + 16, L), _vec(cb, sc_t, r + 32, L), \
+            _vec(cb, sc_t, r + 48, L)
         kb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t
-        X0 = _keys(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), eps, L2NORM) * e0[:, None]
-        X1 = _keys(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), eps, L2NORM) * e1[:, None]
-        X2 = _keys(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), eps, L2NORM) * e2[:, None]
-        X3 = _keys(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), eps, L2NORM) * e3[:, None]
+        X0 = _keys(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), eps, L2NORM)
+        X1 = _keys(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), eps, L2NORM)
+        X2 = _keys(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), eps, L2NORM)
+        X3 = _keys(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), eps, L2NORM)
+        if PRE_KD:
+            gl = tl.load(cb + (L - 1) * sc_t, mask=L > 0, other=0.0)
+            kdb = kd_ptr + h64 * skd_h + t0 * skd_t
+            _store(_tile(kdb, L, K, skd_t, 1, 0, 0, 16, KP), X0 * tl.exp(tl.where(r < L, gl - c0, 0.0))[:, None])
+            _store(_tile(kdb, L, K, skd_t, 1, 16, 0, 16, KP),
+                   X1 * tl.exp(tl.where(r + 16 < L, gl - c1, 0.0))[:, None])
+            _store(_tile(kdb, L, K, skd_t, 1, 32, 0, 16, KP),
+                   X2 * tl.exp(tl.where(r + 32 < L, gl - c2, 0.0))[:, None])
+            _store(_tile(kdb, L, K, skd_t, 1, 48, 0, 16, KP),
+                   X3 * tl.exp(tl.where(r + 48 < L, gl - c3, 0.0))[:, None])
+        X0, X1 = X0 * (b0 * tl.exp(c0))[:, None], X1 * (b1 * tl.exp(c1))[:, None]
+        X2, X3 = X2 * (b2 * tl.exp(c2))[:, None], X3 * (b3 * tl.exp(c3))[:, None]
         _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, w_ptr + h64 * sw_h + t0 * sw_t, L, K,
             sw_t, 0, KP, DOT)
         vb, ub = v_ptr + h64 * sv_h + t0 * sv_t, u_ptr + h64 * su_h + t0 * su_t
@@ -177,11 +192,11 @@ if triton is not None:
                 _rows16(vb, L, V, sv_t, sv_v, 3, j * BV, b3, BV), ub, L, V, su_t, j * BV, BV, DOT)
 
     @triton.jit
-    def scan_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, K, V, GROUP, eps,
-                    sk_t, sk_h, sk_k, sw_t, sw_h, su_t, su_h, sc_t, sc_h, ss_n, ss_h, ss_k, ss_v,
-                    sh_c, sh_h, sh_k, svn_t, svn_h, sf_n, sf_h, sf_k,
+    def scan_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, kd_ptr, cu_ptr, cuc_ptr, K, V, GROUP,
+                    eps, sk_t, sk_h, sk_k, sw_t, sw_h, su_t, su_h, sc_t, sc_h, ss_n, ss_h, ss_k, ss_v,
+                    sh_c, sh_h, sh_k, svn_t, svn_h, sf_n, sf_h, sf_k, skd_t, skd_h,
                     KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, HAS_STATE: tl.constexpr,
-                    DOT: tl.constexpr):
+                    DOT: tl.constexpr, PRE_KD: tl.constexpr = False):
         """Program (sequence, head, column block): the state tile through the sequence's chunks."""
         n, h, j = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         h64, n64 = h.to(tl.int64), n.to(tl.int64)
@@ -201,10 +216,14 @@ if triton is not None:
             u = _load(_tile(u_ptr + h64 * su_h + t0 * su_t, L, V, su_t, 1, 0, j * BV, 64, BV))
             vn = u - tl.dot(w, S, input_precision=DOT)
             _store(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV), vn)
-            gc = _vec(gc_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
-            gl = _last(gc, r, L - 1)
-            k = _keys(_tile(kb + t0 * sk_t, L, K, sk_t, sk_k, 0, 0, 64, KP), eps, L2NORM)
-            kd = k * tl.exp(tl.where(r < L, gl - gc, 0.0))[:, None]
+            if PRE_KD:
+                gl = tl.load(gc_ptr + h64 * sc_h + (t0 + L - 1) * sc_t)
+                kd = _load(_tile(kd_ptr + h64 * skd_h + t0 * skd_t, L, K, skd_t, 1, 0, 0, 64, KP))
+            else:
+                gc = _vec(gc_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
+                gl = _last(gc, r, L - 1)
+                k = _keys(_tile(kb + t0 * sk_t, L, K, sk_t, sk_k, 0, 0, 64, KP), eps, L2NORM)
+                kd = k * tl.exp(tl.where(r < L, gl - gc, 0.0))[:, None]
             S = S * tl.exp(gl) + tl.dot(tl.trans(kd), vn, input_precision=DOT)
         _store(_tile(f_ptr + n64 * sf_n + h64 * sf_h, K, V, sf_k, 1, 0, j * BV, KP, BV), S)
 
@@ -260,3 +279,7 @@ def aot_variants():
         yield AotVariant(wu_kernel, sig(wu_kernel, io), dict(common, BV=64), opts)
         yield AotVariant(scan_kernel, sig(scan_kernel, io), dict(common, BV=32, HAS_STATE=state), opts)
         yield AotVariant(output_kernel, sig(output_kernel, io), dict(common, BV=64), opts)
+    pre = dict(KP=128, L2NORM=True, DOT="tf32", PRE_KD=True)  # LaunchConfig(precompute_kd=True)
+    yield AotVariant(wu_kernel, sig(wu_kernel, bf16), dict(pre, BV=64), {"num_warps": 8, "num_stages": 1})
+    yield AotVariant(scan_kernel, sig(scan_kernel, bf16), dict(pre, BV=32, HAS_STATE=True),
+                     {"num_warps": 8, "num_stages": 1})

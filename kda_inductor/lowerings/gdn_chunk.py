@@ -200,6 +200,10 @@ class LaunchConfig(NamedTuple):
     warps: int = 8
     """The ``kkt`` and ``wu`` launches'."""
     num_stages: int = 1
+    precompute_kd: bool = False
+    """``wu`` also stores ``k exp(gc_last - gc)`` (``K`` values a token and head, ``inter_dtype``), and
+    the sequential scan reads it instead of normalizing and decaying ``k`` itself (fewer reductions
+    on the sequential path, more bytes moved)."""
     inter_dtype: torch.dtype = torch.float32
     """The stored ``w``, ``u``, ``v_new`` and per-chunk states (float32; bfloat16 halves their
     traffic, as fla stores them, at the cost of a rounding)."""
@@ -248,6 +252,8 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
     u = torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
     vn = torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
     hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
+    pre = bool(cfg.precompute_kd)
+    kd = torch.empty((Ttot, Hv, K), device=dev, dtype=inter) if pre else w  # w: an unread placeholder
     KP = max(16, triton.next_power_of_2(K))
     vp = max(16, triton.next_power_of_2(V))
     BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
@@ -258,15 +264,16 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
         k3, g2, b2, akk, gc, seq, start, length, K, group, float(eps), *k3.stride(), *g2.stride(), *b2.stride(),
         *akk.stride()[:2], *gc.stride(), KP=KP, L2NORM=l2, DOT=dot, num_warps=cfg.warps, num_stages=stages)
     kern.wu_kernel[(M, Hv)](
-        k3, v3, b2, akk, gc, w, u, seq, start, length, K, V, group, float(eps), *k3.stride(), *v3.stride(),
-        *b2.stride(), *akk.stride()[:2], *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2,
-        DOT=dot, num_warps=cfg.warps, num_stages=stages)
+        k3, v3, b2, akk, gc, w, u, kd, seq, start, length, K, V, group, float(eps), *k3.stride(), *v3.stride(),
+        *b2.stride(), *akk.stride()[:2], *gc.stride(), *w.stride()[:2], *u.stride()[:2], *kd.stride()[:2], KP=KP,
+        BV=OBV, L2NORM=l2, DOT=dot, PRE_KD=pre, num_warps=cfg.warps, num_stages=stages)
     s = initial_state
     kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
-        k3, w, u, gc, s if s is not None else final, final, hs, vn, cu_seqlens, cu_chunks, K, V, group, float(eps),
+        k3, w, u, gc, s if s is not None else final, final, hs, vn, kd, cu_seqlens, cu_chunks, K, V, group, float(eps),
         *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
         *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2],
-        *final.stride()[:3], KP=KP, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, num_warps=cfg.scan_warps,
+        *final.stride()[:3], *kd.stride()[:2], KP=KP, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, PRE_KD=pre,
+        num_warps=cfg.scan_warps,
         num_stages=stages)
     kern.output_kernel[(M, Hv, triton.cdiv(V, OBV))](
         q3, k3, gc, hs, vn, o3, seq, start, length, K, V, group, scale, float(eps), *q3.stride(), *k3.stride(),

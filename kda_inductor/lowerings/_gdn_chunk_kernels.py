@@ -134,20 +134,9 @@ if triton is not None:
                + tl.dot(T33, X3, input_precision=DOT))
 
     @triton.jit
-    def wu_kernel(k_ptr, v_ptr, b_ptr, a_ptr, gc_ptr, w_ptr, u_ptr, kd_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP,
-                  eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sb_t, sb_h, sa_t, sa_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h,
-                  skd_t, skd_h, KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
-                  PRE_KD: tl.constexpr = False):
-        """Program (chunk, head): ``Tinv = (I + A)^-1`` by 16 x 16 blocks (the diagonal ones by forward
-        substitution, those below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj``, float32
-        products), then ``w = Tinv (beta exp(gc) k)`` and ``u = Tinv (beta v)``; ``PRE_KD``: also the
-        scan's ``k exp(gc_last - gc)`` (``kd``), so that the sequential scan reads it instead of
-        normalizing ``k`` and decaying it itself."""
-        c, h = tl.program_id(0), tl.program_id(1)
-        _, t0, L = _chunk(c, seq_ptr, start_ptr, len_ptr)
-        r = tl.arange(0, 16)
-        h64 = h.to(tl.int64)
-        ab = a_ptr + h64 * sa_h + t0 * sa_t
+    def _block_inverse(ab, L, sa_t):
+        """``(I + A)^-1`` of a chunk by its 16 x 16 blocks: the diagonal ones by forward substitution,
+        those below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj`` (float32 products)."""
         T00 = _unit_lower_inverse(_block(ab, L, sa_t, 0, 0), 16)
         T11 = _unit_lower_inverse(_block(ab, L, sa_t, 1, 1), 16)
         T22 = _unit_lower_inverse(_block(ab, L, sa_t, 2, 2), 16)
@@ -161,6 +150,31 @@ if triton is not None:
         T32 = -_mm(T33, _mm(A32, T22))
         T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
         T30 = -_mm(T33, _mm(_block(ab, L, sa_t, 3, 0), T00) + _mm(A31, T10) + _mm(A32, T20))
+        return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
+
+    @triton.jit
+    def _store_kd(kdb, gl, X0, X1, X2, X3, c0, c1, c2, c3, r, L, K, skd_t, KP: tl.constexpr):
+        """The scan's ``k exp(gc_last - gc)`` of a chunk's four row blocks (``PRE_KD``)."""
+        _store(_tile(kdb, L, K, skd_t, 1, 0, 0, 16, KP), X0 * tl.exp(tl.where(r < L, gl - c0, 0.0))[:, None])
+        _store(_tile(kdb, L, K, skd_t, 1, 16, 0, 16, KP), X1 * tl.exp(tl.where(r + 16 < L, gl - c1, 0.0))[:, None])
+        _store(_tile(kdb, L, K, skd_t, 1, 32, 0, 16, KP), X2 * tl.exp(tl.where(r + 32 < L, gl - c2, 0.0))[:, None])
+        _store(_tile(kdb, L, K, skd_t, 1, 48, 0, 16, KP), X3 * tl.exp(tl.where(r + 48 < L, gl - c3, 0.0))[:, None])
+
+    @triton.jit
+    def wu_kernel(k_ptr, v_ptr, b_ptr, a_ptr, gc_ptr, w_ptr, u_ptr, kd_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP,
+                  eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sb_t, sb_h, sa_t, sa_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h,
+                  skd_t, skd_h, KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                  PRE_KD: tl.constexpr = False):
+        """Program (chunk, head): ``Tinv = (I + A)^-1`` by 16 x 16 blocks (the diagonal ones by forward
+        substitution, those below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj``, float32
+        products), then ``w = Tinv (beta exp(gc) k)`` and ``u = Tinv (beta v)``; ``PRE_KD``: also the
+        scan's ``k exp(gc_last - gc)`` (``kd``), so that the sequential scan reads it instead of
+        normalizing ``k`` and decaying it itself."""
+        c, h = tl.program_id(0), tl.program_id(1)
+        _, t0, L = _chunk(c, seq_ptr, start_ptr, len_ptr)
+        r = tl.arange(0, 16)
+        h64 = h.to(tl.int64)
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _block_inverse(a_ptr + h64 * sa_h + t0 * sa_t, L, sa_t)
         bb, cb = b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
         b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
             _vec(bb, sb_t, r + 48, L)
@@ -172,15 +186,8 @@ if triton is not None:
         X2 = _keys(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), eps, L2NORM)
         X3 = _keys(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), eps, L2NORM)
         if PRE_KD:
-            gl = tl.load(cb + (L - 1) * sc_t, mask=L > 0, other=0.0)
-            kdb = kd_ptr + h64 * skd_h + t0 * skd_t
-            _store(_tile(kdb, L, K, skd_t, 1, 0, 0, 16, KP), X0 * tl.exp(tl.where(r < L, gl - c0, 0.0))[:, None])
-            _store(_tile(kdb, L, K, skd_t, 1, 16, 0, 16, KP),
-                   X1 * tl.exp(tl.where(r + 16 < L, gl - c1, 0.0))[:, None])
-            _store(_tile(kdb, L, K, skd_t, 1, 32, 0, 16, KP),
-                   X2 * tl.exp(tl.where(r + 32 < L, gl - c2, 0.0))[:, None])
-            _store(_tile(kdb, L, K, skd_t, 1, 48, 0, 16, KP),
-                   X3 * tl.exp(tl.where(r + 48 < L, gl - c3, 0.0))[:, None])
+            _store_kd(kd_ptr + h64 * skd_h + t0 * skd_t, tl.load(cb + (L - 1) * sc_t, mask=L > 0, other=0.0),
+                      X0, X1, X2, X3, c0, c1, c2, c3, r, L, K, skd_t, KP)
         X0, X1 = X0 * (b0 * tl.exp(c0))[:, None], X1 * (b1 * tl.exp(c1))[:, None]
         X2, X3 = X2 * (b2 * tl.exp(c2))[:, None], X3 * (b3 * tl.exp(c3))[:, None]
         _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, w_ptr + h64 * sw_h + t0 * sw_t, L, K,

@@ -42,7 +42,7 @@ from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import check_tensor, definitely
 from kda_inductor.lowerings._gdn_chunk_kernels import CHUNK
 from kda_inductor.lowerings._triton import triton
-from kda_inductor.lowerings.gdn_recurrent_step import (_check_gates, _check_qkv, _check_scalars, _check_sizes,
+from kda_inductor.lowerings.gdn_recurrent_step import (check_gates, check_qkv, check_scalars, check_sizes,
                                                        reference_step)
 
 __all__ = ["CHUNK", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk", "reference", "validate"]
@@ -72,9 +72,9 @@ def validate(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=Fal
              out_dtype=None) -> ChunkMeta:
     """The op's one validator (sync-free: shapes, dtypes, devices), each bad argument an error naming
     it; symbolic sizes checked where the answer is known at trace time."""
-    B, T, Hk, K, Hv, V = _check_qkv(q, k, v)
-    per_channel = _check_gates(g, beta, B, T, Hv, K)
-    _check_scalars(1.0 if scale is None else scale, use_qk_l2norm, eps, out_dtype)
+    B, T, Hk, K, Hv, V = check_qkv(q, k, v)
+    per_channel = check_gates(g, beta, B, T, Hv, K)
+    check_scalars(1.0 if scale is None else scale, use_qk_l2norm, eps, out_dtype)
     N = B
     if cu_seqlens is not None:
         check_tensor(cu_seqlens, "cu_seqlens")
@@ -90,7 +90,7 @@ def validate(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=Fal
         check_tensor(initial_state, "initial_state")
         if initial_state.dtype != torch.float32:
             raise _err("initial_state", f"expected a float32 state [N, Hv, K, V], got {initial_state.dtype}")
-        _check_sizes(initial_state, "initial_state", [N, Hv, K, V], "[N, Hv, K, V]")
+        check_sizes(initial_state, "initial_state", [N, Hv, K, V], "[N, Hv, K, V]")
     for t, arg in ((k, "k"), (v, "v"), (g, "g"), (beta, "beta"), (initial_state, "initial_state"),
                    (cu_seqlens, "cu_seqlens")):
         if t is not None and t.device != q.device:
@@ -218,8 +218,6 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
     ``config``: the launches (default :class:`LaunchConfig`)."""
     if triton is None:  # pragma: no cover
         raise RuntimeError("gdn_chunk: the Triton kernels need triton, which is not installed")
-    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
-
     meta = validate(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps, out_dtype)
     if meta.per_channel:
         raise NotImplementedError("gdn_chunk: the Triton kernels take a decay per head (g [B, T, Hv]); a decay per "
@@ -229,54 +227,55 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
         if out.shape != o.shape or not out.is_contiguous() or out.device != v.device:
             raise _err("out", f"expected a contiguous {list(o.shape)} on {v.device}, got {list(out.shape)}")
         o = out
-    B, T, Hk, K, Hv, V, N = (meta.batch, meta.tokens, meta.k_heads, meta.k_dim, meta.v_heads, meta.v_dim,
-                             meta.sequences)
-    Ttot = B * T
+    B, T, Hv, N = meta.batch, meta.tokens, meta.v_heads, meta.sequences
     if N == 0 or Hv == 0:
         return o, final
-    dev = v.device
     cfg = config or LaunchConfig()
     if cu_seqlens is None:
-        cu_seqlens = torch.arange(0, B + 1, device=dev, dtype=torch.int64) * T
-    cu_seqlens = cu_seqlens.to(torch.int64)
+        cu_seqlens = torch.arange(0, B + 1, device=v.device, dtype=torch.int64) * T
+    _launch_all(q, k, v, g, beta, o, final, initial_state, cu_seqlens.to(torch.int64), meta, cfg, dot,
+                bool(use_qk_l2norm), _scale(scale, meta), float(eps))
+    return o, final
+
+
+def _launch_all(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, scale, eps) -> None:
+    """The four launches (``kkt``, ``wu``, ``scan``, ``output``) with their float32 /
+    ``inter_dtype`` intermediates, on token-major 3-D views ``[B * T, heads, dim]`` of the inputs
+    (a copy only where B and T do not merge)."""
+    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+
+    B, T, Hk, K, Hv, V, N = (meta.batch, meta.tokens, meta.k_heads, meta.k_dim, meta.v_heads, meta.v_dim,
+                             meta.sequences)
+    Ttot, dev, f32, inter = B * T, v.device, torch.float32, cfg.inter_dtype
     seq, start, length, cu_chunks, M = chunk_map(cu_seqlens, Ttot)
-    # token-major 3-D views [B * T, heads, dim] (a copy only where B and T do not merge)
     q3, k3, v3 = q.reshape(Ttot, Hk, K), k.reshape(Ttot, Hk, K), v.reshape(Ttot, Hv, V)
-    g2, b2 = g.reshape(Ttot, Hv), beta.reshape(Ttot, Hv)
-    o3 = o.view(Ttot, Hv, V)
-    f32 = torch.float32
+    g2, b2, o3 = g.reshape(Ttot, Hv), beta.reshape(Ttot, Hv), o.view(Ttot, Hv, V)
     akk = torch.empty((Ttot, Hv, CHUNK), device=dev, dtype=f32)
     gc = torch.empty((Ttot, Hv), device=dev, dtype=f32)
-    inter = cfg.inter_dtype
-    w = torch.empty((Ttot, Hv, K), device=dev, dtype=inter)
-    u = torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
-    vn = torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
+    w, u, vn = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, V, V))
     hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
     pre = bool(cfg.precompute_kd)
     kd = torch.empty((Ttot, Hv, K), device=dev, dtype=inter) if pre else w  # w: an unread placeholder
-    KP = max(16, triton.next_power_of_2(K))
-    vp = max(16, triton.next_power_of_2(V))
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
-    stages = cfg.num_stages
-    l2, scale = bool(use_qk_l2norm), _scale(scale, meta)
-    group = Hv // Hk
+    stages, group = cfg.num_stages, Hv // Hk
     kern.kkt_kernel[(M, Hv)](
-        k3, g2, b2, akk, gc, seq, start, length, K, group, float(eps), *k3.stride(), *g2.stride(), *b2.stride(),
+        k3, g2, b2, akk, gc, seq, start, length, K, group, eps, *k3.stride(), *g2.stride(), *b2.stride(),
         *akk.stride()[:2], *gc.stride(), KP=KP, L2NORM=l2, DOT=dot, num_warps=cfg.warps, num_stages=stages)
     kern.wu_kernel[(M, Hv)](
-        k3, v3, b2, akk, gc, w, u, kd, seq, start, length, K, V, group, float(eps), *k3.stride(), *v3.stride(),
+        k3, v3, b2, akk, gc, w, u, kd, seq, start, length, K, V, group, eps, *k3.stride(), *v3.stride(),
         *b2.stride(), *akk.stride()[:2], *gc.stride(), *w.stride()[:2], *u.stride()[:2], *kd.stride()[:2], KP=KP,
         BV=OBV, L2NORM=l2, DOT=dot, PRE_KD=pre, num_warps=cfg.warps, num_stages=stages)
-    s = initial_state
     kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
-        k3, w, u, gc, s if s is not None else final, final, hs, vn, kd, cu_seqlens, cu_chunks, K, V, group, float(eps),
+        k3, w, u, gc, s if s is not None else final, final, hs, vn, kd, cu_seqlens, cu_chunks, K, V, group, eps,
         *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
         *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2],
         *final.stride()[:3], *kd.stride()[:2], KP=KP, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, PRE_KD=pre,
         num_warps=cfg.scan_warps,
         num_stages=stages)
     kern.output_kernel[(M, Hv, triton.cdiv(V, OBV))](
-        q3, k3, gc, hs, vn, o3, seq, start, length, K, V, group, scale, float(eps), *q3.stride(), *k3.stride(),
+        q3, k3, gc, hs, vn, o3, seq, start, length, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
         *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KP=KP, BV=OBV, L2NORM=l2, DOT=dot,
         num_warps=cfg.out_warps, num_stages=stages)
-    return o, final
+
+

@@ -113,18 +113,18 @@ def _check_float(x, arg: str, dims: tuple[int, ...]) -> None:
         raise _err(arg, f"expected a {want} floating-point tensor, got {x.dim()}-D {x.dtype}")
 
 
-def _check_sizes(x, arg: str, want: list, names: str) -> None:
+def check_sizes(x, arg: str, want: list, names: str) -> None:
     """``x.shape`` must be ``want`` (``names`` spells the expected shape in words)."""
     if len(x.shape) != len(want) or any(_differ(a, b) for a, b in zip(x.shape, want)):
         raise _err(arg, f"expected {names} = {list(want)}, got {list(x.shape)}")
 
 
-def _check_qkv(q, k, v) -> tuple:
+def check_qkv(q, k, v) -> tuple:
     """``q``, ``k [B, T, Hk, K]``, ``v [B, T, Hv, V]`` with ``Hv % Hk == 0``; their sizes."""
     for x, arg in ((q, "q"), (k, "k"), (v, "v")):
         _check_float(x, arg, (4,))
     B, T, Hk, K = q.shape
-    _check_sizes(k, "k", list(q.shape), "q's shape [B, T, Hk, K]")
+    check_sizes(k, "k", list(q.shape), "q's shape [B, T, Hk, K]")
     if _differ(v.shape[0], B) or _differ(v.shape[1], T):
         raise _err("v", f"expected [B, T, Hv, V] with q's B = {B} and T = {T}, got {list(v.shape)}")
     Hv, V = v.shape[2], v.shape[3]
@@ -135,14 +135,14 @@ def _check_qkv(q, k, v) -> tuple:
     return B, T, Hk, K, Hv, V
 
 
-def _check_gates(g, beta, B, T, Hv, K) -> bool:
+def check_gates(g, beta, B, T, Hv, K) -> bool:
     """``g [B, T, Hv]`` or ``[B, T, Hv, K]``, ``beta [B, T, Hv]``; whether ``g`` is per channel."""
     _check_float(g, "g", (3, 4))
     want = [B, T, Hv] + ([K] if g.dim() == 4 else [])
-    _check_sizes(g, "g", want, "[B, T, Hv] (a decay per head) or [B, T, Hv, K] (per key channel)" if g.dim() == 3
+    check_sizes(g, "g", want, "[B, T, Hv] (a decay per head) or [B, T, Hv, K] (per key channel)" if g.dim() == 3
                  else "[B, T, Hv, K] (a decay per key channel) or [B, T, Hv] (per head)")
     _check_float(beta, "beta", (3,))
-    _check_sizes(beta, "beta", [B, T, Hv], "[B, T, Hv]")
+    check_sizes(beta, "beta", [B, T, Hv], "[B, T, Hv]")
     return g.dim() == 4
 
 
@@ -150,7 +150,7 @@ def _check_state(state, arg: str, B, Hv, K, V) -> None:
     check_tensor(state, arg)
     if state.dtype != torch.float32:
         raise _err(arg, f"expected a float32 state [B, Hv, K, V], got {state.dtype}")
-    _check_sizes(state, arg, [B, Hv, K, V], "[B, Hv, K, V]")
+    check_sizes(state, arg, [B, Hv, K, V], "[B, Hv, K, V]")
 
 
 def _check_number(x, arg: str, what: str, ok) -> None:
@@ -161,7 +161,7 @@ def _check_number(x, arg: str, what: str, ok) -> None:
         raise _err(arg, f"expected {what}, got {x!r}")
 
 
-def _check_scalars(scale, use_qk_l2norm, eps, out_dtype) -> None:
+def check_scalars(scale, use_qk_l2norm, eps, out_dtype) -> None:
     _check_number(scale, "scale", "a finite float", math.isfinite)
     _check_number(eps, "eps", "a finite float >= 0", lambda e: math.isfinite(e) and e >= 0)
     if not isinstance(use_qk_l2norm, bool):
@@ -175,11 +175,11 @@ def validate(q, k, v, g, beta, state=None, scale=1.0, use_qk_l2norm=False, eps=1
     """The ops' one validator (sync-free: shapes, dtypes, devices), each bad argument an error
     naming it; returns the geometry. ``state_arg`` names the state in errors (``state`` for the
     in-place op). Symbolic sizes are checked where the answer is known at trace time."""
-    B, T, Hk, K, Hv, V = _check_qkv(q, k, v)
-    per_channel = _check_gates(g, beta, B, T, Hv, K)
+    B, T, Hk, K, Hv, V = check_qkv(q, k, v)
+    per_channel = check_gates(g, beta, B, T, Hv, K)
     if state is not None:
         _check_state(state, state_arg, B, Hv, K, V)
-    _check_scalars(scale, use_qk_l2norm, eps, out_dtype)
+    check_scalars(scale, use_qk_l2norm, eps, out_dtype)
     for t, arg in ((k, "k"), (v, "v"), (g, "g"), (beta, "beta"), (state, state_arg)):
         if t is not None and t.device != q.device:
             raise _err(arg, f"expected device {q.device} (q's), got {t.device}")

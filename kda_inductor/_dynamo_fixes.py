@@ -201,10 +201,20 @@ def _rule_on() -> bool:
     return _rule_is_on(RULE)
 
 
+CHUNK_RULE_MEASURED = False
+"""Whether ``kda::gdn_chunk`` was measured faster than fla's chunk kernels (the speed rule of the
+prefill rule): not yet on a GPU (``benchmarks/bench_gdn_chunk.py``), so the rule applies only with
+``options["kda"]["force"]`` (``docs/dynamo-rules.md``)."""
+
+
 @torch.compiler.assume_constant_result
 def _chunk_rule_on() -> bool:
-    """:func:`_rule_on` of :data:`CHUNK_RULE`."""
-    return _rule_is_on(CHUNK_RULE)
+    """:func:`_rule_on` of :data:`CHUNK_RULE`, which also needs its speed rule: measured faster
+    than fla's kernels (:data:`CHUNK_RULE_MEASURED`), or ``force``."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    options = our_options(InstructionTranslator.current_tx())
+    return _rule_is_on(CHUNK_RULE) and (CHUNK_RULE_MEASURED or bool(options and options.force))
 
 
 def _same_function(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -103,8 +103,14 @@ def transformers_chunk() -> Callable | None:
 
 
 def _hf_call(fn):
+    """transformers' core as its layer calls it: q / k repeated to v's heads first (5.17's core takes
+    as many q / k heads as v heads; 5.25's repeats inside, a no-op after this). Seen on an H100,
+    2026-12-05: without it, 5.17's core failed on Qwen3-Next's 16 / 32 heads."""
     def call(x):
-        return fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=None, output_final_state=True,
+        group = x["v"].shape[2] // x["q"].shape[2]
+        q, k = (x["q"], x["k"]) if group == 1 else (x["q"].repeat_interleave(group, 2),
+                                                       x["k"].repeat_interleave(group, 2))
+        return fn(q, k, x["v"], x["g"], x["beta"], initial_state=None, output_final_state=True,
                   use_qk_l2norm_in_kernel=True)
     return call
 

@@ -43,11 +43,11 @@ whole tile before it writes it, and programs own disjoint tiles, so ``state`` ma
 written by the one launch. No host sync, no allocation but the outputs, safe under CUDA-graph
 capture; the launch configuration (``BV`` columns per program, warps, the body) comes from a fixed
 table by (tokens, ``B * Hv``) class (:data:`LAUNCH_TABLE`, each row measured on an H200 or marked
-provisional; no run-time autotuning: CUDA graphs and reproducibility). For ``T > 1`` the table's
-rows take the window body (:mod:`._gdn_window`, the chunk form: every token's q / k / v / g / beta
-loaded once per tile as ``[TP, ...]`` blocks, the tile read by ``T`` independent sums and updated
-once, no token waiting on the last one's tile update; provisional until timed against the
-token-by-token body by ``bench_gdn_recurrent_step.py --verify``). For sm_90, compiled as a launch
+provisional; no run-time autotuning: CUDA graphs and reproducibility). The window body
+(:mod:`._gdn_window`, the chunk form: every token's q / k / v / g / beta loaded once per tile as
+``[TP, ...]`` blocks, the tile read by ``T`` independent sums and updated once) is a launch option
+(``LaunchConfig(window=True)``), not in the table: an H100 timed it slower than the token-by-token
+body at T = 4 (:data:`LAUNCH_TABLE`). For sm_90, compiled as a launch
 specializes it (unit inner strides, 16-divisible sizes and strides; ``T = 1`` a constant), the
 tile's loads and stores are 16 bytes wide; the token-by-token body does not spill: at K = V = 128
 with Triton 3.6, 16 columns x 1 warp take 127 registers per thread for T = 1 and 165 for T > 1 (4 /
@@ -479,15 +479,17 @@ SMALL_HEADS = 512
 LAUNCH_TABLE = (
     TableRow((1, 1), (1, SMALL_HEADS), LaunchConfig(16, 1), "H200 2026-12-03 (bf322d0): B 1 4.2 us, B 8 10.8"),
     TableRow((1, 1), (SMALL_HEADS + 1, None), LaunchConfig(64, 4), "H200 2026-12-03: B 32 37.7, B 128 135.7 us"),
-    TableRow((2, 2), (1, None), LaunchConfig(16, 1, window=True), None),
-    TableRow((3, 4), (1, None), LaunchConfig(16, 1, window=True), None),
-    TableRow((5, 8), (1, None), LaunchConfig(16, 1, window=True), None),
+    TableRow((2, 8), (1, None), LaunchConfig(16, 1),
+             "H200 2026-12-03: T 4, B 32 55.4, B 128 202.2 us; H100 2026-12-05: faster than the window body"),
 )
 """The fixed launch table (no run-time autotuning: CUDA graphs and reproducibility) at Qwen3-Next's
-dims (K = V = 128), by class. Measured rows name their run. The window rows (``T > 1``) are
-provisional, until ``bench_gdn_recurrent_step.py --verify`` has timed them beside its
-``--candidates`` (the token-by-token body's measured 16 x 1: T = 4 55.4 us at B 32, 202.2 at B 128
-on the H200, 2026-12-03): chosen by the fewest warp-instructions per state column in the sm_90 SASS
+dims (K = V = 128), by class. Measured rows name their run. ``T > 1`` keeps the token-by-token
+body: on an H100 (2026-12-05, ``bench_gdn_recurrent_step.py --verify``,
+``benchmarks/results/gdn_recurrent_step_verify.json``), Qwen3-Next T = 4, the window body (16 x 1)
+took 70.0 / 255.7 us at B 32 / 128 against the token-by-token body's 65.5 / 242.7 (16 x 1), 64.4 /
+237.4 (16 x 1, scaled) and 67.4 / 229.2 (64 x 4), floor 45.6 / 182.5, FLA 91.4 / 318.8; so the
+window body stays a candidate (``LaunchConfig(window=True)``), not a default. Its launches were
+chosen by the fewest warp-instructions per state column in the sm_90 SASS
 (Triton 3.9, 2026-12-05, the kernel of this commit; the H200 runs 3.6, whose counts differ), the
 token-by-token body ~400 at T = 4 (its loop body times 4). Window, scalar decay, instructions per
 column (registers; spill instructions; barriers where many): TP 2: 16 x 1 146 (177), 8 x 1 184

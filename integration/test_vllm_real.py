@@ -9,7 +9,6 @@ runs in its own process (vLLM keeps global state), with fresh compile caches.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -59,11 +58,88 @@ def baseline(model, tmp_path_factory) -> dict:
 
 
 def _keyed_on_our_content(got: dict) -> bool:
-    """The pass vLLM configured runs ours, and vLLM's cache key for it is our content hash: ours
-    itself, or (wrapped in ``CallableInductorPass``, as ``LLM(...)`` does: it builds its config
-    before loading plugins) vLLM's sha256 of our pass's text, which is that hash."""
-    ours = got["our_uuid"]
-    return got["configured_runs_ours"] and got["configured_uuid"] in (ours, hashlib.sha256(ours.encode()).hexdigest())
+    """The pass vLLM configured is ours as is (not wrapped in ``CallableInductorPass``, whose key
+    would be a hash of one class's source) and one of vLLM's ``InductorPass`` objects, and its
+    uuid, vLLM's compile cache key for it, is our content hash for the options configured."""
+    return got["configured_is_ours"] and got["configured_uuid"] == got["our_uuid"] is not None
+
+
+KEY_PROBE = """
+import json, sys
+order, route, plugins, model, name = sys.argv[1:6]
+if order == "kda-first":
+    import kda_inductor  # before any of vLLM
+else:
+    import vllm.compilation.passes.inductor_pass  # vLLM's pass module first
+from vllm.plugins import load_general_plugins
+if plugins == "before":
+    load_general_plugins()
+spec = json.dumps({"inductor_passes": {"post_grad_custom_post_pass": name}})
+if route == "vllm serve":  # the CLI's own parser and engine arguments, as `vllm serve` builds them
+    import vllm
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(["--model", model, "--compilation-config", spec])
+    cc = vllm.AsyncEngineArgs.from_cli_args(args).compilation_config
+else:  # what LLM(compilation_config={...}) builds from its dict
+    from vllm.config import CompilationConfig
+    cc = CompilationConfig(**json.loads(spec))
+if plugins == "after":
+    load_general_plugins()
+import kda_inductor
+from kda_inductor.options import KdaOptions
+from vllm.compilation.passes.inductor_pass import InductorPass
+p = cc.inductor_compile_config["post_grad_custom_post_pass"]
+print("KDA_RESULT " + json.dumps({
+    "ours": type(p) is kda_inductor.VllmPostGradPass and isinstance(p, InductorPass),
+    "uuid": p.uuid(), "content": KdaOptions.parse(p.kda_options).pass_uuid(),
+    "config_hash": cc.compute_hash(), "package": kda_inductor.__file__}))
+"""
+
+
+def _key(cwd: Path, *args: str, pythonpath: str | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (pythonpath, str(HERE)) if p)}
+    done = subprocess.run([PYTHON, "-c", KEY_PROBE, *args], cwd=cwd, capture_output=True, text=True, timeout=300,
+                          env=env)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("KDA_RESULT ")]
+    assert done.returncode == 0 and lines, done.stdout[-3000:] + done.stderr[-6000:]
+    return json.loads(lines[-1][len("KDA_RESULT "):])
+
+
+@pytest.mark.parametrize("plugins", ["before", "after"])
+@pytest.mark.parametrize("order", ["kda-first", "vllm-first"])
+@pytest.mark.parametrize("route", ["vllm serve", "LLM"])
+def test_every_path_configures_our_pass_keyed_on_our_content(model, route, order, plugins):
+    """``"kda_inductor.post_grad_pass"`` in ``--compilation-config`` (vLLM's CLI parser and engine
+    arguments) or in ``LLM(compilation_config=...)``'s config, whichever was imported first, with
+    vLLM's plugins loaded before the config is built or after: vLLM configures our pass itself,
+    as one of its ``InductorPass`` objects, and keys its cache on our content hash."""
+    got = _key(ROOT, order, route, plugins, str(model), "kda_inductor.post_grad_pass")
+    assert got["ours"] and got["uuid"] == got["content"], got
+    assert got["package"].startswith(str(ROOT)), got
+
+
+def test_vllms_key_changes_with_our_options_and_our_code(model, tmp_path):
+    """vLLM's compile cache key (``CompilationConfig.compute_hash``, which keys its cache folder)
+    changes with our options (a forced pass) and with our code (a copy of the package with one
+    pattern file changed): an upgrade or other options are never served graphs compiled before."""
+    default = _key(ROOT, "vllm-first", "LLM", "after", str(model), "kda_inductor.post_grad_pass")
+    forced = _key(ROOT, "vllm-first", "LLM", "after", str(model), "vllm_passes.kda_pass_forced")
+    assert forced["ours"] and forced["uuid"] == forced["content"] != default["uuid"], (forced, default)
+    assert forced["config_hash"] != default["config_hash"]
+    again = _key(ROOT, "kda-first", "vllm serve", "before", str(model), "kda_inductor.post_grad_pass")
+    assert again["config_hash"] == default["config_hash"]  # the same code and options: the same key
+
+    import shutil
+
+    copy = tmp_path / "changed"
+    shutil.copytree(ROOT / "kda_inductor", copy / "kda_inductor", ignore=shutil.ignore_patterns("__pycache__"))
+    with open(copy / "kda_inductor" / "patterns" / "gated_norm_merge.py", "a") as f:
+        f.write("\n# a changed rewrite\n")
+    changed = _key(copy, "vllm-first", "LLM", "after", str(model), "kda_inductor.post_grad_pass", pythonpath=str(copy))
+    assert changed["package"].startswith(str(copy)), changed
+    assert changed["ours"] and changed["uuid"] != default["uuid"], (changed, default)
+    assert changed["config_hash"] != default["config_hash"]
 
 
 @pytest.mark.parametrize("order", ["kda-first", "vllm-first"])
@@ -94,8 +170,7 @@ def test_forced_pass_rewrites_every_gated_norm_and_keeps_the_tokens(model, basel
 
 def test_a_pass_object_in_inductor_passes_is_refused_by_vllm(model, tmp_path):
     """Why the README shows only the qualified name there: vLLM types ``inductor_passes`` as
-    ``dict[str, str]`` and resolves each str as a qualified name (our pass, a str whose text is
-    its content hash, names no module)."""
+    ``dict[str, str]``: a pass object there fails its validation."""
     env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "c")}
     done = subprocess.run([PYTHON, str(HERE / "vllm_serve.py"), "--model", str(model), "--pass", "force",
                            "--route", "object_in_inductor_passes"], cwd=tmp_path, capture_output=True, text=True,

@@ -84,14 +84,20 @@ def main() -> None:
         outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     cc = llm.llm_engine.vllm_config.compilation_config
     configured = cc.inductor_compile_config.get("post_grad_custom_post_pass")
-    runs = getattr(configured, "callable", configured)  # vLLM's CallableInductorPass wrapper, or the pass itself
+    from vllm.compilation.passes.inductor_pass import InductorPass
+
+    from kda_inductor.options import KdaOptions
+
     result = {
         "vllm": vllm.__version__,
         "tokens": [list(o.outputs[0].token_ids) for o in outs],
         "configured_pass_type": None if configured is None else f"{type(configured).__module__}.{type(configured).__qualname__}",
-        "configured_runs_ours": isinstance(runs, kda_inductor.VllmPostGradPass),
+        # ours as is (not in vLLM's CallableInductorPass), and one of vLLM's InductorPass objects
+        "configured_is_ours": type(configured) is kda_inductor.VllmPostGradPass and isinstance(configured, InductorPass),
         "configured_uuid": None if configured is None else configured.uuid(),
-        "our_uuid": runs.uuid() if isinstance(runs, kda_inductor.VllmPostGradPass) else None,
+        # our content hash for the options configured, computed here: what vLLM's key must be
+        "our_uuid": None if name is None else KdaOptions.parse({"force": True} if args.pass_ == "force" else {}).pass_uuid(),
+        "config_hash": cc.compute_hash(),
         "graphs": len(records),
         "nodes": [r.before.count("\n") for r in records if r.before is not None],
         "matches": {k: sum(r.matches.get(k, 0) for r in records) for k in (records[0].matches if records else {})},

@@ -33,7 +33,8 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-# plain attributes (not lazy): vLLM looks them up in this module's __dict__; no torch import
+# plain attributes (not lazy): vLLM looks them up in this module's __dict__ (a module __getattr__ is not
+# consulted); the pass is vLLM's InductorPass when vLLM asks (vllm_pass); no torch import
 from kda_inductor.vllm_pass import VllmPostGradPass, post_grad_pass, vllm_plugin  # noqa: E402
 
 _LAZY = {

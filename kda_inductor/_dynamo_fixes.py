@@ -51,6 +51,10 @@ FLA_ENTRY_POINTS = (
 FLA_CHUNK_ENTRY_POINTS = (("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),)  # qwen3_next, qwen3_5 prefill
 """fla-core's chunked entry points traced as ``kda::gdn_chunk`` (rule :data:`CHUNK_RULE`)."""
 
+MARK = "_kda_inductor_rules"
+"""The attribute that marks a compiler function whose traces these rules apply to: the backend sets
+it on :func:`kda_inductor.backend.kda_inductor` (this module does not import the backend)."""
+
 _every_backend = False
 _exporting_rule: ReadsTheFlag | None = None
 _substituted: dict[int, Callable[..., Any]] = {}
@@ -86,10 +90,8 @@ def backend_of(tx: Any) -> tuple[Any, dict[str, Any] | None]:
 def our_options(tx: Any) -> KdaOptions | None:
     """Our options when ``tx`` traces for kda_inductor, else None. Options the backend will refuse
     count as not ours: the backend reports them, as themselves, when it is called."""
-    from kda_inductor.backend import kda_inductor
-
     compiler, options = backend_of(tx)
-    if compiler is not kda_inductor:
+    if getattr(compiler, MARK, False) is not True:
         return None
     try:
         return KdaOptions.parse((options or {}).get("kda"))

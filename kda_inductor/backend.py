@@ -137,6 +137,7 @@ def _reset() -> None:
 
 
 kda_inductor.reset = _reset  # type: ignore[attr-defined]
+setattr(kda_inductor, _dynamo_fixes.MARK, True)  # the traces _dynamo_fixes' rules apply to
 
 
 def __getattr__(name: str) -> Any:

@@ -24,7 +24,7 @@ from kda_inductor import logs
 from kda_inductor.diff import snapshot
 from kda_inductor.options import KdaOptions
 from kda_inductor.patterns import REWRITES
-from kda_inductor.patterns.base import Analyses, Match, Rewrite, Stage, transaction
+from kda_inductor.patterns.base import Analyses, Match, Rewrite, Stage, remap, transaction
 from kda_inductor.record import PassRecord
 
 log = logs.log  # logging.getLogger("kda_inductor"): TORCH_LOGS=kda_inductor / +kda_inductor
@@ -110,12 +110,14 @@ class KdaPostGradPass(CustomGraphPass):
         parts (and, when ``observed``, each rewrite's node changes, misses and notes)."""
         matches: Counter[str] = Counter({name: 0 for name in REWRITES})
         analyses = Analyses()  # readings of this graph the rewrites share (the gated norms)
+        moved: dict[fx.Node, fx.Node] = {}  # old -> new of every replacement so far (base.remap)
         for name in ([] if self.grad else self.options.enabled()):
             rewrite = REWRITES[name](analyses)
             names_before = {n.name for n in graph.nodes} if observed else set()
             try:
                 for match in rewrite.find(graph):
-                    if self._replace(graph, rewrite, match):
+                    match = remap(match, moved)
+                    if self._replace(graph, rewrite, match, moved):
                         matches[name] += 1
                         _count_part(record, name, match)
             except Exception as exc:  # noqa: BLE001 - any failure falls back
@@ -124,16 +126,16 @@ class KdaPostGradPass(CustomGraphPass):
                 _note_rewrite(graph, rewrite, record, names_before)
         return matches
 
-    def _replace(self, graph: fx.Graph, rewrite: Rewrite, match: Match) -> bool:
+    def _replace(self, graph: fx.Graph, rewrite: Rewrite, match: Match, moved: dict[fx.Node, fx.Node]) -> bool:
         """Replace ``match`` in a transaction, unless its speed rule leaves it to Inductor (a
-        ``Stage.SPEED_RULE`` miss, and False)."""
+        ``Stage.SPEED_RULE`` miss, and False); what the replacement stands for goes into ``moved``."""
         why = None if self.options.force else rewrite.speed_rule(match)
         if why:
             rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}")
             self.left_to_inductor.add(rewrite.name)
             return False
         with transaction(graph):
-            rewrite.replace(graph, match)
+            moved.update(rewrite.replace(graph, match) or {})
         return True
 
     def _failed(self, name: str, exc: Exception, record: PassRecord) -> None:

@@ -55,7 +55,7 @@ def state_route(last: fx.Node, initial: fx.Node | None) -> tuple[bool, fx.Node]:
 # --------------------------------------------------------------------------- the functional op
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class WriteBackMatch(Match):
     """A functional ``kda::gdn_recurrent_step`` (``op``, its arguments by name ``args``) whose
     final state goes only back into ``buffer``, its initial state: ``out`` (the output's
@@ -88,10 +88,11 @@ class WriteBackMatch(Match):
 
         return fn
 
-    def replace(self, graph: fx.Graph) -> None:
+    def replace(self, graph: fx.Graph) -> dict[fx.Node, fx.Node]:
         args = [self.args[n] for n in _INPUTS] + [self.buffer] + [self.args[n] for n in _SCALARS]
-        base.replace_by_function(graph, self.fn(), args, outputs=[self.out, self.state_out], before=self.op,
-                                 region=self.nodes, origin=self.op)
+        outputs = [self.out, self.state_out]
+        return base.moved(outputs, base.replace_by_function(graph, self.fn(), args, outputs=outputs, before=self.op,
+                                                            region=self.nodes, origin=self.op))
 
 
 def find(graph: fx.Graph, miss: Callable[[fx.Node, Stage, str], None]) -> list[WriteBackMatch]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -148,3 +149,41 @@ def erase_dead(graph: fx.Graph, nodes: Iterable[fx.Node]) -> None:
     for n in reversed(in_graph_order(doomed)):
         if not n.users:
             graph.erase_node(n)
+
+
+# --------------------------------------------------------------------------- old -> new (base.remap)
+
+
+def moved(outputs: Iterable[fx.Node | None], new: Iterable[fx.Node]) -> dict[fx.Node, fx.Node]:
+    """What ``replace`` returns: each replaced output (None: not read) -> the node that stands for
+    it now (:func:`replace_by_function`'s results, in order)."""
+    return {old: n for old, n in zip(outputs, new) if old is not None}
+
+
+def remap(match: Any, moved: dict[fx.Node, fx.Node]) -> Any:
+    """``match`` with every input node it names that an earlier replacement stood in for read as
+    its replacement (``moved``: old -> new, followed to the last one); its region (``nodes``) is
+    its own and stays. The same object where nothing moved (matches are frozen: a copy)."""
+    if not moved:
+        return match
+    changes = {f.name: new for f in dataclasses.fields(match) if f.name != "nodes" and f.init
+               and (new := _remapped(old := getattr(match, f.name), moved)) is not old}
+    return dataclasses.replace(match, **changes) if changes else match
+
+
+def _remapped(x: Any, moved: dict[fx.Node, fx.Node]) -> Any:
+    if isinstance(x, fx.Node):
+        while x in moved:
+            x = moved[x]
+        return x
+    if dataclasses.is_dataclass(x) and not isinstance(x, type):
+        changes = {f.name: new for f in dataclasses.fields(x) if f.init
+                   and (new := _remapped(old := getattr(x, f.name), moved)) is not old}
+        return dataclasses.replace(x, **changes) if changes else x
+    if isinstance(x, (list, tuple)) and not hasattr(x, "_fields"):
+        new = [_remapped(v, moved) for v in x]
+        return type(x)(new) if any(a is not b for a, b in zip(new, x)) else x
+    if isinstance(x, dict):
+        new = {k: _remapped(v, moved) for k, v in x.items()}
+        return new if any(new[k] is not x[k] for k in x) else x
+    return x

@@ -5,7 +5,9 @@ A rewrite is two steps over a post-grad FX graph:
 * ``find(graph)`` looks, never mutates, and returns matches;
 * ``replace(graph, match)`` states its replacement as a plain function of torch and
   ``torch.ops.kda`` calls and hands it to :func:`replace_by_function`, which traces it and
-  splices it in.
+  splices it in; it returns which nodes its replacement stands for (old -> new: :func:`moved`).
+
+Matches are frozen; the pass manager remaps their inputs to earlier replacements (:func:`remap`).
 
 The pass manager runs ``replace`` inside :func:`transaction`, so a rewrite that raises half-way
 leaves the graph as it found it. The node helpers (``_graph``) and the speed rules' readings of
@@ -31,7 +33,7 @@ from kda_inductor.patterns._fusion import cpu_min_count_rule, fused_consumer_red
 from kda_inductor.patterns._fusion import inline_producer  # noqa: F401
 from kda_inductor.patterns._graph import SHAPE_VIEWS, VIEWS, aten, earliest, erase_dead, escaping  # noqa: F401
 from kda_inductor.patterns._graph import in_graph_order, is_dead, is_op, live_users, mutated_nodes  # noqa: F401
-from kda_inductor.patterns._graph import positions, prims, reachable, val  # noqa: F401
+from kda_inductor.patterns._graph import moved, positions, prims, reachable, remap, val  # noqa: F401
 
 
 class Stage(enum.IntEnum):
@@ -116,7 +118,7 @@ def source_location(node: fx.Node) -> tuple[str | None, str | None]:
     return f"{last['file']}:{last['line']}", (last["code"].strip() or None)
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class Match:
     """One place to rewrite. Each rewrite subclasses it with typed fields for what its
     ``replace`` needs; ``nodes`` is every node of the matched region (outputs included),
@@ -246,7 +248,9 @@ class Rewrite:
         ``options["kda"]["force"]`` ignores the rules (tests of matching and numerics)."""
         return None
 
-    def replace(self, graph: fx.Graph, match: Match) -> None:
+    def replace(self, graph: fx.Graph, match: Match) -> dict[fx.Node, fx.Node] | None:
+        """Replace ``match``; return :func:`moved` of its outputs (old -> new), which the pass
+        manager applies to the later matches of the run (:func:`remap`), or None."""
         raise NotImplementedError
 
 

@@ -141,7 +141,7 @@ class _StateWrite:
         return self.copy if self.functional else self.value
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class ConvMatch(Match):
     conv: fx.Node
     weight: fx.Node

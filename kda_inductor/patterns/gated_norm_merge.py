@@ -107,7 +107,7 @@ class Write:
     dim: int
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class NormMatch(Match):
     """A gated RMSNorm and, unless merge-free, the merge that wrote its input."""
 
@@ -164,8 +164,8 @@ class GatedNormMerge(Rewrite):
                 continue
             m = self._match(norm, canon)
             if m is not None and not taken & set(m.nodes):
-                m.reads, m.in_dtype, m.absorbed = source_reads(m)
-                matches.append(m)
+                reads, in_dtype, absorbed = source_reads(m)
+                matches.append(m := dataclasses.replace(m, reads=reads, in_dtype=in_dtype, absorbed=absorbed))
                 taken |= set(m.nodes)
         return matches
 
@@ -349,6 +349,7 @@ class GatedNormMerge(Rewrite):
     # ------------------------------------------------------------------ replace
     def replace(self, graph: fx.Graph, match: NormMatch) -> None:
         y = match.norm.y
+        specialize(match.fixed)
         replace_by_function(graph, merge_norm, (norm_arguments(match), list(val(y).shape)), outputs=[y],
                             before=y, region=norm_region(match), origin=y)
 
@@ -379,10 +380,9 @@ def norm_arguments(match: NormMatch) -> dict:
     """``kda::gated_norm_merge``'s arguments for ``match`` by the op's names (``kda::gated_norm_quant``
     takes them too, ``out_dtype`` as its ``norm_dtype``): graph nodes and constants, with how the
     op reads them (:func:`as_read`: ``width``, each source's row width; ``gate_shape``, the gate's
-    view, None: as it lies; ``num_tokens`` None: the merge-free norm's row count). Specializes the
-    sizes the match read static (``_layout.specialize``): call it only to replace."""
+    view, None: as it lies; ``num_tokens`` None: the merge-free norm's row count). Reads only: the
+    replacement specializes the sizes the match read static first (``_layout.specialize(match.fixed)``)."""
     m, n = match, match.norm
-    specialize(m.fixed)
     z, gate_shape = gate_view(n.z, n.D)
     eps, eps_input = (0.0, n.eps[1]) if isinstance(n.eps, tuple) else (n.eps, None)
     tokens = None if m.plain and not isinstance(m.num_tokens, int) else m.num_tokens

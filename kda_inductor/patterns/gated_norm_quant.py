@@ -51,6 +51,7 @@ import torch.fx as fx
 
 from kda_inductor.lowerings import gated_norm_quant as _lowering  # noqa: F401  (registers the op)
 from kda_inductor.patterns import gated_norm_merge as norm_merge
+from kda_inductor.patterns._layout import specialize
 from kda_inductor.patterns.base import (
     Match,
     Rewrite,
@@ -149,7 +150,7 @@ class Quant:
     nodes: set[fx.Node]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class QuantMatch(Match):
     norm: norm_merge.NormMatch
     quant: Quant
@@ -230,6 +231,7 @@ class GatedNormQuant(Rewrite):
         qt = match.quant
         quant = dict(width=qt.width, group_size=qt.group, ue8m0=qt.ue8m0, reciprocal=qt.reciprocal)
         shapes = [list(val(qt.q).shape), list(val(qt.scale).shape)]
+        specialize(match.norm.fixed)  # the sizes the match read static
         replace_by_function(graph, norm_quant, (norm_merge.norm_arguments(match.norm), quant, shapes),
                             outputs=[qt.q, qt.scale], before=earliest([qt.q, qt.scale]),
                             region=[*match.nodes, *norm_merge.norm_region(match.norm)], origin=match.norm.norm.y)

@@ -306,7 +306,7 @@ def _want(role: str, r: Read) -> tuple:
     return _WANT["g_k" if role == "g" and "k" in r.labels else role]
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class StepMatch(Match):
     steps: list[Step]
     reads: dict[str, Read]
@@ -541,16 +541,18 @@ class GdnRecurrentStep(Rewrite):
         return m
 
     # ------------------------------------------------------------------ replacing
-    def replace(self, graph: fx.Graph, match: StepMatch | _write_back.WriteBackMatch) -> None:
+    def replace(self, graph: fx.Graph, match: StepMatch | _write_back.WriteBackMatch) -> dict[fx.Node, fx.Node]:
         if isinstance(match, _write_back.WriteBackMatch):
             return match.replace(graph)
-        m, moved = match, self.__dict__.setdefault("_moved", {})
-        # a part of a split chain continues the state the part before it left, replaced by then
-        args = [moved.get(a, a) for a in [m.reads[r].node for r in ("q", "k", "v", "g", "beta")] + [m.initial]]
+        # a part of a split chain continues the state the part before it left: replaced by then,
+        # the pass manager hands this match that part's new state (base.remap)
+        m = match
+        args = [m.reads[r].node for r in ("q", "k", "v", "g", "beta")] + [m.initial]
         before = in_graph_order([a for a in args if a is not None])[-1].next
-        new = base.replace_by_function(graph, m.fn(), args, outputs=[n for n, _ in m.outs] + [m.state_out],
-                                       before=before, region=m.nodes, origin=m.anchor)
-        moved[m.state_out] = new[-1]
+        outputs = [n for n, _ in m.outs] + [m.state_out]
+        new = base.replace_by_function(graph, m.fn(), args, outputs=outputs, before=before, region=m.nodes,
+                                       origin=m.anchor)
+        return base.moved(outputs, new)
 
 
 def _disagree(rs: list[Read | None], role: str, T: int, canon: Canon) -> str | None:

@@ -47,6 +47,7 @@ from kda_inductor.patterns.base import (
     aten,
     fused_into_users,
     in_graph_order,
+    moved,
     mutated_nodes,
     positions,
     reachable,
@@ -64,7 +65,7 @@ class _RowGather:
     idx: fx.Node
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class SplitMatch(Match):
     """One launch: its row gathers, in input order."""
 
@@ -179,18 +180,17 @@ class GdnSpecSplit(Rewrite):
             return self.miss(n, Stage.FORM, "its index or source is mutated in the graph")
         return _RowGather(n, src, dim, idx)
 
-    def replace(self, graph: fx.Graph, match: SplitMatch) -> None:
-        # a source or index may be the output of a gather an earlier launch replaced (a split of
-        # a split): read the launch's output instead
-        moved = getattr(self, "_moved", {})
-        gathers = [dataclasses.replace(g, src=moved.get(g.src, g.src), idx=moved.get(g.idx, g.idx))
-                   for g in match.gathers]
+    def replace(self, graph: fx.Graph, match: SplitMatch) -> dict[fx.Node, fx.Node]:
+        # a source or index that was the output of a gather an earlier launch replaced (a split of a
+        # split) is that launch's output by now: the pass manager remaps the match (base.remap)
+        gathers = match.gathers
         indices = list(dict.fromkeys(g.idx for g in gathers))
         last_input = in_graph_order(n for g in gathers for n in (g.src, g.idx))[-1]
         args = ([g.src for g in gathers], indices, [g.dim for g in gathers], [indices.index(g.idx) for g in gathers])
-        outs = replace_by_function(graph, split, args, outputs=[g.node for g in gathers], before=last_input.next,
+        outputs = [g.node for g in gathers]
+        outs = replace_by_function(graph, split, args, outputs=outputs, before=last_input.next,
                                    region=match.nodes, origin=gathers[0].node)
-        self._moved = {**moved, **{g.node: out for g, out in zip(gathers, outs)}}
+        return moved(outputs, outs)
 
 
 def split(sources, indices, dims, index_of):

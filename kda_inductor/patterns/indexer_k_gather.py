@@ -117,7 +117,7 @@ def _is_cache(n: fx.Node) -> bool:
     return isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.dim() >= 2 and v.is_contiguous()
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class GatherMatch(Match):
     values: fx.Node
     scales: fx.Node

@@ -317,7 +317,7 @@ def _fused_norm(k: fx.Node, region: set[fx.Node]) -> _Norm:
 # --------------------------------------------------------------------------- the rewrite
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class WriteMatch(Match):
     copy: fx.Node  # the user's copy_ of the written cache back into the input
     cache: fx.Node

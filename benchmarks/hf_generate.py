@@ -250,7 +250,10 @@ def _run(args, spec, families, batches, variants, results) -> list[dict]:
         for vi, variant in enumerate(variants):
             states = ("-",) if variant == "eager" else ("cold", "warm")
             todo += [_hf_sched.Job(fam, f"batch {batch}", variant, r, st, (i, vi, r)) for r, st in enumerate(states)]
-    _hf_sched.Scheduler(run, on_done, budget.spent, jobs_n)(todo)
+    try:
+        _hf_sched.Scheduler(run, on_done, budget.spent, jobs_n)(todo)
+    finally:  # the run's Inductor / Triton caches and its lock file: nothing left behind
+        __import__("shutil").rmtree(roots, ignore_errors=True)
     _timing.print_table(summarize(records), COLUMNS, title="hf_generate")
     return records
 

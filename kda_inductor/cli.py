@@ -369,6 +369,14 @@ COMMANDS = {"graph-diff": graph_diff, "rewrites": rewrites}
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] in (["--version"], ["-V"]):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"kda-inductor {version('kda-inductor')}")
+        except PackageNotFoundError:  # run from a source tree that was never installed
+            print("kda-inductor (not installed: no version)")
+        return 0
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         print(f"usage: kda-inductor {{{','.join(COMMANDS)}}} ...\n\n{__doc__.strip()}")
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2

@@ -248,3 +248,11 @@ def test_tlparse_shows_our_artifacts(torch_trace, tmp_path):
     for name in ARTIFACTS:
         assert any(page.startswith(f"{name}_") for page in pages), (name, sorted(pages))
     assert "index.html" in pages
+
+
+def test_cli_version_prints_the_version_and_exits_0(capsys):
+    """``kda-inductor --version``: the installed version, exit 0 (it used to print the help and exit 2)."""
+    from kda_inductor import cli
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.startswith("kda-inductor ")

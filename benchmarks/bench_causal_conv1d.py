@@ -14,7 +14,7 @@ against eager (kda must be bit-exact; the ``exact`` column).
     python benchmarks/bench_causal_conv1d.py --budget 230     # every width, as far as 230 s go
     python benchmarks/bench_causal_conv1d.py --widths qwen3_next --forms proj,cat --T 1,256,1024,4096,16384
     python benchmarks/bench_causal_conv1d.py --static         # prefill compiled per T (static sizes)
-    python benchmarks/bench_causal_conv1d.py --quick          # the lead's check, < 4 minutes (below)
+    python benchmarks/bench_causal_conv1d.py --quick          # the quick check, < 4 minutes (below)
     python benchmarks/bench_causal_conv1d.py --smoke          # CPU, tiny, checks only
 
 Widths (``conv_dim``, K = 4): Qwen3-Next / Qwen3.5 8192 (2 x 16 x 128 + 32 x 128), Kimi Linear and
@@ -411,7 +411,7 @@ def parse_args(argv):
     p.add_argument("--static", action="store_true", help="prefill compiled per T (default: T dynamic)")
     p.add_argument("--forms", default="proj,cat,decode,varlen", help="the rows to run per width (cat: qwen3_next)")
     p.add_argument("--quick", action="store_true",
-                   help="the lead's check, under 4 minutes: Qwen3-Next's width, prefill (proj) T 4096 / 16384 "
+                   help="the quick check, under 4 minutes: Qwen3-Next's width, prefill (proj) T 4096 / 16384 "
                         "(op, FLA, stock, the compiled layer, the floor) and decode 32 / 128")
     p.add_argument("--budget", type=float, default=450, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")

@@ -14,7 +14,7 @@ and of the hybrid model's spec-decode step, each ``--repeats`` times (median):
   fused ops' CPU implementations).
 
 Our pass's own time is measured inside each compile (``pass_manager.timed``).
-Issue 12 asks for the pass to add < 10% to the model's compile, issue 13 for the tools to
+The bars: the pass adds < 10% to the model's compile, and the tools
 cost nothing when unused (``kda`` vs ``stock`` within noise). Writes
 ``benchmarks/results/compile_time_<device>.md`` / ``.json`` unless ``--no-record``.
 """

@@ -382,7 +382,7 @@ def _mark_best(rows: list[dict]) -> None:
             r["over_floor"] = r["us"] / r["floor_us"] if r.get("floor_us") else None
 
 
-# --------------------------------------------------------------------------- the verify window (issue 44)
+# --------------------------------------------------------------------------- the verify window
 
 
 _FIRST = (("qwen3_next", 32, 4), ("qwen3_next", 128, 4), ("qwen3_next", 1, 1), ("kimi_linear", 32, 4))

@@ -1,4 +1,4 @@
-"""GPU benchmark: what the device-side asserts of the indexer kernels cost (issue 14).
+"""GPU benchmark: what the device-side asserts of the indexer kernels cost.
 
 Times the two launchers directly, with the asserts (``check=True``: what the ops always
 run) and without (``check=False``: the explicit no-assert variant, for this measurement

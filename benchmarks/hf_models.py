@@ -1,7 +1,7 @@
 """transformers' own hybrid models under eager, stock ``torch.compile`` and ``kda_inductor``, as a
 user gets them: ``python -m benchmarks.hf_models`` (GPU), ``--smoke`` (CPU, tiny configs).
 
-Every transformers family with a GDN, KDA or DeepSeek-V3.2-style indexer layer (issue 21), built
+Every transformers family with a GDN, KDA or DeepSeek-V3.2-style indexer layer, built
 from its config class with random weights (no download): the released model's per-layer dims
 (hard-coded below from the config class defaults of transformers 5.24, which its docstring
 attributes to the named checkpoint), 4 layers (3 linear-attention + 1 full-attention; indexer

@@ -7,7 +7,7 @@ grouped by kind (Inductor's generated Triton, fla-core's Triton, GEMMs, attentio
 and the top kernels by total time; for compiled variants the graph count and graph breaks
 (``torch._dynamo.utils.counters``) and the compile time. Also notes what transformers picked
 (the MoE experts implementation, the recurrent and conv cores). Results:
-``benchmarks/results/hf_profile_<family>_<case>.{md,json}`` (issue 21: why stock loses to eager).
+``benchmarks/results/hf_profile_<family>_<case>.{md,json}`` (why stock loses to eager).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Graphs of transformers' decode step with fla-core, stock against kda_inductor (issue 35 (b)).
+"""Graphs of transformers' decode step with fla-core, stock against kda_inductor.
 
 On a GPU with fla-core installed, transformers' hybrid models (tiny dims, random weights, 3
 linear-attention layers + 1 full attention) run one decode step eagerly and compiled four ways,

@@ -9,7 +9,7 @@ benchmarks against it stay honest.
    torch's own Dynamo handler of ``is_exporting`` and replaces its answer by
    ``torch.compiler._is_exporting_flag`` where the two differ in a trace for us: on a torch with
    #176499 they never differ, so the rule changes nothing there.
-2. **fla's recurrent decode entry points become ``kda::gdn_recurrent_step``** (issue 35 (b)): with
+2. **fla's recurrent decode entry points become ``kda::gdn_recurrent_step``**: with
    fla-core installed and ``is_exporting()`` False, transformers' decode calls fla's
    ``fused_recurrent_gated_delta_rule`` (qwen3_next, qwen3_5, olmo_hybrid) or
    ``fused_recurrent_kda`` (kimi_linear), which fla keeps out of graphs

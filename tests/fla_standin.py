@@ -1,5 +1,5 @@
 """A stand-in for fla-core's recurrent entry points, dispatched to as the real fla-core is on CUDA
-(issue 35 (b), on a CPU machine).
+(fla's decode and chunk entry points traced as our ops, on a CPU machine).
 
 fla-core's Triton kernels need a GPU, and transformers 5.25 sends CPU inputs to its torch reference
 anyway (``_PACKAGE_SUPPORTED_DEVICES`` in ``transformers/integrations/hub_kernels.py``). So

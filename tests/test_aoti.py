@@ -1,4 +1,4 @@
-"""Deployment paths (issue 14): ``torch.export`` -> AOTInductor with our pass keeps every
+"""Deployment paths: ``torch.export`` -> AOTInductor with our pass keeps every
 rewrite on the examples, and export with dynamic token counts works.
 
 AOTInductor compiles C++ here (CPU): one package per test (~30-60 s on two shared cores).

@@ -103,7 +103,7 @@ def test_gdn_chunk_smoke(capsys):
     assert "NOT meaningful" in capsys.readouterr().out
 
 
-# --------------------------------------------------------------------------- benchmarks.hf_models (issue 36)
+# --------------------------------------------------------------------------- benchmarks.hf_models
 
 
 def _fake_compile(calls):

@@ -1,4 +1,4 @@
-"""Each rewrite under the three ways users make sizes dynamic (issue 32).
+"""Each rewrite under the three ways users make sizes dynamic.
 
 Serving-style code of this file's own (not the references the other tests use), compiled as
 a serving loop runs it: steps of T = 2, 7, 64 and 300 tokens, then (the indexer) a second,

@@ -1,4 +1,4 @@
-"""The rewrites at symbolic sizes on a GPU (issue 32; skipped without one): ``dynamic=True``
+"""The rewrites at symbolic sizes on a GPU (skipped without one): ``dynamic=True``
 with the default speed rules (every rewrite kept at a symbolic token / block count on CUDA),
 under ``mode="reduce-overhead"`` (no cudagraph skip, one compile for T = 7, 64, 300) and
 captured by ``torch.cuda.graph`` at a symbolic T (no host sync, the replay writes the same

@@ -5,7 +5,7 @@ each applied only to traces for kda_inductor:
    torch (which has the fix: the rule changes nothing) and on this torch with its handler made to
    fold the constant as torch <= 2.12 does (the rule then gives our traces the flag, and stock
    keeps the constant).
-2. fla's recurrent decode entry points become ``kda::gdn_recurrent_step`` (issue 35 (b)): with a
+2. fla's recurrent decode entry points become ``kda::gdn_recurrent_step``: with a
    stand-in for fla-core (``tests/fla_standin.py``), stock compile breaks the graph at every call,
    kda_inductor keeps one graph with the op, equal to eager; ``disable`` and arguments outside the
    op's domain keep fla's function.
@@ -266,7 +266,7 @@ def test_transformers_dispatches_to_fla_and_the_rule_takes_it(fla, hub, unfixed_
 @pytest.mark.slow
 @pytest.mark.parametrize("family", ["qwen3_next", "kimi_linear"])
 def test_transformers_decode_step_with_fla_is_one_graph(fla, hub, monkeypatch, family):
-    """The torch 2.13 + fla-core (stand-in) graph-count test (issue 35 (b)): transformers' own
+    """The torch 2.13 + fla-core (stand-in) graph-count test: transformers' own
     decode step (tiny dims, float32, 3 linear-attention layers + 1 full attention), dispatching
     its recurrent core to fla: stock Dynamo breaks the graph at each layer's fla call (11 graphs
     for the 4 layers on torch 2.13; where torch folds ``is_exporting()``, stock traces

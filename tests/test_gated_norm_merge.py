@@ -212,7 +212,7 @@ def test_gate_split_from_the_projection_is_read_in_place():
 
 
 def _one_key_head(x, proj, w):
-    """transformers' Qwen3-Next with one key head and two value heads (issue 21): the
+    """transformers' Qwen3-Next with one key head and two value heads: the
     projection viewed ``[B, S, 1, W]``, the gate split ``[B, S, 1, 2 * D]``, reshaped
     ``[B, S, 2, D]`` (a view) and then ``[-1, D]`` (a copy: no view merges S with the heads)."""
     B, S = proj.shape[:2]
@@ -238,7 +238,7 @@ def test_gate_copied_from_a_reshape_of_the_split_one_key_head():
 
 def test_transformers_qwen3_next_one_key_head(monkeypatch):
     """transformers' own ``Qwen3NextGatedDeltaNet`` with one key head and two value heads
-    (issue 21), its torch paths (not fla's kernels, which need a GPU), under inference mode:
+   , its torch paths (not fla's kernels, which need a GPU), under inference mode:
     the gated norm is rewritten and the layer matches eager."""
     pytest.importorskip("transformers")
     M = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
@@ -915,7 +915,7 @@ def test_norm_input_read_before_its_rounding():
     """The norm's bf16 input is a rounding (through a transpose, a copy and a ``select_scatter``
     into a fresh buffer) of a float32 reduction: the op reads the float32 values with
     ``in_dtype=bfloat16`` and rounds them itself, so none of those steps is left for Inductor to
-    fuse into the reduction (issue 28: that fusion made Qwen3.5's decode 1.08-1.26x stock's);
+    fuse into the reduction (that fusion made Qwen3.5's decode 1.08-1.26x stock's);
     bit-exact with eager."""
     args = _decode_tail_inputs(seed=3)
     out, c = _run(_recurrent_decode_tail, *args)

@@ -1,4 +1,4 @@
-"""Way (a) of issue 43: under kda_inductor, fla's ``chunk_gated_delta_rule`` (prefill; kept out of
+"""Under kda_inductor, fla's ``chunk_gated_delta_rule`` (prefill; kept out of
 graphs by fla's ``torch.compiler.disable``) is traced as ``kda::gdn_chunk``, by identity
 (``kda_inductor/_dynamo_fixes.py``, rule ``gdn_chunk``), on the fla-core stand-in
 (``tests/fla_standin.py``): stock compile breaks the graph at the call, kda_inductor keeps one graph

@@ -436,7 +436,7 @@ def test_the_gated_norm_after_the_op(monkeypatch):
     (both matches' device reported as cuda), ``gated_norm_merge``'s rule in context reads the norm's
     producer (``base.inline_producer``): the op's output is a buffer of its own, no code Inductor
     would fuse into its norm kernel, so the norm is rewritten too and reads the op's bf16 output;
-    nothing of the recurrence is left for Inductor to emit (issue 28's slowed reduction is gone)."""
+    nothing of the recurrence is left for Inductor to emit (the reduction that slowed Qwen3.5's decode when the norm left the graph is gone)."""
     from kda_inductor.patterns import gated_norm_merge as norm_pattern
     from kda_inductor.patterns import gdn_recurrent_step as pattern
 

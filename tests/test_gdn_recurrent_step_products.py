@@ -1,4 +1,4 @@
-"""``gdn_recurrent_step``: each of the step's four products in each of its spellings (issue 44).
+"""``gdn_recurrent_step``: each of the step's four products in each of its spellings.
 
 The state read ``S k`` and the output ``S q`` (einsum either operand first, ``@`` with unsqueeze
 either side, ``bmm`` on flattened heads either operand first, a broadcast product summed), the
@@ -126,7 +126,7 @@ def test_every_spelling_of_each_product_matches(product, spellings, kda):
 
 
 def new_user_einsum_step(q, k, v, g, beta, s):
-    """The step as a new user wrote it (issue 44): einsums on head-major inputs, the state first."""
+    """The step as a new user wrote it: einsums on head-major inputs, the state first."""
     q, k = l2(q) * D ** -0.5, l2(k)
     o = torch.zeros_like(v)
     for i in range(q.shape[2]):

@@ -1,6 +1,6 @@
 """examples/hybrid_model.py served under torch.compile, on CPU (tiny config).
 
-What must hold (issue 12): every rewrite fires the expected number of times in every compiled
+What must hold: every rewrite fires the expected number of times in every compiled
 graph (``EXPECTED_MATCHES``, forced on CPU where the speed rules would leave the code to
 Inductor); outputs match eager; serving T = 2, 7, 64, 300, 4096 tokens with automatic dynamic
 shapes, ``mark_dynamic`` and ``dynamic=True`` costs no recompile after the first dynamic compile

@@ -181,7 +181,7 @@ def test_single_token_decode(form):
 def test_negative_slots_do_what_the_code_does(form):
     """Unmasked code writes slot -1 into the last row of the last block (Python indexing):
     rewritten with ``wrap_negative=True``; masked code skips it: ``wrap_negative=False``.
-    The compiled cache equals eager's, byte for byte (issue 11)."""
+    The compiled cache equals eager's, byte for byte."""
     k, cache, slots, _, _ = _inputs(128, 16, seed=31, int32=form is _view_assign)
     total = cache.shape[0] * cache.shape[1]
     slots[3], slots[6] = -1, -total + 2  # slots total - 1 and 2: not used by the others
@@ -679,7 +679,7 @@ def _assert_cache_close(got, ref, slots, head_dim):
 
 def test_layer_norm_of_float32_k_is_fused():
     """float32 k: its ``.float()`` is no op, so the norm has no cast to anchor on; the
-    pattern matcher's LayerNorm pattern for float32 input matches it (issue 11)."""
+    pattern matcher's LayerNorm pattern for float32 input matches it."""
     k, cache, slots, w, b = _inputs(128, 16, seed=4)
     k = k.float()
     expected = _reference(k, cache, slots, True, w, b)

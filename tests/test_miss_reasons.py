@@ -1,4 +1,4 @@
-"""Every miss a user sees is true (issue 28): the words of ``gated_norm_merge``'s misses in the
+"""Every miss a user sees is true: the words of ``gated_norm_merge``'s misses in the
 code real models put around a norm, and which misses ``explain()`` shows.
 
 Each module here is a small hand-written copy of what transformers' hybrid models compile

@@ -1,4 +1,4 @@
-"""``benchmarks/tune_causal_conv1d.py`` (the launch-config sweep the lead runs on the GPU:
+"""``benchmarks/tune_causal_conv1d.py`` (the launch-config sweep run on the GPU:
 ``.ci/gpu tune-causal_conv1d``) on CPU under the interpreter, tiny: every candidate's launch
 bit-exact with the table's, and the tables it prints are valid Python of the tables' form,
 each measured class naming its measurement."""

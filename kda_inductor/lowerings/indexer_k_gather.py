@@ -25,7 +25,7 @@ Ops:
 
 ``block_size``: 0 for a 3-D cache (its ``shape[1]``); required for a 2-D cache.
 
-Invalid indices (the rule, next to the op; issue 14). The op computes exactly what the
+Invalid indices (the rule, next to the op). The op computes exactly what the
 eager code it replaces (:func:`kda_inductor.reference.gather_indexer_k`: ``searchsorted``
 and advanced indexing) computes wherever that is defined, on CPU and CUDA alike, and
 refuses the call (CPU: an error naming the argument; CUDA: a device-side assert, as stock

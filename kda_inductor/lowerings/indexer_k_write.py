@@ -21,7 +21,7 @@ slot_mapping[t]``:
 free). Nothing outside the written slots changes. Two tokens with one slot: one of them
 wins (which one is unspecified, as with ``index_put_``).
 
-Slots (the rule, next to the op; issue 11, issue 14), with ``num_slots = num_blocks *
+Slots (the rule, next to the op), with ``num_slots = num_blocks *
 block_size``:
 
 * ``wrap_negative=False`` (code that masks padding, ``torch.where(slot >= 0, new, old)``,

@@ -447,7 +447,7 @@ def source_reads(match: NormMatch) -> tuple[list[fx.Node], torch.dtype | None, l
     as bf16, they were fused into the producing reduction as its epilogue, and that kernel lost
     its tiled loop (strided loads of the recurrent state): 59 -> 221 us a call in Qwen3.5's
     decode step on the H200, the whole step 1.08x / 1.26x stock's at 32 / 128 sequences
-    (issue 28; ``benchmarks/results/hf_models.md``)."""
+    (``benchmarks/results/hf_models.md``)."""
     m = match
     nodes = [m.source if m.source is not None else m.norm.x] if m.plain else [w.values for w in m.writes]
     found = [before_cast(x) for x in nodes]

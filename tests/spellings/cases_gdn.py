@@ -495,7 +495,7 @@ SPLIT_CASES = [
 MERGE_CASES = [
     Spelling("qwen_gdn_merge_padded", VLLM + "vllm/model_executor/layers/mamba/gdn/qwen_gdn_linear_attn.py",
              QwenGDNTail(VllmRMSNormGated(D, seed=1)), _merge_inputs(16, 13, 5), NORM, within_ulps(2),
-             why="issue 11 item 2: merge into torch.empty, core_attn_out[:n] = merged.squeeze(0) into a zeros "
+             why="merge into torch.empty, core_attn_out[:n] = merged.squeeze(0) into a zeros "
                  "output padded to 16 rows (3 padding rows keep their zeros), the norm on all 16 rows",
              graph_check=merge_fused),
     Spelling("olmo_gdn_merge", VLLM + "vllm/model_executor/layers/mamba/gdn/olmo_gdn_linear_attn.py",
@@ -521,10 +521,10 @@ MERGE_CASES = [
     Spelling("hf_kimi_linear_norm_4d",
              "huggingface/transformers: src/transformers/models/kimi_linear/modular_kimi_linear.py",
              HFKimiTail(), _hf_tail_inputs(True), NORM, within_ulps(2),
-             why="issue 11 item 1: merge-free sigmoid norm on [B=2, T, H, D] as is (gate reshaped to 4-D)"),
+             why="merge-free sigmoid norm on [B=2, T, H, D] as is (gate reshaped to 4-D)"),
     Spelling("vllm_kimi_norm_4d_padded", VLLM + "vllm/model_executor/layers/mamba/gdn/kimi_gdn_linear_attn.py",
              VllmKimiTail(), _vllm_kimi_inputs, NORM, within_ulps(2),
-             why="issue 11 items 1-2: core_attn_out[0, :n] = out[0, :n] into zeros [1, T, H, D], then the 4-D "
+             why="core_attn_out[0, :n] = out[0, :n] into zeros [1, T, H, D], then the 4-D "
                  "sigmoid norm with a 3-D gate",
              graph_check=copy_fused),
     Spelling("fla_rms_norm_ref_3d", "fla-org/flash-linear-attention: fla/modules/layernorm_gated.py",

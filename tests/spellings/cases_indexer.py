@@ -264,7 +264,7 @@ def _quant_ref(k, ue8m0=True):
 def unmasked_negative_slot(k, kv_cache, slot_mapping):
     """The store with padding slots (-1) NOT masked: Python indexing writes slot -1 into the
     last block's last row (``-1 // bs == -1``, ``-1 % bs == bs - 1``); the fused op must too
-    (issue 11: do exactly what the matched code does)."""
+    (do exactly what the matched code does)."""
     q, s = _quant_ref(k)
     _put_blocked(q, s, kv_cache, slot_mapping)
 
@@ -411,7 +411,7 @@ WRITE_CASES = [
     Spelling("sglang_set_k_and_s_2d", SGLANG + " (SetK/SetS.torch_fast)",
              sglang_set_k_and_s, _write_inputs(9, 128, 64, 4, cache_2d=True), WRITE,
              blocked_cache(1, _slot_arg(2), 128, block_size=64), mutated_args=(1,),
-             why="issue 11 item 4: the 2-D page buffer [num_pages, 64 * 132], int32 arange byte offsets, flatten"),
+             why="the 2-D page buffer [num_pages, 64 * 132], int32 arange byte offsets, flatten"),
     Spelling("trtllm_unravel_scatter", "NVIDIA/TensorRT-LLM: tensorrt_llm/_torch/attention_backend/sparse/dsa.py",
              trtllm_indexer_k_scatter, _trtllm_inputs, {}, blocked_cache(1, _trtllm_slots, 128, block_size=16),
              mutated_args=(1,),
@@ -422,13 +422,13 @@ WRITE_CASES = [
     Spelling("xpu_group_quant_blocked", VLLM + "vllm/_xpu_ops.py (group_quant_torch spellings, blocked store)",
              xpu_group_quant_blocked, _write_inputs(8, 256, 16, 5, slot_dtype=torch.int32), WRITE,
              blocked_cache(1, _slot_arg(2), 256), mutated_args=(1,),
-             why="issue 11 item 3: keepdim=False + unsqueeze, torch.maximum(amax, torch.tensor(1e-4)), "
+             why="keepdim=False + unsqueeze, torch.maximum(amax, torch.tensor(1e-4)), "
                  "finfo max, empty_like + copy_"),
     Spelling("one_group_clamp_min_exp2",
-             "DeepSeek-V3.2 indexer quantization (issue 11 item 3) in vLLM's view-assign store",
+             "DeepSeek-V3.2 indexer quantization in vLLM's view-assign store",
              one_group_clamp_min_exp2, _write_inputs(10, 128, 16, 6), WRITE, blocked_cache(1, _slot_arg(2), 128),
              mutated_args=(1,), why="one group without a [T, G, 128] view, clamp_min, exp2"),
-    Spelling("float32_k_index_copy", "issue 11 item 3 (float32 k) in " + VLLM + "vllm/_xpu_ops.py's index_copy_ store",
+    Spelling("float32_k_index_copy", "float32 k in " + VLLM + "vllm/_xpu_ops.py's index_copy_ store",
              float32_k_index_copy, _write_inputs(7, 128, 16, 5, k_dtype=torch.float32), WRITE,
              blocked_cache(1, _slot_arg(2), 128), mutated_args=(1,),
              why="float32 k straight into the quantization, plain scales"),
@@ -439,14 +439,14 @@ WRITE_CASES = [
     Spelling("aiter_rows_torch_max", "ROCm/aiter: op_tests/test_indexer_k_quant_and_cache.py (run_torch spellings)",
              aiter_rows_torch_max, _write_inputs(6, 256, 16, 4), WRITE, blocked_cache(1, _slot_arg(2), 256),
              mutated_args=(1,), why="groups as rows k.view(-1, 128), torch.max(dim, keepdim) values"),
-    Spelling("unmasked_negative_slot_wraps", "issue 11 (indexer_k_write must reproduce Python's wrap of slot -1)",
+    Spelling("unmasked_negative_slot_wraps", "indexer_k_write must reproduce Python's wrap of slot -1",
              unmasked_negative_slot, _write_inputs(8, 128, 16, 6, padding=(5,)), WRITE,
              blocked_cache(1, _wrapped_slots, 128), mutated_args=(1,),
              why="slot -1 not masked: eager writes the last block's last row; the fused op must write it too"),
     Spelling("vllm_truncated_k_masked", VLLM + "vllm/v1/attention/ops/... sparse_attn_indexer (k = k[:num_tokens])",
              vllm_truncated_k_masked, _truncated_inputs, WRITE, blocked_cache(1, _slot_arg(2), 128),
              mutated_args=(1,), why="k padded to the CUDA-graph batch, cut to the slot count, padding masked"),
-    Spelling("ue8m0_bit_trick_bf16", "ue8m0 bit trick (issue 11 item 3; DeepSeek V4 CPU fallbacks' exact pow2 ceil)",
+    Spelling("ue8m0_bit_trick_bf16", "ue8m0 bit trick (DeepSeek V4 CPU fallbacks' exact pow2 ceil)",
              ue8m0_bit_trick, _write_inputs(9, 128, 16, 5), WRITE, blocked_cache(1, _slot_arg(2), 128),
              mutated_args=(1,), why="equal to pow(2, ceil(log2)) for every bf16 k"),
     Spelling("deepseek_act_quant_ue8m0", "DeepSeek-V3.2 inference/kernel.py act_quant (amax * fp8_max_inv, "
@@ -570,7 +570,7 @@ def _sglang_get_inputs(seed):
 
 def sglang_get_k_two_requests(buf, pages_a, pages_b, len_a, len_b):
     """Near-miss: SGLang ``GetK.torch_fast`` for two requests: two 1-D byte gathers of the same
-    flattened uint8 buffer with two index tensors (values only). Not a GDN split (issue 11)."""
+    flattened uint8 buffer with two index tensors (values only). Not a GDN split."""
     flat_buf = buf.flatten()
     outs = []
     for pages, like in ((pages_a, len_a), (pages_b, len_b)):
@@ -588,7 +588,7 @@ def _sglang_two_inputs(seed):
 
 def flat_indices_then_view_2d(cache2d, block_table, cu_seq_lens, like):
     """The multi-request gather on the 2-D page buffer with 1-D flattened byte indices then
-    ``.view(N, D)`` (issue 11 item 5; SGLang's flat style): values and float32 scales."""
+    ``.view(N, D)`` (SGLang's flat style): values and float32 scales."""
     num_tokens = like.shape[0]
     nb, page_bytes = cache2d.shape
     bs = page_bytes // 132
@@ -604,8 +604,8 @@ def flat_indices_then_view_2d(cache2d, block_table, cu_seq_lens, like):
 
 
 def as_strided_regions(kv_cache, block_table, cu_seq_lens, like):
-    """The gather through ``torch.as_strided`` views of the value and scale regions (issue 11
-    item 5), ``bucketize`` on ``cu_seq_lens[1:]`` for the request."""
+    """The gather through ``torch.as_strided`` views of the value and scale regions,
+    ``bucketize`` on ``cu_seq_lens[1:]`` for the request."""
     num_tokens = like.shape[0]
     nb, bs, row = kv_cache.shape
     token = torch.arange(num_tokens, device=cu_seq_lens.device)
@@ -690,7 +690,7 @@ def _write_gather_compare(got, want):
 GATHER_CASES = [
     Spelling("xpu_gather_searchsorted_left_clamp", VLLM + "vllm/_xpu_ops.py (cp_gather_indexer_k_quant_cache, fixed)",
              xpu_gather_fixed, _gather_inputs(dst=True), GATHER, exact, mutated_args=(3, 4),
-             why="issue 11 item 5: clamp(req, 0, B - 1), searchsorted(cu, t + 1) - 1, stride(0), dst[:] = ..."),
+             why="clamp(req, 0, B - 1), searchsorted(cu, t + 1) - 1, stride(0), dst[:] = ..."),
     Spelling("sglang_get_k_and_s", SGLANG + " (GetK/GetS.torch_fast)",
              sglang_get_k_and_s, _sglang_get_inputs, {}, exact,
              why="not matched (a known limit): one request's pages, with no cu_seq_lens or block table for "
@@ -699,8 +699,8 @@ GATHER_CASES = [
                  "(flat_indices_then_view_2d)"),
     Spelling("flat_indices_then_view_2d", SGLANG + " (flat style) for a multi-request batch",
              flat_indices_then_view_2d, _gather_inputs(cache_2d=True), GATHER, exact,
-             why="issue 11 items 4-5: 2-D page buffer, 1-D flattened byte indices then .view(N, D)"),
-    Spelling("as_strided_regions", "issue 11 item 5 (as_strided flat views seen in forks)",
+             why="2-D page buffer, 1-D flattened byte indices then .view(N, D)"),
+    Spelling("as_strided_regions", "as_strided flat views seen in forks",
              as_strided_regions, _gather_inputs(index_dtype=torch.int64), GATHER, exact,
              why="as_strided value / scale regions indexed [blk, off], bucketize(cu[1:], right=True)"),
     # ----- near-misses
@@ -709,7 +709,7 @@ GATHER_CASES = [
              why="near-miss: (pos + 1) // block_size and scales at +head_dim: not the blocked layout"),
     Spelling("sglang_get_k_two_requests", SGLANG + " (GetK.torch_fast twice)",
              sglang_get_k_two_requests, _sglang_two_inputs, {}, exact,
-             why="near-miss: values only; two byte gathers of one flat buffer are no GDN split (issue 11)"),
+             why="near-miss: values only; two byte gathers of one flat buffer are no GDN split"),
     Spelling("interleaved_gather", "near-miss: the per-token interleaved layout",
              interleaved_gather, _gather_inputs(), {}, exact, why="near-miss: another cache layout"),
     Spelling("block_size_32_gather", "near-miss: another block size in the index math than the cache has",

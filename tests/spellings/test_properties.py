@@ -200,7 +200,7 @@ GATES = {"F.silu": F.silu, "nn.SiLU": torch.nn.SiLU()}
        mean=st.sampled_from(sorted(MEANS)), cast=st.sampled_from(sorted(CASTS)), gate=st.sampled_from(sorted(GATES)),
        index_dtype=st.sampled_from(["int32", "int64"]))
 @example(merge="index_copy_dim1", rank=4, reshape=False, square="pow", mean="keepdim", cast="float", gate="F.silu",
-         index_dtype="int64")  # issue 11 item 1: the norm on [1, T, H, D]
+         index_dtype="int64")  # the norm on [1, T, H, D]
 @example(merge="setitem_dim0", rank=3, reshape=True, square="square", mean="unsqueeze", cast="to", gate="nn.SiLU",
          index_dtype="int32")
 def test_gated_norm_merge_spellings(merge, rank, reshape, square, mean, cast, gate, index_dtype):
@@ -294,9 +294,9 @@ def _store(how, q, scale, cache, blk, off):
        store=st.sampled_from(["index_put", "regions", "index_copy_"]), cache_2d=st.booleans(),
        slot_dtype=st.sampled_from(["int32", "int64"]))
 @example(div="//", mod="%", amax="amax_keepdim", floor="clamp", ue8m0="pow", group="view", store="index_put",
-         cache_2d=True, slot_dtype="int64")  # issue 11 item 4: the 2-D page buffer
+         cache_2d=True, slot_dtype="int64")  # the 2-D page buffer
 @example(div=">>", mod="&", amax="amax_unsqueeze", floor="maximum", ue8m0="exp2", group="unflatten",
-         store="regions", cache_2d=False, slot_dtype="int32")  # issue 11 item 3
+         store="regions", cache_2d=False, slot_dtype="int32")
 def test_indexer_k_write_spellings(div, mod, amax, floor, ue8m0, group, store, cache_2d, slot_dtype):
     dv, md, am, fl, ue, gr = DIVS[div], MODS[mod], AMAXES[amax], FLOORS[floor], UE8M0[ue8m0], GROUPS[group]
 
@@ -353,9 +353,9 @@ FLATS = {  # cache (3-D or 2-D) -> [nb, block_bytes]
        cache_2d=st.booleans(), table_dtype=st.sampled_from(["int32", "int64"]),
        cu_dtype=st.sampled_from(["int32", "int64"]))
 @example(search="searchsorted_right", div="//", mod="%", flat="view", indices="2d", cache_2d=True,
-         table_dtype="int32", cu_dtype="int32")  # issue 11 item 4: the 2-D page buffer
+         table_dtype="int32", cu_dtype="int32")  # the 2-D page buffer
 @example(search="searchsorted_right_clamp", div="div_floor", mod="sub", flat="flatten", indices="1d_then_view",
-         cache_2d=False, table_dtype="int64", cu_dtype="int64")  # issue 11 item 5
+         cache_2d=False, table_dtype="int64", cu_dtype="int64")
 def test_indexer_k_gather_spellings(search, div, mod, flat, indices, cache_2d, table_dtype, cu_dtype):
     rq, dv, md, fl = REQUESTS[search], DIVS[div], MODS[mod], FLATS[flat]
 

@@ -40,7 +40,7 @@ def test_tune_smoke_prints_tables_to_paste():
 
 
 def test_tune_registers_without_a_gpu():
-    """``--registers``: each candidate (smoke: the tables' 4 + 4) compiled for sm_90 here (no
+    """``--registers``: each candidate (smoke: the tables' configs and the taps tiles) compiled for sm_90 here (no
     GPU), its registers and spills read from the cubin; the taps tiles under 128, no spills."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | {"PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "tune_causal_conv1d.py"), "--registers", "--smoke",
@@ -49,7 +49,7 @@ def test_tune_registers_without_a_gpu():
         pytest.skip("this Triton cannot compile for CUDA here")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = [line for line in proc.stdout.splitlines() if " registers, " in line]
-    assert len(lines) == 8 and all(" 0 bytes local" in line for line in lines), lines
+    assert len(lines) >= 8 and all(" 0 bytes local" in line for line in lines), lines
     for line in lines:
         if "LaunchConfig" in line and "False)" in line:
             assert int(line.split(": ")[1].split(" ")[0]) < 128, line

@@ -56,14 +56,19 @@ _C_CLASSES = ((1, 4096), (6144, 8192), (10240, 11520))
 
 
 def _guess(tokens: int) -> LaunchConfig:
-    """Today's best guess per token class (see the module docstring), FLA's shape of tile: blocks
-    of taps, 128 channels (a head) x 8 tokens over 4 warps, 8 values a thread (one 16-byte
-    load per tap), more tokens a program as T grows. Compiled for sm_90 (Triton 3.9, no GPU:
-    ``tune_causal_conv1d.py --registers``) it holds 72 registers a thread (48 for one step of 8
-    tokens): 28 warps an SM, where the register window of 64 x 1024 in 4 warps (the kernel
-    measured at 99.3 us) takes 213 (8 warps an SM)."""
-    block_t = 8 if tokens < 64 else 16 if tokens < 512 else 32 if tokens < 4096 else 64
-    return LaunchConfig(block_t, 128, 4, 1, 8, False)
+    """The shapes of the kernel measured on the H200 (2026-12-03, d5304b8: 99.3 us at 8192 x 4096,
+    ``benchmarks/results/causal_conv1d.md``): the register window, 256 channels a warp, 8 / 16 /
+    32 / 64 tokens a program as T grows. Kept as the default until the sweep has timed the blocks of
+    taps (FLA's shape of tile: 128 channels x 8 tokens over 4 warps, 72 registers a thread for
+    sm_90 against the window's 213 at 64 x 1024, ``tune_causal_conv1d.py --registers``), which no
+    GPU has run yet."""
+    if tokens < 64:
+        return LaunchConfig(8, 256, 1, 1, 8, True)
+    if tokens < 512:
+        return LaunchConfig(16, 256, 1, 1, 8, True)
+    if tokens < 4096:
+        return LaunchConfig(32, 512, 2, 1, 8, True)
+    return LaunchConfig(64, 1024, 4, 1, 8, True)
 
 
 PREFILL_CONFIGS = tuple(
@@ -75,15 +80,15 @@ module docstring); the note names where each class's measurement will be recorde
 
 UPDATE_CONFIGS = (
     (1, UpdateConfig(128, 1), f"provisional: B * C < 64K (a few rows): more programs; measure: {_RESULTS}, B=1"),
-    (1 << 16, UpdateConfig(256, 2), f"provisional: 64K <= B * C < 512K (decode 8 .. 63 at 8192); "
-                                    f"measure: {_RESULTS}, B=32"),
-    (1 << 19, UpdateConfig(512, 4), f"provisional: B * C >= 512K (decode 64+ at 8192); measure: {_RESULTS}, B=128"),
+    (1 << 16, UpdateConfig(256, 1), f"H200 2026-12-03: 3.88 us at B 32 x 8192 (the shape measured; "
+                                    f"sweep: {_RESULTS}, B=32)"),
+    (1 << 19, UpdateConfig(512, 2), f"H200 2026-12-03: 9.22 us at B 128 x 8192 (the shape measured; "
+                                    f"sweep: {_RESULTS}, B=128)"),
 )
-"""Update configs by the channels of the whole batch (``B * C``), from the smallest they serve.
-PROVISIONAL: 4 channels a thread, where the decode launch (one token) compiles to 80 registers
-a thread for sm_90 (Triton 3.9, ``tune_causal_conv1d.py --registers``); 8 a thread (the configs
-measured at 3.88 / 9.22 us for B = 32 / 128 at 8192 channels, 256 x 1 warp and 512 x 2) take
-166."""
+"""Update configs by the channels of the whole batch (``B * C``), from the smallest they serve:
+the shapes measured on the H200 (8 channels a thread, 166 registers for sm_90) until the sweep
+times the alternatives (4 a thread compiles to 80 registers: ``tune_causal_conv1d.py
+--registers``)."""
 UPDATE_MAX_T = 64
 """Tokens per row up to which the update op runs one launch (each program every token of its
 channels); above, the prefill launch and then the state shift (``CONV=False``)."""

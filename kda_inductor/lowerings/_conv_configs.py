@@ -2,14 +2,13 @@
 per shape class, no run-time autotuning (CUDA graphs, reproducible numbers), and the geometry
 of a channel block (a source's heads, ``[BH, BD]`` channels a program).
 
-The tables are PROVISIONAL: chosen from what was measured before any sweep ran (H200, torch
-2.11, triton 3.6, ``benchmarks/results/causal_conv1d.md``, 2026-12-03: the register-window
-kernel with 64 x 1024 tiles of 4 warps at 99.3 us for 8192 channels x T = 4096, against FLA's
-tap-shifted ``[64 tokens, <= 128 channels]`` tiles at 52.5 us), so the guess for every class
-from 64 tokens is FLA's shape of tile in this kernel's order of sums. ``.ci/gpu
-tune-causal_conv1d`` (``benchmarks/tune_causal_conv1d.py``) times the candidates per class and
-prints the tables to paste here; its results are recorded in
-``benchmarks/results/tune_causal_conv1d.md``, the row each class's note names.
+The first sweep (``.ci/gpu tune-causal_conv1d``, ``benchmarks/tune_causal_conv1d.py``; H200,
+triton 3.6, 2026-12-05, ``benchmarks/results/tune_causal_conv1d.md``) timed 15 prefill candidates
+at 8192 / 12288 channels x T 4096 / 16384 and 8 update candidates at B 1 / 32 / 128: the register
+window over 256 (T = 4096) or 128 channels (T = 16384) with one warp won the prefill (64.4 us at
+8192 x 4096, against 99.9 before; the blocks of taps' best 66.0; FLA 52.3; the floor 31.7), and
+those classes and every update class use what it chose. Classes it did not reach keep the
+register-window guess and say so in their note.
 """
 
 from __future__ import annotations
@@ -58,10 +57,7 @@ _C_CLASSES = ((1, 4096), (6144, 8192), (10240, 11520))
 def _guess(tokens: int) -> LaunchConfig:
     """The shapes of the kernel measured on the H200 (2026-12-03, d5304b8: 99.3 us at 8192 x 4096,
     ``benchmarks/results/causal_conv1d.md``): the register window, 256 channels a warp, 8 / 16 /
-    32 / 64 tokens a program as T grows. Kept as the default until the sweep has timed the blocks of
-    taps (FLA's shape of tile: 128 channels x 8 tokens over 4 warps, 72 registers a thread for
-    sm_90 against the window's 213 at 64 x 1024, ``tune_causal_conv1d.py --registers``), which no
-    GPU has run yet."""
+    32 / 64 tokens a program as T grows: the classes the sweep has not timed."""
     if tokens < 64:
         return LaunchConfig(8, 256, 1, 1, 8, True)
     if tokens < 512:
@@ -71,24 +67,39 @@ def _guess(tokens: int) -> LaunchConfig:
     return LaunchConfig(64, 1024, 4, 1, 8, True)
 
 
+_SWEPT = "NVIDIA H200, triton 3.6.0, 2026-12-05 16:40 UTC"
+_MEASURED = {
+    (4096, 6144): (LaunchConfig(64, 256, 1, 1, 2, True),
+                   f"64.41 us at C=8192 T=4096 (the window at 64 x 1024: 99.86); {_SWEPT}: {_RESULTS}"),
+    (4096, 10240): (LaunchConfig(64, 128, 1, 1, 2, True),
+                    f"89.51 us at C=12288 T=4096 (64 x 1024: 155.53); {_SWEPT}: {_RESULTS}"),
+    (16384, 6144): (LaunchConfig(64, 128, 1, 1, 2, True),
+                    f"226.15 us at C=8192 T=16384 (64 x 1024: 290.61); {_SWEPT}: {_RESULTS}"),
+    (16384, 10240): (LaunchConfig(64, 128, 1, 1, 2, True),
+                     f"327.05 us at C=12288 T=16384 (64 x 1024: 395.88); {_SWEPT}: {_RESULTS}"),
+}
+"""The classes the sweep has timed (the sweep's best of the candidates it reached in its budget):
+one warp a program over fewer channels, two rows at a time, gives more programs in flight."""
+
 PREFILL_CONFIGS = tuple(
-    (t, c, _guess(t), f"provisional: T >= {t}, C >= {c}; measure: {_RESULTS}, row T={t} C={at}")
+    (t, c, *_MEASURED.get((t, c), (_guess(t), f"provisional: T >= {t}, C >= {c}; measure: {_RESULTS}, "
+                                               f"row T={t} C={at}")))
     for t in _T_CLASSES for c, at in _C_CLASSES)
 """``(from tokens per row, from channels, config, note)``, ordered: a shape takes the last row
-both of whose bounds it meets. PROVISIONAL until ``.ci/gpu tune-causal_conv1d`` has run (the
-module docstring); the note names where each class's measurement will be recorded."""
+both of whose bounds it meets. Rows the sweep has not timed yet keep the register-window guess
+(:func:`_guess`) and say so in their note."""
 
 UPDATE_CONFIGS = (
-    (1, UpdateConfig(128, 1), f"provisional: B * C < 64K (a few rows): more programs; measure: {_RESULTS}, B=1"),
-    (1 << 16, UpdateConfig(256, 1), f"H200 2026-12-03: 3.88 us at B 32 x 8192 (the shape measured; "
-                                    f"sweep: {_RESULTS}, B=32)"),
-    (1 << 19, UpdateConfig(512, 2), f"H200 2026-12-03: 9.22 us at B 128 x 8192 (the shape measured; "
-                                    f"sweep: {_RESULTS}, B=128)"),
+    (1, UpdateConfig(64, 1), f"1.72 us at B 1 x 8192, 1.73 at B 1 x 12288 (128 channels a program: 1.99, "
+                             f"2.07); {_SWEPT}: {_RESULTS}"),
+    (1 << 16, UpdateConfig(256, 2), f"3.24 us at B 32 x 8192, 3.85 at B 32 x 12288 (256 over one warp: 3.49, "
+                                    f"4.11); {_SWEPT}: {_RESULTS}"),
+    (1 << 19, UpdateConfig(128, 1), f"7.26 us at B 128 x 8192, 10.04 at B 128 x 12288 (512 over two warps: "
+                                    f"11.63, 16.22); {_SWEPT}: {_RESULTS}"),
 )
-"""Update configs by the channels of the whole batch (``B * C``), from the smallest they serve:
-the shapes measured on the H200 (8 channels a thread, 166 registers for sm_90) until the sweep
-times the alternatives (4 a thread compiles to 80 registers: ``tune_causal_conv1d.py
---registers``)."""
+"""Update configs by the channels of the whole batch (``B * C``), from the smallest they serve, as
+the sweep chose them (FLA's ``causal_conv1d_update``: 3.83 / 11.23 us at B 32 / 128 x 8192 in the
+same session, ``benchmarks/results/causal_conv1d.md``)."""
 UPDATE_MAX_T = 64
 """Tokens per row up to which the update op runs one launch (each program every token of its
 channels); above, the prefill launch and then the state shift (``CONV=False``)."""

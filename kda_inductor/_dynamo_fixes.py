@@ -1,4 +1,4 @@
-"""Two rules for what Dynamo traces, each applied only to traces for kda_inductor
+"""Rules for what Dynamo traces, each applied only to traces for kda_inductor
 (``docs/dynamo-rules.md``): stock ``torch.compile`` keeps its torch's behaviour, so that
 benchmarks against it stay honest.
 
@@ -21,7 +21,10 @@ benchmarks against it stay honest.
    polyfill registration (``torch.compiler.substitute_in_graph``) puts the rule in; a constant
    evaluated at trace time (``torch.compiler.assume_constant_result``) says whose trace it is.
 
-:func:`register` registers both with Dynamo (idempotent; nothing at import): when torch resolves
+3. **transformers' torch chunk core becomes ``kda::gdn_chunk``** (:func:`torch_chunk_references`),
+   with its own speed rule (:data:`TORCH_CHUNK_RULE_MEASURED`): forced only for now.
+
+:func:`register` registers them with Dynamo (idempotent; nothing at import): when torch resolves
 the backend name (``kda_inductor.backend``'s entry point, before the first trace) and again at
 each of our compiles, for fla modules imported later.
 """
@@ -71,6 +74,9 @@ def register() -> None:
                 fn = getattr(sys.modules.get(module), name, None)
                 if callable(fn) and id(fn) not in _substituted:
                     _substitute_chunk(fn) if chunked else _substitute(fn)
+        for fn in torch_chunk_references():
+            if id(fn) not in _substituted:
+                _substitute_torch_chunk(fn)
 
 
 # --------------------------------------------------------------------------- whose trace
@@ -294,6 +300,75 @@ def _substitute_chunk(fn: Callable[..., Any]) -> None:
         if in_domain and _chunk_rule_on():
             return fla_chunk(**{n: bound[n] for n in _CHUNK_READS if n in bound})
         return fla(*args, **kwargs)
+
+    traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"
+    torch.compiler.substitute_in_graph(fn)(traced)
+    _substituted[id(fn)] = fn
+
+
+# --------------------------------------------------------------------------- rule 3: transformers' torch chunk core
+
+TORCH_CHUNK_REFERENCE = "torch_chunk_gated_delta_rule"
+"""transformers' torch chunked core (Qwen3-Next, Qwen3.5, OLMo-hybrid, ...): what prefill runs
+without fla-core, and under ``torch.export``. Found by name in each imported
+``transformers.models.*`` modeling module, under transformers' hub-kernel wrappers (a plain
+function in 5.17; in 5.2x an ``nn.Module`` whose ``forward`` closes over a ``functools.wraps``
+wrapper of it): the function whose body is the reference, by identity."""
+
+TORCH_CHUNK_RULE_MEASURED = False
+"""Whether ``kda::gdn_chunk`` was measured faster than Inductor's code for the torch reference
+(``benchmarks/bench_gdn_chunk.py``'s ``stock`` column, stock ``torch.compile`` of transformers'
+reference): not yet, so rule 3 applies only with ``options["kda"]["force"]``."""
+
+
+def torch_chunk_references() -> list[Callable[..., Any]]:
+    """The plain functions behind every imported modeling module's :data:`TORCH_CHUNK_REFERENCE`
+    (never imports transformers)."""
+    found: dict[int, Callable[..., Any]] = {}
+    for name, module in list(sys.modules.items()):
+        attr = getattr(module, TORCH_CHUNK_REFERENCE, None) if name.startswith("transformers.models.") else None
+        forward = getattr(type(attr), "forward", None) if isinstance(attr, torch.nn.Module) else None
+        cells = [c.cell_contents for c in getattr(forward, "__closure__", None) or ()]
+        for fn in [attr, *cells]:
+            fn = inspect.unwrap(fn) if isinstance(fn, types.FunctionType) else None
+            if fn is not None and fn.__name__ == TORCH_CHUNK_REFERENCE:
+                found[id(fn)] = fn
+    return list(found.values())
+
+
+@torch.compiler.assume_constant_result
+def _torch_chunk_rule_on() -> bool:
+    """:func:`_rule_on` of :data:`CHUNK_RULE` for transformers' torch reference, which needs its
+    own speed rule (:data:`TORCH_CHUNK_RULE_MEASURED`) or ``force``."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    options = our_options(InstructionTranslator.current_tx())
+    return _rule_is_on(CHUNK_RULE) and (TORCH_CHUNK_RULE_MEASURED or bool(options and options.force))
+
+
+def _substitute_torch_chunk(fn: Callable[..., Any]) -> None:
+    """Rule 3 for one reference function: bound against its own signature, in the op's domain
+    (``chunk_size`` 64, no keyword it does not read, a decay and a beta per value head) and with
+    the rule on, :func:`fla_chunk` with the reference's scale (``K ** -0.5``); else the reference."""
+    import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op fla_chunk calls)
+
+    params = inspect.signature(fn).parameters.values()
+    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
+    reference = _same_function(fn)
+    reads = ("query", "key", "value", "g", "beta", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel")
+
+    def traced(*args, **kwargs):
+        bound = {**defaults, **dict(zip(names, args)), **kwargs}
+        g, beta = bound.get("g"), bound.get("beta")
+        in_domain = (len(args) <= len(names) and bound.get("chunk_size", 64) == 64
+                     and all(bound[n] is None for n in bound if n not in (*reads, "chunk_size")) and all(n in bound for n in reads[:5])
+                     and g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3)
+        if in_domain and _torch_chunk_rule_on():
+            q, k = bound["query"], bound["key"]
+            return fla_chunk(q, k, bound["value"], g, beta, k.shape[-1] ** -0.5, bound.get("initial_state"),
+                             bool(bound.get("output_final_state")), bool(bound.get("use_qk_l2norm_in_kernel")))
+        return reference(*args, **kwargs)
 
     traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"
     torch.compiler.substitute_in_graph(fn)(traced)

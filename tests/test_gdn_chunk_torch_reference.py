@@ -1,0 +1,73 @@
+"""Under kda_inductor with ``force``, transformers' torch chunked core
+(``torch_chunk_gated_delta_rule``: what prefill runs without fla-core) is traced as
+``kda::gdn_chunk``, by identity (``kda_inductor/_dynamo_fixes.py``, rule 3, named ``gdn_chunk``
+for ``disable``): one op in the graph, equal to eager. Without ``force`` it is left to Inductor
+(the op is not yet measured faster than Inductor's code for the reference); ``disable``, another
+chunk size and a keyword the op does not read keep transformers' function."""
+
+import pytest
+import torch
+
+from kda_inductor import _dynamo_fixes
+from kda_inductor.pass_manager import graph_caches_off, observe
+
+modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+OP = "torch.ops.kda.gdn_chunk.default"
+
+
+def _inputs(T=70, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    q, k = torch.randn(1, T, 2, 16, generator=gen), torch.randn(1, T, 2, 16, generator=gen)
+    v = torch.randn(1, T, 4, 16, generator=gen)
+    g = torch.nn.functional.logsigmoid(torch.randn(1, T, 4, generator=gen))
+    return q, k, v, g, torch.randn(1, T, 4, generator=gen), torch.randn(1, 4, 16, 16, generator=gen)
+
+
+def _layer(**extra):
+    """A prefill layer's core as transformers' GatedDeltaNet calls it, work around it."""
+
+    def layer(q, k, v, g, b, state):
+        o, final = modeling.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=b.sigmoid(), initial_state=state,
+                                                         output_final_state=True, use_qk_l2norm_in_kernel=True,
+                                                         **extra)
+        return o * 2 + 1, final * 0.5
+
+    return layer
+
+
+def _compiled(fn, args, **options):
+    """``(outputs, graphs, kda::gdn_chunk calls in them)`` of ``fn`` compiled fresh."""
+    torch._dynamo.reset()
+    with graph_caches_off(), observe() as records:
+        out = torch.compile(fn, backend="kda_inductor", options=options or None)(*args)
+    return out, len(records), sum(r.before.count(OP) for r in records)
+
+
+def test_the_reference_is_found_under_transformers_wrappers():
+    found = _dynamo_fixes.torch_chunk_references()
+    assert found and all(fn.__name__ == "torch_chunk_gated_delta_rule" for fn in found)
+    assert all("chunk_size" in fn.__code__.co_varnames for fn in found)  # the body, not a wrapper
+
+
+def test_forced_the_reference_is_our_op_and_equal_to_eager():
+    args = _inputs()
+    layer = _layer()
+    expected = layer(*args)
+    ours, graphs, with_op = _compiled(layer, args, kda={"force": True})
+    assert (graphs, with_op) == (1, 1)
+    for got, want in zip(ours, expected):
+        torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("options, extra", [
+    ({}, {}),  # the speed rule: not yet measured faster than Inductor's code for the reference
+    ({"disable": ["gdn_chunk"], "force": True}, {}),
+    ({"force": True}, {"chunk_size": 32}),
+])
+def test_what_keeps_transformers_function(options, extra):
+    args = _inputs(T=40, seed=1)
+    layer = _layer(**extra)
+    out, graphs, with_op = _compiled(layer, args, kda=options)
+    assert with_op == 0
+    for got, want in zip(out, layer(*args)):
+        torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -112,7 +113,16 @@ def worker(spec: dict) -> dict:
 
 
 def run_compiles(args) -> list[dict]:
+    """Each compile in its own process and cache folder, under one temporary root removed after."""
     root = Path(tempfile.mkdtemp(prefix="stock_lottery_"))
+    try:
+        return _compiles(args, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _compiles(args, root: Path) -> list[dict]:
+    started = time.perf_counter()
     rows = []
     for i in range(args.compiles):
         cache = root / f"c{i}"
@@ -123,8 +133,15 @@ def run_compiles(args) -> list[dict]:
         cache.mkdir(parents=True)
         (cache / "spec.json").write_text(json.dumps(spec))
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.stock_lottery", "--worker", str(cache / "spec.json")],
-                              env=env, cwd=_HERE.parent, capture_output=True, text=True, timeout=args.timeout)
+        if args.budget is not None and t0 - started > args.budget:
+            rows.append({"compile": i + 1, "error": f"not started: past the {args.budget:.0f} s budget"})
+            continue
+        try:
+            proc = subprocess.run([sys.executable, "-m", "benchmarks.stock_lottery", "--worker", str(cache / "spec.json")],
+                                  env=env, cwd=_HERE.parent, capture_output=True, text=True, timeout=args.timeout)
+        except subprocess.TimeoutExpired:  # the rows so far stand
+            rows.append({"compile": i + 1, "error": f"killed after {args.timeout:.0f} s (--timeout)"})
+            continue
         if proc.returncode != 0:
             print(proc.stdout[-2000:], proc.stderr[-3000:], flush=True)
             rows.append({"compile": i + 1, "error": (proc.stderr.strip().splitlines() or ["?"])[-1][:200]})
@@ -159,6 +176,7 @@ def main(argv=None) -> list[dict]:
     parser.add_argument("--compiles", type=int, default=6)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--timeout", type=float, default=240.0, help="seconds per compile's process")
+    parser.add_argument("--budget", type=float, default=None, help="seconds after which no compile starts")
     parser.add_argument("--smoke", action="store_true", help="CPU, tiny dims: the code paths only")
     parser.add_argument("--results-dir", default=None)
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)

@@ -7,7 +7,8 @@ Exit 0: all compiled; 3: this Triton cannot compile for CUDA here (no backend or
 
 ``python tests/aot_sm90.py --ptx DIR`` also writes each variant's PTX instructions to
 ``DIR/<module>.<n>.ptx`` (debug lines, label names and assert line numbers dropped): the same
-files from two checkouts (``diff -r``) show whether a refactoring changed any kernel's code.
+files from two checkouts (``diff -r``) show whether a refactoring changed any kernel's code;
+``python tests/aot_sm90.py --compare DIR_A DIR_B`` prints, per module, how many are identical.
 """
 
 from __future__ import annotations
@@ -47,7 +48,20 @@ def instructions(ptx: str) -> str:
     return "\n".join(keep) + "\n"
 
 
+def compare(a: Path, b: Path) -> None:
+    """Per lowering module: the variants in each directory and how many of those in both are identical."""
+    fa, fb = {p.name for p in a.glob("*.ptx")}, {p.name for p in b.glob("*.ptx")}
+    for module in sorted({n.split(".")[0] for n in fa | fb}):
+        both = sorted(n for n in fa & fb if n.split(".")[0] == module)
+        same = sum((a / n).read_text() == (b / n).read_text() for n in both)
+        count_a, count_b = (sum(n.split(".")[0] == module for n in f) for f in (fa, fb))
+        print(f"{module}: {count_a} / {count_b} variants, {same} of {len(both)} compared identical")
+
+
 def main() -> None:
+    if "--compare" in sys.argv:
+        i = sys.argv.index("--compare")
+        return compare(Path(sys.argv[i + 1]), Path(sys.argv[i + 2]))
     import importlib
     import pkgutil
 

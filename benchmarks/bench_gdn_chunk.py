@@ -20,7 +20,13 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
     python benchmarks/bench_gdn_chunk.py --quick --budget 200     # T = 4096 and 16384 (~2-3 min on an H200)
     python benchmarks/bench_gdn_chunk.py --budget 500             # T = 256 ... 65536
     python benchmarks/bench_gdn_chunk.py --sweep --T 16384        # kda's launch configs (LaunchConfig)
+    python benchmarks/bench_gdn_chunk.py --profile --T 4096       # + each kernel's time (torch.profiler)
     python benchmarks/bench_gdn_chunk.py --smoke                  # CPU, tiny: the code paths only
+
+``--profile`` (on by default with ``--quick``): after the timings, each variant's kernels by name
+from ``torch.profiler`` (3 calls after 2 warm-ups, eager launches, so a kernel's time is its own;
+their sum can exceed the graph-replay time by the gaps between launches), our four launches and
+fla's kernels side by side.
 
 No new case starts after ``--budget`` seconds; the rows done are recorded (``benchmarks/results/
 gdn_chunk.{md,json}``, and ``$OUT/bench_gdn_chunk.json`` when ``OUT`` is set).
@@ -43,13 +49,15 @@ if "--smoke" in sys.argv and not torch.cuda.is_available():  # our kernels on CP
 _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE), str(_HERE.parent), str(_HERE.parent / "examples")]
 from _timing import (  # noqa: E402
+    append_markdown,
     environment_info,
-    finish,
     graph_replay_median_us,
+    kernel_profile,
     markdown_table,
     perf_counter_median_us,
     print_table,
     progress,
+    write_json,
     write_out_json,
 )
 
@@ -227,6 +235,63 @@ COLUMNS = (("T", "T", ","), ("kda_us", "kda us", ".1f"), ("fla_us", "fla us", ".
            ("fla_state_err", "fla state err", ".2e"), ("note", "note", "s"))
 
 
+# --------------------------------------------------------------------------- the per-kernel profile
+
+PROFILE_COLUMNS = (("T", "T", ","), ("variant", "variant", "s"), ("kernel", "kernel", "s"), ("us", "us / call", ".1f"),
+                   ("launches", "launches", "d"), ("share", "share", ".0%"))
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def profile_case(T: int, *, device, smoke: bool) -> list[dict]:
+    """Each variant's kernels at ``T`` (kda's launches and fla's, by kernel name): one row per kernel,
+    its mean time per call, launches per call and share of the variant's kernel time, then a
+    ``total`` row. On CPU (smoke) the operators' self CPU time: the code path only."""
+    d = SMOKE if smoke else QWEN3_NEXT
+    x = make_inputs(d, T, device)
+    fns = {name: fn for name, fn in profiled_variants(smoke).items()}
+    rows = []
+    for name, fn in fns.items():
+        try:
+            with torch.inference_mode():
+                per = kernel_profile(lambda: fn(x), calls=1 if smoke else 3, warmup=1 if smoke else 2, device=device)
+        except Exception as e:  # noqa: BLE001 - one failing variant must not lose the others
+            traceback.print_exc()
+            rows.append({"T": T, "variant": name, "kernel": f"failed: {type(e).__name__}: {e}"[:120]})
+            continue
+        total = sum(us for us, _ in per.values()) or 1.0
+        for kernel, (us, n) in sorted(per.items(), key=lambda kv: -kv[1][0]):
+            rows.append({"T": T, "variant": name, "kernel": _short(kernel), "us": us, "launches": n,
+                         "share": us / total})
+        rows.append({"T": T, "variant": name, "kernel": "total", "us": total,
+                     "launches": sum(n for _, n in per.values()), "share": 1.0})
+    del x
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def profiled_variants(smoke: bool) -> dict[str, Callable]:
+    out: dict[str, Callable] = {"kda": kda}
+    fla = None if smoke else fla_chunk()
+    if fla is not None:
+        out["fla"] = fla
+    return out
+
+
+def run_profile(plan, *, device, smoke: bool, deadline: float) -> list[dict]:
+    rows: list[dict] = []
+    for T in plan:
+        if time.perf_counter() > deadline:
+            print(f"time budget spent: no kernel profile at T = {T}", flush=True)
+            break
+        rows += profile_case(T, device=device, smoke=smoke)
+    print_table(rows, PROFILE_COLUMNS, title="gdn_chunk: kernels per call (torch.profiler, eager launches)")
+    return rows
+
+
 # --------------------------------------------------------------------------- the launch sweep
 
 
@@ -289,6 +354,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--stock-max-t", type=int, default=8192, help="stock torch.compile only up to this T")
     p.add_argument("--no-eager", action="store_true")
     p.add_argument("--sweep", action="store_true", help="time kda's launch configs instead")
+    p.add_argument("--profile", action="store_true",
+                   help="each variant's kernels by name (torch.profiler) after the timings (on with --quick)")
+    p.add_argument("--no-profile", action="store_true", help="no kernel profile with --quick")
     p.add_argument("--budget", type=float, default=480, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
@@ -299,8 +367,13 @@ def main(argv=None) -> list[dict]:
     torch._inductor.config.fx_graph_cache = False  # stock's compile timed as a user's first one would be
     t0 = time.perf_counter()
     deadline = t0 + args.budget
+    profile = (args.profile or args.quick) and not args.no_profile
     if args.sweep:
-        return run_sweep(args, device, deadline)
+        rows = run_sweep(args, device, deadline)
+        if profile:
+            run_profile([int(t) for t in args.T.split(",")] if args.T else [70 if args.smoke else 16384],
+                        device=device, smoke=args.smoke, deadline=deadline + 60)
+        return rows
     if args.T:
         plan = [int(t) for t in args.T.split(",")]
     else:
@@ -322,9 +395,22 @@ def main(argv=None) -> list[dict]:
              f"batch 1, {d.k_heads} q / k heads, {d.v_heads} v heads, K = {d.k_dim}, V = {d.v_dim}, bf16 inputs, "
              f"no initial state; CUDA-graph replay medians, one call per graph; err: |o - ref| / |ref| against "
              f"transformers' chunked reference in float32; {_versions()}")
-    finish(NAME, rows, COLUMNS, notes, smoke=args.smoke, record=not args.no_record, results_dir=_HERE / "results",
-           started=t0)
-    print(markdown_table(rows, COLUMNS), flush=True)
+    print_table(rows, COLUMNS, title=f"{NAME}: {notes}")
+    # the profile may start up to a minute past the budget: it takes seconds a T, and is the point of --quick
+    prof = run_profile(plan[:len(rows)], device=device, smoke=args.smoke, deadline=deadline + 60) if profile else []
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    table = markdown_table(rows, COLUMNS)
+    if prof:
+        table += "\n\nKernels per call (torch.profiler, eager launches, 3 calls after 2 warm-ups):\n\n" + \
+            markdown_table(prof, PROFILE_COLUMNS)
+    print(table, flush=True)
+    if not args.smoke:
+        payload = {"benchmark": NAME, "env": environment_info(), "notes": notes, "rows": rows, "profile": prof}
+        write_out_json(f"bench_{NAME}.json", payload)
+        if not args.no_record:
+            results = _HERE / "results"
+            write_json(results / f"{NAME}.json", payload)
+            append_markdown(results / f"{NAME}.md", f"{NAME} benchmark", payload["env"], table, notes)
     return rows
 
 

@@ -7,6 +7,8 @@ on float32 copies of the inputs, eager; relative norm error ``|o - ref| / |ref|`
 ``err``, and of the final state, ``state err``), then timed:
 
 * ``kda``: ``kda::gdn_chunk`` (our four Triton kernels; l2norm of q / k and the scale inside).
+* ``kda2``: the same op with :data:`~kda_inductor.lowerings.gdn_chunk.FAST` (three launches, bf16
+  products and intermediates as fla's: ``LaunchConfig.v2`` / ``lowp``), not yet the default.
 * ``fla``: flash-linear-attention's ``chunk_gated_delta_rule`` (fla-core, where importable; called
   with ``use_qk_l2norm_in_kernel=True``, GVA heads as they are).
 * ``stock``: stock ``torch.compile`` of transformers' ``torch_chunk_gated_delta_rule`` (its torch
@@ -145,8 +147,13 @@ def fla_chunk() -> Callable | None:
                         use_qk_l2norm_in_kernel=True)
 
 
+def kda2(x):
+    """The op's launches with :data:`FAST` (the candidate default)."""
+    return kda(x, L.FAST)
+
+
 def variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda}
+    out: dict[str, Callable] = {"kda": kda, "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
         out["fla"] = fla
@@ -221,6 +228,8 @@ def run_case(T: int, *, device, smoke: bool, stock_max_t: int, eager: bool) -> d
     for peer in ("fla", "stock", "eager"):
         a, b = row.get(f"{peer}_us"), row.get("kda_us")
         row[f"vs_{peer}"] = None if a is None or b is None else a / b
+    a, b = row.get("fla_us"), row.get("kda2_us")
+    row["vs_fla2"] = None if a is None or b is None else a / b
     row["note"] = "; ".join(notes)
     del x, want
     if device == "cuda":
@@ -228,11 +237,13 @@ def run_case(T: int, *, device, smoke: bool, stock_max_t: int, eager: bool) -> d
     return row
 
 
-COLUMNS = (("T", "T", ","), ("kda_us", "kda us", ".1f"), ("fla_us", "fla us", ".1f"), ("stock_us", "stock us", ".1f"),
-           ("eager_us", "eager us", ".1f"), ("vs_fla", "fla/kda", ".2f"), ("vs_stock", "stock/kda", ".2f"),
-           ("kda_err", "kda err", ".2e"), ("fla_err", "fla err", ".2e"), ("stock_err", "stock err", ".2e"),
+COLUMNS = (("T", "T", ","), ("kda_us", "kda us", ".1f"), ("kda2_us", "kda2 us", ".1f"), ("fla_us", "fla us", ".1f"),
+           ("stock_us", "stock us", ".1f"), ("eager_us", "eager us", ".1f"), ("vs_fla", "fla/kda", ".2f"),
+           ("vs_fla2", "fla/kda2", ".2f"), ("vs_stock", "stock/kda", ".2f"), ("kda_err", "kda err", ".2e"),
+           ("kda2_err", "kda2 err", ".2e"), ("fla_err", "fla err", ".2e"), ("stock_err", "stock err", ".2e"),
            ("eager_err", "eager err", ".2e"), ("kda_state_err", "kda state err", ".2e"),
-           ("fla_state_err", "fla state err", ".2e"), ("note", "note", "s"))
+           ("kda2_state_err", "kda2 state err", ".2e"), ("fla_state_err", "fla state err", ".2e"),
+           ("note", "note", "s"))
 
 
 # --------------------------------------------------------------------------- the per-kernel profile
@@ -274,7 +285,7 @@ def profile_case(T: int, *, device, smoke: bool) -> list[dict]:
 
 
 def profiled_variants(smoke: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda}
+    out: dict[str, Callable] = {"kda": kda, "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
         out["fla"] = fla
@@ -305,7 +316,17 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
             "pre kd": base._replace(precompute_kd=True),
             "pre kd bf16 inter": base._replace(precompute_kd=True, inter_dtype=torch.bfloat16),
             "pre kd 2 stages": base._replace(precompute_kd=True, num_stages=2)}
-    return dict(list(cfgs.items())[:2]) if smoke else cfgs
+    fast = L.FAST
+    cfgs_v2 = {"FAST": fast, "FAST scan bv64": fast._replace(scan_block_v=64),
+               "FAST scan w2": fast._replace(scan_warps=2), "FAST scan w8": fast._replace(scan_warps=8),
+               "FAST 3 stages": fast._replace(num_stages=3), "FAST 1 stage": fast._replace(num_stages=1),
+               "FAST out bv128": fast._replace(out_block_v=128), "FAST out w8": fast._replace(out_warps=8),
+               "FAST wu w8": fast._replace(warps=8), "FAST scan bv64 w8": fast._replace(scan_block_v=64, scan_warps=8),
+               "v2 fp32 tf32": fast._replace(lowp=False), "v2 bf16 inter tf32":
+               fast._replace(lowp=False, inter_dtype=torch.bfloat16)}
+    if smoke:  # the old default, and FAST (bf16 inputs: bf16emu products under the interpreter)
+        return {"default": base, "FAST": fast}
+    return {**cfgs_v2, **cfgs}
 
 
 def run_sweep(args, device, deadline) -> list[dict]:

@@ -45,7 +45,7 @@ from kda_inductor.lowerings._triton import triton
 from kda_inductor.lowerings.gdn_recurrent_step import (check_gates, check_qkv, check_scalars, check_sizes,
                                                        reference_step)
 
-__all__ = ["CHUNK", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk", "reference", "validate"]
+__all__ = ["CHUNK", "FAST", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk", "reference", "validate"]
 
 _INTS = (torch.int32, torch.int64)
 
@@ -207,6 +207,22 @@ class LaunchConfig(NamedTuple):
     inter_dtype: torch.dtype = torch.float32
     """The stored ``w``, ``u``, ``v_new`` and per-chunk states (float32; bfloat16 halves their
     traffic, as fla stores them, at the cost of a rounding)."""
+    v2: bool = False
+    """Three launches instead of four (K <= 128; larger K runs the four): ``kkt`` fused into ``wu``
+    (``A`` never leaves registers), the scan's state in two 64-row register blocks with the decay and
+    the key norm folded into ``v_new``'s rows (``k`` read raw as the product's operand), the output
+    from raw ``q`` / ``k`` with the norms and scale applied to the products (no float32 copies of the
+    tiles). ``precompute_kd`` does not apply."""
+    lowp: bool = False
+    """With ``v2``, bfloat16 inputs and ``dot != "ieee"``: the large products' operands in bfloat16
+    (float32 accumulation, as fla runs them) and ``w``, ``u``, ``v_new`` and the per-chunk states
+    stored bfloat16 (``inter_dtype`` ignored); the state, ``gc`` and the inverse stay float32."""
+
+
+FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
+                    lowp=True)
+"""The fla-like launch (``v2``, bfloat16 operands, 4 warps, 2 stages): not the default until an H200
+times it against :class:`LaunchConfig`'s default (``benchmarks/bench_gdn_chunk.py --quick``)."""
 
 
 def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
@@ -250,6 +266,9 @@ def _launch_all(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
     seq, start, length, cu_chunks, M = chunk_map(cu_seqlens, Ttot)
     q3, k3, v3 = q.reshape(Ttot, Hk, K), k.reshape(Ttot, Hk, K), v.reshape(Ttot, Hv, V)
     g2, b2, o3 = g.reshape(Ttot, Hv), beta.reshape(Ttot, Hv), o.view(Ttot, Hv, V)
+    if cfg.v2 and K <= 128:
+        return _launch_v2(q3, k3, v3, g2, b2, o3, final, s, cu_seqlens, seq, start, length, cu_chunks, M, meta, cfg,
+                          dot, l2, scale, eps)
     akk = torch.empty((Ttot, Hv, CHUNK), device=dev, dtype=f32)
     gc = torch.empty((Ttot, Hv), device=dev, dtype=f32)
     w, u, vn = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, V, V))
@@ -279,3 +298,37 @@ def _launch_all(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
         num_warps=cfg.out_warps, num_stages=stages)
 
 
+
+
+def _launch_v2(q3, k3, v3, g2, b2, o3, final, s, cu_seqlens, seq, start, length, cu_chunks, M, meta, cfg, dot, l2, scale,
+               eps) -> None:
+    """:attr:`LaunchConfig.v2`'s three launches (``wu2``, ``scan2``, ``output2``)."""
+    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+
+    Ttot, Hk, K, Hv, V, N = q3.shape[0], meta.k_heads, meta.k_dim, meta.v_heads, meta.v_dim, meta.sequences
+    dev = v3.device
+    lowp = cfg.lowp and dot != "ieee" and k3.dtype == torch.bfloat16
+    inter = torch.bfloat16 if lowp else cfg.inter_dtype
+    if lowp:  # the interpreter's bf16 tl.dot is wrong: the same roundings, float32 products
+        dot = "bf16emu" if dev.type == "cpu" else "bf16"
+    gc = torch.empty((Ttot, Hv), device=dev, dtype=torch.float32)
+    w, u, vn = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, V, V))
+    hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    KB, TWO = min(KP, 64), KP > 64
+    BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
+    stages, group = cfg.num_stages, Hv // Hk
+    kern.wu2_kernel[(M, Hv)](
+        k3, v3, g2, b2, gc, w, u, seq, start, length, K, V, group, eps, *k3.stride(), *v3.stride(), *g2.stride(),
+        *b2.stride(), *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2, DOT=dot,
+        num_warps=cfg.warps, num_stages=stages)
+    kern.scan2_kernel[(N, Hv, triton.cdiv(V, BV))](
+        k3, w, u, gc, s if s is not None else final, final, hs, vn, cu_seqlens, cu_chunks, K, V, group, eps,
+        *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
+        *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2], *final.stride()[:3],
+        KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, num_warps=cfg.scan_warps,
+        num_stages=stages)
+    kern.output2_kernel[(M, Hv, triton.cdiv(V, OBV))](
+        q3, k3, gc, hs, vn, o3, seq, start, length, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
+        *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KB=KB, TWO=TWO, BV=OBV, L2NORM=l2,
+        DOT=dot, num_warps=cfg.out_warps, num_stages=stages)

@@ -318,15 +318,17 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
             "pre kd 2 stages": base._replace(precompute_kd=True, num_stages=2)}
     fast = L.FAST
     cfgs_v2 = {"FAST": fast, "FAST scan bv64": fast._replace(scan_block_v=64),
-               "FAST scan w2": fast._replace(scan_warps=2), "FAST scan w8": fast._replace(scan_warps=8),
+               "FAST scan bv16": fast._replace(scan_block_v=16),
+               "FAST scan w4": fast._replace(scan_warps=4), "FAST scan bv16 w4": fast._replace(scan_block_v=16,
+                                                                                             scan_warps=4),
                "FAST 3 stages": fast._replace(num_stages=3), "FAST 1 stage": fast._replace(num_stages=1),
-               "FAST out bv128": fast._replace(out_block_v=128), "FAST out w8": fast._replace(out_warps=8),
-               "FAST wu w8": fast._replace(warps=8), "FAST scan bv64 w8": fast._replace(scan_block_v=64, scan_warps=8),
+               "FAST out bv128": fast._replace(out_block_v=128), "FAST out w4": fast._replace(out_warps=4),
+               "FAST wu w4": fast._replace(warps=4), "FAST all w4": fast._replace(warps=4, scan_warps=4, out_warps=4),
                "v2 fp32 tf32": fast._replace(lowp=False), "v2 bf16 inter tf32":
                fast._replace(lowp=False, inter_dtype=torch.bfloat16)}
     if smoke:  # the old default, and FAST (bf16 inputs: bf16emu products under the interpreter)
         return {"default": base, "FAST": fast}
-    return {**cfgs_v2, **cfgs}
+    return {"default": base, **cfgs_v2, **cfgs}  # the old default first: side by side with FAST
 
 
 def run_sweep(args, device, deadline) -> list[dict]:

@@ -105,15 +105,18 @@ def test_exact_float32_products_at_small_dims(config):
     torch.testing.assert_close(final, want_state, rtol=1e-4, atol=1e-4)
 
 
-def test_cuda_graph_capture_and_replay():
+@pytest.mark.parametrize("config", list(CONFIGS))
+def test_cuda_graph_capture_and_replay(config):
     """No host sync (varlen included): captured once, replayed on new inputs copied in."""
     cu = torch.tensor([0, 37, 300], device="cuda", dtype=torch.int64)
     a = _inputs(300, seed=7, Hk=4, Hv=8, D=64, N=2, state=True)
     b = _inputs(300, seed=8, Hk=4, Hv=8, D=64, N=2, state=True)
     bufs = [x.clone() for x in a]
 
-    def call():
-        return torch.ops.kda.gdn_chunk(*bufs[:5], None, bufs[5], True, cu)
+    def call(xs=bufs):
+        if CONFIGS[config] is None:
+            return torch.ops.kda.gdn_chunk(*xs[:5], None, xs[5], True, cu)
+        return mod.chunk_triton(*xs[:5], None, xs[5], True, cu, config=CONFIGS[config])
 
     with torch.inference_mode():
         side = torch.cuda.Stream()
@@ -127,7 +130,7 @@ def test_cuda_graph_capture_and_replay():
         for x, y in zip(bufs, b):
             x.copy_(y)
         graph.replay()
-        want, want_state = torch.ops.kda.gdn_chunk(*b[:5], None, b[5], True, cu)
+        want, want_state = call(b)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     torch.testing.assert_close(final, want_state, rtol=0, atol=0)
 

@@ -19,6 +19,15 @@ Chunks of ``C = 64`` tokens that never cross a sequence's end; per value head ``
 4. :data:`output_kernel` (chunk x head x column block): ``o = (q exp(gc)) S + causal(q k^T
    exp(gc_i - gc_j)) v_new``.
 
+``LaunchConfig.v2`` (``gdn_chunk.FAST``) runs three launches instead: :data:`wu2_kernel` (1 and 2
+fused: ``A``'s ten 16 x 16 blocks from the chunk's key rows in registers, never stored; ``gc`` and
+``1 / |k|`` stored), :data:`scan2_kernel` (the state as two 64-row register blocks; the decay and
+``1 / |k|`` folded into ``v_new``'s rows, so raw ``k`` is the product's operand and no reduction is
+on the sequential path) and :data:`output2_kernel` (raw ``q`` / ``k`` as operands, the norms and
+scale applied to the products' rows and columns); with ``DOT = "bf16"`` the large products take
+bfloat16 operands (float32 accumulation) and ``w``, ``u``, ``v_new`` and the per-chunk states are
+stored bfloat16, as fla's kernels do; the state, ``gc`` and the inverse stay float32.
+
 Rows past a sequence's end are loaded as zeros (``k``, ``v``, ``beta``, ``g``), so they add
 nothing and ``gc`` stays flat after the last token; they are never stored. A chunk id past the
 last chunk (the grid is sized from shapes: ``T // C + N`` chunks at most) has length 0 and does
@@ -290,6 +299,16 @@ if triton is not None:
         return tl.sum(xf * xf, 1)
 
     @triton.jit
+    def _keys_rk(bp, rkb, s_t, rows, L, eps, L2NORM: tl.constexpr):
+        """:func:`_keys` of 16 rows, storing their ``1 / |k|`` at ``rkb`` (``L2NORM``)."""
+        x = _load(bp)
+        if L2NORM:
+            rk = tl.math.rsqrt(tl.sum(x * x, 1) + eps)
+            tl.store(rkb + rows * s_t, rk, mask=rows < L)
+            x = x * rk[:, None]
+        return x
+
+    @triton.jit
     def _akk(Xi, Xj, bi, ci, cj, DOT: tl.constexpr, DIAG: tl.constexpr):
         """Block ``(i, j)`` of ``A``: ``beta_i (k_i . k_j) exp(gc_i - gc_j)`` (strictly lower on the diagonal)."""
         a = _dot(Xi * bi[:, None], tl.trans(Xj), DOT)
@@ -302,11 +321,12 @@ if triton is not None:
             return a * tl.exp(d)
 
     @triton.jit
-    def wu2_kernel(k_ptr, v_ptr, g_ptr, b_ptr, gc_ptr, w_ptr, u_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP, eps,
-                   sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h,
+    def wu2_kernel(k_ptr, v_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, w_ptr, u_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP,
+                   eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h,
                    KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr):
-        """Program (chunk, head): ``gc`` (stored), ``A`` by its ten 16 x 16 blocks from the chunk's key
-        rows (in registers), ``Tinv = (I + A)^-1``, ``w = Tinv (beta exp(gc) k)``, ``u = Tinv (beta v)``."""
+        """Program (chunk, head): ``gc`` and (``L2NORM``) the keys' ``1 / |k|`` (``rk``, float32 like
+        ``gc``) stored for the next launches, ``A`` by its ten 16 x 16 blocks from the chunk's key rows
+        (in registers), ``Tinv = (I + A)^-1``, ``w = Tinv (beta exp(gc) k)``, ``u = Tinv (beta v)``."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk(c, seq_ptr, start_ptr, len_ptr)
         r = tl.arange(0, 16)
@@ -324,11 +344,11 @@ if triton is not None:
         tl.store(cb + (r + 48) * sc_t, c3, mask=r + 48 < L)
         b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
             _vec(bb, sb_t, r + 48, L)
-        kb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t
-        X0 = _keys(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), eps, L2NORM)
-        X1 = _keys(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), eps, L2NORM)
-        X2 = _keys(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), eps, L2NORM)
-        X3 = _keys(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), eps, L2NORM)
+        kb, rb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, rk_ptr + h64 * sc_h + t0 * sc_t
+        X0 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), rb, sc_t, r, L, eps, L2NORM)
+        X1 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), rb, sc_t, r + 16, L, eps, L2NORM)
+        X2 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), rb, sc_t, r + 32, L, eps, L2NORM)
+        X3 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), rb, sc_t, r + 48, L, eps, L2NORM)
         T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(
             _akk(X0, X0, b0, c0, c0, DOT, True), _akk(X1, X0, b1, c1, c0, DOT, False),
             _akk(X1, X1, b1, c1, c1, DOT, True), _akk(X2, X0, b2, c2, c0, DOT, False),
@@ -346,14 +366,15 @@ if triton is not None:
                 _rows16(vb, L, V, sv_t, sv_v, 3, j * BV, b3, BV), ub, L, V, su_t, j * BV, BV, DOT)
 
     @triton.jit
-    def scan2_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, K, V, GROUP, eps,
-                     sk_t, sk_h, sk_k, sw_t, sw_h, su_t, su_h, sc_t, sc_h, ss_n, ss_h, ss_k, ss_v,
+    def scan2_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, rk_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, K, V, GROUP,
+                     eps, sk_t, sk_h, sk_k, sw_t, sw_h, su_t, su_h, sc_t, sc_h, ss_n, ss_h, ss_k, ss_v,
                      sh_c, sh_h, sh_k, svn_t, svn_h, sf_n, sf_h, sf_k,
                      KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
                      HAS_STATE: tl.constexpr, DOT: tl.constexpr):
         """Program (sequence, head, column block): the state as rows ``0 .. KB`` (``S1``) and ``KB ..
         2 KB`` (``S2``, when ``TWO``) through the sequence's chunks: store ``S``; ``v_new = u - w S``
-        (stored); ``S = exp(gc_last) S + k^T (v_new exp(gc_last - gc) / |k|)``."""
+        (stored); ``S = exp(gc_last) S + k^T (v_new exp(gc_last - gc) rk)`` (``rk = 1 / |k|``, from
+        ``wu2``: no reduction on the sequential path)."""
         n, h, j = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         h64, n64 = h.to(tl.int64), n.to(tl.int64)
         ts, te = tl.load(cu_ptr + n).to(tl.int64), tl.load(cu_ptr + n + 1).to(tl.int64)
@@ -378,18 +399,16 @@ if triton is not None:
             k1 = _raw(_tile(kb + t0 * sk_t, L, K, sk_t, sk_k, 0, 0, 64, KB))
             u = _load(_tile(u_ptr + h64 * su_h + t0 * su_t, L, V, su_t, 1, 0, j * BV, 64, BV))
             vn = u - _dot(_raw(_tile(wb, L, K, sw_t, 1, 0, 0, 64, KB)), S1, DOT)
-            nk = _sumsq(k1)
             if TWO:
                 _store(_tile(hb, K, V, sh_k, 1, KB, j * BV, KB, BV), S2)
                 k2 = _raw(_tile(kb + t0 * sk_t, L, K, sk_t, sk_k, 0, KB, 64, KB))
                 vn -= _dot(_raw(_tile(wb, L, K, sw_t, 1, 0, KB, 64, KB)), S2, DOT)
-                nk += _sumsq(k2)
             _store(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV), vn)
             gc = _vec(gc_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
-            gl = _last(gc, r, L - 1)
+            gl = tl.load(gc_ptr + h64 * sc_h + (t0 + L - 1) * sc_t)  # L >= 1: a chunk of the sequence
             f = tl.exp(tl.where(r < L, gl - gc, 0.0))
             if L2NORM:
-                f = f * tl.math.rsqrt(nk + eps)
+                f = f * _vec(rk_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
             vs = vn * f[:, None]
             decay = tl.exp(gl)
             S1 = S1 * decay + _dot(tl.trans(k1), vs, DOT)
@@ -401,8 +420,9 @@ if triton is not None:
             _store(_tile(fb, K, V, sf_k, 1, KB, j * BV, KB, BV), S2)
 
     @triton.jit
-    def output2_kernel(q_ptr, k_ptr, gc_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP, scale,
-                       eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sc_t, sc_h, sh_c, sh_h, sh_k, svn_t, svn_h, so_t, so_h,
+    def output2_kernel(q_ptr, k_ptr, gc_ptr, rk_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP,
+                       scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sc_t, sc_h, sh_c, sh_h, sh_k, svn_t, svn_h,
+                       so_t, so_h,
                        KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
                        DOT: tl.constexpr):
         """Program (chunk, head, column block): ``o = diag(s exp(gc)) (q S) + causal(diag(s) (q k^T)
@@ -418,14 +438,13 @@ if triton is not None:
         a = _dot(q1, tl.trans(k1), DOT)
         o = _dot(q1, _raw(_tile(hb, K, V, sh_k, 1, 0, j * BV, KB, BV)), DOT)
         if L2NORM:
-            nq, nk = _sumsq(q1), _sumsq(k1)
+            nq = _sumsq(q1)
         if TWO:
             q2, k2 = _raw(_tile(qb, L, K, sq_t, sq_k, 0, KB, 64, KB)), _raw(_tile(kb, L, K, sk_t, sk_k, 0, KB, 64, KB))
             a += _dot(q2, tl.trans(k2), DOT)
             o += _dot(q2, _raw(_tile(hb, K, V, sh_k, 1, KB, j * BV, KB, BV)), DOT)
             if L2NORM:
                 nq += _sumsq(q2)
-                nk += _sumsq(k2)
         sq = tl.full((64,), 1.0, tl.float32) * scale
         if L2NORM:
             sq = sq * tl.math.rsqrt(nq + eps)
@@ -433,7 +452,7 @@ if triton is not None:
         causal = r[:, None] >= r[None, :]
         fa = sq[:, None] * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
         if L2NORM:
-            fa = fa * tl.math.rsqrt(nk + eps)[None, :]
+            fa = fa * _vec(rk_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)[None, :]
         a = tl.where(causal, a * fa, 0.0)
         vn = _raw(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV))
         o = o * (sq * tl.exp(gc))[:, None] + _dot(a, vn, DOT)
@@ -470,6 +489,14 @@ def aot_variants():
         yield AotVariant(wu_kernel, sig(wu_kernel, io), dict(common, BV=64), opts)
         yield AotVariant(scan_kernel, sig(scan_kernel, io), dict(common, BV=32, HAS_STATE=state), opts)
         yield AotVariant(output_kernel, sig(output_kernel, io), dict(common, BV=64), opts)
+    # gdn_chunk.FAST (v2, bf16 operands and intermediates): Qwen3-Next's prefill with a state
+    v2 = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "h_ptr", "vn_ptr"), "*bf16")}
+    opts4 = {"num_warps": 8, "num_stages": 2}
+    yield AotVariant(wu2_kernel, sig(wu2_kernel, v2), dict(KP=128, BV=64, L2NORM=True, DOT="bf16"), opts4)
+    yield AotVariant(scan2_kernel, sig(scan2_kernel, v2), dict(KB=64, TWO=True, BV=32, L2NORM=True, HAS_STATE=True,
+                                                               DOT="bf16"), opts4)
+    yield AotVariant(output2_kernel, sig(output2_kernel, v2), dict(KB=64, TWO=True, BV=64, L2NORM=True, DOT="bf16"),
+                     opts4)
     pre = dict(KP=128, L2NORM=True, DOT="tf32", PRE_KD=True)  # LaunchConfig(precompute_kd=True)
     yield AotVariant(wu_kernel, sig(wu_kernel, bf16), dict(pre, BV=64), {"num_warps": 8, "num_stages": 1})
     yield AotVariant(scan_kernel, sig(scan_kernel, bf16), dict(pre, BV=32, HAS_STATE=True),

@@ -27,8 +27,9 @@ float32)::
 CPU: :func:`reference` (the token loop of ``gdn_recurrent_step``, per sequence: the spec). CUDA:
 four Triton launches by chunks (:mod:`kda_inductor.lowerings._gdn_chunk_kernels`: the inverse of
 ``I + A`` per chunk, the UT transform ``w, u``, the sequential scan over chunks holding the state
-in registers, the output), float32 state and inverse; the chunk map (which sequence and tokens
-each chunk holds) computed on the device from ``cu_seqlens``: no host sync, CUDA-graph safe.
+in registers, the output; :data:`FAST`: three, with bfloat16 products as fla's), float32 state and
+inverse; the chunk map (which sequence and tokens each chunk holds) computed on the device from
+``cu_seqlens``: no host sync, CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from kda_inductor.lowerings._triton import triton
 from kda_inductor.lowerings.gdn_recurrent_step import (check_gates, check_qkv, check_scalars, check_sizes,
                                                        reference_step)
 
-__all__ = ["CHUNK", "FAST", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk", "reference", "validate"]
+__all__ = ["CHUNK", "FAST", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk", "reference",
+           "validate"]
 
 _INTS = (torch.int32, torch.int64)
 
@@ -219,10 +221,14 @@ class LaunchConfig(NamedTuple):
     stored bfloat16 (``inter_dtype`` ignored); the state, ``gc`` and the inverse stay float32."""
 
 
-FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
+FAST = LaunchConfig(scan_block_v=32, scan_warps=8, out_block_v=64, out_warps=8, warps=8, num_stages=2, v2=True,
                     lowp=True)
-"""The fla-like launch (``v2``, bfloat16 operands, 4 warps, 2 stages): not the default until an H200
-times it against :class:`LaunchConfig`'s default (``benchmarks/bench_gdn_chunk.py --quick``)."""
+"""The fla-like launch (``v2``, bfloat16 operands and intermediates, 2 stages): not the default until
+an H200 times it against :class:`LaunchConfig`'s default (``benchmarks/bench_gdn_chunk.py --quick``).
+8 warps: at K = V = 128 for sm_90 (Triton 3.9, ahead-of-time, ``cuobjdump -res-usage``) ``scan2``
+takes 254 registers and no stack at 8 warps against 255 and 336 bytes of spills at 4 (fla's choice
+for its scan), ``output2`` 220 / none against 255 / 96, ``wu2`` 255 / 24 bytes against 255 / 232;
+the sweep times the 4-warp ones."""
 
 
 def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
@@ -311,7 +317,7 @@ def _launch_v2(q3, k3, v3, g2, b2, o3, final, s, cu_seqlens, seq, start, length,
     inter = torch.bfloat16 if lowp else cfg.inter_dtype
     if lowp:  # the interpreter's bf16 tl.dot is wrong: the same roundings, float32 products
         dot = "bf16emu" if dev.type == "cpu" else "bf16"
-    gc = torch.empty((Ttot, Hv), device=dev, dtype=torch.float32)
+    gc, rk = (torch.empty((Ttot, Hv), device=dev, dtype=torch.float32) for _ in range(2))
     w, u, vn = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, V, V))
     hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
     KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
@@ -319,16 +325,16 @@ def _launch_v2(q3, k3, v3, g2, b2, o3, final, s, cu_seqlens, seq, start, length,
     BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
     stages, group = cfg.num_stages, Hv // Hk
     kern.wu2_kernel[(M, Hv)](
-        k3, v3, g2, b2, gc, w, u, seq, start, length, K, V, group, eps, *k3.stride(), *v3.stride(), *g2.stride(),
+        k3, v3, g2, b2, gc, rk, w, u, seq, start, length, K, V, group, eps, *k3.stride(), *v3.stride(), *g2.stride(),
         *b2.stride(), *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2, DOT=dot,
         num_warps=cfg.warps, num_stages=stages)
     kern.scan2_kernel[(N, Hv, triton.cdiv(V, BV))](
-        k3, w, u, gc, s if s is not None else final, final, hs, vn, cu_seqlens, cu_chunks, K, V, group, eps,
+        k3, w, u, gc, rk, s if s is not None else final, final, hs, vn, cu_seqlens, cu_chunks, K, V, group, eps,
         *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
         *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2], *final.stride()[:3],
         KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, num_warps=cfg.scan_warps,
         num_stages=stages)
     kern.output2_kernel[(M, Hv, triton.cdiv(V, OBV))](
-        q3, k3, gc, hs, vn, o3, seq, start, length, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
+        q3, k3, gc, rk, hs, vn, o3, seq, start, length, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
         *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KB=KB, TWO=TWO, BV=OBV, L2NORM=l2,
         DOT=dot, num_warps=cfg.out_warps, num_stages=stages)

@@ -264,13 +264,16 @@ V2 = mod.LaunchConfig(v2=True, scan_block_v=16, out_block_v=16)
 
 
 @needs_runner
-@pytest.mark.parametrize("case", ["T 1", "T 37 GQA", "T 130 GQA", "no state", "no l2norm", "K 80 V 20 masked"])
+@pytest.mark.parametrize("case", ["T 1", "T 37 GQA", "T 130 GQA", "no state", "no l2norm", "K 80 V 20 masked",
+                                  "batch 3"])
 def test_v2_kernels_match_the_cpu_op(case):
     """float32 products (``dot="ieee"``): the v2 launches compute the op's function to float32
     rounding: T below / across the chunk and not a multiple of it, GQA (value head h reads key head
     h // 2), no state, raw q / k with a scale, K = 80 (two 64-row state blocks, the second masked)
-    with V = 20 (two column blocks, the last masked)."""
-    kw = dict(T=int(case.split()[1]) if case.startswith("T ") else 90, Hk=2, Hv=4, state=case != "no state")
+    with V = 20 (two column blocks, the last masked), three sequences as a batch (without
+    ``cu_seqlens`` the kernels place each chunk from its id: no chunk map)."""
+    kw = dict(T=int(case.split()[1]) if case.startswith("T ") else 90, Hk=2, Hv=4, state=case != "no state",
+              B=3 if case == "batch 3" else 1)
     if case.startswith("K 80"):
         kw.update(K=80, V=20, Hk=1, Hv=2)
     q, k, v, g, beta, s = inputs(600 + len(case), **kw)
@@ -311,3 +314,15 @@ def test_fast_bf16_operands_within_their_rounding(case):
     assert got is out and not got.isnan().any()
     assert _rel(got.cpu(), want) < 2e-2 and _rel(final.cpu(), want_state) < 2e-2, (_rel(got.cpu(), want),
                                                                                    _rel(final.cpu(), want_state))
+
+
+@needs_runner
+@pytest.mark.parametrize("config", ["V2", "FAST"])
+def test_v2_no_tokens(config):
+    """T = 0: no chunk launch; the final state is the initial state (zeros without one)."""
+    cfg = V2 if config == "V2" else mod.FAST
+    q, k, v, g, beta, s = inputs(5, T=0, B=2, dtype=torch.bfloat16)
+    out, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, config=cfg)
+    assert out.shape == (2, 0, 2, 16) and torch.equal(final.cpu(), s)
+    _, zeros = mod.chunk_triton(*_dev(q, k, v, g, beta), None, None, True, config=cfg)
+    assert torch.equal(zeros.cpu(), torch.zeros_like(s))

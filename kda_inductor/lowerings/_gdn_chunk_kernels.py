@@ -289,6 +289,21 @@ if triton is not None:
     # products' operands in bfloat16 (fp32 accumulation), the intermediates stored bfloat16.
 
     @triton.jit
+    def _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR: tl.constexpr):
+        """:func:`_chunk`; ``REGULAR`` (no ``cu_seqlens``: sequences of ``n_tok`` tokens, ``n_chk`` chunks
+        each): from ``c`` alone, no chunk map (its ~20 small torch kernels are not launched)."""
+        if REGULAR:
+            n = c // n_chk
+            i = c - n * n_chk
+            t0 = n.to(tl.int64) * n_tok + i * 64
+            L = tl.minimum(n_tok - i * 64, 64)
+        else:
+            n = tl.load(seq_ptr + c)
+            t0 = tl.load(start_ptr + c).to(tl.int64)
+            L = tl.load(len_ptr + c)
+        return n, t0, L
+
+    @triton.jit
     def _raw(bp):
         """A tile as stored (its dtype: the dot operand without a conversion)."""
         return tl.load(bp[0], mask=bp[1], other=0.0)
@@ -321,14 +336,16 @@ if triton is not None:
             return a * tl.exp(d)
 
     @triton.jit
-    def wu2_kernel(k_ptr, v_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, w_ptr, u_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP,
-                   eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h,
-                   KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr):
+    def wu2_kernel(k_ptr, v_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, w_ptr, u_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk,
+                   K, V, GROUP, eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sw_t,
+                   sw_h, su_t, su_h,
+                   KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                   REGULAR: tl.constexpr):
         """Program (chunk, head): ``gc`` and (``L2NORM``) the keys' ``1 / |k|`` (``rk``, float32 like
         ``gc``) stored for the next launches, ``A`` by its ten 16 x 16 blocks from the chunk's key rows
         (in registers), ``Tinv = (I + A)^-1``, ``w = Tinv (beta exp(gc) k)``, ``u = Tinv (beta v)``."""
         c, h = tl.program_id(0), tl.program_id(1)
-        _, t0, L = _chunk(c, seq_ptr, start_ptr, len_ptr)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         r = tl.arange(0, 16)
         h64 = h.to(tl.int64)
         gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
@@ -366,19 +383,23 @@ if triton is not None:
                 _rows16(vb, L, V, sv_t, sv_v, 3, j * BV, b3, BV), ub, L, V, su_t, j * BV, BV, DOT)
 
     @triton.jit
-    def scan2_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, rk_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, K, V, GROUP,
-                     eps, sk_t, sk_h, sk_k, sw_t, sw_h, su_t, su_h, sc_t, sc_h, ss_n, ss_h, ss_k, ss_v,
+    def scan2_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, rk_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, n_tok, n_chk, K,
+                     V, GROUP, eps, sk_t, sk_h, sk_k, sw_t, sw_h, su_t, su_h, sc_t, sc_h, ss_n, ss_h, ss_k, ss_v,
                      sh_c, sh_h, sh_k, svn_t, svn_h, sf_n, sf_h, sf_k,
                      KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
-                     HAS_STATE: tl.constexpr, DOT: tl.constexpr):
+                     HAS_STATE: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr):
         """Program (sequence, head, column block): the state as rows ``0 .. KB`` (``S1``) and ``KB ..
         2 KB`` (``S2``, when ``TWO``) through the sequence's chunks: store ``S``; ``v_new = u - w S``
         (stored); ``S = exp(gc_last) S + k^T (v_new exp(gc_last - gc) rk)`` (``rk = 1 / |k|``, from
         ``wu2``: no reduction on the sequential path)."""
         n, h, j = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         h64, n64 = h.to(tl.int64), n.to(tl.int64)
-        ts, te = tl.load(cu_ptr + n).to(tl.int64), tl.load(cu_ptr + n + 1).to(tl.int64)
-        cs, ce = tl.load(cuc_ptr + n).to(tl.int64), tl.load(cuc_ptr + n + 1).to(tl.int64)
+        if REGULAR:
+            ts, cs = n64 * n_tok, n64 * n_chk
+            te, ce = ts + n_tok, cs + n_chk
+        else:
+            ts, te = tl.load(cu_ptr + n).to(tl.int64), tl.load(cu_ptr + n + 1).to(tl.int64)
+            cs, ce = tl.load(cuc_ptr + n).to(tl.int64), tl.load(cuc_ptr + n + 1).to(tl.int64)
         r = tl.arange(0, 64)
         sb = s_ptr + n64 * ss_n + h64 * ss_h
         if HAS_STATE:
@@ -420,15 +441,16 @@ if triton is not None:
             _store(_tile(fb, K, V, sf_k, 1, KB, j * BV, KB, BV), S2)
 
     @triton.jit
-    def output2_kernel(q_ptr, k_ptr, gc_ptr, rk_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP,
-                       scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sc_t, sc_h, sh_c, sh_h, sh_k, svn_t, svn_h,
+    def output2_kernel(q_ptr, k_ptr, gc_ptr, rk_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk,
+                       K, V, GROUP, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sc_t, sc_h, sh_c, sh_h, sh_k,
+                       svn_t, svn_h,
                        so_t, so_h,
                        KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
-                       DOT: tl.constexpr):
+                       DOT: tl.constexpr, REGULAR: tl.constexpr):
         """Program (chunk, head, column block): ``o = diag(s exp(gc)) (q S) + causal(diag(s) (q k^T)
         diag(1 / |k|) exp(gc_i - gc_j)) v_new`` on raw ``q`` / ``k`` (``s = scale / |q|``)."""
         c, h, j = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-        _, t0, L = _chunk(c, seq_ptr, start_ptr, len_ptr)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         r = tl.arange(0, 64)
         h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
         qb, kb = q_ptr + hk * sq_h + t0 * sq_t, k_ptr + hk * sk_h + t0 * sk_t
@@ -492,11 +514,12 @@ def aot_variants():
     # gdn_chunk.FAST (v2, bf16 operands and intermediates): Qwen3-Next's prefill with a state
     v2 = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "h_ptr", "vn_ptr"), "*bf16")}
     opts4 = {"num_warps": 8, "num_stages": 2}
-    yield AotVariant(wu2_kernel, sig(wu2_kernel, v2), dict(KP=128, BV=64, L2NORM=True, DOT="bf16"), opts4)
+    yield AotVariant(wu2_kernel, sig(wu2_kernel, v2), dict(KP=128, BV=64, L2NORM=True, DOT="bf16",
+                                                                      REGULAR=True), opts4)
     yield AotVariant(scan2_kernel, sig(scan2_kernel, v2), dict(KB=64, TWO=True, BV=32, L2NORM=True, HAS_STATE=True,
-                                                               DOT="bf16"), opts4)
-    yield AotVariant(output2_kernel, sig(output2_kernel, v2), dict(KB=64, TWO=True, BV=64, L2NORM=True, DOT="bf16"),
-                     opts4)
+                                                               DOT="bf16", REGULAR=False), opts4)
+    yield AotVariant(output2_kernel, sig(output2_kernel, v2), dict(KB=64, TWO=True, BV=64, L2NORM=True, DOT="bf16",
+                                                                       REGULAR=True), opts4)
     pre = dict(KP=128, L2NORM=True, DOT="tf32", PRE_KD=True)  # LaunchConfig(precompute_kd=True)
     yield AotVariant(wu_kernel, sig(wu_kernel, bf16), dict(pre, BV=64), {"num_warps": 8, "num_stages": 1})
     yield AotVariant(scan_kernel, sig(scan_kernel, bf16), dict(pre, BV=32, HAS_STATE=True),

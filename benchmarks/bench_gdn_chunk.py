@@ -7,6 +7,8 @@ on float32 copies of the inputs, eager; relative norm error ``|o - ref| / |ref|`
 ``err``, and of the final state, ``state err``), then timed:
 
 * ``kda``: ``kda::gdn_chunk`` (our four Triton kernels; l2norm of q / k and the scale inside).
+* ``kda2``: the same op with :data:`~kda_inductor.lowerings.gdn_chunk.FAST` (three launches, bf16
+  products and intermediates as fla's: ``LaunchConfig.v2`` / ``lowp``), not yet the default.
 * ``fla``: flash-linear-attention's ``chunk_gated_delta_rule`` (fla-core, where importable; called
   with ``use_qk_l2norm_in_kernel=True``, GVA heads as they are).
 * ``stock``: stock ``torch.compile`` of transformers' ``torch_chunk_gated_delta_rule`` (its torch
@@ -20,7 +22,13 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
     python benchmarks/bench_gdn_chunk.py --quick --budget 200     # T = 4096 and 16384 (~2-3 min on an H200)
     python benchmarks/bench_gdn_chunk.py --budget 500             # T = 256 ... 65536
     python benchmarks/bench_gdn_chunk.py --sweep --T 16384        # kda's launch configs (LaunchConfig)
+    python benchmarks/bench_gdn_chunk.py --profile --T 4096       # + each kernel's time (torch.profiler)
     python benchmarks/bench_gdn_chunk.py --smoke                  # CPU, tiny: the code paths only
+
+``--profile`` (on by default with ``--quick``): after the timings, each variant's kernels by name
+from ``torch.profiler`` (3 calls after 2 warm-ups, eager launches, so a kernel's time is its own;
+their sum can exceed the graph-replay time by the gaps between launches), our four launches and
+fla's kernels side by side.
 
 No new case starts after ``--budget`` seconds; the rows done are recorded (``benchmarks/results/
 gdn_chunk.{md,json}``, and ``$OUT/bench_gdn_chunk.json`` when ``OUT`` is set).
@@ -43,13 +51,15 @@ if "--smoke" in sys.argv and not torch.cuda.is_available():  # our kernels on CP
 _HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(_HERE), str(_HERE.parent), str(_HERE.parent / "examples")]
 from _timing import (  # noqa: E402
+    append_markdown,
     environment_info,
-    finish,
     graph_replay_median_us,
+    kernel_profile,
     markdown_table,
     perf_counter_median_us,
     print_table,
     progress,
+    write_json,
     write_out_json,
 )
 
@@ -137,8 +147,13 @@ def fla_chunk() -> Callable | None:
                         use_qk_l2norm_in_kernel=True)
 
 
+def kda2(x):
+    """The op's launches with :data:`FAST` (the candidate default)."""
+    return kda(x, L.FAST)
+
+
 def variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda}
+    out: dict[str, Callable] = {"kda": kda, "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
         out["fla"] = fla
@@ -213,6 +228,8 @@ def run_case(T: int, *, device, smoke: bool, stock_max_t: int, eager: bool) -> d
     for peer in ("fla", "stock", "eager"):
         a, b = row.get(f"{peer}_us"), row.get("kda_us")
         row[f"vs_{peer}"] = None if a is None or b is None else a / b
+    a, b = row.get("fla_us"), row.get("kda2_us")
+    row["vs_fla2"] = None if a is None or b is None else a / b
     row["note"] = "; ".join(notes)
     del x, want
     if device == "cuda":
@@ -220,11 +237,70 @@ def run_case(T: int, *, device, smoke: bool, stock_max_t: int, eager: bool) -> d
     return row
 
 
-COLUMNS = (("T", "T", ","), ("kda_us", "kda us", ".1f"), ("fla_us", "fla us", ".1f"), ("stock_us", "stock us", ".1f"),
-           ("eager_us", "eager us", ".1f"), ("vs_fla", "fla/kda", ".2f"), ("vs_stock", "stock/kda", ".2f"),
-           ("kda_err", "kda err", ".2e"), ("fla_err", "fla err", ".2e"), ("stock_err", "stock err", ".2e"),
+COLUMNS = (("T", "T", ","), ("kda_us", "kda us", ".1f"), ("kda2_us", "kda2 us", ".1f"), ("fla_us", "fla us", ".1f"),
+           ("stock_us", "stock us", ".1f"), ("eager_us", "eager us", ".1f"), ("vs_fla", "fla/kda", ".2f"),
+           ("vs_fla2", "fla/kda2", ".2f"), ("vs_stock", "stock/kda", ".2f"), ("kda_err", "kda err", ".2e"),
+           ("kda2_err", "kda2 err", ".2e"), ("fla_err", "fla err", ".2e"), ("stock_err", "stock err", ".2e"),
            ("eager_err", "eager err", ".2e"), ("kda_state_err", "kda state err", ".2e"),
-           ("fla_state_err", "fla state err", ".2e"), ("note", "note", "s"))
+           ("kda2_state_err", "kda2 state err", ".2e"), ("fla_state_err", "fla state err", ".2e"),
+           ("note", "note", "s"))
+
+
+# --------------------------------------------------------------------------- the per-kernel profile
+
+PROFILE_COLUMNS = (("T", "T", ","), ("variant", "variant", "s"), ("kernel", "kernel", "s"), ("us", "us / call", ".1f"),
+                   ("launches", "launches", "d"), ("share", "share", ".0%"))
+
+
+def _short(name: str, width: int = 60) -> str:
+    return name if len(name) <= width else name[:width - 3] + "..."
+
+
+def profile_case(T: int, *, device, smoke: bool) -> list[dict]:
+    """Each variant's kernels at ``T`` (kda's launches and fla's, by kernel name): one row per kernel,
+    its mean time per call, launches per call and share of the variant's kernel time, then a
+    ``total`` row. On CPU (smoke) the operators' self CPU time: the code path only."""
+    d = SMOKE if smoke else QWEN3_NEXT
+    x = make_inputs(d, T, device)
+    fns = {name: fn for name, fn in profiled_variants(smoke).items()}
+    rows = []
+    for name, fn in fns.items():
+        try:
+            with torch.inference_mode():
+                per = kernel_profile(lambda: fn(x), calls=1 if smoke else 3, warmup=1 if smoke else 2, device=device)
+        except Exception as e:  # noqa: BLE001 - one failing variant must not lose the others
+            traceback.print_exc()
+            rows.append({"T": T, "variant": name, "kernel": f"failed: {type(e).__name__}: {e}"[:120]})
+            continue
+        total = sum(us for us, _ in per.values()) or 1.0
+        for kernel, (us, n) in sorted(per.items(), key=lambda kv: -kv[1][0]):
+            rows.append({"T": T, "variant": name, "kernel": _short(kernel), "us": us, "launches": n,
+                         "share": us / total})
+        rows.append({"T": T, "variant": name, "kernel": "total", "us": total,
+                     "launches": sum(n for _, n in per.values()), "share": 1.0})
+    del x
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def profiled_variants(smoke: bool) -> dict[str, Callable]:
+    out: dict[str, Callable] = {"kda": kda, "kda2": kda2}
+    fla = None if smoke else fla_chunk()
+    if fla is not None:
+        out["fla"] = fla
+    return out
+
+
+def run_profile(plan, *, device, smoke: bool, deadline: float) -> list[dict]:
+    rows: list[dict] = []
+    for T in plan:
+        if time.perf_counter() > deadline:
+            print(f"time budget spent: no kernel profile at T = {T}", flush=True)
+            break
+        rows += profile_case(T, device=device, smoke=smoke)
+    print_table(rows, PROFILE_COLUMNS, title="gdn_chunk: kernels per call (torch.profiler, eager launches)")
+    return rows
 
 
 # --------------------------------------------------------------------------- the launch sweep
@@ -240,7 +316,19 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
             "pre kd": base._replace(precompute_kd=True),
             "pre kd bf16 inter": base._replace(precompute_kd=True, inter_dtype=torch.bfloat16),
             "pre kd 2 stages": base._replace(precompute_kd=True, num_stages=2)}
-    return dict(list(cfgs.items())[:2]) if smoke else cfgs
+    fast = L.FAST
+    cfgs_v2 = {"FAST": fast, "FAST scan bv64": fast._replace(scan_block_v=64),
+               "FAST scan bv16": fast._replace(scan_block_v=16),
+               "FAST scan w4": fast._replace(scan_warps=4), "FAST scan bv16 w4": fast._replace(scan_block_v=16,
+                                                                                             scan_warps=4),
+               "FAST 3 stages": fast._replace(num_stages=3), "FAST 1 stage": fast._replace(num_stages=1),
+               "FAST out bv128": fast._replace(out_block_v=128), "FAST out w4": fast._replace(out_warps=4),
+               "FAST wu w4": fast._replace(warps=4), "FAST all w4": fast._replace(warps=4, scan_warps=4, out_warps=4),
+               "v2 fp32 tf32": fast._replace(lowp=False), "v2 bf16 inter tf32":
+               fast._replace(lowp=False, inter_dtype=torch.bfloat16)}
+    if smoke:  # the old default, and FAST (bf16 inputs: bf16emu products under the interpreter)
+        return {"default": base, "FAST": fast}
+    return {"default": base, **cfgs_v2, **cfgs}  # the old default first: side by side with FAST
 
 
 def run_sweep(args, device, deadline) -> list[dict]:
@@ -289,6 +377,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--stock-max-t", type=int, default=8192, help="stock torch.compile only up to this T")
     p.add_argument("--no-eager", action="store_true")
     p.add_argument("--sweep", action="store_true", help="time kda's launch configs instead")
+    p.add_argument("--profile", action="store_true",
+                   help="each variant's kernels by name (torch.profiler) after the timings (on with --quick)")
+    p.add_argument("--no-profile", action="store_true", help="no kernel profile with --quick")
     p.add_argument("--budget", type=float, default=480, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
@@ -299,8 +390,13 @@ def main(argv=None) -> list[dict]:
     torch._inductor.config.fx_graph_cache = False  # stock's compile timed as a user's first one would be
     t0 = time.perf_counter()
     deadline = t0 + args.budget
+    profile = (args.profile or args.quick) and not args.no_profile
     if args.sweep:
-        return run_sweep(args, device, deadline)
+        rows = run_sweep(args, device, deadline)
+        if profile:
+            run_profile([int(t) for t in args.T.split(",")] if args.T else [70 if args.smoke else 16384],
+                        device=device, smoke=args.smoke, deadline=deadline + 60)
+        return rows
     if args.T:
         plan = [int(t) for t in args.T.split(",")]
     else:
@@ -322,9 +418,22 @@ def main(argv=None) -> list[dict]:
              f"batch 1, {d.k_heads} q / k heads, {d.v_heads} v heads, K = {d.k_dim}, V = {d.v_dim}, bf16 inputs, "
              f"no initial state; CUDA-graph replay medians, one call per graph; err: |o - ref| / |ref| against "
              f"transformers' chunked reference in float32; {_versions()}")
-    finish(NAME, rows, COLUMNS, notes, smoke=args.smoke, record=not args.no_record, results_dir=_HERE / "results",
-           started=t0)
-    print(markdown_table(rows, COLUMNS), flush=True)
+    print_table(rows, COLUMNS, title=f"{NAME}: {notes}")
+    # the profile may start up to a minute past the budget: it takes seconds a T, and is the point of --quick
+    prof = run_profile(plan[:len(rows)], device=device, smoke=args.smoke, deadline=deadline + 60) if profile else []
+    print(f"({time.perf_counter() - t0:.0f} s)")
+    table = markdown_table(rows, COLUMNS)
+    if prof:
+        table += "\n\nKernels per call (torch.profiler, eager launches, 3 calls after 2 warm-ups):\n\n" + \
+            markdown_table(prof, PROFILE_COLUMNS)
+    print(table, flush=True)
+    if not args.smoke:
+        payload = {"benchmark": NAME, "env": environment_info(), "notes": notes, "rows": rows, "profile": prof}
+        write_out_json(f"bench_{NAME}.json", payload)
+        if not args.no_record:
+            results = _HERE / "results"
+            write_json(results / f"{NAME}.json", payload)
+            append_markdown(results / f"{NAME}.md", f"{NAME} benchmark", payload["env"], table, notes)
     return rows
 
 

@@ -254,3 +254,79 @@ def test_triton_kernel_no_tokens():
     assert out.shape == (2, 0, 2, 16) and torch.equal(final.cpu(), s)
     _, zeros = mod.chunk_triton(*_dev(q, k, v, g, beta), None, None, True)
     assert torch.equal(zeros.cpu(), torch.zeros_like(s))
+
+
+# --------------------------------------------------------------------------- the v2 launches
+# (LaunchConfig.v2: kkt fused into wu, the scan's state in 64-row blocks, the output from raw q / k;
+# FAST adds bfloat16 operands and intermediates)
+
+V2 = mod.LaunchConfig(v2=True, scan_block_v=16, out_block_v=16)
+
+
+@needs_runner
+@pytest.mark.parametrize("case", ["T 1", "T 37 GQA", "T 130 GQA", "no state", "no l2norm", "K 80 V 20 masked",
+                                  "batch 3", "weak decay"])
+def test_v2_kernels_match_the_cpu_op(case):
+    """float32 products (``dot="ieee"``): the v2 launches compute the op's function to float32
+    rounding: T below / across the chunk and not a multiple of it, GQA (value head h reads key head
+    h // 2), no state, raw q / k with a scale, K = 80 (two 64-row state blocks, the second masked)
+    with V = 20 (two column blocks, the last masked), three sequences as a batch (without
+    ``cu_seqlens`` the kernels place each chunk from its id: no chunk map), decays near 1 with beta
+    near 1 (the state carries across chunks: the other cases' decays, ``-softplus(randn)`` a token,
+    leave ~e^-45 of it after a chunk)."""
+    kw = dict(T=int(case.split()[1]) if case.startswith("T ") else 90, Hk=2, Hv=4, state=case != "no state",
+              B=3 if case == "batch 3" else 1, weak=case == "weak decay")
+    if case.startswith("K 80"):
+        kw.update(K=80, V=20, Hk=1, Hv=2)
+    q, k, v, g, beta, s = inputs(600 + len(case), **kw)
+    if case == "no l2norm":
+        q, k = 0.2 * q, 0.2 * k
+    _kernel_vs_op((q, k, v, g, beta, s), scale=0.4 if case == "no l2norm" else None, l2=case != "no l2norm",
+                  config=V2)
+
+
+@needs_runner
+@pytest.mark.parametrize("state", [True, False])
+def test_v2_kernels_varlen(state):
+    """Sequences of lengths 1, 69, 0 and 33 packed along T with GQA: chunks restart at each one."""
+    _kernel_vs_op(inputs(700, T=103, Hk=1, Hv=2, N=4, state=state), cu=[0, 1, 70, 70, 103], config=V2)
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@needs_runner
+@pytest.mark.parametrize("case", ["T 100 GQA state", "T 40 no state", "varlen", "T 150 weak decay"])
+def test_fast_bf16_operands_within_their_rounding(case):
+    """:data:`FAST` on bfloat16 inputs (bf16 operands and intermediates; on CPU the interpreter's
+    roundings then float32 products, ``"bf16emu"``): within 2e-2 (relative norm) of the float32 op on
+    the same inputs. Wrong terms are caught by the float32 tests above (2e-5); this bound only keeps
+    the roundings in check (a 10% error in the chunk decay moves the weak-decay case's state by 2.4e-2,
+    the first chunk's cumulative decay by 5e-2). The interpreter truncates to bf16 (twice the error
+    of rounding, and biased): on the GPU the same launch is held to fla's own distance
+    (``tests/test_gdn_chunk_cuda.py``)."""
+    T = int(case.split()[1]) if case.startswith("T ") else 100
+    cu = [0, 30, 30, 100] if case == "varlen" else None
+    q, k, v, g, beta, s = inputs(800 + len(case), T=T, Hk=1, Hv=2, K=32, V=32, dtype=torch.bfloat16,
+                                 N=3 if cu else None, state=case != "T 40 no state", weak="weak" in case)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    want, want_state = op(q, k, v, g, beta, None, s, True, cu_t, 1e-6, torch.float32)
+    out = torch.full(want.shape, float("nan"), dtype=torch.float32, device=DEVICE)
+    got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, *_dev(cu_t), 1e-6, torch.float32,
+                                  out=out, dot="tf32", config=mod.FAST)
+    assert got is out and not got.isnan().any()
+    assert _rel(got.cpu(), want) < 2e-2 and _rel(final.cpu(), want_state) < 2e-2, (_rel(got.cpu(), want),
+                                                                                   _rel(final.cpu(), want_state))
+
+
+@needs_runner
+@pytest.mark.parametrize("config", ["V2", "FAST"])
+def test_v2_no_tokens(config):
+    """T = 0: no chunk launch; the final state is the initial state (zeros without one)."""
+    cfg = V2 if config == "V2" else mod.FAST
+    q, k, v, g, beta, s = inputs(5, T=0, B=2, dtype=torch.bfloat16)
+    out, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, config=cfg)
+    assert out.shape == (2, 0, 2, 16) and torch.equal(final.cpu(), s)
+    _, zeros = mod.chunk_triton(*_dev(q, k, v, g, beta), None, None, True, config=cfg)
+    assert torch.equal(zeros.cpu(), torch.zeros_like(s))

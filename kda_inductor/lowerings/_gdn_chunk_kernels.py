@@ -19,6 +19,15 @@ Chunks of ``C = 64`` tokens that never cross a sequence's end; per value head ``
 4. :data:`output_kernel` (chunk x head x column block): ``o = (q exp(gc)) S + causal(q k^T
    exp(gc_i - gc_j)) v_new``.
 
+``LaunchConfig.v2`` (``gdn_chunk.FAST``) runs three launches instead: :data:`wu2_kernel` (1 and 2
+fused: ``A``'s ten 16 x 16 blocks from the chunk's key rows in registers, never stored; ``gc`` and
+``1 / |k|`` stored), :data:`scan2_kernel` (the state as two 64-row register blocks; the decay and
+``1 / |k|`` folded into ``v_new``'s rows, so raw ``k`` is the product's operand and no reduction is
+on the sequential path) and :data:`output2_kernel` (raw ``q`` / ``k`` as operands, the norms and
+scale applied to the products' rows and columns); with ``DOT = "bf16"`` the large products take
+bfloat16 operands (float32 accumulation) and ``w``, ``u``, ``v_new`` and the per-chunk states are
+stored bfloat16, as fla's kernels do; the state, ``gc`` and the inverse stay float32.
+
 Rows past a sequence's end are loaded as zeros (``k``, ``v``, ``beta``, ``g``), so they add
 nothing and ``gc`` stays flat after the last token; they are never stored. A chunk id past the
 last chunk (the grid is sized from shapes: ``T // C + N`` chunks at most) has length 0 and does
@@ -121,36 +130,53 @@ if triton is not None:
         return _load(_tile(base, L, cols, s_t, s_c, 16 * i, c0, 16, BC)) * scale[:, None]
 
     @triton.jit
+    def _dot(a, b, DOT: tl.constexpr):
+        """``a @ b`` with float32 accumulation: ``DOT`` ``"bf16"``: bfloat16 operands (tensor cores at
+        bf16 rate, as fla's kernels run them); ``"bf16emu"``: the same roundings, then float32 products
+        (the interpreter, whose bf16 ``tl.dot`` is wrong in Triton 3.9); ``"tf32"`` / ``"ieee"``: float32
+        operands in that precision."""
+        if DOT == "bf16":
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+        elif DOT == "bf16emu":
+            return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), input_precision="ieee")
+        else:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=DOT)
+
+    @triton.jit
     def _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, ob, L, cols, s_t, c0,
             BC: tl.constexpr, DOT: tl.constexpr):
         """Store ``Tinv X`` (``X`` by its four row blocks) at ``ob``."""
-        _store(_tile(ob, L, cols, s_t, 1, 0, c0, 16, BC), tl.dot(T00, X0, input_precision=DOT))
+        _store(_tile(ob, L, cols, s_t, 1, 0, c0, 16, BC), _dot(T00, X0, DOT))
         _store(_tile(ob, L, cols, s_t, 1, 16, c0, 16, BC),
-               tl.dot(T10, X0, input_precision=DOT) + tl.dot(T11, X1, input_precision=DOT))
-        _store(_tile(ob, L, cols, s_t, 1, 32, c0, 16, BC), tl.dot(T20, X0, input_precision=DOT)
-               + tl.dot(T21, X1, input_precision=DOT) + tl.dot(T22, X2, input_precision=DOT))
-        _store(_tile(ob, L, cols, s_t, 1, 48, c0, 16, BC), tl.dot(T30, X0, input_precision=DOT)
-               + tl.dot(T31, X1, input_precision=DOT) + tl.dot(T32, X2, input_precision=DOT)
-               + tl.dot(T33, X3, input_precision=DOT))
+               _dot(T10, X0, DOT) + _dot(T11, X1, DOT))
+        _store(_tile(ob, L, cols, s_t, 1, 32, c0, 16, BC), _dot(T20, X0, DOT)
+               + _dot(T21, X1, DOT) + _dot(T22, X2, DOT))
+        _store(_tile(ob, L, cols, s_t, 1, 48, c0, 16, BC), _dot(T30, X0, DOT)
+               + _dot(T31, X1, DOT) + _dot(T32, X2, DOT)
+               + _dot(T33, X3, DOT))
+
+    @triton.jit
+    def _inverse(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33):
+        """``(I + A)^-1`` of a chunk from its ten 16 x 16 blocks on and below the diagonal: the diagonal
+        ones by forward substitution, those below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj``
+        (float32 products)."""
+        T00, T11 = _unit_lower_inverse(A00, 16), _unit_lower_inverse(A11, 16)
+        T22, T33 = _unit_lower_inverse(A22, 16), _unit_lower_inverse(A33, 16)
+        T10 = -_mm(T11, _mm(A10, T00))
+        T21 = -_mm(T22, _mm(A21, T11))
+        T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
+        T32 = -_mm(T33, _mm(A32, T22))
+        T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
+        T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
+        return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
 
     @triton.jit
     def _block_inverse(ab, L, sa_t):
-        """``(I + A)^-1`` of a chunk by its 16 x 16 blocks: the diagonal ones by forward substitution,
-        those below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj`` (float32 products)."""
-        T00 = _unit_lower_inverse(_block(ab, L, sa_t, 0, 0), 16)
-        T11 = _unit_lower_inverse(_block(ab, L, sa_t, 1, 1), 16)
-        T22 = _unit_lower_inverse(_block(ab, L, sa_t, 2, 2), 16)
-        T33 = _unit_lower_inverse(_block(ab, L, sa_t, 3, 3), 16)
-        T10 = -_mm(T11, _mm(_block(ab, L, sa_t, 1, 0), T00))
-        A21 = _block(ab, L, sa_t, 2, 1)
-        T21 = -_mm(T22, _mm(A21, T11))
-        T20 = -_mm(T22, _mm(_block(ab, L, sa_t, 2, 0), T00) + _mm(A21, T10))
-        A32 = _block(ab, L, sa_t, 3, 2)
-        A31 = _block(ab, L, sa_t, 3, 1)
-        T32 = -_mm(T33, _mm(A32, T22))
-        T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
-        T30 = -_mm(T33, _mm(_block(ab, L, sa_t, 3, 0), T00) + _mm(A31, T10) + _mm(A32, T20))
-        return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
+        """:func:`_inverse` of the chunk's ``A`` stored at ``ab``."""
+        return _inverse(_block(ab, L, sa_t, 0, 0), _block(ab, L, sa_t, 1, 0), _block(ab, L, sa_t, 1, 1),
+                        _block(ab, L, sa_t, 2, 0), _block(ab, L, sa_t, 2, 1), _block(ab, L, sa_t, 2, 2),
+                        _block(ab, L, sa_t, 3, 0), _block(ab, L, sa_t, 3, 1), _block(ab, L, sa_t, 3, 2),
+                        _block(ab, L, sa_t, 3, 3))
 
     @triton.jit
     def _store_kd(kdb, gl, X0, X1, X2, X3, c0, c1, c2, c3, r, L, K, skd_t, KP: tl.constexpr):
@@ -256,6 +282,205 @@ if triton is not None:
         _store(_tile(o_ptr + h64 * so_h + t0 * so_t, L, V, so_t, 1, 0, j * BV, 64, BV), o)
 
 
+    # ------------------------------------------------------------------ the v2 kernels (LaunchConfig.v2)
+    # kkt fused into wu (A never stored), the scan's state in two 64-row register blocks with the
+    # decay and the key norm folded into v_new's rows (k read raw, as the dot's operand), the output
+    # from raw q / k (norms and scale applied to the products' rows / columns); ``DOT = "bf16"``: the
+    # products' operands in bfloat16 (fp32 accumulation), the intermediates stored bfloat16.
+
+    @triton.jit
+    def _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR: tl.constexpr):
+        """:func:`_chunk`; ``REGULAR`` (no ``cu_seqlens``: sequences of ``n_tok`` tokens, ``n_chk`` chunks
+        each): from ``c`` alone, no chunk map (its ~20 small torch kernels are not launched)."""
+        if REGULAR:
+            n = c // n_chk
+            i = c - n * n_chk
+            t0 = n.to(tl.int64) * n_tok + i * 64
+            L = tl.minimum(n_tok - i * 64, 64)
+        else:
+            n = tl.load(seq_ptr + c)
+            t0 = tl.load(start_ptr + c).to(tl.int64)
+            L = tl.load(len_ptr + c)
+        return n, t0, L
+
+    @triton.jit
+    def _raw(bp):
+        """A tile as stored (its dtype: the dot operand without a conversion)."""
+        return tl.load(bp[0], mask=bp[1], other=0.0)
+
+    @triton.jit
+    def _sumsq(x):
+        xf = x.to(tl.float32)
+        return tl.sum(xf * xf, 1)
+
+    @triton.jit
+    def _keys_rk(bp, rkb, s_t, rows, L, eps, L2NORM: tl.constexpr):
+        """:func:`_keys` of 16 rows, storing their ``1 / |k|`` at ``rkb`` (``L2NORM``)."""
+        x = _load(bp)
+        if L2NORM:
+            rk = tl.math.rsqrt(tl.sum(x * x, 1) + eps)
+            tl.store(rkb + rows * s_t, rk, mask=rows < L)
+            x = x * rk[:, None]
+        return x
+
+    @triton.jit
+    def _akk(Xi, Xj, bi, ci, cj, DOT: tl.constexpr, DIAG: tl.constexpr):
+        """Block ``(i, j)`` of ``A``: ``beta_i (k_i . k_j) exp(gc_i - gc_j)`` (strictly lower on the diagonal)."""
+        a = _dot(Xi * bi[:, None], tl.trans(Xj), DOT)
+        d = ci[:, None] - cj[None, :]
+        if DIAG:
+            r = tl.arange(0, 16)
+            low = r[:, None] > r[None, :]
+            return tl.where(low, a * tl.exp(tl.where(low, d, 0.0)), 0.0)
+        else:
+            return a * tl.exp(d)
+
+    @triton.jit
+    def wu2_kernel(k_ptr, v_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, w_ptr, u_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk,
+                   K, V, GROUP, eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sw_t,
+                   sw_h, su_t, su_h,
+                   KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                   REGULAR: tl.constexpr):
+        """Program (chunk, head): ``gc`` and (``L2NORM``) the keys' ``1 / |k|`` (``rk``, float32 like
+        ``gc``) stored for the next launches, ``A`` by its ten 16 x 16 blocks from the chunk's key rows
+        (in registers), ``Tinv = (I + A)^-1``, ``w = Tinv (beta exp(gc) k)``, ``u = Tinv (beta v)``."""
+        c, h = tl.program_id(0), tl.program_id(1)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        r = tl.arange(0, 16)
+        h64 = h.to(tl.int64)
+        gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
+        g0, g1, g2, g3 = _vec(gb, sg_t, r, L), _vec(gb, sg_t, r + 16, L), _vec(gb, sg_t, r + 32, L), \
+            _vec(gb, sg_t, r + 48, L)
+        c0 = tl.cumsum(g0, 0)
+        c1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
+        c2 = tl.cumsum(g2, 0) + tl.sum(g0, 0) + tl.sum(g1, 0)
+        c3 = tl.cumsum(g3, 0) + tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0)
+        tl.store(cb + r * sc_t, c0, mask=r < L)
+        tl.store(cb + (r + 16) * sc_t, c1, mask=r + 16 < L)
+        tl.store(cb + (r + 32) * sc_t, c2, mask=r + 32 < L)
+        tl.store(cb + (r + 48) * sc_t, c3, mask=r + 48 < L)
+        b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
+            _vec(bb, sb_t, r + 48, L)
+        kb, rb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, rk_ptr + h64 * sc_h + t0 * sc_t
+        X0 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), rb, sc_t, r, L, eps, L2NORM)
+        X1 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), rb, sc_t, r + 16, L, eps, L2NORM)
+        X2 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), rb, sc_t, r + 32, L, eps, L2NORM)
+        X3 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), rb, sc_t, r + 48, L, eps, L2NORM)
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(
+            _akk(X0, X0, b0, c0, c0, DOT, True), _akk(X1, X0, b1, c1, c0, DOT, False),
+            _akk(X1, X1, b1, c1, c1, DOT, True), _akk(X2, X0, b2, c2, c0, DOT, False),
+            _akk(X2, X1, b2, c2, c1, DOT, False), _akk(X2, X2, b2, c2, c2, DOT, True),
+            _akk(X3, X0, b3, c3, c0, DOT, False), _akk(X3, X1, b3, c3, c1, DOT, False),
+            _akk(X3, X2, b3, c3, c2, DOT, False), _akk(X3, X3, b3, c3, c3, DOT, True))
+        X0, X1 = X0 * (b0 * tl.exp(c0))[:, None], X1 * (b1 * tl.exp(c1))[:, None]
+        X2, X3 = X2 * (b2 * tl.exp(c2))[:, None], X3 * (b3 * tl.exp(c3))[:, None]
+        _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, w_ptr + h64 * sw_h + t0 * sw_t, L, K,
+            sw_t, 0, KP, DOT)
+        vb, ub = v_ptr + h64 * sv_h + t0 * sv_t, u_ptr + h64 * su_h + t0 * su_t
+        for j in range(0, tl.cdiv(V, BV)):
+            _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, _rows16(vb, L, V, sv_t, sv_v, 0, j * BV, b0, BV),
+                _rows16(vb, L, V, sv_t, sv_v, 1, j * BV, b1, BV), _rows16(vb, L, V, sv_t, sv_v, 2, j * BV, b2, BV),
+                _rows16(vb, L, V, sv_t, sv_v, 3, j * BV, b3, BV), ub, L, V, su_t, j * BV, BV, DOT)
+
+    @triton.jit
+    def scan2_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, rk_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, n_tok, n_chk, K,
+                     V, GROUP, eps, sk_t, sk_h, sk_k, sw_t, sw_h, su_t, su_h, sc_t, sc_h, ss_n, ss_h, ss_k, ss_v,
+                     sh_c, sh_h, sh_k, svn_t, svn_h, sf_n, sf_h, sf_k,
+                     KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+                     HAS_STATE: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr):
+        """Program (sequence, head, column block): the state as rows ``0 .. KB`` (``S1``) and ``KB ..
+        2 KB`` (``S2``, when ``TWO``) through the sequence's chunks: store ``S``; ``v_new = u - w S``
+        (stored); ``S = exp(gc_last) S + k^T (v_new exp(gc_last - gc) rk)`` (``rk = 1 / |k|``, from
+        ``wu2``: no reduction on the sequential path)."""
+        n, h, j = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        h64, n64 = h.to(tl.int64), n.to(tl.int64)
+        if REGULAR:
+            ts, cs = n64 * n_tok, n64 * n_chk
+            te, ce = ts + n_tok, cs + n_chk
+        else:
+            ts, te = tl.load(cu_ptr + n).to(tl.int64), tl.load(cu_ptr + n + 1).to(tl.int64)
+            cs, ce = tl.load(cuc_ptr + n).to(tl.int64), tl.load(cuc_ptr + n + 1).to(tl.int64)
+        r = tl.arange(0, 64)
+        sb = s_ptr + n64 * ss_n + h64 * ss_h
+        if HAS_STATE:
+            S1 = _load(_tile(sb, K, V, ss_k, ss_v, 0, j * BV, KB, BV))
+        else:
+            S1 = tl.zeros((KB, BV), tl.float32)
+        if TWO:
+            if HAS_STATE:
+                S2 = _load(_tile(sb, K, V, ss_k, ss_v, KB, j * BV, KB, BV))
+            else:
+                S2 = tl.zeros((KB, BV), tl.float32)
+        kb = k_ptr + (h // GROUP).to(tl.int64) * sk_h
+        for c in range(cs, ce):
+            t0 = ts + (c - cs) * 64
+            L = tl.minimum(te - t0, 64).to(tl.int32)
+            hb, wb = h_ptr + c * sh_c + h64 * sh_h, w_ptr + h64 * sw_h + t0 * sw_t
+            _store(_tile(hb, K, V, sh_k, 1, 0, j * BV, KB, BV), S1)
+            k1 = _raw(_tile(kb + t0 * sk_t, L, K, sk_t, sk_k, 0, 0, 64, KB))
+            u = _load(_tile(u_ptr + h64 * su_h + t0 * su_t, L, V, su_t, 1, 0, j * BV, 64, BV))
+            vn = u - _dot(_raw(_tile(wb, L, K, sw_t, 1, 0, 0, 64, KB)), S1, DOT)
+            if TWO:
+                _store(_tile(hb, K, V, sh_k, 1, KB, j * BV, KB, BV), S2)
+                k2 = _raw(_tile(kb + t0 * sk_t, L, K, sk_t, sk_k, 0, KB, 64, KB))
+                vn -= _dot(_raw(_tile(wb, L, K, sw_t, 1, 0, KB, 64, KB)), S2, DOT)
+            _store(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV), vn)
+            gc = _vec(gc_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
+            gl = tl.load(gc_ptr + h64 * sc_h + (t0 + L - 1) * sc_t)  # L >= 1: a chunk of the sequence
+            f = tl.exp(tl.where(r < L, gl - gc, 0.0))
+            if L2NORM:
+                f = f * _vec(rk_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
+            vs = vn * f[:, None]
+            decay = tl.exp(gl)
+            S1 = S1 * decay + _dot(tl.trans(k1), vs, DOT)
+            if TWO:
+                S2 = S2 * decay + _dot(tl.trans(k2), vs, DOT)
+        fb = f_ptr + n64 * sf_n + h64 * sf_h
+        _store(_tile(fb, K, V, sf_k, 1, 0, j * BV, KB, BV), S1)
+        if TWO:
+            _store(_tile(fb, K, V, sf_k, 1, KB, j * BV, KB, BV), S2)
+
+    @triton.jit
+    def output2_kernel(q_ptr, k_ptr, gc_ptr, rk_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk,
+                       K, V, GROUP, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sc_t, sc_h, sh_c, sh_h, sh_k,
+                       svn_t, svn_h,
+                       so_t, so_h,
+                       KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+                       DOT: tl.constexpr, REGULAR: tl.constexpr):
+        """Program (chunk, head, column block): ``o = diag(s exp(gc)) (q S) + causal(diag(s) (q k^T)
+        diag(1 / |k|) exp(gc_i - gc_j)) v_new`` on raw ``q`` / ``k`` (``s = scale / |q|``)."""
+        c, h, j = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        r = tl.arange(0, 64)
+        h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
+        qb, kb = q_ptr + hk * sq_h + t0 * sq_t, k_ptr + hk * sk_h + t0 * sk_t
+        # a chunk id past the last chunk reads chunk 0's rows of nothing (L = 0) and stores nothing
+        hb = h_ptr + c.to(tl.int64) * sh_c * (L > 0) + h64 * sh_h
+        q1, k1 = _raw(_tile(qb, L, K, sq_t, sq_k, 0, 0, 64, KB)), _raw(_tile(kb, L, K, sk_t, sk_k, 0, 0, 64, KB))
+        a = _dot(q1, tl.trans(k1), DOT)
+        o = _dot(q1, _raw(_tile(hb, K, V, sh_k, 1, 0, j * BV, KB, BV)), DOT)
+        if L2NORM:
+            nq = _sumsq(q1)
+        if TWO:
+            q2, k2 = _raw(_tile(qb, L, K, sq_t, sq_k, 0, KB, 64, KB)), _raw(_tile(kb, L, K, sk_t, sk_k, 0, KB, 64, KB))
+            a += _dot(q2, tl.trans(k2), DOT)
+            o += _dot(q2, _raw(_tile(hb, K, V, sh_k, 1, KB, j * BV, KB, BV)), DOT)
+            if L2NORM:
+                nq += _sumsq(q2)
+        sq = tl.full((64,), 1.0, tl.float32) * scale
+        if L2NORM:
+            sq = sq * tl.math.rsqrt(nq + eps)
+        gc = _vec(gc_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
+        causal = r[:, None] >= r[None, :]
+        fa = sq[:, None] * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
+        if L2NORM:
+            fa = fa * _vec(rk_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)[None, :]
+        a = tl.where(causal, a * fa, 0.0)
+        vn = _raw(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV))
+        o = o * (sq * tl.exp(gc))[:, None] + _dot(a, vn, DOT)
+        _store(_tile(o_ptr + h64 * so_h + t0 * so_t, L, V, so_t, 1, 0, j * BV, 64, BV), o)
+
+
 def aot_variants():
     """The launches to compile ahead of time for sm_90: Qwen3-Next's prefill (bf16 q / k / v and
     beta, float32 g, K = V = 128, l2norm, a state, tf32 products, float32 intermediates), and a
@@ -286,6 +511,15 @@ def aot_variants():
         yield AotVariant(wu_kernel, sig(wu_kernel, io), dict(common, BV=64), opts)
         yield AotVariant(scan_kernel, sig(scan_kernel, io), dict(common, BV=32, HAS_STATE=state), opts)
         yield AotVariant(output_kernel, sig(output_kernel, io), dict(common, BV=64), opts)
+    # gdn_chunk.FAST (v2, bf16 operands and intermediates): Qwen3-Next's prefill with a state
+    v2 = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "h_ptr", "vn_ptr"), "*bf16")}
+    opts4 = {"num_warps": 8, "num_stages": 2}
+    yield AotVariant(wu2_kernel, sig(wu2_kernel, v2), dict(KP=128, BV=64, L2NORM=True, DOT="bf16",
+                                                                      REGULAR=True), opts4)
+    yield AotVariant(scan2_kernel, sig(scan2_kernel, v2), dict(KB=64, TWO=True, BV=32, L2NORM=True, HAS_STATE=True,
+                                                               DOT="bf16", REGULAR=False), opts4)
+    yield AotVariant(output2_kernel, sig(output2_kernel, v2), dict(KB=64, TWO=True, BV=64, L2NORM=True, DOT="bf16",
+                                                                       REGULAR=True), opts4)
     pre = dict(KP=128, L2NORM=True, DOT="tf32", PRE_KD=True)  # LaunchConfig(precompute_kd=True)
     yield AotVariant(wu_kernel, sig(wu_kernel, bf16), dict(pre, BV=64), {"num_warps": 8, "num_stages": 1})
     yield AotVariant(scan_kernel, sig(scan_kernel, bf16), dict(pre, BV=32, HAS_STATE=True),

@@ -27,8 +27,9 @@ float32)::
 CPU: :func:`reference` (the token loop of ``gdn_recurrent_step``, per sequence: the spec). CUDA:
 four Triton launches by chunks (:mod:`kda_inductor.lowerings._gdn_chunk_kernels`: the inverse of
 ``I + A`` per chunk, the UT transform ``w, u``, the sequential scan over chunks holding the state
-in registers, the output), float32 state and inverse; the chunk map (which sequence and tokens
-each chunk holds) computed on the device from ``cu_seqlens``: no host sync, CUDA-graph safe.
+in registers, the output; :data:`FAST`: three, with bfloat16 products as fla's), float32 state and
+inverse; the chunk map (which sequence and tokens each chunk holds) computed on the device from
+``cu_seqlens``: no host sync, CUDA-graph safe.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from kda_inductor.lowerings._triton import triton
 from kda_inductor.lowerings.gdn_recurrent_step import (check_gates, check_qkv, check_scalars, check_sizes,
                                                        reference_step)
 
-__all__ = ["CHUNK", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk", "reference", "validate"]
+__all__ = ["CHUNK", "DEFAULT", "FAST", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk",
+           "reference", "validate"]
 
 _INTS = (torch.int32, torch.int64)
 
@@ -207,6 +209,29 @@ class LaunchConfig(NamedTuple):
     inter_dtype: torch.dtype = torch.float32
     """The stored ``w``, ``u``, ``v_new`` and per-chunk states (float32; bfloat16 halves their
     traffic, as fla stores them, at the cost of a rounding)."""
+    v2: bool = False
+    """Three launches instead of four (K <= 128; larger K runs the four): ``kkt`` fused into ``wu``
+    (``A`` never leaves registers), the scan's state in two 64-row register blocks with the decay and
+    the key norm folded into ``v_new``'s rows (``k`` read raw as the product's operand), the output
+    from raw ``q`` / ``k`` with the norms and scale applied to the products (no float32 copies of the
+    tiles). ``precompute_kd`` does not apply."""
+    lowp: bool = False
+    """With ``v2``, bfloat16 inputs and ``dot != "ieee"``: the large products' operands in bfloat16
+    (float32 accumulation, as fla runs them) and ``w``, ``u``, ``v_new`` and the per-chunk states
+    stored bfloat16 (``inter_dtype`` ignored); the state, ``gc`` and the inverse stay float32."""
+
+
+DEFAULT = LaunchConfig()
+"""What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``."""
+
+FAST = LaunchConfig(scan_block_v=32, scan_warps=8, out_block_v=64, out_warps=8, warps=8, num_stages=2, v2=True,
+                    lowp=True)
+"""The fla-like launch (``v2``, bfloat16 operands and intermediates, 2 stages): not the default until
+an H200 times it against :class:`LaunchConfig`'s default (``benchmarks/bench_gdn_chunk.py --quick``).
+8 warps: at K = V = 128 for sm_90 (Triton 3.9, ahead-of-time, ``cuobjdump -res-usage``) ``scan2``
+takes 254 registers and no stack at 8 warps against 255 and 336 bytes of spills at 4 (fla's choice
+for its scan), ``output2`` 220 / none against 255 / 96, ``wu2`` 255 / 24 bytes against 255 / 232;
+the sweep times the 4-warp ones."""
 
 
 def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
@@ -230,7 +255,11 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
     B, T, Hv, N = meta.batch, meta.tokens, meta.v_heads, meta.sequences
     if N == 0 or Hv == 0:
         return o, final
-    cfg = config or LaunchConfig()
+    cfg = config or DEFAULT
+    if cfg.v2 and meta.k_dim <= 128:
+        _launch_v2(q, k, v, g, beta, o, final, initial_state, cu_seqlens, meta, cfg, dot, bool(use_qk_l2norm),
+                   _scale(scale, meta), float(eps))
+        return o, final
     if cu_seqlens is None:
         cu_seqlens = torch.arange(0, B + 1, device=v.device, dtype=torch.int64) * T
     _launch_all(q, k, v, g, beta, o, final, initial_state, cu_seqlens.to(torch.int64), meta, cfg, dot,
@@ -279,3 +308,51 @@ def _launch_all(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
         num_warps=cfg.out_warps, num_stages=stages)
 
 
+
+
+def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, scale, eps) -> None:
+    """:attr:`LaunchConfig.v2`'s three launches (``wu2``, ``scan2``, ``output2``); without
+    ``cu_seqlens`` the kernels derive each chunk's place from its id (no chunk map)."""
+    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+
+    B, T, Hk, K, Hv, V, N = (meta.batch, meta.tokens, meta.k_heads, meta.k_dim, meta.v_heads, meta.v_dim,
+                             meta.sequences)
+    Ttot, dev = B * T, v.device
+    q3, k3, v3 = q.reshape(Ttot, Hk, K), k.reshape(Ttot, Hk, K), v.reshape(Ttot, Hv, V)
+    g2, b2, o3 = g.reshape(Ttot, Hv), beta.reshape(Ttot, Hv), o.view(Ttot, Hv, V)
+    regular = cu_seqlens is None
+    NT = triton.cdiv(T, CHUNK)
+    if regular:
+        M, TS = B * NT, T
+        seq = start = length = cu = cu_chunks = final  # unread placeholders
+    else:
+        cu = cu_seqlens.to(torch.int64)
+        seq, start, length, cu_chunks, M = chunk_map(cu, Ttot)
+        TS = NT = 0
+    lowp = cfg.lowp and dot != "ieee" and k3.dtype == torch.bfloat16
+    inter = torch.bfloat16 if lowp else cfg.inter_dtype
+    if lowp:  # the interpreter's bf16 tl.dot is wrong: the same roundings, float32 products
+        dot = "bf16emu" if dev.type == "cpu" else "bf16"
+    gc, rk = (torch.empty((Ttot, Hv), device=dev, dtype=torch.float32) for _ in range(2))
+    w, u, vn = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, V, V))
+    hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    KB, TWO = min(KP, 64), KP > 64
+    BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
+    stages, group = cfg.num_stages, Hv // Hk
+    if M:
+        kern.wu2_kernel[(M, Hv)](
+            k3, v3, g2, b2, gc, rk, w, u, seq, start, length, TS, NT, K, V, group, eps, *k3.stride(), *v3.stride(),
+            *g2.stride(), *b2.stride(), *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2,
+            DOT=dot, REGULAR=regular, num_warps=cfg.warps, num_stages=stages)
+    kern.scan2_kernel[(N, Hv, triton.cdiv(V, BV))](
+        k3, w, u, gc, rk, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, group, eps,
+        *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
+        *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2], *final.stride()[:3],
+        KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, REGULAR=regular,
+        num_warps=cfg.scan_warps, num_stages=stages)
+    if M:
+        kern.output2_kernel[(M, Hv, triton.cdiv(V, OBV))](
+            q3, k3, gc, rk, hs, vn, o3, seq, start, length, TS, NT, K, V, group, scale, eps, *q3.stride(),
+            *k3.stride(), *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KB=KB, TWO=TWO,
+            BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular, num_warps=cfg.out_warps, num_stages=stages)

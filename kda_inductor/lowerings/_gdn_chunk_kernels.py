@@ -336,6 +336,57 @@ if triton is not None:
             return a * tl.exp(d)
 
     @triton.jit
+    def _gc16(gb, cb, sg_t, sc_t, r, L):
+        """The chunk's cumulative decay ``gc`` by its four 16-row blocks, stored at ``cb``."""
+        g0, g1, g2, g3 = _vec(gb, sg_t, r, L), _vec(gb, sg_t, r + 16, L), _vec(gb, sg_t, r + 32, L), \
+            _vec(gb, sg_t, r + 48, L)
+        c0 = tl.cumsum(g0, 0)
+        c1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
+        c2 = tl.cumsum(g2, 0) + tl.sum(g0, 0) + tl.sum(g1, 0)
+        c3 = tl.cumsum(g3, 0) + tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0)
+        tl.store(cb + r * sc_t, c0, mask=r < L)
+        tl.store(cb + (r + 16) * sc_t, c1, mask=r + 16 < L)
+        tl.store(cb + (r + 32) * sc_t, c2, mask=r + 32 < L)
+        tl.store(cb + (r + 48) * sc_t, c3, mask=r + 48 < L)
+        return c0, c1, c2, c3
+
+    @triton.jit
+    def _seq_range(n, n64, cu_ptr, cuc_ptr, n_tok, n_chk, REGULAR: tl.constexpr):
+        """``(first token, end token, first chunk, end chunk)`` of sequence ``n``."""
+        if REGULAR:
+            ts, cs = n64 * n_tok, n64 * n_chk
+            te, ce = ts + n_tok, cs + n_chk
+        else:
+            ts, te = tl.load(cu_ptr + n).to(tl.int64), tl.load(cu_ptr + n + 1).to(tl.int64)
+            cs, ce = tl.load(cuc_ptr + n).to(tl.int64), tl.load(cuc_ptr + n + 1).to(tl.int64)
+        return ts, te, cs, ce
+
+    @triton.jit
+    def _state_in(sb, K, V, ss_k, ss_v, j, KB: tl.constexpr, BV: tl.constexpr, HAS_STATE: tl.constexpr,
+                  TWO: tl.constexpr):
+        """The state's column block ``j`` as rows ``0 .. KB`` and ``KB .. 2 KB`` (zeros without a
+        state; the second unread unless ``TWO``)."""
+        if HAS_STATE:
+            S1 = _load(_tile(sb, K, V, ss_k, ss_v, 0, j * BV, KB, BV))
+        else:
+            S1 = tl.zeros((KB, BV), tl.float32)
+        if TWO and HAS_STATE:
+            S2 = _load(_tile(sb, K, V, ss_k, ss_v, KB, j * BV, KB, BV))
+        else:
+            S2 = tl.zeros((KB, BV), tl.float32)
+        return S1, S2
+
+    @triton.jit
+    def _row_factor(cb, rb, sc_t, r, L, L2NORM: tl.constexpr):
+        """``(exp(gc_last - gc) rk, gc_last)`` of a chunk's rows (``rk = 1 / |k|`` when ``L2NORM``)."""
+        gc = _vec(cb, sc_t, r, L)
+        gl = tl.load(cb + (L - 1) * sc_t)  # L >= 1: a chunk of the sequence
+        f = tl.exp(tl.where(r < L, gl - gc, 0.0))
+        if L2NORM:
+            f = f * _vec(rb, sc_t, r, L)
+        return f, gl
+
+    @triton.jit
     def wu2_kernel(k_ptr, v_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, w_ptr, u_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk,
                    K, V, GROUP, eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sw_t,
                    sw_h, su_t, su_h,
@@ -349,16 +400,7 @@ if triton is not None:
         r = tl.arange(0, 16)
         h64 = h.to(tl.int64)
         gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
-        g0, g1, g2, g3 = _vec(gb, sg_t, r, L), _vec(gb, sg_t, r + 16, L), _vec(gb, sg_t, r + 32, L), \
-            _vec(gb, sg_t, r + 48, L)
-        c0 = tl.cumsum(g0, 0)
-        c1 = tl.cumsum(g1, 0) + tl.sum(g0, 0)
-        c2 = tl.cumsum(g2, 0) + tl.sum(g0, 0) + tl.sum(g1, 0)
-        c3 = tl.cumsum(g3, 0) + tl.sum(g0, 0) + tl.sum(g1, 0) + tl.sum(g2, 0)
-        tl.store(cb + r * sc_t, c0, mask=r < L)
-        tl.store(cb + (r + 16) * sc_t, c1, mask=r + 16 < L)
-        tl.store(cb + (r + 32) * sc_t, c2, mask=r + 32 < L)
-        tl.store(cb + (r + 48) * sc_t, c3, mask=r + 48 < L)
+        c0, c1, c2, c3 = _gc16(gb, cb, sg_t, sc_t, r, L)
         b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
             _vec(bb, sb_t, r + 48, L)
         kb, rb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, rk_ptr + h64 * sc_h + t0 * sc_t
@@ -394,23 +436,9 @@ if triton is not None:
         ``wu2``: no reduction on the sequential path)."""
         n, h, j = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         h64, n64 = h.to(tl.int64), n.to(tl.int64)
-        if REGULAR:
-            ts, cs = n64 * n_tok, n64 * n_chk
-            te, ce = ts + n_tok, cs + n_chk
-        else:
-            ts, te = tl.load(cu_ptr + n).to(tl.int64), tl.load(cu_ptr + n + 1).to(tl.int64)
-            cs, ce = tl.load(cuc_ptr + n).to(tl.int64), tl.load(cuc_ptr + n + 1).to(tl.int64)
+        ts, te, cs, ce = _seq_range(n, n64, cu_ptr, cuc_ptr, n_tok, n_chk, REGULAR)
         r = tl.arange(0, 64)
-        sb = s_ptr + n64 * ss_n + h64 * ss_h
-        if HAS_STATE:
-            S1 = _load(_tile(sb, K, V, ss_k, ss_v, 0, j * BV, KB, BV))
-        else:
-            S1 = tl.zeros((KB, BV), tl.float32)
-        if TWO:
-            if HAS_STATE:
-                S2 = _load(_tile(sb, K, V, ss_k, ss_v, KB, j * BV, KB, BV))
-            else:
-                S2 = tl.zeros((KB, BV), tl.float32)
+        S1, S2 = _state_in(s_ptr + n64 * ss_n + h64 * ss_h, K, V, ss_k, ss_v, j, KB, BV, HAS_STATE, TWO)
         kb = k_ptr + (h // GROUP).to(tl.int64) * sk_h
         for c in range(cs, ce):
             t0 = ts + (c - cs) * 64
@@ -425,11 +453,7 @@ if triton is not None:
                 k2 = _raw(_tile(kb + t0 * sk_t, L, K, sk_t, sk_k, 0, KB, 64, KB))
                 vn -= _dot(_raw(_tile(wb, L, K, sw_t, 1, 0, KB, 64, KB)), S2, DOT)
             _store(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV), vn)
-            gc = _vec(gc_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
-            gl = tl.load(gc_ptr + h64 * sc_h + (t0 + L - 1) * sc_t)  # L >= 1: a chunk of the sequence
-            f = tl.exp(tl.where(r < L, gl - gc, 0.0))
-            if L2NORM:
-                f = f * _vec(rk_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
+            f, gl = _row_factor(gc_ptr + h64 * sc_h + t0 * sc_t, rk_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L, L2NORM)
             vs = vn * f[:, None]
             decay = tl.exp(gl)
             S1 = S1 * decay + _dot(tl.trans(k1), vs, DOT)
@@ -481,27 +505,29 @@ if triton is not None:
         _store(_tile(o_ptr + h64 * so_h + t0 * so_t, L, V, so_t, 1, 0, j * BV, 64, BV), o)
 
 
+def _aot_signature(kernel, ptrs: dict) -> dict:
+    """A kernel's argument types for ahead-of-time compiles: ``ptrs`` by name, other pointers
+    float32, ``scale`` / ``eps`` float32, sizes and strides int32 (constexprs left out)."""
+    out = {}
+    for name in kernel.arg_names:
+        if name in ptrs:
+            out[name] = ptrs[name]
+        elif name.endswith("_ptr"):
+            out[name] = "*fp32"
+        elif name in ("scale", "eps"):
+            out[name] = "fp32"
+        elif not (name.isupper() and name not in ("K", "V", "GROUP")):  # else a constexpr
+            out[name] = "i32"
+    return out
+
+
 def aot_variants():
     """The launches to compile ahead of time for sm_90: Qwen3-Next's prefill (bf16 q / k / v and
     beta, float32 g, K = V = 128, l2norm, a state, tf32 products, float32 intermediates), and a
     float32 one without l2norm or state in ieee products."""
     from kda_inductor.lowerings import AotVariant
 
-    def sig(kernel, ptrs: dict, **scalars):
-        out = {}
-        for name in kernel.arg_names:
-            if name in ptrs:
-                out[name] = ptrs[name]
-            elif name.endswith("_ptr"):
-                out[name] = "*fp32"
-            elif name in ("scale", "eps"):
-                out[name] = "fp32"
-            elif name.isupper() and name not in ("K", "V", "GROUP"):
-                continue  # constexpr
-            else:
-                out[name] = "i32"
-        return out
-
+    sig = _aot_signature
     maps = {"seq_ptr": "*i32", "start_ptr": "*i64", "len_ptr": "*i32", "cu_ptr": "*i64", "cuc_ptr": "*i64"}
     bf16 = {**maps, **dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "b_ptr", "o_ptr"), "*bf16")}
     fp32 = dict(maps)

@@ -310,6 +310,17 @@ def _launch_all(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
 
 
 
+def _v2_chunks(cu_seqlens, placeholder, B: int, T: int):
+    """``(chunks, tokens a sequence, chunks a sequence, (seq, start, length, cu, cu_chunks))`` of
+    the v2 launches: without ``cu_seqlens`` every sequence has ``T`` tokens and the kernels find
+    a chunk's place from its id (the maps are unread placeholders); else :func:`chunk_map`'s."""
+    if cu_seqlens is None:
+        return B * triton.cdiv(T, CHUNK), T, triton.cdiv(T, CHUNK), (placeholder,) * 5
+    cu = cu_seqlens.to(torch.int64)
+    seq, start, length, cu_chunks, M = chunk_map(cu, B * T)
+    return M, 0, 0, (seq, start, length, cu, cu_chunks)
+
+
 def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, scale, eps) -> None:
     """:attr:`LaunchConfig.v2`'s three launches (``wu2``, ``scan2``, ``output2``); without
     ``cu_seqlens`` the kernels derive each chunk's place from its id (no chunk map)."""
@@ -321,14 +332,7 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
     q3, k3, v3 = q.reshape(Ttot, Hk, K), k.reshape(Ttot, Hk, K), v.reshape(Ttot, Hv, V)
     g2, b2, o3 = g.reshape(Ttot, Hv), beta.reshape(Ttot, Hv), o.view(Ttot, Hv, V)
     regular = cu_seqlens is None
-    NT = triton.cdiv(T, CHUNK)
-    if regular:
-        M, TS = B * NT, T
-        seq = start = length = cu = cu_chunks = final  # unread placeholders
-    else:
-        cu = cu_seqlens.to(torch.int64)
-        seq, start, length, cu_chunks, M = chunk_map(cu, Ttot)
-        TS = NT = 0
+    M, TS, NT, (seq, start, length, cu, cu_chunks) = _v2_chunks(cu_seqlens, final, B, T)
     lowp = cfg.lowp and dot != "ieee" and k3.dtype == torch.bfloat16
     inter = torch.bfloat16 if lowp else cfg.inter_dtype
     if lowp:  # the interpreter's bf16 tl.dot is wrong: the same roundings, float32 products

@@ -332,6 +332,21 @@ def test_no_import_cycle():
     assert "kda_inductor.backend" not in graph["kda_inductor._dynamo_fixes"]  # read inside a function too
 
 
+def test_no_rewrite_imports_another_rewrites_module():
+    """Rewrites do not reach into each other: a pattern file imports from ``patterns/`` only the
+    shared modules (``_``-prefixed: ``_merged_norms``, ``_cache_writes``, ...) and the framework
+    (``base``, ``canonical``); what two rewrites both use moves there."""
+    from kda_inductor.patterns import REWRITES
+
+    rewrite_modules = {cls.__module__ for cls in REWRITES.values()}
+    modules = {_module(p) for p in (ROOT / "kda_inductor").rglob("*.py")}
+    found = [f"{p.name} imports {m}" for p in sorted((ROOT / "kda_inductor" / "patterns").glob("*.py"))
+             if p.name != "__init__.py"  # the registry
+             for m in sorted(_module_imports(p, modules)) if m in rewrite_modules and m != _module(p)]
+    assert not found, found
+    assert len(rewrite_modules) == len(REWRITES)  # one file per rewrite
+
+
 def test_no_lowering_imports_another_lowerings_private_names():
     """Helpers two lowerings share are public in their module (``gated_norm_merge``'s tile,
     ``_fp8``'s roundings): no ``from kda_inductor.lowerings.x import _private``."""

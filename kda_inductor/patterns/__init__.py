@@ -12,6 +12,7 @@ from kda_inductor.patterns.causal_conv1d import CausalConv1d
 from kda_inductor.patterns.gated_norm_merge import GatedNormMerge
 from kda_inductor.patterns.gated_norm_quant import GatedNormQuant
 from kda_inductor.patterns.gdn_recurrent_step import GdnRecurrentStep
+from kda_inductor.patterns.gdn_recurrent_step_write_back import GdnRecurrentStepWriteBack
 from kda_inductor.patterns.gdn_spec_split import GdnSpecSplit
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
 from kda_inductor.patterns.indexer_k_write import IndexerKWrite
@@ -21,6 +22,13 @@ REWRITES: dict[str, type[Rewrite]] = ordered(
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 """The only list of rewrites: the pass, the options, ``benchmarks/report.py``, ``.ci/gpu``, the
 spelling corpus, the README's rewrite table and ``docs/rewrites.md`` all read it."""
+
+STAGES: dict[str, tuple[type[Rewrite], ...]] = {"gdn_recurrent_step": (GdnRecurrentStepWriteBack,)}
+"""A registered rewrite's later stages: rewrites of their own (``find`` / ``replace``) with no name
+of their own, which the pass manager runs right after it on each graph, their matches, parts and
+misses counted under its name. So ``disable`` of that name turns them off too, and the reports,
+the options and ``.ci/gpu`` know only the names above. ``gdn_recurrent_step``'s write-back puts
+a functional step (the fla rule's, or one the first stage left functional) in place on its cache."""
 
 
 def markdown_table() -> str:
@@ -61,4 +69,4 @@ def _order_of(name: str) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite", "markdown_table", "ordered", "rewrites_page"]
+__all__ = ["REWRITES", "REWRITE_NAMES", "STAGES", "Rewrite", "markdown_table", "ordered", "rewrites_page"]

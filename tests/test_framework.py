@@ -350,6 +350,17 @@ def test_no_rewrite_imports_another_rewrites_module():
     assert set(STAGES) <= set(REWRITES) and all(cls.name == name for name, cs in STAGES.items() for cls in cs)
 
 
+def test_every_shared_pattern_module_says_which_rewrites_use_it():
+    """A shared module (``patterns/_*.py``) opens with a docstring naming the rewrites that use it
+    (its public names are those other modules read: the rest are ``_``-prefixed)."""
+    bare = []
+    for p in sorted((ROOT / "kda_inductor" / "patterns").glob("_*.py")):
+        doc = ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) or ""
+        if p.name != "__init__.py" and not any(f"``{name}``" in doc or "every rewrite" in doc for name in REWRITE_NAMES):
+            bare.append(p.name)
+    assert not bare, bare
+
+
 def test_no_lowering_imports_another_lowerings_private_names():
     """Helpers two lowerings share are public in their module (``gated_norm_merge``'s tile,
     ``_fp8``'s roundings): no ``from kda_inductor.lowerings.x import _private``."""

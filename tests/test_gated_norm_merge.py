@@ -26,9 +26,8 @@ from kda_inductor.testing import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
-from tests.helpers import device_params  # noqa: E402
+from tests.helpers import ON, device_params  # noqa: E402
 
-ON = {"kda": {"strict": True}}
 H, D = 3, 16
 
 

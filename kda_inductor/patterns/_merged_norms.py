@@ -44,7 +44,7 @@ def _same_or_symbolic(a, b) -> bool:
 
 
 @dataclasses.dataclass
-class Write:
+class _Write:
     index: fx.Node
     values: fx.Node
     dim: int
@@ -55,7 +55,7 @@ class NormMatch(Match):
     """A gated RMSNorm and, unless merge-free, the merge that wrote its input."""
 
     norm: Norm
-    writes: list[Write]
+    writes: list[_Write]
     num_tokens: Any  # merged tokens: an int, or the SymInt node that sized the torch.empty
     width: int  # values per token (R norm rows of D)
     pad_value: float | None = None  # the merged buffer's fill (rows no source writes; padding tokens)
@@ -159,7 +159,7 @@ class _Searcher(Misses):
             return None
         return writes, T, chain, fill
 
-    def _writes(self, last: fx.Node) -> list[Write] | None:
+    def _writes(self, last: fx.Node) -> list[_Write] | None:
         """The row writes of the index_put chain ending at ``last``, first write first: one
         index tensor each, no accumulation, no partial merge read elsewhere."""
         writes, n = [], last
@@ -170,14 +170,14 @@ class _Searcher(Misses):
             if accumulate or len(tensors) != 1:
                 return self.miss(n, Stage.FORM, "not a row write (accumulate, or several index tensors)")
             d, idx = tensors[0]
-            writes.append(Write(idx, values, d))
+            writes.append(_Write(idx, values, d))
             if n is not last and len(live_users(n)) != 1:
                 return self.miss(n, Stage.FORM, "a partial merge is read elsewhere")
             n = base
         writes.reverse()
         return writes
 
-    def _token_rows(self, last: fx.Node, writes: list[Write]) -> bool:
+    def _token_rows(self, last: fx.Node, writes: list[_Write]) -> bool:
         """The layout: one or two writes along one dim, every dim before it of size 1 (token rows)."""
         if len(writes) > 2 or len({w.dim for w in writes}) != 1:
             self.miss(last, Stage.FORM, "more than two writes, or writes along different dims")
@@ -188,7 +188,7 @@ class _Searcher(Misses):
             return False
         return True
 
-    def _partition(self, last: fx.Node, writes: list[Write], base: fx.Node) -> Any:
+    def _partition(self, last: fx.Node, writes: list[_Write], base: fx.Node) -> Any:
         """The merged token count ``T`` (an int, or the node that sized the buffer where it is
         symbolic), where the index tensors may partition the tokens: distinct graph values
         whose lengths do not provably miss ``T`` (the values cannot be checked); else None."""
@@ -205,7 +205,7 @@ class _Searcher(Misses):
                 return self.miss(last, Stage.FORM, "the token count is symbolic but not a size of the torch.empty")
         return T
 
-    def _values_fit(self, last: fx.Node, writes: list[Write]) -> bool:
+    def _values_fit(self, last: fx.Node, writes: list[_Write]) -> bool:
         """Each write's values are exactly the rows it writes (``[1, ..., n, *rest]``, leading
         1s optional: ``out[:, idx] = v``), of the buffer's dtype: no broadcast."""
         mv = val(last)
@@ -248,7 +248,7 @@ class _Searcher(Misses):
 
 
 @dataclasses.dataclass(frozen=True)
-class NormSearch:
+class _NormSearch:
     """The ``gated_norms`` analysis: every gated norm in a graph with what wrote its input, and
     the candidates rejected (``gated_norm_merge`` reports them)."""
 
@@ -256,11 +256,11 @@ class NormSearch:
     misses: list[Miss]
 
 
-def gated_norms(graph: fx.Graph) -> NormSearch:
+def gated_norms(graph: fx.Graph) -> _NormSearch:
     """The norm search, run once per graph: ``gated_norm_quant`` and ``gated_norm_merge`` read
     it through ``Rewrite.analysis(graph, gated_norms)``."""
     searcher = _Searcher()
-    return NormSearch(searcher.search(graph), searcher.misses)
+    return _NormSearch(searcher.search(graph), searcher.misses)
 
 
 def norm_arguments(match: NormMatch) -> dict:

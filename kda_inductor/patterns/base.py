@@ -27,7 +27,7 @@ import torch.utils._pytree as pytree
 
 # re-exported: the rewrites import the graph helpers and the speed rules' readings from here
 from kda_inductor.patterns._fusion import cpu_min_count_rule, fused_consumer_reduction, fused_into_users  # noqa: F401
-from kda_inductor.patterns._fusion import inline_producer  # noqa: F401
+from kda_inductor.patterns._fusion import cuda_min_count_rule, inline_producer  # noqa: F401
 from kda_inductor.patterns._graph import SHAPE_VIEWS, VIEWS, aten, earliest, erase_dead, escaping  # noqa: F401
 from kda_inductor.patterns._graph import in_graph_order, is_dead, is_op, live_users, mutated_nodes  # noqa: F401
 from kda_inductor.patterns._graph import moved, positions, prims, reachable, remap, val  # noqa: F401

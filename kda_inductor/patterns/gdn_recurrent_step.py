@@ -64,7 +64,8 @@ from kda_inductor.lowerings import gdn_recurrent_step as _lowering  # registers 
 from kda_inductor.patterns import _gdn_products as products
 from kda_inductor.patterns import base
 from kda_inductor.patterns._graph import copy_into
-from kda_inductor.patterns.base import Match, Rewrite, Stage, aten, in_graph_order, is_op, live_users, prims, val
+from kda_inductor.patterns.base import (Match, Rewrite, Stage, aten, cuda_min_count_rule, in_graph_order, is_op,
+                                        live_users, prims, val)
 from kda_inductor.patterns._axes import (VALUE_VIEWS, F, arrange, between, broadcast, factors, fresh,
                                           known, labels_of, relabel, repeat, shape, sole_user,
                                           token, unit, upcast, written)
@@ -408,12 +409,8 @@ class GdnRecurrentStep(Rewrite):
         return out
 
     def speed_rule(self, match: StepMatch) -> str | None:
-        batch = shape(match.anchor)[0]
         if match.device == "cuda":
-            if CUDA_MIN_BATCH > 1 and not (isinstance(batch, int) and batch >= CUDA_MIN_BATCH):
-                return (f"on cuda the op is faster than Inductor's code from {CUDA_MIN_BATCH} sequences (this one: "
-                        f"{batch}; measured, see patterns/gdn_recurrent_step.py)")
-            return None
+            return cuda_min_count_rule(shape(match.anchor)[0], CUDA_MIN_BATCH, "sequences", "gdn_recurrent_step.py")
         return (f"on {match.device} the op's implementation (the loop in eager float32 torch) is slower than "
                 "the C++ Inductor generates for it (measured, see patterns/gdn_recurrent_step.py)")
 

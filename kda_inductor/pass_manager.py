@@ -50,6 +50,11 @@ GRAD_SKIP = (
 )
 
 
+FORCE_HINT = ' (options={"kda": {"force": True}} rewrites it anyway)'
+"""How a speed rule's miss says to force the rewrite (on CPU every match reads so: the backend
+leaves CPU code to Inductor)."""
+
+
 class KdaPostGradPass(CustomGraphPass):
     """Runs the enabled rewrites; a failing rewrite is skipped with a warning.
 
@@ -135,7 +140,7 @@ class KdaPostGradPass(CustomGraphPass):
         ``Stage.SPEED_RULE`` miss, and False); what the replacement stands for goes into ``moved``."""
         why = None if self.options.force else rewrite.speed_rule(match)
         if why:
-            rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}")
+            rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}{FORCE_HINT}")
             self.left_to_inductor.add(rewrite.name)
             return False
         with transaction(graph):

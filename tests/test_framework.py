@@ -361,6 +361,18 @@ def test_every_shared_pattern_module_says_which_rewrites_use_it():
     assert not bare, bare
 
 
+def test_importing_ops_registers_every_op():
+    """``import kda_inductor.ops`` (for users calling ``torch.ops.kda.*`` directly) registers the
+    ops of every lowering, the fla rules' ``gdn_chunk`` among them."""
+    code = ("import torch, kda_inductor.ops as ops; "
+            "assert {'gated_norm_merge', 'gdn_recurrent_step', 'gdn_chunk', 'causal_conv1d'} <= set(ops.LOWERINGS); "
+            "missing = [n for n in ('gated_norm_merge', 'gated_norm_quant', 'gdn_recurrent_step', 'gdn_chunk', "
+            "'causal_conv1d', 'indexer_k_gather', 'indexer_k_write') if not hasattr(torch.ops.kda, n)]; "
+            "assert not missing, missing; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def test_no_lowering_imports_another_lowerings_private_names():
     """Helpers two lowerings share are public in their module (``gated_norm_merge``'s tile,
     ``_fp8``'s roundings): no ``from kda_inductor.lowerings.x import _private``."""

@@ -665,6 +665,7 @@ def test_merge_free_norm_rule_static_threshold_symbolic_always(monkeypatch):
     out, c = _run(fn, x, z, w, options=unforced)
     assert c.matches["gated_norm_merge"] == 0
     assert "left to Inductor: on cpu" in str(c.records[0].misses["gated_norm_merge"])
+    assert 'options={"kda": {"force": True}} rewrites it anyway' in str(c.records[0].misses["gated_norm_merge"])
     monkeypatch.setattr(pattern.NormMatch, "device", "cuda")
     out, c = _run(fn, x, z, w, options=unforced)
     assert c.matches["gated_norm_merge"] == 1  # small and static: rewritten on CUDA

@@ -32,7 +32,7 @@ a functional step (the fla rule's, or one the first stage left functional) in pl
 
 
 def markdown_table() -> str:
-    """The README's rewrite table, one row per registered rewrite (``kda-inductor rewrites``;
+    """The README's rewrite table, one row per registered rewrite (``kda-inductor rewrites --markdown``;
     ``tests/test_readme.py`` checks the README holds exactly this); each name links to its
     section of ``docs/rewrites.md``."""
     lines = ["| name | finds | replaces with |", "|---|---|---|"]
@@ -43,10 +43,10 @@ def markdown_table() -> str:
 def rewrites_page() -> str:
     """``docs/rewrites.md``: every registered rewrite in the order the pass runs them, with what
     it finds, every spelling it reads, what it becomes, its place in the order (declared by it
-    or by the other) and its pattern file (``kda-inductor rewrites --update`` writes it;
+    or by the other) and its pattern file (``python -m kda_inductor.cli update-docs`` writes it;
     ``tests/test_readme.py`` checks it)."""
     out = ["# The rewrites", "",
-           "<!-- generated from the registry: kda-inductor rewrites --update (tests/test_readme.py checks it) -->",
+           "<!-- generated from the registry: python -m kda_inductor.cli update-docs (tests/test_readme.py checks it) -->",
            "", "In the order the pass runs them. Each pattern file's docstring holds the rest: the canonical form it",
            "reads, what must not match, and its speed rule with a one-line summary of its measurement",
            "([speed-rules.md](speed-rules.md) holds the measurements and their history).", ""]

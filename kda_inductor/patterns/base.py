@@ -10,8 +10,8 @@ A rewrite is two steps over a post-grad FX graph:
 Matches are frozen; the pass manager remaps their inputs to earlier replacements (:func:`remap`).
 
 The pass manager runs ``replace`` inside :func:`transaction`, so a rewrite that raises half-way
-leaves the graph as it found it. The node helpers (``_graph``) and the speed rules' readings of
-what Inductor fuses (``_fusion``) are re-exported here.
+leaves the graph as it found it. The node helpers (``_graph``), the speed rules' readings of
+what Inductor fuses (``_fusion``) and the rejected candidates (``_misses``) are re-exported here.
 """
 
 from __future__ import annotations

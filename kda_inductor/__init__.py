@@ -16,7 +16,8 @@ pass alone, a plain attribute: vLLM resolves the name as
 ``__import__("kda_inductor").__dict__["post_grad_pass"]``) and ``VllmPostGradPass`` (the
 same with options), ``explain`` (with
 ``mode=``/``options=``; ``Explainer`` passes every keyword to fn) and its ``Report``, ``KdaOptions``,
-``REWRITE_NAMES`` and ``__version__``; ``kda_inductor.testing`` and the pytest
+``REWRITE_NAMES`` and ``__version__``; ``kda_inductor.ops`` (importing it registers every
+``torch.ops.kda.*`` op, for code that calls them directly); ``kda_inductor.testing`` and the pytest
 plugin for tests; the ``kda-inductor`` command.
 
 Attributes are imported on first use, so that ``import kda_inductor`` (which the

@@ -192,9 +192,6 @@ def fla_recurrent_step(q, k, v, g=None, beta=None, scale=None, initial_state=Non
     return out, final if output_final_state else None
 
 
-_READS = tuple(inspect.signature(fla_recurrent_step).parameters)
-
-
 def _rule_is_on(rule: str) -> bool:
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
@@ -237,12 +234,26 @@ def _same_function(fn: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _substitute(fn: Callable[..., Any]) -> None:
-    """Register the rule for one fla entry point: in a trace, its call is bound against fla's own
-    signature; in our op's domain (every argument :func:`fla_recurrent_step` does not read at its
-    default, a decay and a beta per head given) and with the rule on, it is that function; else
-    fla's."""
+    """Register the rule for one fla recurrent entry point: in our op's domain (a decay and a beta
+    per head given) and with the rule on, :func:`fla_recurrent_step` (:func:`_substitute_with`)."""
     import kda_inductor.lowerings.gdn_recurrent_step  # noqa: F401  (registers the op fla_recurrent_step calls)
 
+    def in_domain(bound: dict) -> bool:
+        beta = bound.get("beta")
+        return (beta is not None and beta.dim() == 3  # one beta per head (not per value channel)
+                and (bound.get("g") is not None or bound.get("gk") is not None))
+
+    _substitute_with(fn, fla_recurrent_step, in_domain, _rule_on)
+
+
+def _substitute_with(fn: Callable[..., Any], ours: Callable[..., Any], in_domain: Callable[[dict], bool],
+                     rule_on: Callable[[], bool], *, extra_none: bool = False) -> None:
+    """Register ``ours`` for fla's ``fn`` in traces: its call is bound against fla's own
+    signature; where every argument ``ours`` does not read is at its default (``extra_none``: or
+    a keyword ``fn``'s ``**kwargs`` takes, given as None), ``in_domain(bound)`` holds and
+    ``rule_on()`` (evaluated once per trace), it is ``ours`` on the arguments it reads; else
+    ``fn``'s own function."""
+    reads = tuple(inspect.signature(ours).parameters)
     params = inspect.signature(fn).parameters.values()
     names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
@@ -250,13 +261,11 @@ def _substitute(fn: Callable[..., Any]) -> None:
 
     def traced(*args, **kwargs):
         bound = {**defaults, **dict(zip(names, args)), **kwargs}
-        others = [n for n in bound if n not in _READS]
-        beta = bound.get("beta")
-        in_domain = (len(args) <= len(names) and all(n in defaults and bound[n] is defaults[n] for n in others)
-                     and beta is not None and beta.dim() == 3  # one beta per head (not per value channel)
-                     and (bound.get("g") is not None or bound.get("gk") is not None))
-        if in_domain and _rule_on():
-            return fla_recurrent_step(**{n: bound[n] for n in _READS if n in bound})
+        others = [n for n in bound if n not in reads]
+        if (len(args) <= len(names) and all(bound[n] is defaults[n] if n in defaults else
+                                            extra_none and n not in names and bound[n] is None for n in others)
+                and in_domain(bound) and rule_on()):
+            return ours(**{n: bound[n] for n in reads if n in bound})
         return fla(*args, **kwargs)
 
     traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"
@@ -277,33 +286,17 @@ def fla_chunk(q, k, v, g=None, beta=None, scale=None, initial_state=None, output
     return out, final if output_final_state else None
 
 
-_CHUNK_READS = tuple(inspect.signature(fla_chunk).parameters)
-
-
 def _substitute_chunk(fn: Callable[..., Any]) -> None:
-    """:func:`_substitute` for fla's chunk entry point: in the op's domain (every argument
-    :func:`fla_chunk` does not read at its default; a decay and a beta per head, ``[B, T, HV]``:
-    a per-channel decay has no chunk kernel yet) and with the rule on, :func:`fla_chunk`; else fla's."""
+    """:func:`_substitute` for fla's chunk entry point: in the op's domain (a decay and a beta per
+    head, ``[B, T, HV]``: a per-channel decay has no chunk kernel yet) and with the rule on,
+    :func:`fla_chunk`; else fla's."""
     import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op fla_chunk calls)
 
-    params = inspect.signature(fn).parameters.values()
-    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-    defaults = {p.name: p.default for p in params if p.default is not p.empty}
-    fla = _same_function(fn)
-
-    def traced(*args, **kwargs):
-        bound = {**defaults, **dict(zip(names, args)), **kwargs}
-        others = [n for n in bound if n not in _CHUNK_READS]
+    def in_domain(bound: dict) -> bool:
         g, beta = bound.get("g"), bound.get("beta")
-        in_domain = (len(args) <= len(names) and all(n in defaults and bound[n] is defaults[n] for n in others)
-                     and g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3)
-        if in_domain and _chunk_rule_on():
-            return fla_chunk(**{n: bound[n] for n in _CHUNK_READS if n in bound})
-        return fla(*args, **kwargs)
+        return g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3
 
-    traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"
-    torch.compiler.substitute_in_graph(fn)(traced)
-    _substituted[id(fn)] = fn
+    _substitute_with(fn, fla_chunk, in_domain, _chunk_rule_on)
 
 
 # --------------------------------------------------------------------------- rule 3: transformers' torch chunk core
@@ -346,30 +339,22 @@ def _torch_chunk_rule_on() -> bool:
     return _rule_is_on(CHUNK_RULE) and (TORCH_CHUNK_RULE_MEASURED or bool(options and options.force))
 
 
+def torch_chunk(query, key, value, g, beta, initial_state=None, output_final_state=False,
+                use_qk_l2norm_in_kernel=False):
+    """transformers' ``torch_chunk_gated_delta_rule`` on the arguments it reads (``chunk_size`` 64),
+    as one ``kda::gdn_chunk``: :func:`fla_chunk` with the reference's scale, ``K ** -0.5``."""
+    return fla_chunk(query, key, value, g, beta, key.shape[-1] ** -0.5, initial_state, output_final_state,
+                     use_qk_l2norm_in_kernel)
+
+
 def _substitute_torch_chunk(fn: Callable[..., Any]) -> None:
-    """Rule 3 for one reference function: bound against its own signature, in the op's domain
-    (``chunk_size`` 64, no keyword it does not read, a decay and a beta per value head) and with
-    the rule on, :func:`fla_chunk` with the reference's scale (``K ** -0.5``); else the reference."""
-    import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op fla_chunk calls)
+    """Rule 3 for one reference function: in the op's domain (``chunk_size`` 64, keywords it does
+    not read None, a decay and a beta per value head) and with the rule on, :func:`torch_chunk`;
+    else the reference."""
+    import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op torch_chunk calls)
 
-    params = inspect.signature(fn).parameters.values()
-    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-    defaults = {p.name: p.default for p in params if p.default is not p.empty}
-    reference = _same_function(fn)
-    reads = ("query", "key", "value", "g", "beta", "initial_state", "output_final_state", "use_qk_l2norm_in_kernel")
-
-    def traced(*args, **kwargs):
-        bound = {**defaults, **dict(zip(names, args)), **kwargs}
+    def in_domain(bound: dict) -> bool:
         g, beta = bound.get("g"), bound.get("beta")
-        in_domain = (len(args) <= len(names) and bound.get("chunk_size", 64) == 64
-                     and all(bound[n] is None for n in bound if n not in (*reads, "chunk_size")) and all(n in bound for n in reads[:5])
-                     and g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3)
-        if in_domain and _torch_chunk_rule_on():
-            q, k = bound["query"], bound["key"]
-            return fla_chunk(q, k, bound["value"], g, beta, k.shape[-1] ** -0.5, bound.get("initial_state"),
-                             bool(bound.get("output_final_state")), bool(bound.get("use_qk_l2norm_in_kernel")))
-        return reference(*args, **kwargs)
+        return g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3
 
-    traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"
-    torch.compiler.substitute_in_graph(fn)(traced)
-    _substituted[id(fn)] = fn
+    _substitute_with(fn, torch_chunk, in_domain, _torch_chunk_rule_on, extra_none=True)

@@ -345,5 +345,9 @@ def explain(fn: Callable[..., Any], /, *args: Any, mode: str | None = None,
     holds ours: ``explain(fn, x, options={"kda": {"force": True}})``); every other keyword
     argument goes to ``fn``. To give ``fn`` a keyword argument named ``mode`` or ``options``,
     call ``Explainer(mode=..., options=...)(fn, *args, **kwargs)``, which passes them all to ``fn``.
+
+    ``fn`` runs once, for real, and its result is dropped: what it mutates stays mutated (a decode
+    step's cache moves one step forward). Pass copies of such inputs, or keep a copy to restore;
+    ``report.compiled`` is the compiled function that ran, to call again without compiling again.
     """
     return Explainer(mode=mode, options=options)(fn, *args, **kwargs)

@@ -1,7 +1,7 @@
 """The kda-inductor command.
 
-    kda-inductor rewrites [--update [README.md]]   the registered rewrites (the README's table;
-                                                   --update also writes docs/rewrites.md)
+    kda-inductor rewrites [--markdown]   the registered rewrites, in the order the pass runs them
+                                         (--markdown: as the README's table)
     kda-inductor graph-diff TARGET [--rewrite NAME] [--mode MODE] [--force] [--grad]
                                    [--explain-misses] [--html FILE] [--color auto|always|never]
                                    [--traceback]
@@ -16,6 +16,11 @@ The function takes no arguments and returns (fn, args) or (fn, args, kwargs): fn
 module or function, called once as fn(*args, **kwargs), compiled with
 backend="kda_inductor" and Inductor's caches off. It runs under torch.inference_mode()
 (serving code; the fused ops have no backward), unless --grad is given.
+
+For maintainers, from a checkout (not listed by the command's help):
+
+    python -m kda_inductor.cli update-docs [README.md]   rewrite README.md's rewrite table and
+                                                         docs/rewrites.md from the registry
 """
 
 from __future__ import annotations
@@ -335,26 +340,48 @@ def _bold(text: str, color: bool) -> str:
 
 
 def rewrites(argv: list[str]) -> int:
-    """``kda-inductor rewrites [--update [FILE]]``: the registered rewrites as the README's
-    markdown table; ``--update`` replaces the table in ``FILE`` (README.md by default: the lines
-    from its header row to the next blank line) and writes ``docs/rewrites.md`` beside it (every
-    spelling of each rewrite) instead of printing it."""
-    from kda_inductor.patterns import markdown_table, rewrites_page
+    """``kda-inductor rewrites [--markdown]``: the registered rewrites, in the order the pass runs
+    them, as a table for the terminal (wrapped to its width); ``--markdown``: the README's table."""
+    from kda_inductor.patterns import markdown_table
 
     p = argparse.ArgumentParser(prog="kda-inductor rewrites")
-    p.add_argument("--update", metavar="FILE", nargs="?", const="README.md",
-                   help="rewrite the table in FILE (default README.md) in place, and FILE's docs/rewrites.md")
+    p.add_argument("--markdown", action="store_true", help="the README's markdown table (with links)")
     args = p.parse_args(argv)
+    print(markdown_table() if args.markdown else terminal_table(), end="")
+    return 0
+
+
+def terminal_table(width: int | None = None) -> str:
+    """The registered rewrites as plain text: one block a rewrite, its name then what it finds and
+    what it becomes, wrapped to ``width`` (the terminal's, at most 100 columns)."""
+    import shutil
+    import textwrap
+
+    from kda_inductor.patterns import REWRITES
+
+    width = width or min(shutil.get_terminal_size((100, 24)).columns, 100)
+    name_w = max(map(len, REWRITES)) + 2
+    lines = []
+    for name, cls in REWRITES.items():
+        for i, (label, text) in enumerate((("finds", cls.finds), ("becomes", cls.becomes))):
+            body = textwrap.wrap(f"{label}: {text.replace('`', '')}", width - name_w) or [""]
+            lines += [f"{name if i == 0 and j == 0 else '':<{name_w}}{line}" for j, line in enumerate(body)]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def update_docs(argv: list[str]) -> int:
+    """``python -m kda_inductor.cli update-docs [FILE]`` (maintainers): replace the rewrite table
+    in ``FILE`` (README.md by default: the lines from its header row to the next blank line) with
+    the registry's, and write ``docs/rewrites.md`` beside it (every spelling of each rewrite)."""
+    from kda_inductor.patterns import markdown_table, rewrites_page
+
+    path = Path(argv[0] if argv else "README.md")
     table = markdown_table()
-    if args.update is None:
-        print(table, end="")
-        return 0
-    path = Path(args.update)
     text = path.read_text(encoding="utf-8")
     start = text.find(table.splitlines()[0])
     if start < 0:
-        print(f"kda-inductor rewrites: no rewrite table (a line '{table.splitlines()[0]}') in {path}",
-              file=sys.stderr)
+        print(f"update-docs: no rewrite table (a line '{table.splitlines()[0]}') in {path}", file=sys.stderr)
         return 1
     end = text.find("\n\n", start)
     path.write_text(text[:start] + table + text[end + 1 if end >= 0 else len(text):], encoding="utf-8")
@@ -365,6 +392,8 @@ def rewrites(argv: list[str]) -> int:
 
 
 COMMANDS = {"graph-diff": graph_diff, "rewrites": rewrites}
+MAINTAINER_COMMANDS = {"update-docs": update_docs}
+"""Run as ``python -m kda_inductor.cli NAME``; not listed by the help (they write files of a checkout)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -377,10 +406,11 @@ def main(argv: list[str] | None = None) -> int:
         except PackageNotFoundError:  # run from a source tree that was never installed
             print("kda-inductor (not installed: no version)")
         return 0
-    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+    commands = {**COMMANDS, **MAINTAINER_COMMANDS}
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in commands:
         print(f"usage: kda-inductor {{{','.join(COMMANDS)}}} ...\n\n{__doc__.strip()}")
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
-    return COMMANDS[argv[0]](argv[1:])
+    return commands[argv[0]](argv[1:])
 
 
 if __name__ == "__main__":

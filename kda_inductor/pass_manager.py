@@ -23,7 +23,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 from kda_inductor import logs
 from kda_inductor.diff import snapshot
 from kda_inductor.options import KdaOptions
-from kda_inductor.patterns import REWRITES
+from kda_inductor.patterns import REWRITES, STAGES
 from kda_inductor.patterns.base import Analyses, Match, Rewrite, Stage, remap, transaction
 from kda_inductor.record import PassRecord
 
@@ -48,6 +48,11 @@ GRAD_SKIP = (
     "torch.no_grad() / torch.inference_mode()): the fused ops have no backward, so no rewrite "
     "runs; serve under torch.inference_mode()"
 )
+
+
+FORCE_HINT = ' (options={"kda": {"force": True}} rewrites it anyway)'
+"""How a speed rule's miss says to force the rewrite (on CPU every match reads so: the backend
+leaves CPU code to Inductor)."""
 
 
 class KdaPostGradPass(CustomGraphPass):
@@ -105,23 +110,27 @@ class KdaPostGradPass(CustomGraphPass):
             self.observe(graph, record, matches, tracing=tracing)
 
     def apply(self, graph: fx.Graph, record: PassRecord, *, observed: bool = False) -> Counter[str]:
-        """Run every enabled rewrite once over ``graph``, in registry order, sharing one
-        ``Analyses``; returns the replacements per rewrite. ``record`` gets the failures and
-        parts (and, when ``observed``, each rewrite's node changes, misses and notes)."""
+        """Run every enabled rewrite once over ``graph``, in registry order, each followed by its
+        stages (``patterns.STAGES``, counted under its name), sharing one ``Analyses``; returns
+        the replacements per rewrite. ``record`` gets the failures and parts (and, when
+        ``observed``, each rewrite's node changes, misses and notes)."""
         matches: Counter[str] = Counter({name: 0 for name in REWRITES})
         analyses = Analyses()  # readings of this graph the rewrites share (the gated norms)
         moved: dict[fx.Node, fx.Node] = {}  # old -> new of every replacement so far (base.remap)
         for name in ([] if self.grad else self.options.enabled()):
-            rewrite = REWRITES[name](analyses)
             names_before = {n.name for n in graph.nodes} if observed else set()
-            try:
-                for match in rewrite.find(graph):
-                    match = remap(match, moved)
-                    if self._replace(graph, rewrite, match, moved):
-                        matches[name] += 1
-                        _count_part(record, name, match)
-            except Exception as exc:  # noqa: BLE001 - any failure falls back
-                self._failed(name, exc, record)
+            rewrite = REWRITES[name](analyses)
+            for stage in (rewrite, *(cls(analyses) for cls in STAGES.get(name, ()))):
+                stage.misses = rewrite.misses  # one rewrite's misses, whichever stage rejected them
+                try:
+                    for match in stage.find(graph):
+                        match = remap(match, moved)
+                        if self._replace(graph, stage, match, moved):
+                            matches[name] += 1
+                            _count_part(record, name, match)
+                except Exception as exc:  # noqa: BLE001 - any failure falls back
+                    self._failed(name, exc, record)
+                    break
             if observed:
                 _note_rewrite(graph, rewrite, record, names_before)
         return matches
@@ -131,7 +140,7 @@ class KdaPostGradPass(CustomGraphPass):
         ``Stage.SPEED_RULE`` miss, and False); what the replacement stands for goes into ``moved``."""
         why = None if self.options.force else rewrite.speed_rule(match)
         if why:
-            rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}")
+            rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}{FORCE_HINT}")
             self.left_to_inductor.add(rewrite.name)
             return False
         with transaction(graph):

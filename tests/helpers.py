@@ -17,6 +17,23 @@ from kda_inductor.testing import (
     fresh_compile,
 )
 
+ON = {"kda": {"strict": True}}
+"""The backend's default speed rules with a failing rewrite raised: what a user gets on CUDA (the
+CUDA tests' options; on CPU the rules leave everything to Inductor)."""
+
+
+def eager(fn, *args):
+    """``fn(*args)`` as the compiled function runs it: under ``inference_mode``."""
+    with torch.inference_mode():
+        return fn(*args)
+
+
+def clones(args):
+    """Fresh copies of the tensors of ``args`` (the rest as they are): for a function that mutates
+    its inputs (a cache), one copy for eager and one for the compiled call."""
+    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+
+
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 device_params = pytest.mark.parametrize(
     "device", [pytest.param(d, marks=[pytest.mark.cuda] if d == "cuda" else []) for d in DEVICES]

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from kda_inductor.testing import assert_close_in_range, assert_close_to_eager, compile_for_test, fresh_compile, op_counts
+from tests.helpers import clones, eager
 
 C, K = 48, 4
 BF = torch.bfloat16
@@ -24,15 +25,6 @@ def _run(fn, *args, **options):
         c = compile_for_test(fn, **options)
         out = c(*args)
     return out, c
-
-
-def _eager(fn, *args):
-    with torch.inference_mode():
-        return fn(*args)
-
-
-def _clones(args):
-    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
 def _parts(c) -> dict[str, int]:
@@ -87,10 +79,10 @@ def test_transformers_prefill_and_decode():
     out, c = _run(prefill, *qkv)
     assert c.matches["causal_conv1d"] == 1 and _parts(c) == {"conv + silu": 1}
     assert op_counts(c).after[CAT] == 1 and op_counts(c).after["aten.cat.default"] == 0  # the cat form
-    assert_close_to_eager(list(out), list(_eager(prefill, *qkv)), exact=True)
+    assert_close_to_eager(list(out), list(eager(prefill, *qkv)), exact=True)
     x, state = torch.randn(2, 1, C, generator=g).to(BF), torch.randn(2, C, K, generator=g).to(BF)
     want_state = state.clone()
-    want = _eager(decode, x, want_state)
+    want = eager(decode, x, want_state)
     out, c = _run(decode, x, state)
     assert c.matches["causal_conv1d"] == 1 and _parts(c) == {"conv + state update + silu": 1}
     assert_close_to_eager([out, state], [want, want_state], exact=True)
@@ -132,10 +124,10 @@ def test_transformers_qwen3_next_layer_reads_q_k_v_without_the_cat(step, monkeyp
     x = torch.randn(2, 6, 32, generator=g).to(BF)
     cache = None if step == "prefill" else DynamicCache(config=cfg)
     if step == "decode":
-        _eager(layer, x, cache)
+        eager(layer, x, cache)
         x = torch.randn(2, 1, 32, generator=g).to(BF)
     want_cache = copy.deepcopy(cache)
-    want = _eager(layer, x, want_cache)
+    want = eager(layer, x, want_cache)
     state = cache.get_conv_state(0) if step == "decode" else None
     old = None if state is None else state.clone()
     out, c = _run(layer, x, cache)
@@ -176,7 +168,7 @@ def test_a_cat_the_cat_form_cannot_drop_is_read_by_the_single_source_op(fn, stag
     out, c = _run(fn, *args)
     counts = op_counts(c)
     assert c.matches["causal_conv1d"] == 1 and counts.after["kda.causal_conv1d.default"] == 1 and not counts.after[CAT]
-    assert_close_to_eager(list(out) if isinstance(out, tuple) else out, _eager(fn, *args), exact=True)
+    assert_close_to_eager(list(out) if isinstance(out, tuple) else out, eager(fn, *args), exact=True)
     found = [m for m in _misses(c) if words in m.check]
     assert len(found) == 1 and found[0].stage.name == stage and found[0].shown, _misses(c)
     assert found[0].code.startswith("mixed = torch.cat(") and found[0].location.startswith(__file__), found[0]
@@ -231,7 +223,7 @@ def test_transformers_cached_prefill(T, has_previous):
     fn = _cache_prefill(conv_fn, w, b, T)
     x, state = torch.randn(2, T, C, generator=g).to(BF), torch.randn(2, C, K, generator=g).to(BF)
     want_state = state.clone()
-    want = _eager(fn, x, want_state, has_previous)
+    want = eager(fn, x, want_state, has_previous)
     out, c = _run(fn, x, state, has_previous)
     assert _parts(c) == {("conv + state update + silu" if has_previous else "conv + silu"): 1}
     assert_close_to_eager([out, state], [want, want_state], exact=True)
@@ -279,8 +271,8 @@ def test_reference_spellings(ref):
         args = [torch.randn(3, C, generator=g).to(BF), torch.randn(3, C, K - 1, generator=g).to(BF), w, b]
     else:
         args = [torch.randn(2, C, 7, generator=g).to(BF), w, b, torch.randn(2, C, K - 1, generator=g).to(BF)]
-    want_args = _clones(args)
-    want = _eager(ref, *want_args)
+    want_args = clones(args)
+    want = eager(ref, *want_args)
     out, c = _run(ref, *args)
     assert c.matches["causal_conv1d"] == 1, c.diff()
     assert_close_to_eager([out, args], [want, want_args], exact=True)
@@ -324,7 +316,7 @@ def test_near_misses_are_named_at_the_users_line():
     args = [x, w, w9, torch.randn(C, 2, K, generator=g).to(BF)]
     out, c = _run(form_misses, *args)
     assert c.matches["causal_conv1d"] == 0
-    assert_close_to_eager(out, _eager(form_misses, *args))  # Inductor's own code
+    assert_close_to_eager(out, eager(form_misses, *args))  # Inductor's own code
     for words in ("a dilated conv (dilation 2)", "a strided conv (stride 2)", "kernel width 9 is wider than the op's 8",
                   "not depthwise: 24 groups over 48 channels"):
         assert any(words in why for why in _checks(c)), (words, _checks(c))
@@ -338,7 +330,7 @@ def test_a_silu_that_cannot_be_fused_leaves_the_conv_alone_rewritten():
             torch.randn(9, generator=g).to(BF)]
     out, c = _run(silu_not_fused, *args)
     assert c.matches["causal_conv1d"] == 2 and _parts(c) == {"conv": 2}
-    want = _eager(silu_not_fused, *args)
+    want = eager(silu_not_fused, *args)
     assert_close_to_eager(list(out[:2]), list(want[:2]), exact=True)
     assert_close_to_eager(out[2], want[2])  # Inductor adds the bias in float32, eager in bf16
     for words in ("the conv's output is also read elsewhere", "a bias ([1, 1, 9]) is added after the conv"):
@@ -453,7 +445,7 @@ def test_the_examples_convs_are_gathers_and_sums_not_convolutions():
     x = torch.randn(9, C, generator=g).to(BF)
     out, c = _run(varlen, x, state, cu)
     assert c.matches["causal_conv1d"] == 0 and c.matches["gdn_spec_split"] == 3
-    assert_close_to_eager(list(out), list(_eager(varlen, x, state, cu)))
+    assert_close_to_eager(list(out), list(eager(varlen, x, state, cu)))
     fixed = torch.randn(3, 2, C, generator=g).to(BF)
     out, c = _run(lambda x, s: G.causal_conv(x, s, w), fixed, state)
     assert c.matches["causal_conv1d"] == 0 and not _misses(c)
@@ -497,12 +489,12 @@ def test_the_layers_contiguous_copy_of_the_output_is_dropped():
             c = compile_for_test(fn, force=True)
             out = c(x, w)
         assert c.matches["causal_conv1d"] == 1 and op_counts(c).after["aten.clone.default"] == clones, fn.__name__
-        want = _eager(fn, x, w)
+        want = eager(fn, x, w)
         assert_close_to_eager(out, want, exact=True)
         for got, ref in zip(out if isinstance(out, tuple) else [out], want if isinstance(want, tuple) else [want]):
             assert got.stride() == ref.stride(), fn.__name__
     want_state = state.clone()
-    want = _eager(decode, x[:, :1], want_state, w)
+    want = eager(decode, x[:, :1], want_state, w)
     out, c = _run(decode, x[:, :1], state, w, force=True)
     assert c.matches["causal_conv1d"] == 1 and op_counts(c).after["aten.clone.default"] == 0
     assert_close_to_eager([out, state], [want, want_state], exact=True)

@@ -19,6 +19,7 @@ from kda_inductor.testing import (
     fresh_compile,
     max_ulps,
 )
+from tests.helpers import ON
 from tests.test_lowering_causal_conv1d import eager_fn, eager_update, taps_reference
 
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
@@ -27,7 +28,6 @@ pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these with
 def atens_depthwise():
     """Eager with cuDNN off: aten's ``conv_depthwise2d_forward_kernel_generic`` for any layout."""
     return torch.backends.cudnn.flags(enabled=False)
-ON = {"kda": {"strict": True}}  # the default speed rules: what a user gets on CUDA
 C, K = 8192, 4
 
 

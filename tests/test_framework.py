@@ -332,6 +332,47 @@ def test_no_import_cycle():
     assert "kda_inductor.backend" not in graph["kda_inductor._dynamo_fixes"]  # read inside a function too
 
 
+def test_no_rewrite_imports_another_rewrites_module():
+    """Rewrites do not reach into each other: a pattern file imports from ``patterns/`` only the
+    shared modules (``_``-prefixed: ``_merged_norms``, ``_cache_writes``, ...) and the framework
+    (``base``, ``canonical``); what two rewrites both use moves there. A rewrite's later stage
+    (``patterns.STAGES``) is a file of its own too, which its first stage does not import."""
+    from kda_inductor.patterns import REWRITES, STAGES
+
+    stages = [cls for classes in STAGES.values() for cls in classes]
+    rewrite_modules = {cls.__module__ for cls in [*REWRITES.values(), *stages]}
+    modules = {_module(p) for p in (ROOT / "kda_inductor").rglob("*.py")}
+    found = [f"{p.name} imports {m}" for p in sorted((ROOT / "kda_inductor" / "patterns").glob("*.py"))
+             if p.name != "__init__.py"  # the registry
+             for m in sorted(_module_imports(p, modules)) if m in rewrite_modules and m != _module(p)]
+    assert not found, found
+    assert len(rewrite_modules) == len(REWRITES) + len(stages)  # one file per rewrite or stage
+    assert set(STAGES) <= set(REWRITES) and all(cls.name == name for name, cs in STAGES.items() for cls in cs)
+
+
+def test_every_shared_pattern_module_says_which_rewrites_use_it():
+    """A shared module (``patterns/_*.py``) opens with a docstring naming the rewrites that use it
+    (its public names are those other modules read: the rest are ``_``-prefixed)."""
+    bare = []
+    for p in sorted((ROOT / "kda_inductor" / "patterns").glob("_*.py")):
+        doc = ast.get_docstring(ast.parse(p.read_text(encoding="utf-8"))) or ""
+        if p.name != "__init__.py" and not any(f"``{name}``" in doc or "every rewrite" in doc for name in REWRITE_NAMES):
+            bare.append(p.name)
+    assert not bare, bare
+
+
+def test_importing_ops_registers_every_op():
+    """``import kda_inductor.ops`` (for users calling ``torch.ops.kda.*`` directly) registers the
+    ops of every lowering, the fla rules' ``gdn_chunk`` among them."""
+    code = ("import torch, kda_inductor.ops as ops; "
+            "assert {'gated_norm_merge', 'gdn_recurrent_step', 'gdn_chunk', 'causal_conv1d'} <= set(ops.LOWERINGS); "
+            "missing = [n for n in ('gated_norm_merge', 'gated_norm_quant', 'gdn_recurrent_step', 'gdn_chunk', "
+            "'causal_conv1d', 'indexer_k_gather', 'indexer_k_write') if not hasattr(torch.ops.kda, n)]; "
+            "assert not missing, missing; print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def test_no_lowering_imports_another_lowerings_private_names():
     """Helpers two lowerings share are public in their module (``gated_norm_merge``'s tile,
     ``_fp8``'s roundings): no ``from kda_inductor.lowerings.x import _private``."""

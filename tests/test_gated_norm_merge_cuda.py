@@ -14,10 +14,9 @@ from kda_inductor.testing import (
 )
 
 import gdn_layers as G  # noqa: E402
-from tests.helpers import example_layer_reduce_overhead  # noqa: E402
+from tests.helpers import ON, example_layer_reduce_overhead  # noqa: E402
 
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
-ON = {"kda": {"strict": True}}
 
 
 @pytest.mark.parametrize("cls, cfg", [(G.Qwen3NextGDN, G.GDNConfig.tiny()), (G.KimiKDA, G.KDAConfig.tiny())],

@@ -261,11 +261,11 @@ def test_the_norm_search_runs_once_per_graph(fn, want, monkeypatch):
     """Both rewrites read the norms from the framework's one ``gated_norms`` analysis: the
     matcher searches each graph once (gated_norm_quant first, gated_norm_merge after it takes
     what is left); a graph with no fp8 cast is searched by gated_norm_merge alone."""
-    from kda_inductor.patterns import gated_norm_merge as pattern
+    from kda_inductor.patterns import _merged_norms as shared
 
     searches = []
-    search = pattern.GatedNormMerge.search
-    monkeypatch.setattr(pattern.GatedNormMerge, "search", lambda self, g: searches.append(g) or search(self, g))
+    search = shared._Searcher.search
+    monkeypatch.setattr(shared._Searcher, "search", lambda self, g: searches.append(g) or search(self, g))
     args = _inputs(seed=5)
     out, c = _run(fn, *args)
     assert (c.matches["gated_norm_quant"], c.matches["gated_norm_merge"]) == want, c.diff()

@@ -77,7 +77,7 @@ if DEVICE == "cuda":  # the hf form rounds x * r to bf16: the interpreter's cast
 @pytest.mark.parametrize("in_dtype, form", ROUNDING_CASES)
 def test_triton_kernel_rows_rounds_float32_sources(in_dtype, form):
     """float32 sources read as the 16-bit input they round to (``in_dtype``: the pattern reads a
-    norm's input before its rounding, ``patterns/gated_norm_merge.source_reads``): the kernel
+    norm's input before its rounding, ``patterns/_merged_norms._source_reads``): the kernel
     rounds in registers as eager's cast does (bf16 by integer arithmetic, the same bits under the
     interpreter); the CPU op equals the op on the rounded sources, bit for bit."""
     g = torch.Generator().manual_seed(9)

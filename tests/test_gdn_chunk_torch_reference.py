@@ -23,11 +23,12 @@ def _inputs(T=70, seed=0):
     return q, k, v, g, torch.randn(1, T, 4, generator=gen), torch.randn(1, 4, 16, 16, generator=gen)
 
 
-def _layer(**extra):
+def _layer(core=None, **extra):
     """A prefill layer's core as transformers' GatedDeltaNet calls it, work around it."""
+    core = core or modeling.torch_chunk_gated_delta_rule
 
     def layer(q, k, v, g, b, state):
-        o, final = modeling.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=b.sigmoid(), initial_state=state,
+        o, final = core(q, k, v, g=g, beta=b.sigmoid(), initial_state=state,
                                                          output_final_state=True, use_qk_l2norm_in_kernel=True,
                                                          **extra)
         return o * 2 + 1, final * 0.5
@@ -51,7 +52,7 @@ def test_the_reference_is_found_under_transformers_wrappers():
 
 def test_forced_the_reference_is_our_op_and_equal_to_eager():
     args = _inputs()
-    layer = _layer()
+    layer = _layer(cu_seqlens=None)  # as transformers' layer passes it without packed sequences
     expected = layer(*args)
     ours, graphs, with_op = _compiled(layer, args, kda={"force": True})
     assert (graphs, with_op) == (1, 1)
@@ -71,3 +72,16 @@ def test_what_keeps_transformers_function(options, extra):
     assert with_op == 0
     for got, want in zip(out, layer(*args)):
         torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
+
+
+def test_a_keyword_the_op_does_not_read_keeps_the_reference():
+    """Past transformers' wrappers (which drop keywords the function does not name), the plain
+    function called with a keyword its ``**kwargs`` takes: None is in the op's domain, else not."""
+    plain = next(fn for fn in _dynamo_fixes.torch_chunk_references() if fn.__module__ == modeling.__name__)
+    args = _inputs(T=40, seed=2)
+    for value, ops in ((None, 1), (1, 0)):
+        layer = _layer(plain, extra_keyword=value)
+        out, _, with_op = _compiled(layer, args, kda={"force": True})
+        assert with_op == ops
+        for got, want in zip(out, layer(*args)):
+            torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)

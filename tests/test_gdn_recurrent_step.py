@@ -13,6 +13,8 @@ import pytest
 import torch
 
 from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile, op_counts
+from tests.helpers import clones, eager
+from tests.spellings.cases_gdn_recurrent import fla_naive_recurrent_kda  # FLA's naive_recurrent_kda
 
 BF = torch.bfloat16
 B, HK, HV, D = 2, 2, 4, 16
@@ -25,15 +27,6 @@ def _run(fn, *args, options=FORCED, **kw):
         c = compile_for_test(fn, options=options, **kw)
         out = c(*args)
     return out, c
-
-
-def _eager(fn, *args):
-    with torch.inference_mode():
-        return fn(*args)
-
-
-def _clones(args):
-    return [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
 
 
 def _parts(c) -> dict[str, int]:
@@ -65,8 +58,8 @@ def inputs(seed, T, *, hk=HK, hv=HV, kda=False, head_major=False, batch=B):
 
 def _check(fn, args, *, matches=1, exact_state=True):
     """Compile ``fn``, compare outputs and the mutated arguments with eager; returns the compile."""
-    want_args = _clones(args)
-    want = _eager(fn, *want_args)
+    want_args = clones(args)
+    want = eager(fn, *want_args)
     out, c = _run(fn, *args)
     assert c.matches[NAME] == matches, (c.matches, _checks(c), c.diff())
     assert_close_to_eager(out, want)
@@ -145,8 +138,8 @@ def test_the_cache_is_written_in_place_in_the_output_code():
     from torch._inductor.utils import run_and_get_code
 
     fn, args = hf_decode(torch_core("qwen3_next", "torch_recurrent_gated_delta_rule")), inputs(4, 1)
-    want_args = _clones(args)
-    want = _eager(fn, *want_args)
+    want_args = clones(args)
+    want = eager(fn, *want_args)
     with torch.inference_mode(), fresh_compile():
         c = compile_for_test(fn, options=FORCED)
         out, (code,) = run_and_get_code(c, *args)
@@ -198,24 +191,6 @@ def fla_gdn_ref(q, k, v, beta, g, h):
         h = h.clone() + b_k.unsqueeze(-1) * b_v.unsqueeze(-2)
         o[:, :, i] = torch.einsum("bhd,bhdm->bhm", b_q, h)
     return o.transpose(1, 2).to(BF), h
-
-
-def fla_naive_recurrent_kda(q, k, v, g, beta, initial_state):
-    """FLA's ``naive_recurrent_kda``: GQA by ``repeat_interleave``, the scale before the loop, zeros
-    plus the initial state, beta times k in an einsum outer product, an einsum output."""
-    G = v.shape[2] // q.shape[2]
-    q, k, v, g, beta = (x.to(torch.float) for x in (q, k, v, g, beta))
-    q = q.repeat_interleave(G, dim=2) * q.shape[-1] ** -0.5
-    k = k.repeat_interleave(G, dim=2)
-    S = q.new_zeros(*initial_state.shape)
-    S += initial_state
-    o = torch.zeros_like(v)
-    for i in range(q.shape[1]):
-        q_i, k_i, v_i, g_i, b_i = q[:, i], k[:, i], v[:, i], g[:, i], beta[:, i]
-        S = S * g_i[..., None].exp()
-        S = S + torch.einsum("b h k, b h v -> b h k v", b_i[..., None] * k_i, v_i - (k_i[..., None] * S).sum(-2))
-        o[:, i] = torch.einsum("b h k, b h k v -> b h v", q_i, S)
-    return o.to(BF), S
 
 
 def einsum_head_major(q, k, v, g, beta, state):
@@ -311,8 +286,8 @@ def test_near_misses_are_named_at_the_users_line(case):
         args[5] = args[5].to(BF)
     if case == "bf16_recurrence":
         args[3] = args[3].to(BF)
-    want_args = _clones(args)
-    want = _eager(fn, *want_args)
+    want_args = clones(args)
+    want = eager(fn, *want_args)
     out, c = _run(fn, *args)
     assert c.matches[NAME] == 0
     _miss_at(c, words, line)
@@ -353,7 +328,7 @@ def test_a_data_dependent_token_count_breaks_the_graph():
         c = compile_for_test(fn, options=FORCED)
         for n in (2, 3):
             got = c(*args, torch.tensor(n))
-            assert_close_to_eager(list(got), list(_eager(fn, *args, torch.tensor(n))))
+            assert_close_to_eager(list(got), list(eager(fn, *args, torch.tensor(n))))
     assert c.matches[NAME] == 2 and sum(r.matches.get(NAME, 0) for r in c.records) == 2
     assert len([r for r in c.records if r.matches.get(NAME)]) == 2  # one graph per count
 
@@ -388,17 +363,17 @@ def test_speed_rule_and_disable(monkeypatch):
     core = torch_core("qwen3_next", "torch_recurrent_gated_delta_rule")
     fn, args = hf_decode(core), inputs(34, 1)
     rules = {"kda": {"force": False}}
-    _, c = _run(fn, *_clones(args), options=rules)
+    _, c = _run(fn, *clones(args), options=rules)
     assert c.matches[NAME] == 0
     assert any("on cpu the op's implementation" in m.check and m.stage.name == "SPEED_RULE"
                for r in c.records for m in r.misses[NAME]), _checks(c)
-    _, c = _run(fn, *_clones(args), options={"kda": {"force": True, "disable": [NAME]}})
+    _, c = _run(fn, *clones(args), options={"kda": {"force": True, "disable": [NAME]}})
     assert c.matches[NAME] == 0 and not _checks(c)
     monkeypatch.setattr(pattern.StepMatch, "device", "cuda")
-    out, c = _run(fn, *_clones(args), options=rules)
+    out, c = _run(fn, *clones(args), options=rules)
     assert c.matches[NAME] == 1
     monkeypatch.setattr(pattern, "CUDA_MIN_BATCH", 64)
-    _, c = _run(fn, *_clones(args), options=rules)
+    _, c = _run(fn, *clones(args), options=rules)
     assert c.matches[NAME] == 0 and any("from 64 sequences (this one: 2" in why for why in _checks(c)), _checks(c)
 
 
@@ -414,8 +389,8 @@ def test_symbolic_batch(mode):
             if mode == "mark_dynamic":
                 for a in args:
                     torch._dynamo.mark_dynamic(a, 0)
-            want_args = _clones(args)
-            want = _eager(fn, *want_args)
+            want_args = clones(args)
+            want = eager(fn, *want_args)
             assert_close_to_eager([c(*args), args], [want, want_args])
     assert len(c.records) == 1 and _parts(c) == {"state in place": 1}, (len(c.records), _parts(c))
 
@@ -451,8 +426,8 @@ def test_the_gated_norm_after_the_op(monkeypatch):
     monkeypatch.setattr(pattern.StepMatch, "device", "cuda")
     monkeypatch.setattr(norm_pattern.NormMatch, "device", "cuda")
     args = inputs(51, 1) + [torch.randn(B, 1, HV, D, generator=torch.Generator().manual_seed(6)).to(BF)]
-    want_args = _clones(args)
-    want = _eager(layer, *want_args)
+    want_args = clones(args)
+    want = eager(layer, *want_args)
     out, c = _run(layer, *args, options={"kda": {"force": False}})
     assert c.matches[NAME] == 1 and c.matches["gated_norm_merge"] == 1, (c.matches, _checks(c))
     assert _producer_of_norm(c.records[0].after).startswith("torch.ops.higher_order.auto_functionalized"
@@ -498,8 +473,8 @@ def test_the_functional_ops_state_written_back_goes_in_place():
     from torch._inductor.utils import run_and_get_code
 
     args = inputs(40, 1)
-    want_args = _clones(args)
-    want = _eager(op_written_back, *want_args)
+    want_args = clones(args)
+    want = eager(op_written_back, *want_args)
     with torch.inference_mode(), fresh_compile():
         c = compile_for_test(op_written_back, options=FORCED)
         out, (code,) = run_and_get_code(c, *args)
@@ -521,8 +496,8 @@ def test_the_functional_op_stays_where_its_state_cannot_go_in_place(case):
                  "another": (op_into_another, "written into another buffer"),
                  "read_after": (op_cache_read_after, "the cache's old state is read after the step")}[case]
     args = inputs(41, 1) + ([torch.randn(B, HV, D, D)] if case == "another" else [])
-    want_args = _clones(args)
-    want = _eager(fn, *want_args)
+    want_args = clones(args)
+    want = eager(fn, *want_args)
     out, c = _run(fn, *args)
     assert c.matches[NAME] == 0
     _miss_at(c, words, "torch.ops.kda.gdn_recurrent_step(q, k, v, g, beta, state")

@@ -11,10 +11,10 @@ import torch
 
 from kda_inductor.testing import assert_close_to_eager, assert_cudagraph_safe, assert_no_cudagraph_skips, \
     compile_for_test, fresh_compile, op_counts
+from tests.helpers import ON
 from tests.test_gdn_recurrent_step import NAME, hf_decode, torch_core
 
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
-ON = {"kda": {"strict": True}}  # the default speed rules: what a user gets on CUDA
 BF = torch.bfloat16
 DIMS = {"qwen3_next": (16, 32, 128, False), "kimi_linear": (32, 32, 128, True)}  # Hk, Hv, K = V, per-channel
 

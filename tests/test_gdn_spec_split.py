@@ -11,12 +11,11 @@ import torch
 
 from kda_inductor.lowerings import gdn_spec_split as mod
 from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile
-from tests.helpers import device_params
+from tests.helpers import ON, device_params
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
 import gdn_layers as G  # noqa: E402
 
-ON = {"kda": {"strict": True}}
 OFF = {"kda": {"disable": ["gdn_spec_split"], "strict": True}}
 
 

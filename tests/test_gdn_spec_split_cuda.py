@@ -17,16 +17,15 @@ from kda_inductor.testing import (
 )
 
 import gdn_layers as G  # noqa: E402
-from tests.helpers import example_layer_reduce_overhead  # noqa: E402
+from tests.helpers import ON, example_layer_reduce_overhead  # noqa: E402
 
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
-OPTS = {"kda": {"strict": True}}
 
 
 @pytest.mark.parametrize("cls, cfg", [(G.Qwen3NextGDN, G.GDNConfig.tiny()), (G.KimiKDA, G.KDAConfig.tiny())],
                          ids=["gdn", "kda"])
 def test_reduce_overhead_no_cudagraph_skips(cls, cfg):
-    compiled = example_layer_reduce_overhead(cls, cfg, OPTS)
+    compiled = example_layer_reduce_overhead(cls, cfg, ON)
     assert compiled.matches["gdn_spec_split"] == 1
 
 
@@ -42,7 +41,7 @@ def test_graph_capture_and_no_host_syncs():
                 g.index_select(1, ns), beta.index_select(1, s), beta.index_select(1, ns))
 
     with fresh_compile():
-        compiled = compile_for_test(split, options=OPTS)
+        compiled = compile_for_test(split, options=ON)
         compiled(qkv, g, beta, s, ns)
         assert compiled.matches["gdn_spec_split"] == 1
         graph = assert_cudagraph_safe(compiled, qkv, g, beta, s, ns)

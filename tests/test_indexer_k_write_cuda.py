@@ -19,8 +19,8 @@ from kda_inductor.testing import (
     compile_for_test,
     fresh_compile,
 )
+from tests.helpers import ON
 
-ON = {"kda": {"strict": True}}
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
 
 HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 128, 64, 40

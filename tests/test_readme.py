@@ -244,24 +244,31 @@ def test_rewrite_table_is_the_registry(tmp_path):
     """The README's rewrite table is ``kda-inductor rewrites``' output: every registered rewrite,
     in registry order, with its pattern class's ``finds`` / ``becomes`` (a new rewrite needs no
     README edit: regenerate the table), and ``docs/rewrites.md`` is the registry's page (every
-    spelling). The command's own output is checked too: ``--update`` writes both."""
+    spelling). The commands' output is checked too: ``kda-inductor rewrites --markdown`` prints the
+    table, the maintainers' ``python -m kda_inductor.cli update-docs`` writes both, and the plain
+    ``kda-inductor rewrites`` is a terminal table (no markdown, lines within 100 columns)."""
     from kda_inductor.patterns import REWRITE_NAMES, markdown_table, rewrites_page
 
     page = rewrites_page()
     assert (ROOT / "docs" / "rewrites.md").read_text(encoding="utf-8") == page, (
-        "docs/rewrites.md differs from the registry: run `kda-inductor rewrites --update`")
+        "docs/rewrites.md differs from the registry: run `python -m kda_inductor.cli update-docs`")
     assert [line[4:-1] for line in page.splitlines() if line.startswith("## `")] == list(REWRITE_NAMES)
 
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     table = markdown_table()
-    assert table in text, "README.md's rewrite table differs from the registry: run `kda-inductor rewrites --update README.md`"
+    assert table in text, "README.md's rewrite table differs from the registry: run `python -m kda_inductor.cli update-docs README.md`"
     assert [line.split("`")[1] for line in table.splitlines()[2:]] == list(REWRITE_NAMES)
-    run = subprocess.run([sys.executable, "-m", "kda_inductor.cli", "rewrites"], capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run([sys.executable, "-m", "kda_inductor.cli", "rewrites", "--markdown"], capture_output=True,
+                         text=True, timeout=120)
     assert run.returncode == 0 and run.stdout == table, run.stderr
+    run = subprocess.run([sys.executable, "-m", "kda_inductor.cli", "rewrites"], capture_output=True, text=True,
+                         timeout=120, env={**os.environ, "COLUMNS": "80"})
+    assert run.returncode == 0 and "|" not in run.stdout and "](" not in run.stdout, run.stdout
+    assert all(len(line) <= 80 for line in run.stdout.splitlines()), run.stdout
+    assert [line.split()[0] for line in run.stdout.splitlines() if line and not line[0].isspace()] == list(REWRITE_NAMES)
     stale = tmp_path / "README.md"
     stale.write_text(text.replace(table, table.replace("|---|---|---|\n", "|---|---|---|\n| `old` | x | y |\n")))
-    run = subprocess.run([sys.executable, "-m", "kda_inductor.cli", "rewrites", "--update", str(stale)],
+    run = subprocess.run([sys.executable, "-m", "kda_inductor.cli", "update-docs", str(stale)],
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and stale.read_text() == text, run.stderr
     assert (tmp_path / "docs" / "rewrites.md").read_text() == page

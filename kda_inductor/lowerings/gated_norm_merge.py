@@ -130,7 +130,7 @@ def gated_norm_merge(sources: list[Tensor], indices: list[Tensor], z: Tensor, we
     """See the module docstring. ``eps_input``: eps as the 0-d CPU tensor ``dynamic=True``
     lifts a float attribute to (overrides ``eps``; read on the host, no device sync).
     ``in_dtype``: float32 sources are first rounded to this 16-bit dtype (the norm's input is
-    their rounding; the op reads them before it, see ``patterns/gated_norm_merge.source_reads``)."""
+    their rounding; the op reads them before it, see ``patterns/_merged_norms._source_reads``)."""
     eps = host_scalar(eps_input, "eps_input", eps)
     validate(sources, indices, z, weight, eps, activation, form, num_tokens, pad_value, in_dtype)
     return merge_then_norm(sources, indices, z, weight, eps, activation, form, rsqrt, num_tokens, out_dtype,

@@ -12,6 +12,7 @@ from kda_inductor.patterns.causal_conv1d import CausalConv1d
 from kda_inductor.patterns.gated_norm_merge import GatedNormMerge
 from kda_inductor.patterns.gated_norm_quant import GatedNormQuant
 from kda_inductor.patterns.gdn_recurrent_step import GdnRecurrentStep
+from kda_inductor.patterns.gdn_recurrent_step_write_back import GdnRecurrentStepWriteBack
 from kda_inductor.patterns.gdn_spec_split import GdnSpecSplit
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
 from kda_inductor.patterns.indexer_k_write import IndexerKWrite
@@ -22,9 +23,16 @@ REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 """The only list of rewrites: the pass, the options, ``benchmarks/report.py``, ``.ci/gpu``, the
 spelling corpus, the README's rewrite table and ``docs/rewrites.md`` all read it."""
 
+STAGES: dict[str, tuple[type[Rewrite], ...]] = {"gdn_recurrent_step": (GdnRecurrentStepWriteBack,)}
+"""A registered rewrite's later stages: rewrites of their own (``find`` / ``replace``) with no name
+of their own, which the pass manager runs right after it on each graph, their matches, parts and
+misses counted under its name. So ``disable`` of that name turns them off too, and the reports,
+the options and ``.ci/gpu`` know only the names above. ``gdn_recurrent_step``'s write-back puts
+a functional step (the fla rule's, or one the first stage left functional) in place on its cache."""
+
 
 def markdown_table() -> str:
-    """The README's rewrite table, one row per registered rewrite (``kda-inductor rewrites``;
+    """The README's rewrite table, one row per registered rewrite (``kda-inductor rewrites --markdown``;
     ``tests/test_readme.py`` checks the README holds exactly this); each name links to its
     section of ``docs/rewrites.md``."""
     lines = ["| name | finds | replaces with |", "|---|---|---|"]
@@ -35,10 +43,10 @@ def markdown_table() -> str:
 def rewrites_page() -> str:
     """``docs/rewrites.md``: every registered rewrite in the order the pass runs them, with what
     it finds, every spelling it reads, what it becomes, its place in the order (declared by it
-    or by the other) and its pattern file (``kda-inductor rewrites --update`` writes it;
+    or by the other) and its pattern file (``python -m kda_inductor.cli update-docs`` writes it;
     ``tests/test_readme.py`` checks it)."""
     out = ["# The rewrites", "",
-           "<!-- generated from the registry: kda-inductor rewrites --update (tests/test_readme.py checks it) -->",
+           "<!-- generated from the registry: python -m kda_inductor.cli update-docs (tests/test_readme.py checks it) -->",
            "", "In the order the pass runs them. Each pattern file's docstring holds the rest: the canonical form it",
            "reads, what must not match, and its speed rule with a one-line summary of its measurement",
            "([speed-rules.md](speed-rules.md) holds the measurements and their history).", ""]
@@ -61,4 +69,4 @@ def _order_of(name: str) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["REWRITES", "REWRITE_NAMES", "Rewrite", "markdown_table", "ordered", "rewrites_page"]
+__all__ = ["REWRITES", "REWRITE_NAMES", "STAGES", "Rewrite", "markdown_table", "ordered", "rewrites_page"]

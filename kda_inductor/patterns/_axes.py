@@ -1,4 +1,5 @@
-"""Reading tensors of a post-grad graph with named axes (the recurrent rewrites' vocabulary).
+"""Reading tensors of a post-grad graph with named axes: ``gdn_recurrent_step``'s vocabulary (its
+pattern file and :mod:`._gdn_products`, which reads its contractions).
 
 A value is read as a node and the names of its axes (``("b", "h", "k", "v")``; ``""`` for a unit
 or broadcast axis): views that keep every value (unit dims added or dropped, permutes, broadcasts,
@@ -32,7 +33,7 @@ def unit(s: Any) -> bool:
     return known(s == 1)
 
 
-def same_shape(a: tuple, b: tuple) -> bool:
+def _same_shape(a: tuple, b: tuple) -> bool:
     """Two shapes provably equal (no guard on symbolic sizes)."""
     return len(a) == len(b) and all(known(x == y) for x, y in zip(a, b))
 
@@ -42,7 +43,7 @@ def shape(n: Any) -> tuple:
     return tuple(v.shape) if isinstance(v, torch.Tensor) else ()
 
 
-def view_map(n: Any) -> tuple[Any, list | None]:
+def _view_map(n: Any) -> tuple[Any, list | None]:
     """``(base, src)``: ``n`` is ``base`` through views that keep each value (unit dims added or
     dropped, permutes, broadcasts, copies); ``src[i]`` is the base dim of ``n``'s dim ``i`` (None: a
     unit or broadcast dim)."""
@@ -50,10 +51,10 @@ def view_map(n: Any) -> tuple[Any, list | None]:
         return n, None
     ident = (n, list(range(val(n).dim())))
     if is_op(n, aten.alias) or (is_op(n, aten.clone) and set(n.kwargs) <= {"memory_format"}):
-        return view_map(n.args[0])
+        return _view_map(n.args[0])
     if is_op(n, aten.unsqueeze, aten.squeeze, aten.permute, aten.expand, aten.view, aten.reshape,
              aten._unsafe_view) and n.target is not aten.view.dtype:
-        b, src = view_map(n.args[0])
+        b, src = _view_map(n.args[0])
         out = _view_step(n, src)
         return (b, out) if out is not None else ident
     return ident
@@ -83,16 +84,16 @@ def _view_step(n: fx.Node, src: list) -> list | None:
 
 def relabel(n: Any, labels: tuple, groups: bool = True) -> tuple[Any, tuple]:
     """``n``'s view base and its axis names, given ``n``'s (``""``: a unit or broadcast dim), also
-    through reshapes that merge or split axes (:func:`regroup`) unless ``groups`` is False."""
+    through reshapes that merge or split axes (:func:`_regroup`) unless ``groups`` is False."""
     for _ in range(16 if groups else 1):
-        b, src = view_map(n)
+        b, src = _view_map(n)
         if b is not n and src is not None:
             out = [""] * len(shape(b))
             for i, j in enumerate(src):
                 if j is not None:
                     out[j] = labels[i]
             n, labels = b, tuple(out)
-        got = regroup(n, labels) if groups else None
+        got = _regroup(n, labels) if groups else None
         if got is None:
             break
         n, labels = got
@@ -122,7 +123,7 @@ def _groups(xs: tuple, ns: tuple) -> list[tuple[list[int], list[int]]] | None:
     return out if a == len(xi) and b == len(ni) else None
 
 
-def regroup(n: Any, labels: tuple) -> tuple[fx.Node, tuple] | None:
+def _regroup(n: Any, labels: tuple) -> tuple[fx.Node, tuple] | None:
     """A reshape that merges or splits axes (``[B * H, K, V]`` of ``[B, H, K, V]``: a ``bmm``'s
     operands, a ``matmul``'s outer product): its input and that input's axis names, a merged
     axis named by the tuple of its parts' names; None for any other node or reshape."""
@@ -188,7 +189,7 @@ def dot(n: fx.Node, labels: tuple) -> list[tuple[list[F], F]]:
     """``n`` (axis names ``labels``, no ``k``) read as ``sum_k(M * x)``: each ``(M's factors, x)``
     with ``x`` a factor whose axes are ``b h k`` (a per-channel decay is one too): a ``sum`` over the
     ``k`` axis of a product, or a ``bmm`` of a ``[N, 1, K]`` vector and a ``[N, K, V]`` state (einsum,
-    matmul: reshapes that merge the leading axes into ``N``, read by :func:`regroup`)."""
+    matmul: reshapes that merge the leading axes into ``N``, read by :func:`_regroup`)."""
     n, labels = relabel(n, labels)
     if is_op(n, aten.sum) and n.target is aten.sum.dim_IntList and len(n.args[1]) == 1:
         p = n.args[0]
@@ -252,7 +253,7 @@ def between(outputs: list[fx.Node], stops: set, canon: Canon) -> set[fx.Node] | 
 
 def labels_of(x: fx.Node, root: fx.Node, labels: tuple) -> tuple | None:
     """The axis names of ``x``, a view of ``root`` (named ``labels``); None if it is not one."""
-    b, src = view_map(x)
+    b, src = _view_map(x)
     return tuple(labels[j] if j is not None else "" for j in src) if b is root else None
 
 
@@ -287,7 +288,7 @@ def repeat(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, int] | None:
     x, d = e.args[0].args[0], e.args[0].args[1] % len(shape(e))
     xs, es, ns = shape(x), shape(e), shape(n)
     if not (1 <= d < len(es) and len(ns) == len(xs) and "h" == labels[d - 1]
-            and known(ns[d - 1] == xs[d - 1] * es[d]) and same_shape(es[:d - 1], ns[:d - 1]) and same_shape(es[d + 1:], ns[d:])):
+            and known(ns[d - 1] == xs[d - 1] * es[d]) and _same_shape(es[:d - 1], ns[:d - 1]) and _same_shape(es[d + 1:], ns[d:])):
         return None
     return x, labels, es[d] if isinstance(es[d], int) else None
 
@@ -295,17 +296,6 @@ def repeat(n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple, int] | None:
 def sole_user(n: fx.Node) -> fx.Node | None:
     users = live_users(n)
     return users[0] if len(users) == 1 else None
-
-
-def downstream(n: fx.Node, depth: int) -> list[fx.Node]:
-    """Nodes reading ``n`` (live users) within ``depth`` steps, nearest first, each once. Used by
-    ``gdn_recurrent_step`` (the step's readers) and ``causal_conv1d`` (the silu after the conv)."""
-    seen, frontier, out = {n}, [n], []
-    for _ in range(depth):
-        frontier = [u for f in frontier for u in live_users(f) if u not in seen]
-        seen.update(frontier)
-        out += frontier
-    return out
 
 
 def fresh(n: Any) -> bool:
@@ -319,7 +309,7 @@ def written(o: fx.Node, labels: tuple, buf: Any, t: int) -> tuple[fx.Node, tuple
     while (u := sole_user(n)) is not None and is_op(u, *VALUE_VIEWS):
         n = u
     names = labels_of(n, o, labels)
-    if u is not None and is_op(u, aten.copy) and u.args[1] is n and same_shape(shape(u), shape(n)):
+    if u is not None and is_op(u, aten.copy) and u.args[1] is n and _same_shape(shape(u), shape(n)):
         n, u = u, sole_user(u)
     if not (names is not None and is_op(u, aten.select_scatter) and u.args[1] is n and u.args[3] == t):
         return None

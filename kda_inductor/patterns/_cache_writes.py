@@ -3,7 +3,7 @@ matches its stores with. A graph-input cache written by ``index_put`` (possibly 
 ``slice_scatter``, as ``index_put_``, ``index_copy_`` and ``view[blk, off] = ...`` into views of
 the cache become) and copied back with ``copy_`` is a chain of versions (:class:`CacheChain`),
 each seen through a meta tensor laid out as the cache's bytes; each write (:func:`read_write`)
-stores rows of a source tensor at byte addresses read symbolically (:class:`SlotAlgebra`: per-token
+stores rows of a source tensor at byte addresses read symbolically (:class:`_SlotAlgebra`: per-token
 sequences such as ``slot_mapping``, and ``_index_algebra``'s arithmetic), masked or not
 (``torch.where(slot_mapping >= 0, new, old)``, or its race-free delta added with
 ``accumulate=True``). Symbolic sizes take their example values plus ``shift``
@@ -42,7 +42,7 @@ _CASTS = (prims.convert_element_type, aten._to_copy)
 
 
 @dataclasses.dataclass(frozen=True)
-class CacheWrite:
+class _CacheWrite:
     node: fx.Node  # aten.index_put
     layout: torch.Tensor  # meta tensor: the base's view of the cache bytes
     version: int  # writes before this one
@@ -54,7 +54,7 @@ class CacheState:
     """A tensor of the cache's write chain: the cache after ``writes``, seen through
     ``layout`` (a meta tensor viewing a byte buffer laid out as the cache)."""
 
-    writes: tuple[CacheWrite, ...]
+    writes: tuple[_CacheWrite, ...]
     layout: torch.Tensor
 
 
@@ -111,7 +111,7 @@ class CacheChain:
             s = self.state(a[0])
             if s is None:
                 return None
-            return CacheState(s.writes + (CacheWrite(n, s.layout, len(s.writes), bool(len(a) > 3 and a[3])),), s.layout)
+            return CacheState(s.writes + (_CacheWrite(n, s.layout, len(s.writes), bool(len(a) > 3 and a[3])),), s.layout)
         if n.target is aten.slice_scatter.default:
             base, src = self.state(a[0]), self.state(a[1])
             if base is None or src is None or src.writes[: len(base.writes)] != base.writes:
@@ -134,7 +134,7 @@ class CacheChain:
 # --------------------------------------------------------------------------- slot algebra
 
 
-class SlotAlgebra(IndexAlgebra):
+class _SlotAlgebra(IndexAlgebra):
     """``IndexAlgebra`` where 1-D integer tensors of ``num_tokens`` entries are per-token
     sequences ``seq_<node>(tok)`` along one token axis, and ``clamp(min=0)`` of a sequence
     is the sequence (remembered in ``clamped``: only sound where the writes are masked)."""
@@ -252,15 +252,15 @@ class Stored(NamedTuple):
     kind: str  # "values" (an fp8 cast) or "scales" (float32)
     src: fx.Node  # the stored tensor, before its views
     masked: bool  # stored through torch.where(slot_mapping >= 0, new, old) (or its masked delta)
-    write: CacheWrite
+    write: _CacheWrite
     nodes: set  # the write's nodes (the index_put, the stored views, the mask)
     reads: set  # the old cache bytes a masked write reads
     addr: sympy.Expr  # byte address of byte j of token t's stored row
     row_bytes: int  # bytes stored per token
-    algebra: SlotAlgebra  # shared by both writes (the second write's reading extends the first's)
+    algebra: _SlotAlgebra  # shared by both writes (the second write's reading extends the first's)
 
 
-def _unwrapped(w: CacheWrite, indices: list, values: Any):
+def _unwrapped(w: _CacheWrite, indices: list, values: Any):
     """``(indices, stored values, masked, nodes)`` of a write: the stored values without the
     one-token reshape, the mask (``(mask, old)``, or None when unmasked) and the flat
     ``index_copy_``'s flattening; or why not."""
@@ -289,7 +289,7 @@ def _unwrapped(w: CacheWrite, indices: list, values: Any):
     return indices, values, masked, nodes
 
 
-def _byte_address(lay: torch.Tensor, indices: list, vv: torch.Tensor, algebra: SlotAlgebra) -> sympy.Expr | str:
+def _byte_address(lay: torch.Tensor, indices: list, vv: torch.Tensor, algebra: _SlotAlgebra) -> sympy.Expr | str:
     """The byte address of byte ``j`` of token ``t``'s stored row ``vv`` in a write of the view
     laid out as ``lay`` at ``indices``, or why not."""
     syms = [algebra.interpret(i) for i in indices]
@@ -344,7 +344,7 @@ def _stored_source(values: Any, vv: torch.Tensor, esize: int, fixed: Any):
     return kind, src, views, row_bytes
 
 
-def read_write(w: CacheWrite, chain: CacheChain, algebra, fixed: dict) -> Stored | str:
+def read_write(w: _CacheWrite, chain: CacheChain, algebra, fixed: dict) -> Stored | str:
     """One write -> what it stores where (:class:`Stored`), or why not. ``fixed``: the
     sizes read as their example values (:func:`fixed_sizes`); ``algebra``: the first write's
     (the second write's reading extends it), None for the first."""
@@ -359,7 +359,7 @@ def read_write(w: CacheWrite, chain: CacheChain, algebra, fixed: dict) -> Stored
     if vv is None or vv.dim() != 2:
         return "the stored values are not [tokens, bytes]"
     if algebra is None:
-        algebra = SlotAlgebra(vv.shape[0])
+        algebra = _SlotAlgebra(vv.shape[0])
         algebra.static |= set(fixed)
     elif not known(algebra.num_tokens == vv.shape[0]):
         return "the two writes store different numbers of tokens"

@@ -1,7 +1,10 @@
 """What Inductor fuses around a match, read for the speed rules (re-exported by
 :mod:`kda_inductor.patterns.base`): a fused op that materializes a value Inductor would have kept
 in registers, or that breaks a fusion Inductor would have made, can slow the step it sits in
-(``docs/speed-rules.md``, "In context")."""
+(``docs/speed-rules.md``, "In context"). Used by ``gated_norm_merge`` (:func:`inline_producer`,
+:func:`fused_consumer_reduction`), ``gdn_spec_split`` and ``indexer_k_gather``
+(:func:`fused_into_users`), ``indexer_k_gather`` and ``indexer_k_write`` (:func:`cpu_min_count_rule`),
+``causal_conv1d`` and ``gdn_recurrent_step`` (:func:`cuda_min_count_rule`)."""
 
 from __future__ import annotations
 
@@ -22,6 +25,16 @@ def cpu_min_count_rule(count: Any, minimum: int, unit: str, pattern_file: str) -
         return f"on cpu the op is faster only from {minimum} {unit}, and this graph's count is symbolic ({where})"
     if count < minimum:
         return f"on cpu the op is slower than Inductor's code below {minimum} {unit} (this one: {count}; {where})"
+    return None
+
+
+def cuda_min_count_rule(count: Any, minimum: int, unit: str, pattern_file: str, *,
+                        faster_than: str = "Inductor's code") -> str | None:
+    """The CUDA speed rule of an op measured faster than ``faster_than`` only from ``minimum``
+    ``unit`` on (1: at every size): why a match of ``count`` is left to Inductor, or None."""
+    if minimum > 1 and not (isinstance(count, int) and count >= minimum):
+        return (f"on cuda the op is faster than {faster_than} from {minimum} {unit} (this one: {count}; "
+                f"measured, see patterns/{pattern_file})")
     return None
 
 

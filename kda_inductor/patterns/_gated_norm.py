@@ -1,6 +1,7 @@
 """The gated RMSNorm of a GDN / KDA layer, read in canonical terms (:mod:`.canonical`), and how
-the fused ops read its inputs: shared by ``gated_norm_merge`` (which reads what wrote the norm's
-input) and ``gated_norm_quant`` (which reads what quantizes its output).
+the fused ops read its inputs: shared by ``gated_norm_merge`` and ``gated_norm_quant`` (through
+:mod:`._merged_norms`, the search of what wrote the norm's input, which both read; ``gated_norm_quant``
+reads what quantizes its output itself).
 
     fla (flash-linear-attention, vLLM): y = (x * r * w * act(z)).to(dtype)
     hf  (transformers):                 y = ((w * (x * r).to(dtype)) * act(z)).to(dtype)
@@ -36,7 +37,7 @@ from kda_inductor.patterns._layout import free_symbols, input_sizes, marked_dyna
 from kda_inductor.patterns.base import VIEWS, Stage, aten, in_graph_order, is_op, live_users, mutated_nodes, prims, val
 from kda_inductor.patterns.canonical import Canon, Term, const_value
 
-F32 = torch.float32
+_F32 = torch.float32
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -82,10 +83,10 @@ def _read_norm(canon: Canon, y: fx.Node, unspecialized: list[str]) -> Norm | Non
     """``y`` as a gated norm, or None (where it is one whose D cannot be specialized, saying why
     in ``unspecialized``)."""
     t = canon(y)
-    out_dtype = F32
+    out_dtype = _F32
     if t.op == "cast":
         out_dtype, t = t.attr("dtype"), t.args[0]
-    if t.op != "mul" or t.attr("dtype") != F32:
+    if t.op != "mul" or t.attr("dtype") != _F32:
         return None
     factors = _expand_div(list(t.args))
     acts = [f for f in factors if isinstance(f, Term) and f.op in ("silu", "sigmoid")]
@@ -94,8 +95,8 @@ def _read_norm(canon: Canon, y: fx.Node, unspecialized: list[str]) -> Norm | Non
     act = acts[0]
     factors.remove(act)
     gate = act.args[0]
-    z = gate.args[0] if gate.op == "cast" and gate.attr("dtype") == F32 else gate
-    if not isinstance(z, Term) or z.node is None or val(z.node).dtype not in (*HALF, F32):
+    z = gate.args[0] if gate.op == "cast" and gate.attr("dtype") == _F32 else gate
+    if not isinstance(z, Term) or z.node is None or val(z.node).dtype not in (*HALF, _F32):
         return None
     for rstd, x32, eps, rsqrt in _rstds(_subterms(factors)):
         got = _fla(factors, rstd, x32) or _hf(factors, rstd, x32)
@@ -103,7 +104,7 @@ def _read_norm(canon: Canon, y: fx.Node, unspecialized: list[str]) -> Norm | Non
             continue
         form, weight = got
         x = x32.args[0] if x32.op == "cast" else x32
-        if x.node is None or val(x.node).dtype not in (*HALF, F32) or (x32.op == "cast") == (val(x.node).dtype == F32):
+        if x.node is None or val(x.node).dtype not in (*HALF, _F32) or (x32.op == "cast") == (val(x.node).dtype == _F32):
             continue
         xv, zv, wv = val(x.node), val(z.node), val(weight)
         D, fixed = static_row_size(y.graph, xv.shape[-1])  # dynamic=True: D symbolic, specialized on replacing
@@ -137,11 +138,11 @@ def _hf(factors: list, rstd: Term, x32: Term):
     16-bit product (16-bit weight)."""
     body = list(factors)
     if len(body) == 1:  # a 16-bit product, promoted to float32 by the next product (or cast)
-        prod = body[0].args[0] if body[0].op == "cast" and body[0].attr("dtype") == F32 else body[0]
+        prod = body[0].args[0] if body[0].op == "cast" and body[0].attr("dtype") == _F32 else body[0]
         if prod.op == "mul" and prod.attr("dtype") in HALF:
             body = list(prod.args)
     for n in body:
-        inner = n.args[0] if n.op == "cast" and n.attr("dtype") == F32 else n
+        inner = n.args[0] if n.op == "cast" and n.attr("dtype") == _F32 else n
         if not (inner.op == "cast" and inner.attr("dtype") in HALF and inner.args[0].op == "mul"):
             continue
         prod = list(inner.args[0].args)
@@ -171,7 +172,7 @@ def before_cast(x: fx.Node) -> tuple[fx.Node, list[fx.Node], torch.dtype] | None
         chain.append(n)
         n = nxt
     v = val(n)
-    if dtype is None or not isinstance(v, torch.Tensor) or v.dtype != F32 or not v.is_contiguous():
+    if dtype is None or not isinstance(v, torch.Tensor) or v.dtype != _F32 or not v.is_contiguous():
         return None
     return n, chain, dtype
 
@@ -179,7 +180,7 @@ def before_cast(x: fx.Node) -> tuple[fx.Node, list[fx.Node], torch.dtype] | None
 def _rounding(n: fx.Node) -> bool:
     """``n`` casts a float32 tensor to 16 bits (``.to(torch.bfloat16)``)."""
     return (is_op(n, prims.convert_element_type) and isinstance(val(n.args[0]), torch.Tensor)
-            and val(n.args[0]).dtype == F32 and val(n).dtype in HALF)
+            and val(n.args[0]).dtype == _F32 and val(n).dtype in HALF)
 
 
 def _order_keeping_arg(n: fx.Node) -> fx.Node | None:
@@ -333,7 +334,7 @@ def _expand_div(factors: list) -> list:
         if isinstance(f, Term) and f.op == "div" and len(f.args) == 2 and isinstance(f.args[1], Term) \
                 and f.args[1].op == "sqrt":
             a = f.args[0]
-            out += list(a.args) if isinstance(a, Term) and a.op == "mul" and a.attr("dtype") == F32 else [a]
+            out += list(a.args) if isinstance(a, Term) and a.op == "mul" and a.attr("dtype") == _F32 else [a]
             out.append(Term("recip_sqrt", (f.args[1].args[0],)))
         else:
             out.append(f)
@@ -489,7 +490,7 @@ def _before_upcast(z: fx.Node) -> fx.Node:
 def _upcast(n: fx.Node) -> bool:
     """``n`` casts a 16-bit tensor to float32 (exact)."""
     src = val(n.args[0])
-    return isinstance(src, torch.Tensor) and src.dtype in HALF and val(n).dtype == F32
+    return isinstance(src, torch.Tensor) and src.dtype in HALF and val(n).dtype == _F32
 
 
 def _rows_view(v: Any, D: int) -> list | None:

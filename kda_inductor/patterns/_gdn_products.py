@@ -5,7 +5,8 @@ product or as a ``bmm`` with the state in either operand (einsum ``"bhk,bhkv->bh
 merge the heads into the batch, around a ``bmm`` of ``[N, 1, K] x [N, K, V]`` or ``[N, V, K] x [N, K,
 1]``), and why a state read is not the step's: said only where it is established what the product
 reads (the state before its decay, k of another token); where its form or factors are not read
-here, the reason says that it could not be recognised, never what it is not.
+here, the reason says that it could not be recognised, never what it is not. Used by
+``gdn_recurrent_step``; one public entry per reading (``state_read``, ``dot``, ...).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ _VIEWS = (aten.unsqueeze, aten.squeeze, aten.permute, aten.expand, aten.view, at
           aten.alias, aten.clone)
 
 
-def contraction(n: Any, labels: tuple) -> list[F] | None:
+def _contraction(n: Any, labels: tuple) -> list[F] | None:
     """``n`` (axis names ``labels``, none of them ``k``) read as ``sum_k`` of a product: its factors,
     the summed axis named ``k``. None where ``n`` is of no form read here: a ``sum`` over one axis
     of a float32 product, a ``bmm`` (either operand the state, the contracted axis not a unit one)."""
@@ -43,9 +44,9 @@ def contraction(n: Any, labels: tuple) -> list[F] | None:
 
 def dot(n: Any, labels: tuple) -> list[tuple[list[F], F]] | None:
     """``n`` read as ``sum_k(M * x)``: each ``(M's factors, x)`` with ``x`` a factor whose axes hold
-    ``k`` and not ``v`` (a per-channel decay is one too); None where :func:`contraction` reads no
+    ``k`` and not ``v`` (a per-channel decay is one too); None where :func:`_contraction` reads no
     product (its form is not recognised)."""
-    fs = contraction(n, labels)
+    fs = _contraction(n, labels)
     if fs is None:
         return None
     xs = [f for f in fs if isinstance(f.node, fx.Node) and f.sig() >= {"k"} and "v" not in f.sig()]
@@ -133,7 +134,7 @@ def _sum_names(s: fx.Node, p: fx.Node, n: fx.Node, labels: tuple) -> tuple[fx.No
         return None
     d = s.args[1][0] % max(len(shape(p)), 1)
     for x in p.args:
-        names = names_of(x, n, labels) if isinstance(x, fx.Node) else None
+        names = _names_of(x, n, labels) if isinstance(x, fx.Node) else None
         if names is not None and len(names) == len(shape(p)):
             keep = len(s.args) > 2 and s.args[2]
             return s, names[:d] + (("",) if keep else ()) + names[d + 1:]
@@ -143,7 +144,7 @@ def _sum_names(s: fx.Node, p: fx.Node, n: fx.Node, labels: tuple) -> tuple[fx.No
 def _bmm_names(u: fx.Node, n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple] | None:
     """A ``bmm`` reading ``n`` (``[N, K, V]`` second, or ``[N, V, K]`` first): the first plain-named
     view of its output (its sole users' chain), with those names."""
-    a, b = (names_of(x, n, labels) for x in u.args[:2])
+    a, b = (_names_of(x, n, labels) for x in u.args[:2])
     if b is not None and b[1] == "k" and unit(shape(u.args[0])[1]):
         names = (b[0], "", b[2])
     elif a is not None and a[2] == "k" and unit(shape(u.args[1])[2]):
@@ -158,24 +159,24 @@ def _bmm_names(u: fx.Node, n: fx.Node, labels: tuple) -> tuple[fx.Node, tuple] |
         if len(users) != 1 or not is_op(users[0], *_VIEWS):
             return None
         x = users[0]
-        names = forward(x, names)
+        names = _forward(x, names)
         if names is None:
             return None
     return None
 
 
-def names_of(x: Any, root: fx.Node, labels: tuple, depth: int = 8) -> tuple | None:
+def _names_of(x: Any, root: fx.Node, labels: tuple, depth: int = 8) -> tuple | None:
     """The axis names of ``x``, a chain of views of ``root`` (named ``labels``), reshapes that merge
     axes included (a merged axis named by the tuple of its parts); None if it is not one."""
     if x is root:
         return labels
     if depth == 0 or not (isinstance(x, fx.Node) and is_op(x, *_VIEWS)) or x.target is aten.view.dtype:
         return None
-    below = names_of(x.args[0], root, labels, depth - 1)
-    return None if below is None else forward(x, below)
+    below = _names_of(x.args[0], root, labels, depth - 1)
+    return None if below is None else _forward(x, below)
 
 
-def forward(x: fx.Node, below: tuple) -> tuple | None:
+def _forward(x: fx.Node, below: tuple) -> tuple | None:
     """The axis names of the view ``x`` given its input's (``below``)."""
     if is_op(x, aten.alias, aten.clone):
         return below

@@ -120,6 +120,17 @@ def reachable(nodes: Iterable[fx.Node], *, upstream: bool) -> set[fx.Node]:
     return seen
 
 
+def downstream(n: fx.Node, depth: int) -> list[fx.Node]:
+    """Nodes reading ``n`` (live users) within ``depth`` steps, nearest first, each once (every
+    reader at any depth, unordered: :func:`reachable`)."""
+    seen, frontier, out = {n}, [n], []
+    for _ in range(depth):
+        frontier = [u for f in frontier for u in live_users(f) if u not in seen]
+        seen.update(frontier)
+        out += frontier
+    return out
+
+
 def mutated_nodes(graph: fx.Graph) -> set[fx.Node]:
     """Nodes whose storage the graph writes: ``copy_`` targets and mutable op arguments."""
     out: set[fx.Node] = set()

@@ -17,6 +17,9 @@ Assumptions (documented for each rewrite that relies on them): index values are
 in range and non-negative where ``//``/``%`` are applied, so casts between
 integer dtypes and floor vs. truncating division do not change values, and a
 boundaries tensor sliced as ``b[1:]`` has ``b[0] <= x`` (``cu_seq_lens[0] == 0``).
+
+Used by ``indexer_k_gather`` and ``indexer_k_write`` (directly and through :mod:`._cache_writes`),
+and by :mod:`.canonical` (every rewrite that reads canonical terms).
 """
 
 from __future__ import annotations
@@ -55,14 +58,14 @@ class Sym:
     dims: tuple[sympy.Symbol | None, ...]
 
 
-def normalize(e: sympy.Expr) -> sympy.Expr:
+def _normalize(e: sympy.Expr) -> sympy.Expr:
     """Canonical form: ``Mod`` spelled with ``floor``, everything expanded."""
     e = e.replace(sympy.Mod, lambda a, b: a - b * sympy.floor(a / b))
     return sympy.expand(e, deep=True)
 
 
 def same(a: sympy.Expr, b: sympy.Expr) -> bool:
-    return sympy.simplify(normalize(a) - normalize(b)) == 0
+    return sympy.simplify(_normalize(a) - _normalize(b)) == 0
 
 
 def _is_one(size: Any) -> bool:
@@ -356,7 +359,7 @@ class IndexAlgebra:
                 self.symints[bounds[-1]] = val(b)
             else:
                 return None
-        return Sym(CLAMP(x.expr, *bounds), x.dims)
+        return Sym(_CLAMP(x.expr, *bounds), x.dims)
 
     def _count_le(self, boundaries: Any, values: Any, right: bool) -> Sym | None:
         """``searchsorted(b, x, right=True)`` counts the entries ``<= x``; with
@@ -404,14 +407,14 @@ class IndexAlgebra:
         return Sym(x.expr, tuple(dims)), ye
 
 
-CLAMP = sympy.Function("clamp")
+_CLAMP = sympy.Function("clamp")
 """``clamp(x, lo, hi)`` of index arithmetic; ``nan`` for a missing bound."""
 
 
 def drop_clamps(e: sympy.Expr, in_range) -> sympy.Expr:
     """``e`` with every ``clamp(x, lo, hi)`` for which ``in_range(x, lo, hi)`` holds replaced
     by ``x`` (the clamp cannot change an in-range value)."""
-    return e.replace(CLAMP, lambda x, lo, hi: x if in_range(x, lo, hi) else CLAMP(x, lo, hi))
+    return e.replace(_CLAMP, lambda x, lo, hi: x if in_range(x, lo, hi) else _CLAMP(x, lo, hi))
 
 
 def known(pred: Any) -> bool:

@@ -5,7 +5,12 @@ any chain of views the user wrote (``view`` / ``reshape`` of a contiguous tensor
 ``slice``, ``select``, ``unsqueeze`` / ``squeeze``, ``as_strided``, ``permute`` / ``transpose``,
 ``expand``), which storage element each index of the final view addresses. Replaying each
 op on a meta tensor laid out as its input gives the final view's sizes, strides and storage
-offset exactly as torch computes them; :func:`address` turns indices into a byte address.
+offset exactly as torch computes them; :func:`byte_address` turns indices into a byte address.
+
+Used by ``indexer_k_gather`` and ``indexer_k_write`` (directly and through :mod:`._cache_writes` /
+:mod:`._index_algebra`: the byte layouts of the paged cache), and for the sizes a match reads
+static (:func:`specialize`, :func:`static_size`, ...) by ``gated_norm_merge`` and ``gated_norm_quant``
+(through :mod:`._gated_norm`).
 """
 
 from __future__ import annotations
@@ -24,11 +29,11 @@ _REPLAYED = (*VIEWS, aten.slice, aten.select, aten.unsqueeze, aten.squeeze, aten
 
 
 def is_view_op(n: Any) -> bool:
-    """``n`` is one of the view ops :func:`replay_view` replays."""
+    """``n`` is one of the view ops :func:`_replay_view` replays."""
     return is_op(n, *_REPLAYED)
 
 
-def size_value(x: Any, shift: int = 0, fixed: Any = ()) -> int | None:
+def _size_value(x: Any, shift: int = 0, fixed: Any = ()) -> int | None:
     """``x`` (an int, a SymInt, or a node holding one) as an int: each symbol of a symbolic
     size takes its example value plus ``shift`` (the symbols in ``fixed``: their example value);
     None when there is none (no hint, no int)."""
@@ -49,14 +54,14 @@ def size_value(x: Any, shift: int = 0, fixed: Any = ()) -> int | None:
 
 
 def concrete_args(args: Any, shift: int = 0, fixed: Any = ()) -> Any:
-    """``args`` with every symbolic size (a SymInt, or a node holding one) as :func:`size_value`
+    """``args`` with every symbolic size (a SymInt, or a node holding one) as :func:`_size_value`
     gives it; None when a leaf is neither that, an int, None nor a dtype."""
     if isinstance(args, (list, tuple)):
         out = [concrete_args(x, shift, fixed) for x in args]
         return None if any(o is None and x is not None for o, x in zip(out, args)) else type(args)(out)
     if args is None or isinstance(args, torch.dtype) or (isinstance(args, int) and not isinstance(args, bool)):
         return args
-    return size_value(args, shift, fixed)
+    return _size_value(args, shift, fixed)
 
 
 def meta_like(t: torch.Tensor, shift: int = 0, fixed: Any = ()) -> torch.Tensor:
@@ -82,7 +87,7 @@ def _expr(x: Any) -> Any:
     return env.replace(x.node.expr) if hasattr(env, "replace") else x.node.expr  # guarded sizes: constants
 
 
-def plain_sizes(*sizes: Any) -> dict:
+def _plain_sizes(*sizes: Any) -> dict:
     """``{symbol: SymInt}`` of the ``sizes`` that are one backed symbol each (an input's dim,
     with an example value): the sizes a rewrite may specialize (:func:`specialize`). Static
     sizes and sizes computed from several symbols give none."""
@@ -90,7 +95,7 @@ def plain_sizes(*sizes: Any) -> dict:
     for x in sizes:
         e = _expr(x)
         x = val(x) if isinstance(x, fx.Node) else x
-        if isinstance(e, sympy.Symbol) and size_value(x) is not None:
+        if isinstance(e, sympy.Symbol) and _size_value(x) is not None:
             out.setdefault(e, x)
     return out
 
@@ -105,7 +110,7 @@ def input_sizes(graph: fx.Graph, symbols: Any) -> dict:
             break  # placeholders come first
         v = val(n)
         sizes = [v] if isinstance(v, torch.SymInt) else list(v.shape) if isinstance(v, torch.Tensor) else []
-        out.update({s: x for s, x in plain_sizes(*sizes).items() if s in wanted})
+        out.update({s: x for s, x in _plain_sizes(*sizes).items() if s in wanted})
     return out
 
 
@@ -122,8 +127,8 @@ def same_count(a: Any, b: Any) -> bool:
         return False
     if statically_known_true(a == b):
         return True
-    return (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and size_value(a) is not None
-            and size_value(a) == size_value(b))
+    return (isinstance(a, torch.SymInt) and isinstance(b, torch.SymInt) and _size_value(a) is not None
+            and _size_value(a) == _size_value(b))
 
 
 def static_size(x: Any, fixed: Any) -> Any:
@@ -134,7 +139,7 @@ def static_size(x: Any, fixed: Any) -> Any:
     e = _expr(x)
     if e is None or not e.free_symbols <= set(fixed):
         return x
-    got = size_value(x)
+    got = _size_value(x)
     return x if got is None else got
 
 
@@ -143,7 +148,7 @@ def static_equal(a: Any, b: Any, fixed: Any) -> bool:
     match specializes them; the other symbols stay free): e.g. ``x.numel()`` and ``k.numel()``
     of ``x = k.view(-1, D // 128, 128)`` with ``D`` specialized."""
     ea, eb = (_expr(x) if _expr(x) is not None else sympy.sympify(x) for x in (a, b))
-    values = {s: size_value(fixed[s]) for s in (ea.free_symbols | eb.free_symbols) & set(fixed)}
+    values = {s: _size_value(fixed[s]) for s in (ea.free_symbols | eb.free_symbols) & set(fixed)}
     if None in values.values():
         return False
     return sympy.expand(ea.xreplace(values) - eb.xreplace(values)) == 0
@@ -178,7 +183,7 @@ def _name(source: Any) -> str | None:
 
 
 def specialize(fixed: dict) -> None:
-    """Make each of ``fixed``'s sizes (``{symbol: SymInt}``, :func:`plain_sizes`) static at its
+    """Make each of ``fixed``'s sizes (``{symbol: SymInt}``, :func:`_plain_sizes`) static at its
     example value with a guard, as Inductor does where a kernel needs a size (``guard_int``:
     torch 2.9-2.14): the graph compiled with a rewrite that read them so is used only for those
     values; another value recompiles (and is specialized again). Called by a rewrite's
@@ -195,7 +200,7 @@ def same_addressing(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
             and tuple(a.stride()) == tuple(b.stride()) and a.storage_offset() == b.storage_offset())
 
 
-def replay_view(n: fx.Node, layout: torch.Tensor, shift: int = 0, fixed: Any = ()) -> torch.Tensor | None:
+def _replay_view(n: fx.Node, layout: torch.Tensor, shift: int = 0, fixed: Any = ()) -> torch.Tensor | None:
     """``n``'s layout over the same storage, given its input's ``layout``; None when ``n`` is
     no view op or is not a view of its input (a reshape that copies). Symbolic sizes among its
     arguments take their example values plus ``shift`` (``fixed``'s: none), as in ``layout``."""
@@ -213,7 +218,7 @@ def replay_view(n: fx.Node, layout: torch.Tensor, shift: int = 0, fixed: Any = (
         return None
 
 
-def layout_from(n: Any, root: fx.Node, root_layout: torch.Tensor, memo: dict | None = None,
+def _layout_from(n: Any, root: fx.Node, root_layout: torch.Tensor, memo: dict | None = None,
                 shift: int = 0, fixed: Any = ()) -> torch.Tensor | None:
     """The layout of ``n``, a chain of views of ``root`` (laid out as ``root_layout``), else None."""
     if not isinstance(n, fx.Node):
@@ -224,22 +229,22 @@ def layout_from(n: Any, root: fx.Node, root_layout: torch.Tensor, memo: dict | N
     if n not in memo:
         memo[n] = None
         if n.op == "call_function" and n.args:
-            base = layout_from(n.args[0], root, root_layout, memo, shift, fixed)
-            memo[n] = None if base is None else replay_view(n, base, shift, fixed)
+            base = _layout_from(n.args[0], root, root_layout, memo, shift, fixed)
+            memo[n] = None if base is None else _replay_view(n, base, shift, fixed)
     return memo[n]
 
 
 def symbolic_layout_from(n: Any, root: fx.Node, fixed: Any = ()) -> torch.Tensor | None:
-    """:func:`layout_from` where sizes may be symbolic (a cache whose block count varies, a
+    """:func:`_layout_from` where sizes may be symbolic (a cache whose block count varies, a
     view sized by it): the views are replayed with the example sizes and again with every
     symbol but ``fixed``'s one larger; the layout counts only where both address alike (its
     strides and offset do not depend on the sizes left symbolic), else None. ``fixed``: the
     symbols the match specializes (:func:`specialize`; a cache's block size and row width).
     Raises ValueError for a root size without an example value."""
-    lay = layout_from(n, root, meta_like(val(root)))
+    lay = _layout_from(n, root, meta_like(val(root)))
     if lay is None:
         return None
-    other = layout_from(n, root, meta_like(val(root), 1, fixed), shift=1, fixed=fixed)
+    other = _layout_from(n, root, meta_like(val(root), 1, fixed), shift=1, fixed=fixed)
     return lay if same_addressing(lay, other) else None
 
 

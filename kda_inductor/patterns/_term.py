@@ -1,6 +1,7 @@
 """The canonical term (:mod:`.canonical`'s vocabulary): an expression of a graph's values that
 compares structurally, so that two nodes computing the same canonical expression of the same
-leaves are equal terms (re-exported by :mod:`.canonical`)."""
+leaves are equal terms (re-exported by :mod:`.canonical`, through which every rewrite that reads
+canonical terms uses it)."""
 
 from __future__ import annotations
 

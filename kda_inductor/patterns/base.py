@@ -10,17 +10,14 @@ A rewrite is two steps over a post-grad FX graph:
 Matches are frozen; the pass manager remaps their inputs to earlier replacements (:func:`remap`).
 
 The pass manager runs ``replace`` inside :func:`transaction`, so a rewrite that raises half-way
-leaves the graph as it found it. The node helpers (``_graph``) and the speed rules' readings of
-what Inductor fuses (``_fusion``) are re-exported here.
+leaves the graph as it found it. The node helpers (``_graph``), the speed rules' readings of
+what Inductor fuses (``_fusion``) and the rejected candidates (``_misses``) are re-exported here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import enum
-import os
-import re
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar
 
@@ -30,92 +27,11 @@ import torch.utils._pytree as pytree
 
 # re-exported: the rewrites import the graph helpers and the speed rules' readings from here
 from kda_inductor.patterns._fusion import cpu_min_count_rule, fused_consumer_reduction, fused_into_users  # noqa: F401
-from kda_inductor.patterns._fusion import inline_producer  # noqa: F401
+from kda_inductor.patterns._fusion import cuda_min_count_rule, inline_producer  # noqa: F401
 from kda_inductor.patterns._graph import SHAPE_VIEWS, VIEWS, aten, earliest, erase_dead, escaping  # noqa: F401
 from kda_inductor.patterns._graph import in_graph_order, is_dead, is_op, live_users, mutated_nodes  # noqa: F401
 from kda_inductor.patterns._graph import moved, positions, prims, reachable, remap, val  # noqa: F401
-
-
-class Stage(enum.IntEnum):
-    """How far a rejected candidate got, in the order every matcher checks: a miss at a later
-    stage is closer to a match (``Rewrite.closest_misses`` keeps the furthest ones)."""
-
-    INCIDENTAL = 0
-    """The anchor op is there, in code no user would look for as this computation (a MoE's
-    routing gathers for the spec split): logged at DEBUG (``TORCH_LOGS=+kda_inductor``), never
-    shown by ``explain()``, the CLI, the HTML report or ``assert_rewrites`` (``Miss.shown``)."""
-    FORM = 1
-    """The anchor op is there, but not in this computation's form (dims, index shapes)."""
-    LAYOUT = 2
-    """The data's geometry does not fit (row widths, rows straddling tokens, the output)."""
-    PIECES = 3
-    """The computation's parts are not all there, or not one each (writes, scales, launches)."""
-    INDEXING = 4
-    """The parts do not index by one shared index (the slot mapping and its mask)."""
-    ADDRESSING = 5
-    """The bytes do not land where the layout puts them."""
-    VALUES = 6
-    """What is stored or computed is not this computation's value."""
-    VALIDATED = 7
-    """The fused op's own validator rejects these inputs."""
-    REGION = 8
-    """A value inside the region is read outside it (or through a view the op cannot keep)."""
-    SPEED_RULE = 9
-    """Everything matched; the speed rule leaves it to Inductor (measured faster there)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Miss:
-    """A candidate a rewrite looked at and rejected, for ``explain()`` and ``--explain-misses``.
-
-    ``stage`` says how far it got (higher is closer to a match); ``check`` names
-    the check that rejected it; ``location`` is the user's source line the candidate
-    node came from (``"model.py:123"``, from the node's stack trace; ``None`` when the
-    graph has no trace for it) and ``code`` that line's text.
-    """
-
-    node: str
-    stage: Stage
-    check: str
-    location: str | None = None
-    code: str | None = None
-
-    def __str__(self) -> str:
-        where = f"{self.location}: " if self.location else ""
-        return f"{where}not rewritten: {self.check}"
-
-    @property
-    def shown(self) -> bool:
-        """A candidate a user would recognize: reported by ``explain()`` and the tools; the
-        rest (:attr:`Stage.INCIDENTAL`) only at DEBUG."""
-        return self.stage > Stage.INCIDENTAL
-
-
-def shown_misses(misses: Iterable[Miss]) -> list[Miss]:
-    """The misses of ``misses`` a user would recognize (``Miss.shown``), in order."""
-    return [m for m in misses if m.shown]
-
-
-_FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<fn>[^\n]+)\n(?P<code>[^\n]*)')
-
-
-_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-
-
-def source_location(node: fx.Node) -> tuple[str | None, str | None]:
-    """``("file.py:123", "the line's code")`` of the innermost user frame that made ``node``
-    (from ``node.meta["stack_trace"]``), or ``(None, None)``. Frames in torch's own files
-    (``nn.RMSNorm``'s ``torch/nn/functional.py``) are not the user's: the innermost frame
-    outside torch is, where the trace has one."""
-    trace = node.meta.get("stack_trace") if isinstance(node, fx.Node) else None
-    if not trace:
-        return None, None
-    frames = list(_FRAME.finditer(trace + "\n"))
-    if not frames:
-        return None, None
-    users = [f for f in frames if not os.path.abspath(f["file"]).startswith(_TORCH_DIR)]
-    last = (users or frames)[-1]
-    return f"{last['file']}:{last['line']}", (last["code"].strip() or None)
+from kda_inductor.patterns._misses import Miss, Misses, Stage, shown_misses, source_location  # noqa: F401
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,7 +100,7 @@ def _nodes_in(x: Any) -> Iterator[fx.Node]:
             yield from _nodes_in(v)
 
 
-class Rewrite:
+class Rewrite(Misses):
     """Base class of one rewrite; subclasses live one per file in ``patterns/``."""
 
     name: ClassVar[str]
@@ -205,38 +121,16 @@ class Rewrite:
     """Rewrites (by name) that must run before this one."""
 
     def __init__(self, analyses: Analyses | None = None) -> None:
-        self.misses: list[Miss] = []
+        super().__init__()
         self.analyses = Analyses() if analyses is None else analyses
         """The readings of the graph this rewrite shares with the others (the pass manager's,
         one per graph it runs on)."""
 
     def analysis(self, graph: fx.Graph, compute: Callable[[fx.Graph], Any]) -> Any:
         """``compute(graph)``, computed once per run of the pass by the first rewrite that asks
-        and read by the others (``Analyses``): e.g. ``gated_norm_merge``'s norm search, which
-        ``gated_norm_quant`` reads too."""
+        and read by the others (``Analyses``): e.g. the norm search of ``_merged_norms``, which
+        ``gated_norm_merge`` and ``gated_norm_quant`` both read."""
         return self.analyses.get(graph, compute)
-
-    def miss(self, node: fx.Node, stage: Stage, check: str) -> None:
-        """Record that ``node`` was a candidate rejected by ``check``, at the user's source
-        line it came from (returns None, so ``return self.miss(...)`` rejects)."""
-        self.misses.append(Miss(node.name, stage, check, *source_location(node)))
-
-    def region_closed(self, region: Iterable[fx.Node], outputs: Iterable[fx.Node], *, at: fx.Node,
-                      what: str = "an intermediate of the region") -> bool:
-        """The region check every rewrite makes: no value of ``region`` other than ``outputs``
-        is read outside it (else replacing the region would recompute it). False, with a
-        :attr:`Stage.REGION` miss at ``at`` naming the first escaping node, when one is."""
-        leaking = escaping(region, outputs)
-        if leaking:
-            self.miss(at, Stage.REGION, f"{what} is read elsewhere ({leaking[0].name})")
-        return not leaking
-
-    def closest_misses(self) -> list[Miss]:
-        """The rejected candidates that got furthest."""
-        if not self.misses:
-            return []
-        best = max(m.stage for m in self.misses)
-        return [m for m in self.misses if m.stage == best]
 
     def find(self, graph: fx.Graph) -> list[Match]:
         raise NotImplementedError

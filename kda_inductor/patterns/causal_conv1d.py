@@ -57,8 +57,7 @@ from torch.fx.experimental.symbolic_shapes import is_concrete_int
 from torch.fx.experimental.symbolic_shapes import statically_known_true as definitely
 
 from kda_inductor.lowerings import causal_conv1d as _lowering  # registers the ops
-from kda_inductor.patterns._axes import downstream
-from kda_inductor.patterns._graph import copy_into
+from kda_inductor.patterns._graph import copy_into, downstream
 from kda_inductor.patterns.base import (
     SHAPE_VIEWS,
     VIEWS,
@@ -66,6 +65,7 @@ from kda_inductor.patterns.base import (
     Rewrite,
     Stage,
     aten,
+    cuda_min_count_rule,
     in_graph_order,
     is_op,
     live_users,
@@ -241,21 +241,13 @@ class CausalConv1d(Rewrite):
 
     def find(self, graph: fx.Graph) -> list[Match]:
         canon = Canon()
-        out: list[Match] = []
-        for n in graph.nodes:
-            if n.target is aten.convolution.default:
-                m = self._match(n, canon)
-                if m is not None:
-                    out.append(m)
-        return out
+        convs = [n for n in graph.nodes if n.target is aten.convolution.default]
+        return [m for m in (self._match(n, canon) for n in convs) if m is not None]
 
     def speed_rule(self, match: ConvMatch) -> str | None:
         if match.device == "cuda":
             tokens = val(match.input.x).shape[0] * val(match.input.x).shape[_TIME]
-            if CUDA_MIN_TOKENS > 1 and not (isinstance(tokens, int) and tokens >= CUDA_MIN_TOKENS):
-                return (f"on cuda the op is faster than aten's conv from {CUDA_MIN_TOKENS} tokens (this one: "
-                        f"{tokens}; measured, see patterns/causal_conv1d.py)")
-            return None
+            return cuda_min_count_rule(tokens, CUDA_MIN_TOKENS, "tokens", "causal_conv1d.py", faster_than="aten's conv")
         return (f"on {match.device} the op's implementation is aten's conv (the one Inductor calls) with the "
                 "activation unfused: no faster than Inductor's code (see patterns/causal_conv1d.py)")
 

@@ -50,8 +50,8 @@ import torch
 import torch.fx as fx
 
 from kda_inductor.lowerings import gated_norm_quant as _lowering  # noqa: F401  (registers the op)
-from kda_inductor.patterns import gated_norm_merge as norm_merge
 from kda_inductor.patterns._layout import specialize
+from kda_inductor.patterns._merged_norms import NormMatch, as_read, gated_norms, norm_arguments, norm_region
 from kda_inductor.patterns.base import (
     Match,
     Rewrite,
@@ -152,7 +152,7 @@ class Quant:
 
 @dataclasses.dataclass(frozen=True)
 class QuantMatch(Match):
-    norm: norm_merge.NormMatch
+    norm: NormMatch
     quant: Quant
 
     @property
@@ -185,7 +185,7 @@ class GatedNormQuant(Rewrite):
             return []  # nothing quantized to fp8: the norm search waits for gated_norm_merge
         canon = Canon()
         out: list[Match] = []
-        for m in self.analysis(graph, norm_merge.gated_norms).matches:
+        for m in self.analysis(graph, gated_norms).matches:
             quant = self._quant(m, canon)
             if quant is not None:
                 out.append(QuantMatch(nodes=in_graph_order(set(m.nodes) | quant.nodes), norm=m, quant=quant))
@@ -205,7 +205,7 @@ class GatedNormQuant(Rewrite):
         return None if why is None else f"on {match.device}: {why} (benchmarks/results/gated_norm_quant.md)"
 
     # ------------------------------------------------------------------ the quantization
-    def _quant(self, m: norm_merge.NormMatch, canon: Canon) -> Quant | None:
+    def _quant(self, m: NormMatch, canon: Canon) -> Quant | None:
         y = m.norm.y
         casts = [n for n in _value_users(y) if _is_fp8_cast(n)]
         if not casts:
@@ -232,16 +232,16 @@ class GatedNormQuant(Rewrite):
         quant = dict(width=qt.width, group_size=qt.group, ue8m0=qt.ue8m0, reciprocal=qt.reciprocal)
         shapes = [list(val(qt.q).shape), list(val(qt.scale).shape)]
         specialize(match.norm.fixed)  # the sizes the match read static
-        replace_by_function(graph, norm_quant, (norm_merge.norm_arguments(match.norm), quant, shapes),
+        replace_by_function(graph, norm_quant, (norm_arguments(match.norm), quant, shapes),
                             outputs=[qt.q, qt.scale], before=earliest([qt.q, qt.scale]),
-                            region=[*match.nodes, *norm_merge.norm_region(match.norm)], origin=match.norm.norm.y)
+                            region=[*match.nodes, *norm_region(match.norm)], origin=match.norm.norm.y)
 
 
 def norm_quant(norm: dict, quant: dict, shapes: list) -> tuple[torch.Tensor, torch.Tensor]:
     """The replacement: the gated norm (``gated_norm_merge``'s arguments) and its quantization in
     one op (``kda::gated_norm_quant``, whose docstring and CPU implementation are the
     computation); the fp8 values and scales viewed as the user's were."""
-    args = norm_merge.as_read(norm)
+    args = as_read(norm)
     args["norm_dtype"] = args.pop("out_dtype")
     q, scale = torch.ops.kda.gated_norm_quant(**args, **quant, column_major=False)
     return q.reshape(shapes[0]), scale.reshape(shapes[1])

@@ -23,7 +23,8 @@ in place (``auto_functionalized``, re-inplaced by Inductor). Spellings: transfor
 ``recurrent_kimi_delta_attention`` (kimi_linear, bailing_hybrid), FLA's ``naive_recurrent_kda`` and
 ``recurrent_gated_delta_rule_ref``, vLLM's CPU ``recurrent_gated_delta_rule``. Also a functional
 ``kda::gdn_recurrent_step`` already in the graph (the fla rule's, ``_dynamo_fixes``) whose new state only
-goes back into its initial state's buffer: in place on that buffer (:mod:`._gdn_write_back`; its misses).
+goes back into its initial state's buffer: in place on that buffer, by this rewrite's second stage
+(``gdn_recurrent_step_write_back.py``, run right after it: ``patterns.STAGES``; its misses).
 
 Not matched, with the reason at the user's line: a gated linear-attention update (``S * exp(g) + k
 v^T``: no delta rule), the decay applied after the update, a state read (``S k``) of another state
@@ -61,9 +62,10 @@ import torch.fx as fx
 
 from kda_inductor.lowerings import gdn_recurrent_step as _lowering  # registers the ops
 from kda_inductor.patterns import _gdn_products as products
-from kda_inductor.patterns import _gdn_write_back as _write_back
 from kda_inductor.patterns import base
-from kda_inductor.patterns.base import Match, Rewrite, Stage, aten, in_graph_order, is_op, live_users, prims, val
+from kda_inductor.patterns._graph import copy_into
+from kda_inductor.patterns.base import (Match, Rewrite, Stage, aten, cuda_min_count_rule, in_graph_order, is_op,
+                                        live_users, prims, val)
 from kda_inductor.patterns._axes import (VALUE_VIEWS, F, arrange, between, broadcast, factors, fresh,
                                           known, labels_of, relabel, repeat, shape, sole_user,
                                           token, unit, upcast, written)
@@ -404,17 +406,11 @@ class GdnRecurrentStep(Rewrite):
                 m = self._match(seg, canon)
                 if m is not None:
                     out.append(m)
-        return out + _write_back.find(graph, self.miss)  # the functional op, its state written back
+        return out
 
-    def speed_rule(self, match: StepMatch | _write_back.WriteBackMatch) -> str | None:
-        if isinstance(match, _write_back.WriteBackMatch):
-            return None  # the same op in place: one pass over the state fewer, on every device
-        batch = shape(match.anchor)[0]
+    def speed_rule(self, match: StepMatch) -> str | None:
         if match.device == "cuda":
-            if CUDA_MIN_BATCH > 1 and not (isinstance(batch, int) and batch >= CUDA_MIN_BATCH):
-                return (f"on cuda the op is faster than Inductor's code from {CUDA_MIN_BATCH} sequences (this one: "
-                        f"{batch}; measured, see patterns/gdn_recurrent_step.py)")
-            return None
+            return cuda_min_count_rule(shape(match.anchor)[0], CUDA_MIN_BATCH, "sequences", "gdn_recurrent_step.py")
         return (f"on {match.device} the op's implementation (the loop in eager float32 torch) is slower than "
                 "the C++ Inductor generates for it (measured, see patterns/gdn_recurrent_step.py)")
 
@@ -521,7 +517,7 @@ class GdnRecurrentStep(Rewrite):
         op's own validation (misses unless ``quiet``: a first try with the prologue folded in)."""
         asm = _assembly(seg)
         outs = [asm[:2]] if asm else [(s.out, s.out_labels) for s in seg]
-        inplace, state_out = _write_back.state_route(seg[-1].new, initial if seg[0].labels == _S else None)
+        inplace, state_out = _state_route(seg[-1].new, initial if seg[0].labels == _S else None)
         outputs = [n for n, _ in outs] + [state_out]
         stops = {r.node for r in reads.values()} | ({initial} if initial is not None else set())
         region = between(outputs, stops, canon)
@@ -542,9 +538,7 @@ class GdnRecurrentStep(Rewrite):
         return m
 
     # ------------------------------------------------------------------ replacing
-    def replace(self, graph: fx.Graph, match: StepMatch | _write_back.WriteBackMatch) -> dict[fx.Node, fx.Node]:
-        if isinstance(match, _write_back.WriteBackMatch):
-            return match.replace(graph)
+    def replace(self, graph: fx.Graph, match: StepMatch) -> dict[fx.Node, fx.Node]:
         # a part of a split chain continues the state the part before it left: replaced by then,
         # the pass manager hands this match that part's new state (base.remap)
         m = match
@@ -554,6 +548,17 @@ class GdnRecurrentStep(Rewrite):
         new = base.replace_by_function(graph, m.fn(), args, outputs=outputs, before=before, region=m.nodes,
                                        origin=m.anchor)
         return base.moved(outputs, new)
+
+
+def _state_route(last: fx.Node, initial: fx.Node | None) -> tuple[bool, fx.Node]:
+    """``(in place?, the node whose readers get the final state)`` of an unrolled chain: in place
+    where it starts from a graph input and writes its last state back into it, else the functional
+    op returning the new state."""
+    if initial is not None and initial.op in ("placeholder", "get_attr"):
+        w = copy_into(last, initial)
+        if w is not None:
+            return True, (w if is_op(w, aten.copy) else last)
+    return False, last
 
 
 def _disagree(rs: list[Read | None], role: str, T: int, canon: Canon) -> str | None:

@@ -1,17 +1,21 @@
-"""The state's write-back for ``gdn_recurrent_step``: where a recurrence's final state goes back into
-the cache buffer it started from, the op runs in place on that buffer.
+"""``gdn_recurrent_step``'s second stage: where a functional ``kda::gdn_recurrent_step`` writes its
+final state back into the cache buffer it started from, the op runs in place on that buffer.
 
-Two readers of the same write-back (``copy_(buffer, state)``, the epilogue a functional graph keeps
-for a mutated input, or Dynamo's functional ``copy(buffer, state)`` before it):
+A rewrite of its own (:class:`GdnRecurrentStepWriteBack`: its own ``find`` / ``replace``), with no
+name of its own: the registry lists it as a stage of ``gdn_recurrent_step``
+(``patterns.STAGES``), which the pass manager runs right after that rewrite on each graph, its
+matches and misses counted under ``gdn_recurrent_step`` (``disable: ["gdn_recurrent_step"]``
+turns both off; the reports, the options and ``.ci/gpu`` know only the registered names). It
+reads the functional ops in the graph by then: the fla rule's (``_dynamo_fixes`` traces fla-core's
+decode kernels as one) and any ``gdn_recurrent_step`` left functional.
 
-* :func:`state_route`: the unrolled loop the pattern file reads, in place where its last state is
-  written back into its initial state (a graph input);
-* :func:`find`: a functional ``kda::gdn_recurrent_step`` already in the graph (the fla rule of
-  ``_dynamo_fixes`` traces fla-core's decode kernels as one): where its final state is only
-  written back into its initial state's buffer, it becomes ``kda::gdn_recurrent_step_inplace`` on
-  that buffer (:class:`WriteBackMatch`). Without it the step runs the op, which writes a new state,
-  then Inductor's copy kernel of it into the cache: the state read and written twice (H200,
-  Qwen3-Next decode 32: 33.8 us the op, 33.2 us the copy, a layer).
+It reads the write-back as ``copy_(buffer, state)`` (the epilogue a functional graph keeps for a
+mutated input) or Dynamo's functional ``copy(buffer, state)`` before it, and replaces the op and
+the copy with ``kda::gdn_recurrent_step_inplace`` on that buffer (:class:`WriteBackMatch`).
+Without it the step runs the op, which writes a new state, then Inductor's copy kernel of it into
+the cache: the state read and written twice (H200, Qwen3-Next decode 32: 33.8 us the op, 33.2 us
+the copy, a layer). No speed rule: the same op in place, one pass over the state fewer, on every
+device.
 
 Not put in place (the functional op stays, a miss at the user's line): the new state read
 elsewhere too (written in place, that reader would share the cache's buffer: a returned state
@@ -33,26 +37,13 @@ import torch.fx as fx
 from torch.fx.operator_schemas import normalize_function
 from torch.multiprocessing.reductions import StorageWeakRef
 
+from kda_inductor.lowerings import gdn_recurrent_step as _lowering  # noqa: F401  (registers the ops)
 from kda_inductor.patterns import base
 from kda_inductor.patterns._graph import copy_into
-from kda_inductor.patterns.base import SHAPE_VIEWS, Match, Stage, aten, in_graph_order, is_op, positions, val
+from kda_inductor.patterns.base import SHAPE_VIEWS, Match, Rewrite, Stage, aten, in_graph_order, is_op, positions, val
 
 _INPUTS = ("q", "k", "v", "g", "beta")
 _SCALARS = ("scale", "use_qk_l2norm", "eps", "out_dtype")
-
-
-def state_route(last: fx.Node, initial: fx.Node | None) -> tuple[bool, fx.Node]:
-    """``(in place?, the node whose readers get the final state)`` of an unrolled chain: in place
-    where it starts from a graph input and writes its last state back into it, else the functional
-    op returning the new state."""
-    if initial is not None and initial.op in ("placeholder", "get_attr"):
-        w = copy_into(last, initial)
-        if w is not None:
-            return True, (w if is_op(w, aten.copy) else last)
-    return False, last
-
-
-# --------------------------------------------------------------------------- the functional op
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,28 +86,38 @@ class WriteBackMatch(Match):
                                                             region=self.nodes, origin=self.op))
 
 
-def find(graph: fx.Graph, miss: Callable[[fx.Node, Stage, str], None]) -> list[WriteBackMatch]:
-    """Every functional ``kda::gdn_recurrent_step`` of ``graph`` whose state can be written in place;
-    those that write their state back but cannot get a miss (``miss``: the rewrite's)."""
-    out = []
-    for op in graph.find_nodes(op="call_function", target=torch.ops.kda.gdn_recurrent_step.default):
-        got = _outputs(op)
-        if got is None or got[1] is None:
-            continue  # the new state is not read (or read as no getitem): nothing is written back
-        views = _views(got[1])
-        end = views[-1] if views else got[1]
-        w = copy_into(end)
-        if w is None:
-            continue  # the new state is not written back: the functional op is the right one
-        args = normalize_function(op.target, op.args, op.kwargs, normalize_to_only_use_kwargs=True).kwargs
-        why = _why_not(op, args["initial_state"], end, w)
-        if why is not None:
-            miss(op, *why)
-            continue
-        functional_copy = [w] if is_op(w, aten.copy) else []
-        out.append(WriteBackMatch(in_graph_order([op, *(n for n in got if n is not None), *views, *functional_copy]),
-                                  op, args, got[0], (functional_copy or [end])[0]))
-    return out
+class GdnRecurrentStepWriteBack(Rewrite):
+    """The stage (module docstring): a functional step's write-back -> the step in place."""
+
+    name = "gdn_recurrent_step"  # a stage of it (patterns.STAGES): its matches and misses are counted there
+    finds = "a functional `kda::gdn_recurrent_step` whose new state only goes back into its initial state's buffer"
+    becomes = "`kda::gdn_recurrent_step_inplace` on that buffer"
+
+    def find(self, graph: fx.Graph) -> list[Match]:
+        """Every functional ``kda::gdn_recurrent_step`` of ``graph`` whose state can be written in
+        place; those that write their state back but cannot get a miss."""
+        out = []
+        for op in graph.find_nodes(op="call_function", target=torch.ops.kda.gdn_recurrent_step.default):
+            got = _outputs(op)
+            if got is None or got[1] is None:
+                continue  # the new state is not read (or read as no getitem): nothing is written back
+            views = _views(got[1])
+            end = views[-1] if views else got[1]
+            w = copy_into(end)
+            if w is None:
+                continue  # the new state is not written back: the functional op is the right one
+            args = normalize_function(op.target, op.args, op.kwargs, normalize_to_only_use_kwargs=True).kwargs
+            why = _why_not(op, args["initial_state"], end, w)
+            if why is not None:
+                self.miss(op, *why)
+                continue
+            functional_copy = [w] if is_op(w, aten.copy) else []
+            out.append(WriteBackMatch(in_graph_order([op, *(n for n in got if n is not None), *views, *functional_copy]),
+                                      op, args, got[0], (functional_copy or [end])[0]))
+        return out
+
+    def replace(self, graph: fx.Graph, match: WriteBackMatch) -> dict[fx.Node, fx.Node]:
+        return match.replace(graph)
 
 
 def _outputs(op: fx.Node) -> tuple[fx.Node | None, fx.Node | None] | None:

@@ -6,9 +6,11 @@ Variants, each checked against a float32 reference (transformers' ``torch_chunk_
 on float32 copies of the inputs, eager; relative norm error ``|o - ref| / |ref|`` of the output,
 ``err``, and of the final state, ``state err``), then timed:
 
-* ``kda``: ``kda::gdn_chunk`` (our four Triton kernels; l2norm of q / k and the scale inside).
-* ``kda2``: the same op with :data:`~kda_inductor.lowerings.gdn_chunk.FAST` (three launches, bf16
-  products and intermediates as fla's: ``LaunchConfig.v2`` / ``lowp``), not yet the default.
+* ``kda``: ``kda::gdn_chunk`` as it runs (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`, which is
+  ``FAST``: three launches, bf16 products and intermediates as fla's; l2norm of q / k and the scale
+  inside).
+* ``kda2``: the same op with the four float32 launches (``LaunchConfig()``, the default before
+  2026-12-05), side by side.
 * ``fla``: flash-linear-attention's ``chunk_gated_delta_rule`` (fla-core, where importable; called
   with ``use_qk_l2norm_in_kernel=True``, GVA heads as they are).
 * ``stock``: stock ``torch.compile`` of transformers' ``torch_chunk_gated_delta_rule`` (its torch
@@ -148,8 +150,8 @@ def fla_chunk() -> Callable | None:
 
 
 def kda2(x):
-    """The op's launches with :data:`FAST` (the candidate default)."""
-    return kda(x, L.FAST)
+    """The op with the four float32 launches (``LaunchConfig()``), the default before :data:`FAST`."""
+    return kda(x, L.LaunchConfig())
 
 
 def variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
@@ -308,7 +310,7 @@ def run_profile(plan, *, device, smoke: bool, deadline: float) -> list[dict]:
 
 def sweep_configs(smoke: bool) -> dict[str, object]:
     C = L.LaunchConfig
-    base = C()
+    base = C()  # the four float32 launches (the default before 2026-12-05)
     cfgs = {"default": base, "scan bv64": base._replace(scan_block_v=64), "scan bv16": base._replace(scan_block_v=16),
             "scan w4": base._replace(scan_warps=4), "out bv32": base._replace(out_block_v=32),
             "2 stages": base._replace(num_stages=2), "bf16 inter": base._replace(inter_dtype=torch.bfloat16),
@@ -318,12 +320,13 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
             "pre kd 2 stages": base._replace(precompute_kd=True, num_stages=2)}
     fast = L.FAST
     cfgs_v2 = {"FAST": fast, "FAST scan bv64": fast._replace(scan_block_v=64),
-               "FAST scan bv16": fast._replace(scan_block_v=16),
-               "FAST scan w4": fast._replace(scan_warps=4), "FAST scan bv16 w4": fast._replace(scan_block_v=16,
-                                                                                             scan_warps=4),
+               "FAST scan bv16": fast._replace(scan_block_v=16), "FAST scan w8": fast._replace(scan_warps=8),
                "FAST 3 stages": fast._replace(num_stages=3), "FAST 1 stage": fast._replace(num_stages=1),
-               "FAST out bv128": fast._replace(out_block_v=128), "FAST out w4": fast._replace(out_warps=4),
-               "FAST wu w4": fast._replace(warps=4), "FAST all w4": fast._replace(warps=4, scan_warps=4, out_warps=4),
+               "FAST out bv128": fast._replace(out_block_v=128), "FAST out bv32": fast._replace(out_block_v=32),
+               "FAST out w8": fast._replace(out_warps=8), "FAST wu w8": fast._replace(warps=8),
+               "FAST all w8": fast._replace(warps=8, scan_warps=8, out_warps=8),
+               "FAST out bv128 3 stages": fast._replace(out_block_v=128, num_stages=3),
+               "FAST all w2": fast._replace(warps=2, scan_warps=2, out_warps=2),
                "v2 fp32 tf32": fast._replace(lowp=False), "v2 bf16 inter tf32":
                fast._replace(lowp=False, inter_dtype=torch.bfloat16)}
     if smoke:  # the old default, and FAST (bf16 inputs: bf16emu products under the interpreter)

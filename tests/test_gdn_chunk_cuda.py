@@ -48,9 +48,9 @@ def _fla():
     return chunk_gated_delta_rule
 
 
-CONFIGS = {"default": None, "FAST": mod.FAST}
-"""The op's launches, and :data:`~kda_inductor.lowerings.gdn_chunk.FAST` (three launches, bf16
-operands and intermediates), the candidate default: held to the same bounds."""
+CONFIGS = {"default": None, "fp32": mod.LaunchConfig()}
+"""The op's launches (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`, ``FAST``: three launches,
+bf16 operands and intermediates), and the four float32 launches: held to the same bounds."""
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

@@ -68,7 +68,13 @@ def _guess(tokens: int) -> LaunchConfig:
 
 
 _SWEPT = "NVIDIA H200, triton 3.6.0, 2026-12-05 16:40 UTC"
+_SWEPT_SHORT = "NVIDIA H200, triton 3.6.0, 2026-12-05 19:07 UTC"
+_SHORT = LaunchConfig(16, 128, 4, 1, 8, False)
 _MEASURED = {
+    (64, 1): (_SHORT, f"2.88 us at C=4096 T=64 (the guess, 16 x 256 window: 10.38); {_SWEPT_SHORT}: {_RESULTS}"),
+    (64, 6144): (_SHORT, f"3.13 us at C=8192 T=64 (16 x 256 window: 10.96); {_SWEPT_SHORT}: {_RESULTS}"),
+    (512, 1): (_SHORT, f"5.92 us at C=4096 T=512 (32 x 512 window: 18.49); {_SWEPT_SHORT}: {_RESULTS}"),
+    (512, 6144): (_SHORT, f"9.44 us at C=8192 T=512 (32 x 512 window: 20.26); {_SWEPT_SHORT}: {_RESULTS}"),
     (4096, 6144): (LaunchConfig(64, 256, 1, 1, 2, True),
                    f"64.41 us at C=8192 T=4096 (the window at 64 x 1024: 99.86); {_SWEPT}: {_RESULTS}"),
     (4096, 10240): (LaunchConfig(64, 128, 1, 1, 2, True),
@@ -79,7 +85,9 @@ _MEASURED = {
                      f"327.05 us at C=12288 T=16384 (64 x 1024: 395.88); {_SWEPT}: {_RESULTS}"),
 }
 """The classes the sweep has timed (the sweep's best of the candidates it reached in its budget):
-one warp a program over fewer channels, two rows at a time, gives more programs in flight."""
+one warp a program over fewer channels, two rows at a time, gives more programs in flight; below
+4,096 tokens, 16 tokens x 128 channels a program over 4 warps without the register window (3-3.5x
+faster than the window's guess there)."""
 
 PREFILL_CONFIGS = tuple(
     (t, c, *_MEASURED.get((t, c), (_guess(t), f"provisional: T >= {t}, C >= {c}; measure: {_RESULTS}, "

@@ -221,17 +221,18 @@ class LaunchConfig(NamedTuple):
     stored bfloat16 (``inter_dtype`` ignored); the state, ``gc`` and the inverse stay float32."""
 
 
-DEFAULT = LaunchConfig()
-"""What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``."""
-
-FAST = LaunchConfig(scan_block_v=32, scan_warps=8, out_block_v=64, out_warps=8, warps=8, num_stages=2, v2=True,
+FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
                     lowp=True)
-"""The fla-like launch (``v2``, bfloat16 operands and intermediates, 2 stages): not the default until
-an H200 times it against :class:`LaunchConfig`'s default (``benchmarks/bench_gdn_chunk.py --quick``).
-8 warps: at K = V = 128 for sm_90 (Triton 3.9, ahead-of-time, ``cuobjdump -res-usage``) ``scan2``
-takes 254 registers and no stack at 8 warps against 255 and 336 bytes of spills at 4 (fla's choice
-for its scan), ``output2`` 220 / none against 255 / 96, ``wu2`` 255 / 24 bytes against 255 / 232;
-the sweep times the 4-warp ones."""
+"""The fla-like launch (``v2``, bfloat16 operands and intermediates, 2 stages, 4 warps): on the H200
+(triton 3.6, 2026-12-05, ``benchmarks/results/gdn_chunk.md``, ``--sweep`` at T 16,384, Qwen3-Next's
+dims) 1,583 us against 2,950 at 8 warps and 4,726 for the four float32 launches
+(:class:`LaunchConfig`'s defaults), error 3.33e-3 against fla's 4.07e-3; fla's own kernels take
+1,014 us there, so the op does not replace fla's (``CHUNK_RULE_MEASURED``). The 4 warps spill (ahead
+of time for sm_90 with Triton 3.9, ``scan2`` 336 bytes, ``wu2`` 232) and still run twice as fast as
+the 8 that do not."""
+
+DEFAULT = FAST
+"""What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST`."""
 
 
 def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,

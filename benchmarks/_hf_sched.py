@@ -220,6 +220,78 @@ class GpuLock:
             self.acquire()  # eager, or a call that compiled nothing: its GPU work is ours
 
 
+class GpuMemory:
+    """The GPU memory ledger of a run's compile processes (``--jobs > 1``), a JSON file beside the
+    lock: each live process's claim (pid -> bytes) and the most any compile of a (family, case)
+    reserved. A process builds its model on the GPU only once its claim fits beside the live
+    ones (it waits, the lock given back, until enough of them end): six processes of 18 GB each
+    put an H100's 80 GB out of memory (2026-12-05, kimi_linear decode 128). A (family, case) not
+    yet measured claims ``unknown`` of the card; no path: every claim fits."""
+
+    def __init__(self, path: str | None, *, unknown: float = 0.3, usable: float = 0.92, poll_s: float = 2.0):
+        self.path, self.unknown, self.usable, self.poll_s = path, unknown, usable, poll_s
+
+    def _edit(self, change: Callable[[dict], Any]) -> Any:
+        import fcntl
+        import json
+
+        fd = os.open(self.path + ".lk", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                with open(self.path) as f:
+                    data = json.load(f)
+            except (OSError, ValueError):
+                data = {}
+            data.setdefault("claims", {}), data.setdefault("peaks", {})
+            data["claims"] = {pid: b for pid, b in data["claims"].items() if _alive(int(pid))}
+            out = change(data)
+            with open(self.path, "w") as f:
+                json.dump(data, f)
+            return out
+        finally:
+            os.close(fd)
+
+    def try_claim(self, key: str, total: int) -> bool:
+        """Claims this process's need for ``key`` if it fits beside the live claims (always when
+        none is live)."""
+        def change(data: dict) -> bool:
+            need = data["peaks"].get(key, self.unknown * total)
+            others = sum(b for pid, b in data["claims"].items() if int(pid) != os.getpid())
+            if others and others + need > self.usable * total:
+                return False
+            data["claims"][str(os.getpid())] = need
+            return True
+        return True if not self.path else self._edit(change)
+
+    def admit(self, lock: "GpuLock", key: str, total: int) -> float:
+        """Waits (the lock given back meanwhile) until the claim fits; returns the seconds waited."""
+        t0 = time.perf_counter()
+        while not self.try_claim(key, total):
+            lock.release()
+            time.sleep(self.poll_s)
+            lock.acquire()
+        return time.perf_counter() - t0
+
+    def done(self, key: str, reserved: int) -> None:
+        """Records what this process reserved at most for ``key`` and drops its claim."""
+        def change(data: dict) -> None:
+            data["peaks"][key] = max(data["peaks"].get(key, 0), reserved)
+            data["claims"].pop(str(os.getpid()), None)
+        if self.path:
+            self._edit(change)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 @contextlib.contextmanager
 def outside_compiles(lock: "GpuLock"):
     """The lock held for the block except while Dynamo compiles (given back when a compile

@@ -557,7 +557,11 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
     if device == "cuda":
         torch.cuda.init()
         torch.cuda.current_blas_handle()
+    memory = _hf_sched.GpuMemory(spec["gpu_lock"] + ".mem.json" if spec.get("gpu_lock") and device == "cuda" else None)
+    memory_key = f"{spec['family']}/{spec['case']}"
     with lock.during():
+        if memory.path:  # the model built on the GPU only once its memory fits beside the others'
+            record["memory_wait_s"] = round(memory.admit(lock, memory_key, torch.cuda.mem_get_info()[1]), 1)
         t_setup = time.perf_counter()
         built = build(family, tiny=smoke, device=device, dtype=dtype, layers=SMOKE_LAYERS if smoke else N_LAYERS)
         if built is None:
@@ -624,6 +628,8 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
     record["measure_s"] = round(time.perf_counter() - t_measure, 1)  # numerics, replays, profile
     if spec.get("gpu_lock"):
         record["lock_wait_s"], record["gpu_s"] = round(lock.waited, 1), round(lock.held(), 1)
+    if memory.path:
+        memory.done(memory_key, torch.cuda.max_memory_reserved() + (1 << 30))  # + the context's
     lock.release()
     record["wall_s"] = time.perf_counter() - t0
     return record

@@ -22,7 +22,7 @@ benchmarks against it stay honest.
    evaluated at trace time (``torch.compiler.assume_constant_result``) says whose trace it is.
 
 3. **transformers' torch chunk core becomes ``kda::gdn_chunk``** (:func:`torch_chunk_references`),
-   with its own speed rule (:data:`TORCH_CHUNK_RULE_MEASURED`): forced only for now.
+   with its own speed rule (:data:`TORCH_CHUNK_RULE_MEASURED`): on CUDA (measured), forced elsewhere.
 
 :func:`register` registers them with Dynamo (idempotent; nothing at import): when torch resolves
 the backend name (``kda_inductor.backend``'s entry point, before the first trace) and again at
@@ -308,10 +308,12 @@ without fla-core, and under ``torch.export``. Found by name in each imported
 function in 5.17; in 5.2x an ``nn.Module`` whose ``forward`` closes over a ``functools.wraps``
 wrapper of it): the function whose body is the reference, by identity."""
 
-TORCH_CHUNK_RULE_MEASURED = False
+TORCH_CHUNK_RULE_MEASURED = True
 """Whether ``kda::gdn_chunk`` was measured faster than Inductor's code for the torch reference
 (``benchmarks/bench_gdn_chunk.py``'s ``stock`` column, stock ``torch.compile`` of transformers'
-reference): not yet, so rule 3 applies only with ``options["kda"]["force"]``."""
+reference; ``benchmarks/results/gdn_chunk.md``): on CUDA, yes: 36 us against 411 at T = 256 (H100,
+2026-12-05, the op's FAST launches), 1,225 against 4,056 at 4,096 with the op's slower float32
+launches (H200). So rule 3 applies on CUDA; on CPU (not measured) only with ``force``."""
 
 
 def torch_chunk_references() -> list[Callable[..., Any]]:
@@ -339,6 +341,15 @@ def _torch_chunk_rule_on() -> bool:
     return _rule_is_on(CHUNK_RULE) and (TORCH_CHUNK_RULE_MEASURED or bool(options and options.force))
 
 
+@torch.compiler.assume_constant_result
+def _forced() -> bool:
+    """``options["kda"]["force"]`` of the trace's compile (evaluated once per trace)."""
+    from torch._dynamo.symbolic_convert import InstructionTranslator
+
+    options = our_options(InstructionTranslator.current_tx())
+    return bool(options and options.force)
+
+
 def torch_chunk(query, key, value, g, beta, initial_state=None, output_final_state=False,
                 use_qk_l2norm_in_kernel=False):
     """transformers' ``torch_chunk_gated_delta_rule`` on the arguments it reads (``chunk_size`` 64),
@@ -349,12 +360,14 @@ def torch_chunk(query, key, value, g, beta, initial_state=None, output_final_sta
 
 def _substitute_torch_chunk(fn: Callable[..., Any]) -> None:
     """Rule 3 for one reference function: in the op's domain (``chunk_size`` 64, keywords it does
-    not read None, a decay and a beta per value head) and with the rule on, :func:`torch_chunk`;
-    else the reference."""
+    not read None, a decay and a beta per value head), on CUDA tensors (where it was measured) or
+    forced, and with the rule on, :func:`torch_chunk`; else the reference."""
     import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op torch_chunk calls)
 
     def in_domain(bound: dict) -> bool:
-        g, beta = bound.get("g"), bound.get("beta")
-        return g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3
+        g, beta, q = bound.get("g"), bound.get("beta"), bound.get("query")
+        measured_here = q is not None and q.device.type == "cuda"  # the speed rule's device
+        return (g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3
+                and (measured_here or _forced()))
 
     _substitute_with(fn, torch_chunk, in_domain, _torch_chunk_rule_on, extra_none=True)

@@ -157,3 +157,24 @@ def test_compiled_in_one_graph():
         torch.testing.assert_close(o, want.flatten(-2), rtol=0, atol=0)
         torch.testing.assert_close(state, want_state, rtol=0, atol=0)
     assert cnt.frame_count == 1
+
+
+def test_transformers_reference_is_the_op_on_cuda_without_force():
+    """Rule 3's speed rule (measured on CUDA, ``_dynamo_fixes.TORCH_CHUNK_RULE_MEASURED``): without
+    ``force``, transformers' ``torch_chunk_gated_delta_rule`` on CUDA tensors compiles to one
+    ``kda::gdn_chunk`` call, within the op's bounds of eager's float32-accumulating reference."""
+    modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
+    from kda_inductor.pass_manager import graph_caches_off, observe
+
+    q, k, v, g, beta, s = _inputs(300, seed=11, Hk=2, Hv=4, D=64, state=True)
+
+    def layer(q, k, v, g, beta, s):
+        return modeling.torch_chunk_gated_delta_rule(q, k, v, g=g, beta=beta, initial_state=s,
+                                                     output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+    torch._dynamo.reset()
+    with torch.inference_mode(), graph_caches_off(), observe() as records:
+        got, final = torch.compile(layer, backend="kda_inductor")(q, k, v, g, beta, s)
+        want, want_state = layer(q.float(), k.float(), v.float(), g, beta.float(), s)
+    assert sum(r.before.count("torch.ops.kda.gdn_chunk.default") for r in records) == 1
+    assert _rel(got.float(), want) < 1e-2 and _rel(final, want_state) < 1e-2

@@ -35,9 +35,32 @@ from typing import Any, Callable, Iterable
 RECIPES = ("rounds", "table")
 
 
+NO_FLA = "@no-fla"
+"""A variant's suffix: the same variant in a process where fla-core cannot be imported
+(``sys.modules["fla"] = None`` before transformers looks for it), so transformers runs its torch
+paths: ``kda@no-fla`` against ``kda`` is issue 43's "kda without fla-core" in the step."""
+
+
+def hide_fla() -> str | None:
+    """Makes fla-core unimportable in this process (``import fla`` fails, ``find_spec`` finds
+    nothing) before transformers looks for it; an error text where it is already imported."""
+    import sys
+
+    if sys.modules.get("fla") is not None:
+        return "fla-core is already imported in this process (--in-process): cannot hide it"
+    sys.modules["fla"] = None
+    return None
+
+
+def base_variant(variant: str) -> str:
+    """``variant`` without :data:`NO_FLA`."""
+    return variant.removesuffix(NO_FLA)
+
+
 def round_states(recipe: str, compiles: int, variant: str, caches: str) -> list[str]:
     """The cache state of each compile of ``variant``: ``cold`` (an empty cache), ``warm``
     (reading its first compile's) or ``disabled``; eager: one entry, ``-``."""
+    variant = base_variant(variant)
     if variant == "eager":
         return ["-"]
     if recipe == "table":
@@ -80,11 +103,12 @@ class Job:
 
 
 def variant_rank(variant: str, fired_order: list[str]) -> tuple:
-    base = {"eager": 0, "stock": 1, "stock+fix": 2, "kda": 3}
+    base, hidden = {"eager": 0, "stock": 1, "stock+fix": 2, "kda": 3}, int(variant.endswith(NO_FLA))
+    variant = base_variant(variant)
     if variant in base:
-        return (base[variant], 0)
+        return (base[variant], hidden)
     name = variant.removeprefix("kda-no-")
-    return (4, fired_order.index(name) if name in fired_order else len(fired_order), name)
+    return (4, fired_order.index(name) if name in fired_order else len(fired_order), name, hidden)
 
 
 def case_jobs(family: str, case: str, case_index: int, variants: Iterable[str], recipe: str, compiles: int,

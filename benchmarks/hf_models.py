@@ -13,7 +13,9 @@ Cases (``--case``): decode32 / decode128 (32 / 128 sequences, one new token each
 256 tokens an eager prefill built; each timed step starts from that cache: its tensors are put
 back on the host before each call, so shapes never change) and prefill (1 x 4096 tokens).
 Variants (``--variant``): eager, stock, stock+fix (where this torch folds ``is_exporting()``),
-kda, and kda-no-<rewrite> for every registered rewrite that fired in kda's first compile.
+kda, and kda-no-<rewrite> for every registered rewrite that fired in kda's first compile; any of
+them with ``@no-fla`` (``kda@no-fla``): in a process where fla-core cannot be imported, so
+transformers runs its torch paths (prefill's ``torch_chunk_gated_delta_rule``).
 
 Issue 36: a figure a user will quote is the median over separate compiles, cold and warm.
 Every variant is compiled ``--compiles`` times (3), variants alternating round by round (stock,
@@ -356,13 +358,14 @@ def variants_for(requested: list[str] | None, fired: dict[str, int] | None) -> l
     out = ["stock"] + ([STOCK_FIX] if _dynamo_fixes.torch_folds_is_exporting() else []) + ["kda"]
     out += [f"kda-no-{name}" for name, n in (fired or {}).items() if n]
     out += [v for v in requested or () if v.startswith("kda-no-") and v != "kda-no-*" and v not in out]
+    out += [v for v in requested or () if v.endswith(_hf_sched.NO_FLA) and v not in out]
     return [v for v in out if requested is None or v in requested or
             (v.startswith("kda-no-") and "kda-no-*" in requested)]
 
 
 def _kda_options(variant: str, options: dict | None) -> dict | None:
     """``options`` for kda_inductor with ``kda-no-<rewrite>``'s rewrite disabled."""
-    opts = dict(options or {})
+    opts, variant = dict(options or {}), _hf_sched.base_variant(variant)
     if variant.startswith("kda-no-"):
         opts["kda"] = {**opts.get("kda", {}), "disable": [variant.removeprefix("kda-no-")]}
     return opts or None
@@ -376,6 +379,7 @@ def compile_variant(variant: str, decoder, call: Callable, options: dict | None,
     misses recorded)."""
     from kda_inductor import _dynamo_fixes
 
+    variant = _hf_sched.base_variant(variant)  # fla hidden or not: the worker's business
     if variant == "eager":
         step = lambda: call(decoder)  # noqa: E731
         step()
@@ -551,6 +555,8 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
     dtype = torch.float32 if smoke and family.kind == "indexer" else torch.bfloat16
     record: dict[str, Any] = {}
     reference = None
+    if spec["variant"].endswith(_hf_sched.NO_FLA) and (err := _hf_sched.hide_fla()):  # before transformers looks
+        return {"error": err}
     # before the lock: what runs no kernel (transformers' modeling import, the CUDA context)
     if load(family) is None:
         return {"error": "not in this transformers"}
@@ -589,7 +595,7 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
     with torch.inference_mode(), pass_manager.counted() as made, pass_manager.timed() as runs, \
             pass_manager.observe() as observed:
         reset()
-        if spec["variant"] == "eager":  # no compile: the call is GPU work from its start
+        if _hf_sched.base_variant(spec["variant"]) == "eager":  # no compile: GPU work from its start
             lock.acquire()
         waited = lock.waited
         t_compile = time.perf_counter()
@@ -885,7 +891,7 @@ def summarize(records: list[dict]) -> list[dict]:
     for r in rows:
         for col, base in (("vs_stock", "stock"), ("vs_stock_fix", STOCK_FIX), ("vs_kda", "kda")):
             other = by_key.get((r["family"], r["case"], r["mode"], base))
-            applies = base != "kda" or r["variant"].startswith("kda-no-")
+            applies = base != "kda" or r["variant"].startswith("kda-no-") or r["variant"] == "kda" + _hf_sched.NO_FLA
             ok = applies and other and other["us"] and r["us"] is not None and r["variant"] != base
             r[col] = r["us"] / other["us"] if ok else None
     return rows
@@ -1237,7 +1243,8 @@ def _args(argv):
     add("--case", action="append", choices=list(CASES), help="only these cases (repeatable; default all)")
     add("--stage", action="store_true", help=f"the families of `.ci/gpu hf` (the default): {', '.join(STAGE)}")
     add("--variant", default=None, help="comma list: eager, stock, stock+fix, kda, kda-no-<rewrite>, kda-no-* "
-                                        "(every rewrite that fired in kda); default all")
+                                        "(every rewrite that fired in kda), each also with @no-fla (fla-core "
+                                        "hidden); default all")
     add("--compiles", type=int, default=3, help="compiles per variant (--recipe rounds: the first cold, the others "
                                                 "warm; table: stock's cold compiles)")
     add("--recipe", choices=_hf_sched.RECIPES, default="rounds",
@@ -1275,7 +1282,7 @@ def _families(args) -> list[Family]:
 def _check_variants(requested: list[str] | None) -> None:
     from kda_inductor.patterns import REWRITE_NAMES
 
-    for v in requested or ():
+    for v in map(_hf_sched.base_variant, requested or ()):
         name = v.removeprefix("kda-no-")
         if v not in ("eager", "stock", STOCK_FIX, "kda", "kda-no-*") and not (v.startswith("kda-no-")
                                                                                and name in REWRITE_NAMES):

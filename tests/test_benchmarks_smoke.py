@@ -339,6 +339,34 @@ def test_hf_table_recipe_gives_stock_cold_compiles_on_fresh_caches(tmp_path, mon
     assert stock["compiles"] == "3" and stock["spread"] is not None
 
 
+def test_hf_no_fla_variants_run_as_their_base_with_fla_hidden(tmp_path, monkeypatch):
+    """``kda@no-fla``: compiled as kda is (cold, then warm on its own cache), ranked after it, its
+    ratio to kda reported; ``hide_fla`` leaves an installed fla unimportable in that process."""
+    import subprocess
+    import sys
+
+    from benchmarks import hf_models
+
+    calls = []
+    monkeypatch.setattr(hf_models, "compile_once", _fake_compile(calls))
+    records = hf_models.main(["--smoke", "--family", "qwen3_next", "--case", "decode32", "--recipe", "table",
+                              "--variant", "kda,kda@no-fla", "--results-dir", str(tmp_path),
+                              "--cache-root", str(tmp_path / "c")])
+    assert [(v, r, seen) for v, r, seen, _ in calls] == [
+        ("kda", 0, False), ("kda@no-fla", 0, False), ("kda", 1, True), ("kda@no-fla", 1, True)]
+    assert len({folder for v, _, _, folder in calls}) == 2
+    row = next(r for r in hf_models.summarize(records) if r["variant"] == "kda@no-fla")
+    assert row["vs_kda"] is not None
+    (tmp_path / "fla").mkdir()
+    (tmp_path / "fla" / "__init__.py").write_text("")
+    probe = ("import importlib.util as u; from benchmarks._hf_sched import hide_fla; "
+             "assert u.find_spec('fla') is not None; assert hide_fla() is None; assert u.find_spec('fla') is None\n"
+             "try:\n    import fla\nexcept ImportError:\n    print('hidden')")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.getcwd()])}
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "hidden", out.stderr
+
+
 def test_hf_parallel_compiles_keep_warm_after_cold_and_record_everything(tmp_path, monkeypatch):
     """``--jobs 3``: compiles overlap (several run at once), a warm compile starts only after
     the cold compile whose cache it reads has finished, every compile is recorded once, and

@@ -293,3 +293,71 @@ def test_dynamic_true_keeps_the_norm_and_says_why_not_the_quant():
     (miss,) = c.records[0].misses["gated_norm_quant"]
     assert "is a graph input here, not a constant: dynamic=True" in miss.check
     assert miss.location and "test_gated_norm_quant.py" in miss.location
+
+
+def _spied_calls(monkeypatch) -> list[tuple]:
+    """The op's calls on real tensors, each its arguments as the CPU impl gets them (read at its
+    ``validate``; the fake impl's calls while compiling are left out)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from kda_inductor.lowerings import gated_norm_quant as L
+
+    calls, validate = [], L.validate
+
+    def spy(*args, **kw):
+        if not isinstance(args[2], FakeTensor):
+            calls.append((args, kw))
+        return validate(*args, **kw)
+    monkeypatch.setattr(L, "validate", spy)
+    return calls
+
+
+def _plan(call):
+    """The Triton launch (``launch_plan``) of one spied call: grid, tile rows, warps."""
+    from kda_inductor.lowerings import gated_norm_quant as L
+
+    (sources, indices, z, w, eps, act, form, rsqrt, n, _, _, group, *_), kw = call
+    p = L.launch_plan(sources, indices, z, w, eps=eps, activation=act, form=form, rsqrt=rsqrt, num_tokens=n,
+                      group_size=group, in_dtype=kw.get("in_dtype"))
+    return p.grid, p.block_r, p.num_warps, (p.row_group, p.group)
+
+
+SIZES = (16, 24, 5, 64)
+
+
+def _run_sizes(fn, dynamic: bool, calls: list) -> tuple[object, list]:
+    """``fn`` compiled (forced) with T marked dynamic (one graph) or static (a graph per T),
+    run at each of ``SIZES`` against eager; the op's launch at each T."""
+    plans = []
+    with fresh_compile():
+        c = compile_for_test(fn, dynamic=None if dynamic else False)
+        for T in SIZES:
+            x, z, w = _inputs(T=T, seed=T, h=4)
+            if dynamic:
+                for t in (x, z):
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+            with torch.inference_mode():
+                _close(c(x, z, w), fn(x, z, w))
+            plans.append(_plan(calls[-1]))
+    return c, plans
+
+
+@pytest.mark.skipif(__import__("kda_inductor.lowerings._triton", fromlist=["triton"]).triton is None,
+                    reason="the launch plan needs triton")
+@pytest.mark.parametrize("case", CASES)
+def test_symbolic_tokens_launch_as_static_ones(case, monkeypatch):
+    """T marked dynamic (vLLM's way): one graph, rewritten once, exact against eager at every T,
+    and the op gets the tokens as ``[T, H * D]`` (the quantizer's), as the static graphs do: the
+    Triton launch at each T is the static graph's (it ran 2x slower than stock Inductor on the
+    H200 when the symbolic graph passed ``[T * H, D]``, one norm row a token; per-token scales
+    then fell back to the unfused code)."""
+    fn = CASES[case]
+    calls = _spied_calls(monkeypatch)
+    c, symbolic = _run_sizes(fn, True, calls)
+    assert len(c.records) == 1 and c.matches["gated_norm_quant"] == 1, c.diff()
+    assert all(call[0][0][0].shape[1] == 4 * D for call in calls)  # sources [T, H * D]
+    assert [call[0][8] for call in calls] == list(SIZES)  # num_tokens: T
+    c, static = _run_sizes(fn, False, calls)
+    assert len(c.records) == len(SIZES) and c.matches["gated_norm_quant"] == len(SIZES)
+    assert symbolic == static
+    assert all(p[3][0] == (4 if case == "per token" else 1) for p in static)  # in the kernel, no fallback

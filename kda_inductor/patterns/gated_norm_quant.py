@@ -232,9 +232,21 @@ class GatedNormQuant(Rewrite):
         quant = dict(width=qt.width, group_size=qt.group, ue8m0=qt.ue8m0, reciprocal=qt.reciprocal)
         shapes = [list(val(qt.q).shape), list(val(qt.scale).shape)]
         specialize(match.norm.fixed)  # the sizes the match read static
-        replace_by_function(graph, norm_quant, (norm_arguments(match.norm), quant, shapes),
+        replace_by_function(graph, norm_quant, (_op_norm_arguments(match), quant, shapes),
                             outputs=[qt.q, qt.scale], before=earliest([qt.q, qt.scale]),
                             region=[*match.nodes, *norm_region(match.norm)], origin=match.norm.norm.y)
+
+
+def _op_norm_arguments(match: QuantMatch) -> dict:
+    """``norm_arguments`` of the norm, the merge-free norm's tokens those of the quantization
+    (``width`` values, where that is whole norm rows): a group of rows then lies in one token
+    (``kernel_mode``), and a symbolic token count reaches the op as ``[T, H * D]`` as a static
+    one does, not as ``[T * H, D]`` (the rows the norm search gives a symbolic count)."""
+    args = norm_arguments(match.norm)
+    m, width = match.norm, match.quant.width
+    if m.plain and m.source is None and width % m.norm.D == 0:
+        args.update(width=width, num_tokens=None)  # the count: the sources' rows (``as_read``)
+    return args
 
 
 def norm_quant(norm: dict, quant: dict, shapes: list) -> tuple[torch.Tensor, torch.Tensor]:

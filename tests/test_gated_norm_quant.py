@@ -203,6 +203,22 @@ def test_benchmark_smoke(capsys):
     assert "NOT meaningful" in capsys.readouterr().out
 
 
+def test_benchmark_lean_plan_reaches_the_large_static_sizes():
+    """``--lean`` (the GPU command that times symbolic and static T within ~3 minutes): the
+    symbolic graph from T = 256, then the static sizes largest first (the budget cut 4096 / 16384
+    last time), stock and kda only; the full plan unchanged."""
+    from benchmarks import bench_gated_norm_quant as bench
+
+    case = bench.CASES[0]
+    lean = [(j.mode, j.sizes) for j in bench.plan([case], quick=False, smoke=False, lean=True)]
+    assert lean == [("symbolic", (256, 1024, 4096, 16384)), ("static", (16384,)), ("static", (4096,)),
+                    ("static", (1024,)), ("static", (256,))]
+    full = [(j.mode, j.sizes) for j in bench.plan([case], quick=False, smoke=False)]
+    assert full[0] == ("symbolic", bench.T_VALUES) and [s for _, s in full[1:]] == [(t,) for t in bench.STATIC_T]
+    r = bench.Run("cpu", None, None, False, None, lean=True)
+    assert bench.variants(case, r, True) == bench.variants(case, r, False) == ["stock", "kda"]
+
+
 def test_benchmark_check_and_verdicts_can_fail():
     """The benchmark's kda check passes IEEE's own output and fails a scale moved beyond one
     bf16 ulp of the amax or a value two fp8 steps off; its verdicts follow the rows."""

@@ -358,8 +358,11 @@ def _run_sizes(fn, dynamic: bool, calls: list) -> tuple[object, list]:
     return c, plans
 
 
-@pytest.mark.skipif(__import__("kda_inductor.lowerings._triton", fromlist=["triton"]).triton is None,
-                    reason="the launch plan needs triton")
+needs_triton = pytest.mark.skipif(__import__("kda_inductor.lowerings._triton", fromlist=["triton"]).triton is None,
+                                  reason="the launch plan needs triton")
+
+
+@needs_triton
 @pytest.mark.parametrize("case", CASES)
 def test_symbolic_tokens_launch_as_static_ones(case, monkeypatch):
     """T marked dynamic (vLLM's way): one graph, rewritten once, exact against eager at every T,
@@ -377,3 +380,41 @@ def test_symbolic_tokens_launch_as_static_ones(case, monkeypatch):
     assert len(c.records) == len(SIZES) and c.matches["gated_norm_quant"] == len(SIZES)
     assert symbolic == static
     assert all(p[3][0] == (4 if case == "per token" else 1) for p in static)  # in the kernel, no fallback
+
+
+def merged_group_quant(o_s, o_ns, s_idx, ns_idx, z, w):
+    """The hybrid layer's tail: both halves ``index_copy_``-ed into a fresh buffer, the norm, the
+    group quantization."""
+    out = torch.empty(s_idx.shape[0] + ns_idx.shape[0], *o_s.shape[1:], dtype=o_s.dtype)
+    out.index_copy_(0, s_idx, o_s)
+    out.index_copy_(0, ns_idx, o_ns)
+    return group_quant(gated_norm(out, z, w))
+
+
+def _merged_inputs(T: int, seed: int, h: int = 4):
+    x, z, w = _inputs(T=T, seed=seed, h=h)
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(seed))
+    k = T * 3 // 4
+    return x[:k].clone(), x[k:].clone(), perm[:k], perm[k:], z, w
+
+
+@needs_triton
+def test_symbolic_merge_launches_as_static_ones(monkeypatch):
+    """The merge in front (spec / non-spec halves), T marked dynamic: one graph, exact against
+    eager, and the same launch as the static graphs (the sources are the halves' token rows
+    either way)."""
+    calls = _spied_calls(monkeypatch)
+    plans = {}
+    for dynamic in (True, False):
+        with fresh_compile():
+            c = compile_for_test(merged_group_quant, dynamic=None if dynamic else False)
+            for T in (8, 12, 20):
+                args = _merged_inputs(T, seed=T)
+                if dynamic:
+                    for t in args[:5]:
+                        torch._dynamo.maybe_mark_dynamic(t, 0)
+                with torch.inference_mode():
+                    _close(c(*args), merged_group_quant(*args))
+                plans.setdefault(dynamic, []).append(_plan(calls[-1]))
+        assert (len(c.records), c.matches["gated_norm_quant"]) == ((1, 1) if dynamic else (3, 3)), c.diff()
+    assert plans[True] == plans[False]

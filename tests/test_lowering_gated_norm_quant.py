@@ -412,7 +412,7 @@ REGROUPED = {  # (R, D, T, width, group, block_r, k): k tokens a program token
 
 @kernel
 @pytest.mark.parametrize("layout", list(REGROUPED))
-def test_kernel_regrouped_tokens(layout, monkeypatch):
+def test_triton_kernel_regrouped_tokens(layout, monkeypatch):
     """The merge-free norm's tokens taken ``k`` at a time (``regroup``: a symbolic token count
     reached the op as one norm row a token): bit-exact with the quantization of the norm
     kernel's own output, scales row- and column-major, groups of rows and inside rows; an odd

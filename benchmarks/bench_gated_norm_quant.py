@@ -7,6 +7,8 @@ the default rules, the floor (bytes read and written over the measured copy band
 with ``--peer-path``, vLLM's unfused Triton kernels. CUDA-graph replay medians.
 
     python benchmarks/bench_gated_norm_quant.py --cases "vllm H=32" --budget 230       # one case, ~4 min
+    python benchmarks/bench_gated_norm_quant.py --cases "vllm H=32" --lean --profile --budget 170
+        # ~3 min: stock and kda only, symbolic and static T = 256 ... 16384 (static largest first), kernels
     python benchmarks/bench_gated_norm_quant.py --quick         # T = 1, 256, 16384 only
     python benchmarks/bench_gated_norm_quant.py --peer-path .peers   # + vLLM's Triton kernels
     python benchmarks/bench_gated_norm_quant.py --smoke         # CPU, tiny: the checks only
@@ -244,6 +246,8 @@ class Run(NamedTuple):
     bandwidth: float | None
     smoke: bool
     peer: object | None  # the peer module (``--peer-path``)
+    lean: bool = False  # ``--lean``: stock and kda only, no T = 1, the static sizes largest first
+    profile: bool = False  # ``--profile``: each system's kernels at each size
 
 
 def has_eager_numerics() -> bool:
@@ -267,6 +271,8 @@ def variants(case: Case, r: Run, symbolic: bool) -> list[str]:
     """stock, stock-en (where the torch has the knobs) and kda always; the default rules where the
     case asks, at static sizes only for the main case (compiles are the run's cost)."""
     main = case.name == CASES[0].name or (r.smoke and case.default)
+    if r.lean:
+        return ["stock", "kda"]
     out = ["stock", "kda"] + (["default"] if case.default and (symbolic or main) else [])
     if not r.smoke and has_eager_numerics():
         out.insert(1, "stock-en")
@@ -300,9 +306,19 @@ def call_system(label: str, fn, args, refs, case: Case, r: Run) -> dict:
     if label == "kda" and "check" not in out:
         out["check"] = kda_check(got, exact, y, case.per_token)
     out[f"{label}_us"] = r.timer(lambda: fn(*args))
+    if r.profile:
+        out[f"{label}_kernels"] = kernels(lambda: fn(*args), r)
     if label == "kda":
         out.update(other_divides(fn, args, refs, case, r))
     return out
+
+
+def kernels(fn, r: Run, top: int = 3) -> str:
+    """``--profile``: the ``top`` kernels of one call by GPU time, "name xlaunches us" each (what
+    a system ran: our op's kernel, Inductor's, a fallback's)."""
+    per = TM.kernel_profile(fn, calls=3, warmup=1, device=r.device)
+    best = sorted(per.items(), key=lambda kv: -kv[1][0])[:top]
+    return "; ".join(f"{name[:48]} x{n} {us:.1f}" for name, (us, n) in best)
 
 
 DIVIDE_LABELS = {"reciprocal": "kda_recip", "ieee": "kda_ieee"}
@@ -365,17 +381,18 @@ class Job(NamedTuple):
     sizes: tuple[int, ...]
 
 
-def plan(cases, quick: bool, smoke: bool) -> list[Job]:
+def plan(cases, quick: bool, smoke: bool, lean: bool = False) -> list[Job]:
     """The main case's symbolic and static jobs first, then the other cases' (a spent budget
-    keeps the most important rows)."""
+    keeps the most important rows); ``lean``: no T = 1, the static sizes largest first."""
     def sym(c):
         sizes = ((2, 8) if c is cases[0] else (8,)) if smoke else (QUICK_T if quick else T_VALUES)
-        return tuple(t for t in sizes if t > 1 or not c.merged)  # the merge: T >= 2 (a spec and a non-spec half)
+        return tuple(t for t in sizes if (t > 1 or not c.merged) and not (lean and t == 1 and not smoke))
 
     def static(c):
         sizes = ((1,) if c is cases[0] else ()) if smoke else (
             tuple(t for t in c.static if t in QUICK_T) if quick else c.static)
-        return [Job(c, "static", (t,)) for t in sizes if t > 1 or not c.merged]
+        sizes = sorted(sizes, reverse=lean)
+        return [Job(c, "static", (t,)) for t in sizes if t > 1 or not c.merged]  # the merge: T >= 2
     first, rest = cases[0], cases[1:]
     return ([Job(first, "symbolic", sym(first)), *static(first)] + [Job(c, "symbolic", sym(c)) for c in rest]
             + [j for c in rest for j in static(c)])
@@ -434,6 +451,8 @@ TIME_COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("mode", "T is", "s"), (
                 ("default_us", "kda default us", ".2f"), ("default_fired", "default fired", "d"),
                 ("peer_us", "vLLM Triton us", ".2f"), ("floor_us", "floor us", ".2f"),
                 ("kda_over_stock", "kda/stock", ".3f"), ("kda_over_floor", "kda/floor", ".2f"))
+KERNEL_COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("mode", "T is", "s"), ("stock_kernels", "stock", "s"),
+                  ("kda_kernels", "kda", "s"))
 NUM_COLUMNS = (("case", "case", "s"), ("T", "T", ","), ("mode", "T is", "s"), ("stock_vs_eager", "stock vs eager", "s"),
                ("stock_en_vs_eager", "stock-en vs eager", "s"), ("kda_vs_ieee", "kda vs IEEE", "s"),
                ("kda_vs_eager", "kda vs eager", "s"), ("kda_recip_vs_ieee", "kda-recip vs IEEE", "s"),
@@ -483,6 +502,8 @@ def parse_args(argv):
     p.add_argument("--peer-path", default=None, help="a folder with vllm_gated_norm_quant.py (.peers)")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
+    p.add_argument("--lean", action="store_true", help="stock and kda only, T >= 256, static sizes largest first")
+    p.add_argument("--profile", action="store_true", help="each system's top kernels at each size")
     return p.parse_args(argv)
 
 
@@ -511,14 +532,14 @@ def setup(args) -> tuple[Run, list[Case]]:
     for knob in ("cache_size_limit", "recompile_limit"):
         if hasattr(torch._dynamo.config, knob):
             setattr(torch._dynamo.config, knob, 64)
-    return Run(device, timer, bandwidth, args.smoke, peer), cases
+    return Run(device, timer, bandwidth, args.smoke, peer, args.lean, args.profile), cases
 
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     r, cases = setup(args)
     t0, rows = time.perf_counter(), []
-    for job in plan(cases, args.quick, args.smoke):
+    for job in plan(cases, args.quick, args.smoke, r.lean):
         try:
             run_job(job, r, rows, t0 + args.budget)
         except Exception as e:  # noqa: BLE001 - a case that fails to compile: the others still run
@@ -538,8 +559,11 @@ def finish(args, r: Run, rows: list[dict], t0: float) -> None:
              "activations, the gate a strided split of the projection, D=128; kda forced, kda default by the rules; "
              "numerics: share of scales bit-equal (largest distance, float32 ulps), share of fp8 values off "
              "(largest distance, fp8 steps); IEEE = correctly rounded divisions (vLLM's CUDA kernel)")
+    profiled = any(row.get("kda_kernels") for row in rows)
     text = (f"{NAME}: {notes}\n\nnumerics\n" + TM.markdown_table(rows, NUM_COLUMNS) + "\ntimes\n"
-            + TM.markdown_table(rows, TIME_COLUMNS) + f"\nspeed rule, paste into patterns/gated_norm_quant.py:\n\n"
+            + TM.markdown_table(rows, TIME_COLUMNS)
+            + (f"\nkernels (top 3 by GPU time: launches, us a call)\n" + TM.markdown_table(rows, KERNEL_COLUMNS)
+               if profiled else "") + f"\nspeed rule, paste into patterns/gated_norm_quant.py:\n\n"
             f"```python\n{table}\n```\n")
     print(text + f"({time.perf_counter() - t0:.0f} s)")
     bad = [f"{row['case']} T={row['T']} {row['mode']}: {row['check']}" for row in rows

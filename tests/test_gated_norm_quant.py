@@ -203,6 +203,22 @@ def test_benchmark_smoke(capsys):
     assert "NOT meaningful" in capsys.readouterr().out
 
 
+def test_benchmark_lean_plan_reaches_the_large_static_sizes():
+    """``--lean`` (the GPU command that times symbolic and static T within ~3 minutes): the
+    symbolic graph from T = 256, then the static sizes largest first (the budget cut 4096 / 16384
+    last time), stock and kda only; the full plan unchanged."""
+    from benchmarks import bench_gated_norm_quant as bench
+
+    case = bench.CASES[0]
+    lean = [(j.mode, j.sizes) for j in bench.plan([case], quick=False, smoke=False, lean=True)]
+    assert lean == [("symbolic", (256, 1024, 4096, 16384)), ("static", (16384,)), ("static", (4096,)),
+                    ("static", (1024,)), ("static", (256,))]
+    full = [(j.mode, j.sizes) for j in bench.plan([case], quick=False, smoke=False)]
+    assert full[0] == ("symbolic", bench.T_VALUES) and [s for _, s in full[1:]] == [(t,) for t in bench.STATIC_T]
+    r = bench.Run("cpu", None, None, False, None, lean=True)
+    assert bench.variants(case, r, True) == bench.variants(case, r, False) == ["stock", "kda"]
+
+
 def test_benchmark_check_and_verdicts_can_fail():
     """The benchmark's kda check passes IEEE's own output and fails a scale moved beyond one
     bf16 ulp of the amax or a value two fp8 steps off; its verdicts follow the rows."""
@@ -293,3 +309,112 @@ def test_dynamic_true_keeps_the_norm_and_says_why_not_the_quant():
     (miss,) = c.records[0].misses["gated_norm_quant"]
     assert "is a graph input here, not a constant: dynamic=True" in miss.check
     assert miss.location and "test_gated_norm_quant.py" in miss.location
+
+
+def _spied_calls(monkeypatch) -> list[tuple]:
+    """The op's calls on real tensors, each its arguments as the CPU impl gets them (read at its
+    ``validate``; the fake impl's calls while compiling are left out)."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    from kda_inductor.lowerings import gated_norm_quant as L
+
+    calls, validate = [], L.validate
+
+    def spy(*args, **kw):
+        if not isinstance(args[2], FakeTensor):
+            calls.append((args, kw))
+        return validate(*args, **kw)
+    monkeypatch.setattr(L, "validate", spy)
+    return calls
+
+
+def _plan(call):
+    """The Triton launch (``launch_plan``) of one spied call: grid, tile rows, warps."""
+    from kda_inductor.lowerings import gated_norm_quant as L
+
+    (sources, indices, z, w, eps, act, form, rsqrt, n, _, _, group, *_), kw = call
+    p = L.launch_plan(sources, indices, z, w, eps=eps, activation=act, form=form, rsqrt=rsqrt, num_tokens=n,
+                      group_size=group, in_dtype=kw.get("in_dtype"))
+    return p.grid, p.block_r, p.num_warps, (p.row_group, p.group)
+
+
+SIZES = (16, 24, 5, 64)
+
+
+def _run_sizes(fn, dynamic: bool, calls: list) -> tuple[object, list]:
+    """``fn`` compiled (forced) with T marked dynamic (one graph) or static (a graph per T),
+    run at each of ``SIZES`` against eager; the op's launch at each T."""
+    plans = []
+    with fresh_compile():
+        c = compile_for_test(fn, dynamic=None if dynamic else False)
+        for T in SIZES:
+            x, z, w = _inputs(T=T, seed=T, h=4)
+            if dynamic:
+                for t in (x, z):
+                    torch._dynamo.maybe_mark_dynamic(t, 0)
+            with torch.inference_mode():
+                _close(c(x, z, w), fn(x, z, w))
+            plans.append(_plan(calls[-1]))
+    return c, plans
+
+
+needs_triton = pytest.mark.skipif(__import__("kda_inductor.lowerings._triton", fromlist=["triton"]).triton is None,
+                                  reason="the launch plan needs triton")
+
+
+@needs_triton
+@pytest.mark.parametrize("case", CASES)
+def test_symbolic_tokens_launch_as_static_ones(case, monkeypatch):
+    """T marked dynamic (vLLM's way): one graph, rewritten once, exact against eager at every T,
+    and the op gets the tokens as ``[T, H * D]`` (the quantizer's), as the static graphs do: the
+    Triton launch at each T is the static graph's (it ran 2x slower than stock Inductor on the
+    H200 when the symbolic graph passed ``[T * H, D]``, one norm row a token; per-token scales
+    then fell back to the unfused code)."""
+    fn = CASES[case]
+    calls = _spied_calls(monkeypatch)
+    c, symbolic = _run_sizes(fn, True, calls)
+    assert len(c.records) == 1 and c.matches["gated_norm_quant"] == 1, c.diff()
+    assert all(call[0][0][0].shape[1] == 4 * D for call in calls)  # sources [T, H * D]
+    assert [call[0][8] for call in calls] == list(SIZES)  # num_tokens: T
+    c, static = _run_sizes(fn, False, calls)
+    assert len(c.records) == len(SIZES) and c.matches["gated_norm_quant"] == len(SIZES)
+    assert symbolic == static
+    assert all(p[3][0] == (4 if case == "per token" else 1) for p in static)  # in the kernel, no fallback
+
+
+def merged_group_quant(o_s, o_ns, s_idx, ns_idx, z, w):
+    """The hybrid layer's tail: both halves ``index_copy_``-ed into a fresh buffer, the norm, the
+    group quantization."""
+    out = torch.empty(s_idx.shape[0] + ns_idx.shape[0], *o_s.shape[1:], dtype=o_s.dtype)
+    out.index_copy_(0, s_idx, o_s)
+    out.index_copy_(0, ns_idx, o_ns)
+    return group_quant(gated_norm(out, z, w))
+
+
+def _merged_inputs(T: int, seed: int, h: int = 4):
+    x, z, w = _inputs(T=T, seed=seed, h=h)
+    perm = torch.randperm(T, generator=torch.Generator().manual_seed(seed))
+    k = T * 3 // 4
+    return x[:k].clone(), x[k:].clone(), perm[:k], perm[k:], z, w
+
+
+@needs_triton
+def test_symbolic_merge_launches_as_static_ones(monkeypatch):
+    """The merge in front (spec / non-spec halves), T marked dynamic: one graph, exact against
+    eager, and the same launch as the static graphs (the sources are the halves' token rows
+    either way)."""
+    calls = _spied_calls(monkeypatch)
+    plans = {}
+    for dynamic in (True, False):
+        with fresh_compile():
+            c = compile_for_test(merged_group_quant, dynamic=None if dynamic else False)
+            for T in (8, 12, 20):
+                args = _merged_inputs(T, seed=T)
+                if dynamic:
+                    for t in args[:5]:
+                        torch._dynamo.maybe_mark_dynamic(t, 0)
+                with torch.inference_mode():
+                    _close(c(*args), merged_group_quant(*args))
+                plans.setdefault(dynamic, []).append(_plan(calls[-1]))
+        assert (len(c.records), c.matches["gated_norm_quant"]) == ((1, 1) if dynamic else (3, 3)), c.diff()
+    assert plans[True] == plans[False]

@@ -402,6 +402,74 @@ def test_cuda_impl_paths():
         _assert_same(got, want)
 
 
+REGROUPED = {  # (R, D, T, width, group, block_r, k): k tokens a program token
+    "one row a token, group = D": (1, 32, 24, 128, 32, 4, 8),
+    "sub-row groups": (1, 64, 16, 128, 16, 2, 16),
+    "per-token scale of 2 rows": (2, 32, 8, 64, 64, None, 8),
+    "odd token count": (1, 32, 7, 32, 32, 4, 1),
+}
+
+
+@kernel
+@pytest.mark.parametrize("layout", list(REGROUPED))
+def test_triton_kernel_regrouped_tokens(layout, monkeypatch):
+    """The merge-free norm's tokens taken ``k`` at a time (``regroup``: a symbolic token count
+    reached the op as one norm row a token): bit-exact with the quantization of the norm
+    kernel's own output, scales row- and column-major, groups of rows and inside rows; an odd
+    count keeps its tokens."""
+    monkeypatch.setattr(mod, "TARGET_PROGRAMS", 1)  # groups of rows regrouped at test sizes too
+    R, D, T, width, group, block_r, k = REGROUPED[layout]
+    sources, _, z, w, n = _inputs(T, R, D, merge=False, dtype=KDTYPE, seed=R + D + T, gate="3d")
+    plan = mod.launch_plan(_to(sources), [], z.to(DEVICE), w.to(DEVICE), eps=1e-6, activation="silu", form="fla",
+                           rsqrt=True, num_tokens=n, group_size=group, block_r=block_r)
+    assert (plan.merge.R, plan.merge.programs) == (R * k, T // k), layout
+    for ue8m0, column_major in ((False, False), (True, True)):
+        got, want, exact = _run_kernel(sources, [], z, w, n=n, width=width, group=group, ue8m0=ue8m0,
+                                       reciprocal=group == width, column_major=column_major, block_r=block_r)
+        _assert_kernel(got, want, exact, ue8m0, f"{layout} ue8m0={ue8m0} cm={column_major}")
+
+
+def _meta_norm(T: int, H: int, D: int, rows_per_token: int):
+    """A merge-free norm's tensors on the meta device: the source ``[T * H / r, r * D]``, the gate
+    a strided split of a projection, a bf16 weight."""
+    x = torch.empty(T * H * D, dtype=torch.bfloat16, device="meta").view(-1, rows_per_token * D)
+    z = torch.empty(T, 2 * H * D, dtype=torch.bfloat16, device="meta")[:, H * D:].view(T, H, D)
+    return [x], z, torch.empty(D, dtype=torch.bfloat16, device="meta")
+
+
+@pytest.mark.skipif(mod.triton is None, reason="the launch plan needs triton")
+@pytest.mark.parametrize("T", [1, 3, 256, 1024, 4096, 16384])
+def test_one_row_tokens_launch_as_tokens_of_heads(T):
+    """H = 32 heads of 128: the source as ``[T, H * D]`` (a static graph's) and as ``[T * H, D]``
+    (one norm row a token) launch the same tiles, warps and programs at every T; without
+    ``regroup`` the second ran one row and one warp a program (2x stock Inductor's time)."""
+    H, D = 32, 128
+    plans = []
+    for r in (H, 1):
+        sources, z, w = _meta_norm(T, H, D, r)
+        plans.append(mod.launch_plan(sources, [], z, w, eps=1e-6, activation="silu", form="fla", rsqrt=True,
+                                     num_tokens=sources[0].shape[0], group_size=D))
+    (a, b) = plans
+    assert (a.block_r, a.num_warps, a.grid[0] * a.grid[1]) == (b.block_r, b.num_warps, b.grid[0] * b.grid[1])
+    assert b.merge.R == 8 and (T < 256 or (a.block_r, a.num_warps) == (8, 2))
+
+
+def test_regroup_keeps_merges_padding_and_strided_sources():
+    """Only the merge-free norm of token rows that lie one after another is regrouped: not a
+    merge (its indices address tokens), not padding tokens, not a source that is a strided split."""
+    if mod.triton is None:
+        pytest.skip("no triton")
+    R, D, T = 1, 32, 16
+    sources, indices, z, w, n = _inputs(T, R, D, seed=5)
+    assert mod.regroup(sources, indices, z, w, n, 1) == (sources, n)
+    sources, _, z, w, n = _inputs(T, R, D, merge=False, seed=5, n_real=12)  # 4 padding tokens
+    assert mod.regroup(sources, [], z, w, n, 1) == (sources, n)
+    wide = torch.randn(T, 2 * R * D)[:, :R * D]
+    assert mod.regroup([wide], [], z, w, T, 1) == ([wide], T)
+    (regrouped,), tokens = mod.regroup([wide.contiguous()], [], z, w, T, 1)
+    assert (tuple(regrouped.shape), tokens) == ((1, 16 * D), 1)
+
+
 def test_aot_variants_enumerate():
     if mod.triton is None:
         pytest.skip("no triton")

@@ -25,7 +25,8 @@ spelled with ``reciprocal=True``). ``M = rows * D // width``; ``width`` must div
 
 The CPU kernel is that code (bit-exact). On CUDA one Triton kernel computes it: program
 ``(p, h)`` takes row ``p`` of one source (the merge's scatter: it writes token ``idx[p]``;
-without indices row ``p`` is token ``p``; padding tokens hold ``pad_value``), normalizes the
+without indices row ``p`` is token ``p``, the tokens taken several at a time where they have
+few norm rows, ``regroup``; padding tokens hold ``pad_value``), normalizes the
 norm rows ``h * BLOCK_R ..`` of that token with ``gated_norm_merge``'s ``merge_norm_tile``,
 rounds ``y`` to ``norm_dtype`` in registers, and quantizes groups that lie inside the tile (the
 scale with one ``div_rn`` per group; ``x / s`` as ``GROUP_DIVIDE`` says, by default a reciprocal
@@ -45,6 +46,8 @@ run the norm op and then the quantization code above on the GPU. Scales are stor
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -53,7 +56,11 @@ from kda_inductor.lowerings import definitely, triton_launch_options
 from kda_inductor.lowerings._fp8 import FP8_MAX, SCALE_FLOOR
 from kda_inductor.lowerings._triton import tl, triton
 from kda_inductor.lowerings.gated_norm_merge import (
+    MAX_BLOCK_ELEMENTS,
+    TARGET_PROGRAMS,
     TL_DTYPES,
+    MergeLaunch,
+    gate_rows,
     host_scalar,
     merge_launch,
     merge_then_norm,
@@ -301,40 +308,95 @@ def _check_outputs(q: Tensor, scales: Tensor, group_size: int, column_major: boo
     return M, K // group_size
 
 
+class QuantLaunch(NamedTuple):
+    """How ``norm_quant_triton`` launches the kernel: the merge kernels' arguments (``merge``,
+    after ``regroup``), the grid ``(token rows, row blocks)``, the norm rows of a program's tile,
+    its warps, and the layout's ``(ROW_GROUP, GROUP)`` (``kernel_mode``)."""
+
+    merge: MergeLaunch
+    grid: tuple[int, int]
+    block_r: int
+    num_warps: int
+    row_group: int
+    group: int
+
+
+def regroup(sources, indices, z, weight, num_tokens: int, row_group: int) -> tuple[list[Tensor], int]:
+    """The merge-free norm's tokens taken ``k`` at a time (``k`` a power of two dividing the
+    token count, the source ``[P, R * D]`` viewed ``[P / k, k * R * D]``, no copy): the kernel's
+    programs then hold as many norm rows as for tokens of many heads, whatever rows a "token"
+    had in the graph (a symbolic token count reaches the op as ``[T * H, D]``, one row a token:
+    one row and one warp a program ran 2x slower than stock Inductor on the H200). Rows, the
+    gate's rows, the outputs' rows and every group stay where they were (``k * R`` rows a token;
+    a group of rows divides ``R``). Up to a full tile (``MAX_BLOCK_ELEMENTS``: 8 rows of 128);
+    groups of several rows (one program a token) only while ``TARGET_PROGRAMS`` programs remain.
+    Chosen at each call from the actual sizes (on the host: no sync). Merges and padded
+    outputs keep their tokens."""
+    src = sources[0]
+    D = weight.shape[0]
+    R = src.shape[1] // D
+    P = num_tokens
+    if indices or gate_rows(z)[0] != P * R or src.stride(-1) != 1 or (P > 1 and src.stride(0) != R * D):
+        return sources, num_tokens
+    full = MAX_BLOCK_ELEMENTS // triton.next_power_of_2(D)
+    k = 1
+    while R * k * 2 <= full and P % (k * 2) == 0 and (row_group <= 1 or P // (k * 2) >= TARGET_PROGRAMS):
+        k *= 2
+    return ([src.view(P // k, k * R * D)] if k > 1 else sources), P // k
+
+
+def launch_plan(sources, indices, z, weight, *, eps: float, activation: str, form: str, rsqrt: bool,
+                num_tokens: int, group_size: int, pad_value: float | None = None, in_dtype: torch.dtype | None = None,
+                block_r: int | None = None, num_warps: int | None = None) -> QuantLaunch:
+    """The kernel's launch for validated arguments whose layout ``kernel_mode`` takes, from the
+    actual sizes (ints at run time: the same launch for a graph compiled with a symbolic or a
+    static token count). A group of rows is one program's (its token's rows in one tile);
+    else ``rows_per_program``'s tile, or ``block_r`` rows."""
+    D = weight.shape[0]
+    mode = kernel_mode(sources[0].shape[1] // D, D, group_size)
+    if mode is None:
+        raise ValueError(f"group_size: {group_size} is no layout of the kernel for rows of "
+                         f"{sources[0].shape[1]} values, D={D}")
+    row_group, group = mode
+    sources, num_tokens = regroup(sources, indices, z, weight, num_tokens, row_group)
+    L = merge_launch(sources, indices, z, weight, eps=eps, activation=activation, form=form, rsqrt=rsqrt,
+                     num_tokens=num_tokens, pad_value=pad_value, in_dtype=in_dtype)
+    if row_group > 1:
+        block_r = triton.next_power_of_2(L.R)
+    else:
+        block_r = block_r or rows_per_program(L.programs, L.R, D)
+    warps = warps_for(block_r, L.constexprs["BLOCK_D"]) if num_warps is None else num_warps
+    return QuantLaunch(L, (L.programs, triton.cdiv(L.R, block_r)), block_r, warps, row_group, group)
+
+
 def norm_quant_triton(sources, indices, z, weight, q, scales, *, eps: float, activation: str, form: str,
                       rsqrt: bool, num_tokens: int, norm_dtype: torch.dtype, group_size: int, ue8m0: bool,
                       reciprocal: bool, column_major: bool, pad_value: float | None = None,
                       block_r: int | None = None, num_warps: int | None = None, in_dtype: torch.dtype | None = None,
                       divide: str | None = None):
-    """One launch writing ``q`` (contiguous fp8 ``[M, K]``) and ``scales`` (``[M, G]``, row- or
-    column-major as ``column_major`` says). The caller has validated the arguments and checked
-    that the index lengths partition ``num_tokens`` and that ``kernel_mode`` is not None.
-    ``divide``: ``GROUP_DIVIDE``'s choice for this launch (default: ``GROUP_DIVIDE``). No sync,
-    no allocation."""
+    """One launch (``launch_plan``'s) writing ``q`` (contiguous fp8 ``[M, K]``) and ``scales``
+    (``[M, G]``, row- or column-major as ``column_major`` says). The caller has validated the
+    arguments and checked that the index lengths partition ``num_tokens`` and that
+    ``kernel_mode`` is not None. ``divide``: ``GROUP_DIVIDE``'s choice for this launch (default:
+    ``GROUP_DIVIDE``). No sync, no allocation."""
     if triton is None:  # pragma: no cover
         raise RuntimeError("gated_norm_quant: the Triton kernel needs triton, which is not installed")
-    D = weight.shape[0]
-    R = sources[0].shape[1] // D
-    mode = kernel_mode(R, D, group_size)
-    if mode is None:
-        raise ValueError(f"group_size: {group_size} is no layout of the kernel for R={R}, D={D}")
-    row_group, group = mode
     divide = divide or GROUP_DIVIDE
     if divide not in DIVIDES:
         raise ValueError(f"divide: expected one of {DIVIDES}, got {divide!r}")
     M, G = _check_outputs(q, scales, group_size, column_major)
-    L = merge_launch(sources, indices, z, weight, eps=eps, activation=activation, form=form, rsqrt=rsqrt,
-                     num_tokens=num_tokens, pad_value=pad_value, in_dtype=in_dtype)
+    plan = launch_plan(sources, indices, z, weight, eps=eps, activation=activation, form=form, rsqrt=rsqrt,
+                       num_tokens=num_tokens, group_size=group_size, pad_value=pad_value, in_dtype=in_dtype,
+                       block_r=block_r, num_warps=num_warps)
+    L = plan.merge
     if L.programs == 0:
         return q, scales
-    # a group's rows in one program
-    block_r = triton.next_power_of_2(R) if row_group > 1 else block_r or rows_per_program(L.programs, R, D)
     extra = triton_launch_options() if q.is_cuda else {}
-    _gated_norm_quant_kernel[(L.programs, triton.cdiv(R, block_r))](
+    _gated_norm_quant_kernel[plan.grid](
         *L.inputs, q.view(torch.uint8), scales, *L.sizes, M, G, **L.constexprs,
-        NORM_DTYPE=TL_DTYPES[norm_dtype], BLOCK_R=block_r, ROW_GROUP=row_group, GROUP=group, UE8M0=ue8m0,
-        DIVIDE=1 if reciprocal else _DIVIDE_MODE[divide], COLUMN_MAJOR=column_major, HW_CASTS=q.is_cuda,
-        num_warps=warps_for(block_r, L.constexprs["BLOCK_D"]) if num_warps is None else num_warps, **extra,
+        NORM_DTYPE=TL_DTYPES[norm_dtype], BLOCK_R=plan.block_r, ROW_GROUP=plan.row_group, GROUP=plan.group,
+        UE8M0=ue8m0, DIVIDE=1 if reciprocal else _DIVIDE_MODE[divide], COLUMN_MAJOR=column_major,
+        HW_CASTS=q.is_cuda, num_warps=plan.num_warps, **extra,
     )
     return q, scales
 

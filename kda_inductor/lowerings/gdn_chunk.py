@@ -46,7 +46,7 @@ from kda_inductor.lowerings._triton import triton
 from kda_inductor.lowerings.gdn_recurrent_step import (check_gates, check_qkv, check_scalars, check_sizes,
                                                        reference_step)
 
-__all__ = ["CHUNK", "DEFAULT", "FAST", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk",
+__all__ = ["CHUNK", "DEFAULT", "FAST", "FAST3", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk",
            "reference", "validate"]
 
 _INTS = (torch.int32, torch.int64)
@@ -219,6 +219,14 @@ class LaunchConfig(NamedTuple):
     """With ``v2``, bfloat16 inputs and ``dot != "ieee"``: the large products' operands in bfloat16
     (float32 accumulation, as fla runs them) and ``w``, ``u``, ``v_new`` and the per-chunk states
     stored bfloat16 (``inter_dtype`` ignored); the state, ``gc`` and the inverse stay float32."""
+    v3: bool = False
+    """v2's launches with ``wu2`` split in two, as fla's ``kkt_solve`` / ``recompute_w_u``
+    (:mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`): ``solve3`` (``gc``, ``1 / |k|``, the inverse
+    of ``I + A`` by 16 x 16 blocks, its diagonal blocks by a product of four factors instead of a
+    sequential substitution, stored as ``w``'s dtype) then ``wu3`` (``w``, ``u`` as 64-row products
+    with the stored inverse); implies ``v2`` (its scan and output)."""
+    solve_warps: int = 2
+    """With ``v3``: ``solve3``'s warps (its products are 16 x 16 tiles)."""
 
 
 FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
@@ -230,6 +238,10 @@ dims) 1,583 us against 2,950 at 8 warps and 4,726 for the four float32 launches
 1,014 us there, so the op does not replace fla's (``CHUNK_RULE_MEASURED``). The 4 warps spill (ahead
 of time for sm_90 with Triton 3.9, ``scan2`` 336 bytes, ``wu2`` 232) and still run twice as fast as
 the 8 that do not."""
+
+FAST3 = FAST._replace(v3=True)
+""":data:`FAST` with :attr:`LaunchConfig.v3` (four launches: ``solve3``, ``wu3``, ``scan2``,
+``output2``). Not yet timed on a GPU (``benchmarks/bench_gdn_chunk.py --sweep``)."""
 
 DEFAULT = FAST
 """What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST`."""
@@ -257,7 +269,7 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
     if N == 0 or Hv == 0:
         return o, final
     cfg = config or DEFAULT
-    if cfg.v2 and meta.k_dim <= 128:
+    if (cfg.v2 or cfg.v3) and meta.k_dim <= 128:
         _launch_v2(q, k, v, g, beta, o, final, initial_state, cu_seqlens, meta, cfg, dot, bool(use_qk_l2norm),
                    _scale(scale, meta), float(eps))
         return o, final
@@ -346,10 +358,7 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
     BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
     stages, group = cfg.num_stages, Hv // Hk
     if M:
-        kern.wu2_kernel[(M, Hv)](
-            k3, v3, g2, b2, gc, rk, w, u, seq, start, length, TS, NT, K, V, group, eps, *k3.stride(), *v3.stride(),
-            *g2.stride(), *b2.stride(), *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2,
-            DOT=dot, REGULAR=regular, num_warps=cfg.warps, num_stages=stages)
+        _launch_wu(k3, v3, g2, b2, gc, rk, w, u, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, eps, regular)
     kern.scan2_kernel[(N, Hv, triton.cdiv(V, BV))](
         k3, w, u, gc, rk, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, group, eps,
         *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
@@ -361,3 +370,29 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
             q3, k3, gc, rk, hs, vn, o3, seq, start, length, TS, NT, K, V, group, scale, eps, *q3.stride(),
             *k3.stride(), *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KB=KB, TWO=TWO,
             BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular, num_warps=cfg.out_warps, num_stages=stages)
+
+
+def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2, eps, regular) -> None:
+    """The v2 launches' first step: ``wu2`` (one launch), or with :attr:`LaunchConfig.v3` ``solve3``
+    (the inverse, stored in a ``[tokens, heads, 64]`` scratch of ``w``'s dtype) then ``wu3`` (the
+    products with it as 64-row tiles)."""
+    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+    from kda_inductor.lowerings import _gdn_chunk_kernels3 as kern3
+
+    K, V, Hv, group = meta.k_dim, meta.v_dim, meta.v_heads, meta.v_heads // meta.k_heads
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    OBV = min(max(16, cfg.out_block_v), vp)
+    if not cfg.v3:
+        kern.wu2_kernel[(M, Hv)](
+            k3, v3, g2, b2, gc, rk, w, u, *maps, TS, NT, K, V, group, eps, *k3.stride(), *v3.stride(),
+            *g2.stride(), *b2.stride(), *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2,
+            DOT=dot, REGULAR=regular, num_warps=cfg.warps, num_stages=cfg.num_stages)
+        return
+    ai = torch.empty((k3.shape[0], Hv, CHUNK), device=v3.device, dtype=w.dtype)
+    kern3.solve3_kernel[(M, Hv)](
+        k3, g2, b2, gc, rk, ai, *maps, TS, NT, K, group, eps, *k3.stride(), *g2.stride(), *b2.stride(), *gc.stride(),
+        *ai.stride()[:2], KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, num_warps=cfg.solve_warps, num_stages=1)
+    kern3.wu3_kernel[(M, Hv)](
+        k3, v3, b2, gc, rk, ai, w, u, *maps, TS, NT, K, V, group, *k3.stride(), *v3.stride(), *b2.stride(),
+        *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], BK=min(KP, 64), BV=min(vp, 64),
+        L2NORM=l2, DOT=dot, REGULAR=regular, num_warps=cfg.warps, num_stages=cfg.num_stages)

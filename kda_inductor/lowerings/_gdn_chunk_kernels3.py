@@ -1,0 +1,149 @@
+"""The v3 kernels of ``kda::gdn_chunk`` (``LaunchConfig.v3``): :data:`wu2_kernel`'s work split in
+two launches, as fla splits its ``kkt_solve`` and ``recompute_w_u``, so that the products with
+the inverse run as 64-row tiles (the tensor cores' shape) instead of sixteen-row ones.
+
+1. :data:`solve3_kernel` (program = chunk x head): ``gc``, ``1 / |k|`` (``L2NORM``), ``A``'s ten
+   16 x 16 blocks on and below the diagonal from the chunk's key rows, ``Tinv = (I + A)^-1``: each
+   diagonal block without a sequential loop (``A`` strictly lower is nilpotent, ``A^16 = 0``, so
+   ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six 16 x 16 products, no reductions across
+   threads), those below by the merges of :func:`~._gdn_chunk_kernels._inverse`; the ten blocks
+   stored in a ``[tokens, heads, 64]`` scratch (row = token; the blocks above the diagonal are
+   never written and never read).
+2. :data:`wu3_kernel` (chunk x head): ``Tinv`` as one ``[64, 64]`` tile (lower triangle),
+   ``w = Tinv (beta exp(gc) k / |k|)`` and ``u = Tinv (beta v)`` by 64-column blocks.
+
+The scan and the output are v2's (``scan2_kernel``, ``output2_kernel``: they read ``w``, ``u``,
+``gc`` and ``1 / |k|`` as stored here). Rows past a sequence's end: zeros in, never stored.
+"""
+
+from __future__ import annotations
+
+from kda_inductor.lowerings._gdn_chunk_kernels import _aot_signature
+from kda_inductor.lowerings._triton import tl, triton
+
+if triton is not None:
+    from kda_inductor.lowerings._gdn_chunk_kernels import (_akk, _chunk2, _dot, _gc16, _keys_rk, _load, _mm, _raw,
+                                                           _store, _tile, _vec)
+
+    @triton.jit
+    def _nil_inverse16(A):
+        """``(I + A)^-1`` of a strictly lower 16 x 16 ``A``: ``(I - A)(I + A^2)(I + A^4)(I + A^8)``
+        (float32 products; the factors commute, all being polynomials in ``A``)."""
+        r = tl.arange(0, 16)
+        A2 = _mm(A, A)
+        A4 = _mm(A2, A2)
+        X = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - A
+        X = X + _mm(X, A2)
+        X = X + _mm(X, A4)
+        return X + _mm(X, _mm(A4, A4))
+
+    @triton.jit
+    def _inverse3(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33):
+        """The chunk's ``(I + A)^-1`` by blocks: the diagonal ones by :func:`_nil_inverse16`, those
+        below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj``."""
+        T00, T11, T22, T33 = _nil_inverse16(A00), _nil_inverse16(A11), _nil_inverse16(A22), _nil_inverse16(A33)
+        T10 = -_mm(T11, _mm(A10, T00))
+        T21 = -_mm(T22, _mm(A21, T11))
+        T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
+        T32 = -_mm(T33, _mm(A32, T22))
+        T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
+        T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
+        return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
+
+    @triton.jit
+    def _put(ab, L, s_t, i, j, X):
+        """Store block ``(i, j)`` of a chunk's ``[64, 64]`` matrix (row = token, stride ``s_t``)."""
+        _store(_tile(ab, L, 64, s_t, 1, 16 * i, 16 * j, 16, 16), X)
+
+    @triton.jit
+    def _put_lower(ab, L, s_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
+        _put(ab, L, s_t, 0, 0, T00)
+        _put(ab, L, s_t, 1, 0, T10)
+        _put(ab, L, s_t, 1, 1, T11)
+        _put(ab, L, s_t, 2, 0, T20)
+        _put(ab, L, s_t, 2, 1, T21)
+        _put(ab, L, s_t, 2, 2, T22)
+        _put(ab, L, s_t, 3, 0, T30)
+        _put(ab, L, s_t, 3, 1, T31)
+        _put(ab, L, s_t, 3, 2, T32)
+        _put(ab, L, s_t, 3, 3, T33)
+
+    @triton.jit
+    def solve3_kernel(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, K,
+                      GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sa_t, sa_h,
+                      KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr):
+        """Program (chunk, head): ``gc`` and (``L2NORM``) ``1 / |k|`` stored (float32 ``[tokens,
+        heads]``), ``A``'s blocks from the chunk's key rows (``DOT`` products), ``Tinv = (I + A)^-1``
+        (:func:`_inverse3`, float32) stored by its ten lower blocks in ``ai`` (``[tokens, heads, 64]``)."""
+        c, h = tl.program_id(0), tl.program_id(1)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        r = tl.arange(0, 16)
+        h64 = h.to(tl.int64)
+        gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
+        c0, c1, c2, c3 = _gc16(gb, cb, sg_t, sc_t, r, L)
+        b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
+            _vec(bb, sb_t, r + 48, L)
+        kb, rb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, rk_ptr + h64 * sc_h + t0 * sc_t
+        X0 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), rb, sc_t, r, L, eps, L2NORM)
+        X1 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), rb, sc_t, r + 16, L, eps, L2NORM)
+        X2 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), rb, sc_t, r + 32, L, eps, L2NORM)
+        X3 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), rb, sc_t, r + 48, L, eps, L2NORM)
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse3(
+            _akk(X0, X0, b0, c0, c0, DOT, True), _akk(X1, X0, b1, c1, c0, DOT, False),
+            _akk(X1, X1, b1, c1, c1, DOT, True), _akk(X2, X0, b2, c2, c0, DOT, False),
+            _akk(X2, X1, b2, c2, c1, DOT, False), _akk(X2, X2, b2, c2, c2, DOT, True),
+            _akk(X3, X0, b3, c3, c0, DOT, False), _akk(X3, X1, b3, c3, c1, DOT, False),
+            _akk(X3, X2, b3, c3, c2, DOT, False), _akk(X3, X3, b3, c3, c3, DOT, True))
+        _put_lower(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
+
+    @triton.jit
+    def _tinv(ab, L, s_t):
+        """A chunk's stored ``Tinv`` as one ``[64, 64]`` tile in its stored dtype (the lower triangle;
+        zeros above it and in rows past ``L``)."""
+        r = tl.arange(0, 64)
+        return tl.load(ab + r[:, None] * s_t + r[None, :], mask=(r[:, None] < L) & (r[None, :] <= r[:, None]),
+                       other=0.0)
+
+    @triton.jit
+    def wu3_kernel(k_ptr, v_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, w_ptr, u_ptr, seq_ptr, start_ptr, len_ptr, n_tok,
+                   n_chk, K, V, GROUP, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sb_t, sb_h, sc_t, sc_h, sa_t, sa_h, sw_t,
+                   sw_h, su_t, su_h, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                   REGULAR: tl.constexpr):
+        """Program (chunk, head): ``w = Tinv (beta exp(gc) rk k)`` by ``BK`` key columns and ``u = Tinv
+        (beta v)`` by ``BV`` value columns, ``Tinv`` one ``[64, 64]`` operand (``rk = 1 / |k|`` from
+        :data:`solve3_kernel` when ``L2NORM``, else 1)."""
+        c, h = tl.program_id(0), tl.program_id(1)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        r = tl.arange(0, 64)
+        h64 = h.to(tl.int64)
+        A = _tinv(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t)
+        beta = _vec(b_ptr + h64 * sb_h + t0 * sb_t, sb_t, r, L)
+        fk = beta * tl.exp(_vec(gc_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L))
+        if L2NORM:
+            fk = fk * _vec(rk_ptr + h64 * sc_h + t0 * sc_t, sc_t, r, L)
+        kb, wb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, w_ptr + h64 * sw_h + t0 * sw_t
+        for i in range(0, tl.cdiv(K, BK)):
+            x = _load(_tile(kb, L, K, sk_t, sk_k, 0, i * BK, 64, BK)) * fk[:, None]
+            _store(_tile(wb, L, K, sw_t, 1, 0, i * BK, 64, BK), _dot(A, x, DOT))
+        vb, ub = v_ptr + h64 * sv_h + t0 * sv_t, u_ptr + h64 * su_h + t0 * su_t
+        for j in range(0, tl.cdiv(V, BV)):
+            x = _load(_tile(vb, L, V, sv_t, sv_v, 0, j * BV, 64, BV)) * beta[:, None]
+            _store(_tile(ub, L, V, su_t, 1, 0, j * BV, 64, BV), _dot(A, x, DOT))
+
+
+def aot_variants():
+    """``LaunchConfig.v3``'s two own launches for sm_90 (Qwen3-Next's prefill: bf16 q / k / v and
+    beta, float32 g, K = V = 128, l2norm; bf16 products and intermediates as ``gdn_chunk.FAST3``),
+    and the float32 ones (tf32 products, float32 scratch)."""
+    from kda_inductor.lowerings import AotVariant
+
+    maps = {"seq_ptr": "*i32", "start_ptr": "*i64", "len_ptr": "*i32"}
+    bf16 = {**maps, **dict.fromkeys(("k_ptr", "v_ptr", "b_ptr"), "*bf16")}
+    low = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "ai_ptr"), "*bf16")}
+    opts = {"num_warps": 4, "num_stages": 2}
+    for io, dot in ((low, "bf16"), (bf16, "tf32")):
+        for regular in (True, False):
+            yield AotVariant(solve3_kernel, _aot_signature(solve3_kernel, io),
+                             dict(KP=128, L2NORM=True, DOT=dot, REGULAR=regular), {"num_warps": 2, "num_stages": 1})
+            yield AotVariant(wu3_kernel, _aot_signature(wu3_kernel, io),
+                             dict(BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=regular), opts)

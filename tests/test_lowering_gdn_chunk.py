@@ -291,6 +291,17 @@ def test_v2_kernels_match_the_cpu_op(case, config):
 
 
 @needs_runner
+@pytest.mark.parametrize("inverse", ["tf32", "subst"])
+@pytest.mark.parametrize("case", ["T 130 GQA", "weak decay"])
+def test_v3_inverse_variants(case, inverse):
+    """``LaunchConfig.solve_inverse``: the diagonal blocks by substitution, or the product of factors
+    in tf32 (float32 in the interpreter: here the same function as ``"ieee"``)."""
+    q, k, v, g, beta, s = inputs(650 + len(case), T=130 if case.startswith("T") else 90, Hk=2, Hv=4,
+                                 weak=case == "weak decay")
+    _kernel_vs_op((q, k, v, g, beta, s), config=V3._replace(solve_inverse=inverse))
+
+
+@needs_runner
 @pytest.mark.parametrize("config", ["V2", "V3"])
 @pytest.mark.parametrize("state", [True, False])
 def test_v2_kernels_varlen(state, config):

@@ -22,32 +22,66 @@ from kda_inductor.lowerings._gdn_chunk_kernels import _aot_signature
 from kda_inductor.lowerings._triton import tl, triton
 
 if triton is not None:
-    from kda_inductor.lowerings._gdn_chunk_kernels import (_akk, _chunk2, _dot, _gc16, _keys_rk, _load, _mm, _raw,
-                                                           _store, _tile, _vec)
+    from kda_inductor.lowerings._gdn_chunk_kernels import (_chunk2, _dot, _gc16, _keys_rk, _load, _store, _tile,
+                                                           _unit_lower_inverse, _vec)
 
     @triton.jit
-    def _nil_inverse16(A):
-        """``(I + A)^-1`` of a strictly lower 16 x 16 ``A``: ``(I - A)(I + A^2)(I + A^4)(I + A^8)``
-        (float32 products; the factors commute, all being polynomials in ``A``)."""
-        r = tl.arange(0, 16)
-        A2 = _mm(A, A)
-        A4 = _mm(A2, A2)
-        X = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - A
-        X = X + _mm(X, A2)
-        X = X + _mm(X, A4)
-        return X + _mm(X, _mm(A4, A4))
+    def _keys3(bp, rkb, s_t, rows, L, eps, L2NORM: tl.constexpr, DOT: tl.constexpr):
+        """:func:`~._gdn_chunk_kernels._keys_rk` kept in the products' operand dtype (bfloat16 for
+        ``DOT`` ``"bf16"`` / ``"bf16emu"``: half the registers of the four row blocks)."""
+        x = _keys_rk(bp, rkb, s_t, rows, L, eps, L2NORM)
+        if DOT == "bf16" or DOT == "bf16emu":
+            x = x.to(tl.bfloat16)
+        return x
 
     @triton.jit
-    def _inverse3(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33):
-        """The chunk's ``(I + A)^-1`` by blocks: the diagonal ones by :func:`_nil_inverse16`, those
-        below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj``."""
-        T00, T11, T22, T33 = _nil_inverse16(A00), _nil_inverse16(A11), _nil_inverse16(A22), _nil_inverse16(A33)
-        T10 = -_mm(T11, _mm(A10, T00))
-        T21 = -_mm(T22, _mm(A21, T11))
-        T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
-        T32 = -_mm(T33, _mm(A32, T22))
-        T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
-        T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
+    def _akk3(Xi, Xj, bi, ci, cj, DOT: tl.constexpr, DIAG: tl.constexpr):
+        """Block ``(i, j)`` of ``A``: ``(k_i . k_j) beta_i exp(gc_i - gc_j)`` (strictly lower on the
+        diagonal), the factors applied to the product (its operands the keys as :func:`_keys3` keeps them)."""
+        a = _dot(Xi, tl.trans(Xj), DOT)
+        d = ci[:, None] - cj[None, :]
+        if DIAG:
+            r = tl.arange(0, 16)
+            low = r[:, None] > r[None, :]
+            return tl.where(low, a * bi[:, None] * tl.exp(tl.where(low, d, 0.0)), 0.0)
+        else:
+            return a * bi[:, None] * tl.exp(d)
+
+    @triton.jit
+    def _mm3(a, b, INV: tl.constexpr):
+        """A 16 x 16 product of the inverse: float32 (``ieee``), or tf32 tensor cores (``INV == "tf32"``)."""
+        if INV == "tf32":
+            return tl.dot(a, b, input_precision="tf32")
+        else:
+            return tl.dot(a, b, input_precision="ieee")
+
+    @triton.jit
+    def _inverse16(A, INV: tl.constexpr):
+        """``(I + A)^-1`` of a strictly lower 16 x 16 ``A``: ``INV == "subst"``: forward substitution
+        row by row (v2's); else ``(I - A)(I + A^2)(I + A^4)(I + A^8)`` (``A^16 = 0``; the factors
+        commute, all being polynomials in ``A``): six products, no reductions across threads."""
+        if INV == "subst":
+            return _unit_lower_inverse(A, 16)
+        else:
+            r = tl.arange(0, 16)
+            A2 = _mm3(A, A, INV)
+            A4 = _mm3(A2, A2, INV)
+            X = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - A
+            X = X + _mm3(X, A2, INV)
+            X = X + _mm3(X, A4, INV)
+            return X + _mm3(X, _mm3(A4, A4, INV), INV)
+
+    @triton.jit
+    def _inverse3(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, INV: tl.constexpr):
+        """The chunk's ``(I + A)^-1`` by blocks: the diagonal ones by :func:`_inverse16`, those below
+        by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj`` (:func:`_mm3` products)."""
+        T00, T11, T22, T33 = _inverse16(A00, INV), _inverse16(A11, INV), _inverse16(A22, INV), _inverse16(A33, INV)
+        T10 = -_mm3(T11, _mm3(A10, T00, INV), INV)
+        T21 = -_mm3(T22, _mm3(A21, T11, INV), INV)
+        T20 = -_mm3(T22, _mm3(A20, T00, INV) + _mm3(A21, T10, INV), INV)
+        T32 = -_mm3(T33, _mm3(A32, T22, INV), INV)
+        T31 = -_mm3(T33, _mm3(A31, T11, INV) + _mm3(A32, T21, INV), INV)
+        T30 = -_mm3(T33, _mm3(A30, T00, INV) + _mm3(A31, T10, INV) + _mm3(A32, T20, INV), INV)
         return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
 
     @triton.jit
@@ -71,10 +105,11 @@ if triton is not None:
     @triton.jit
     def solve3_kernel(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, K,
                       GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sa_t, sa_h,
-                      KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr):
+                      KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr,
+                      INV: tl.constexpr = "ieee"):
         """Program (chunk, head): ``gc`` and (``L2NORM``) ``1 / |k|`` stored (float32 ``[tokens,
         heads]``), ``A``'s blocks from the chunk's key rows (``DOT`` products), ``Tinv = (I + A)^-1``
-        (:func:`_inverse3`, float32) stored by its ten lower blocks in ``ai`` (``[tokens, heads, 64]``)."""
+        (:func:`_inverse3`, ``INV``: its products' precision or ``"subst"``) stored by its ten lower blocks in ``ai`` (``[tokens, heads, 64]``)."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         r = tl.arange(0, 16)
@@ -84,16 +119,16 @@ if triton is not None:
         b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
             _vec(bb, sb_t, r + 48, L)
         kb, rb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, rk_ptr + h64 * sc_h + t0 * sc_t
-        X0 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), rb, sc_t, r, L, eps, L2NORM)
-        X1 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), rb, sc_t, r + 16, L, eps, L2NORM)
-        X2 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), rb, sc_t, r + 32, L, eps, L2NORM)
-        X3 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), rb, sc_t, r + 48, L, eps, L2NORM)
+        X0 = _keys3(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), rb, sc_t, r, L, eps, L2NORM, DOT)
+        X1 = _keys3(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), rb, sc_t, r + 16, L, eps, L2NORM, DOT)
+        X2 = _keys3(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), rb, sc_t, r + 32, L, eps, L2NORM, DOT)
+        X3 = _keys3(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), rb, sc_t, r + 48, L, eps, L2NORM, DOT)
         T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse3(
-            _akk(X0, X0, b0, c0, c0, DOT, True), _akk(X1, X0, b1, c1, c0, DOT, False),
-            _akk(X1, X1, b1, c1, c1, DOT, True), _akk(X2, X0, b2, c2, c0, DOT, False),
-            _akk(X2, X1, b2, c2, c1, DOT, False), _akk(X2, X2, b2, c2, c2, DOT, True),
-            _akk(X3, X0, b3, c3, c0, DOT, False), _akk(X3, X1, b3, c3, c1, DOT, False),
-            _akk(X3, X2, b3, c3, c2, DOT, False), _akk(X3, X3, b3, c3, c3, DOT, True))
+            _akk3(X0, X0, b0, c0, c0, DOT, True), _akk3(X1, X0, b1, c1, c0, DOT, False),
+            _akk3(X1, X1, b1, c1, c1, DOT, True), _akk3(X2, X0, b2, c2, c0, DOT, False),
+            _akk3(X2, X1, b2, c2, c1, DOT, False), _akk3(X2, X2, b2, c2, c2, DOT, True),
+            _akk3(X3, X0, b3, c3, c0, DOT, False), _akk3(X3, X1, b3, c3, c1, DOT, False),
+            _akk3(X3, X2, b3, c3, c2, DOT, False), _akk3(X3, X3, b3, c3, c3, DOT, True), INV)
         _put_lower(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
 
     @triton.jit
@@ -144,6 +179,9 @@ def aot_variants():
     for io, dot in ((low, "bf16"), (bf16, "tf32")):
         for regular in (True, False):
             yield AotVariant(solve3_kernel, _aot_signature(solve3_kernel, io),
-                             dict(KP=128, L2NORM=True, DOT=dot, REGULAR=regular), {"num_warps": 2, "num_stages": 1})
+                             dict(KP=128, L2NORM=True, DOT=dot, REGULAR=regular), {"num_warps": 4, "num_stages": 1})
             yield AotVariant(wu3_kernel, _aot_signature(wu3_kernel, io),
                              dict(BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=regular), opts)
+    for inv in ("tf32", "subst"):  # LaunchConfig.solve_inverse
+        yield AotVariant(solve3_kernel, _aot_signature(solve3_kernel, low),
+                         dict(KP=128, L2NORM=True, DOT="bf16", REGULAR=True, INV=inv), {"num_warps": 4, "num_stages": 1})

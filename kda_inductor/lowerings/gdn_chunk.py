@@ -225,8 +225,12 @@ class LaunchConfig(NamedTuple):
     of ``I + A`` by 16 x 16 blocks, its diagonal blocks by a product of four factors instead of a
     sequential substitution, stored as ``w``'s dtype) then ``wu3`` (``w``, ``u`` as 64-row products
     with the stored inverse); implies ``v2`` (its scan and output)."""
-    solve_warps: int = 2
+    solve_warps: int = 4
     """With ``v3``: ``solve3``'s warps (its products are 16 x 16 tiles)."""
+    solve_inverse: str = "ieee"
+    """With ``v3``: the inverse's diagonal blocks and merges: ``"ieee"`` (a product of four factors,
+    float32 products), ``"tf32"`` (the same on tf32 tensor cores: the inverse is rounded to
+    bfloat16 by ``lowp`` anyway), ``"subst"`` (v2's row-by-row substitution, float32 merges)."""
 
 
 FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
@@ -391,7 +395,8 @@ def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2
     ai = torch.empty((k3.shape[0], Hv, CHUNK), device=v3.device, dtype=w.dtype)
     kern3.solve3_kernel[(M, Hv)](
         k3, g2, b2, gc, rk, ai, *maps, TS, NT, K, group, eps, *k3.stride(), *g2.stride(), *b2.stride(), *gc.stride(),
-        *ai.stride()[:2], KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, num_warps=cfg.solve_warps, num_stages=1)
+        *ai.stride()[:2], KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, INV=cfg.solve_inverse, num_warps=cfg.solve_warps,
+        num_stages=1)
     kern3.wu3_kernel[(M, Hv)](
         k3, v3, b2, gc, rk, ai, w, u, *maps, TS, NT, K, V, group, *k3.stride(), *v3.stride(), *b2.stride(),
         *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], BK=min(KP, 64), BV=min(vp, 64),

@@ -9,6 +9,8 @@ on float32 copies of the inputs, eager; relative norm error ``|o - ref| / |ref|`
 * ``kda``: ``kda::gdn_chunk`` as it runs (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`, which is
   ``FAST``: three launches, bf16 products and intermediates as fla's; l2norm of q / k and the scale
   inside).
+* ``kda3``: the same op with ``FAST3`` (``LaunchConfig.v3``: four launches, ``wu2`` split in two as
+  fla's ``kkt_solve`` / ``recompute_w_u``), side by side until it is timed and made the default.
 * ``kda2``: the same op with the four float32 launches (``LaunchConfig()``, the default before
   2026-12-05), side by side.
 * ``fla``: flash-linear-attention's ``chunk_gated_delta_rule`` (fla-core, where importable; called
@@ -149,13 +151,20 @@ def fla_chunk() -> Callable | None:
                         use_qk_l2norm_in_kernel=True)
 
 
+def kda3(x):
+    """The op with :data:`~kda_inductor.lowerings.gdn_chunk.FAST3` (v3: the inverse and ``w, u`` in
+    two launches, 64-row products with the stored inverse, as fla's ``kkt_solve`` /
+    ``recompute_w_u``; v2's scan and output)."""
+    return kda(x, L.FAST3)
+
+
 def kda2(x):
     """The op with the four float32 launches (``LaunchConfig()``), the default before :data:`FAST`."""
     return kda(x, L.LaunchConfig())
 
 
 def variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda, "kda2": kda2}
+    out: dict[str, Callable] = {"kda": kda, "kda3": kda3, "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
         out["fla"] = fla
@@ -287,7 +296,7 @@ def profile_case(T: int, *, device, smoke: bool) -> list[dict]:
 
 
 def profiled_variants(smoke: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda, "kda2": kda2}
+    out: dict[str, Callable] = {"kda": kda, "kda3": kda3, "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
         out["fla"] = fla
@@ -329,9 +338,17 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
                "FAST all w2": fast._replace(warps=2, scan_warps=2, out_warps=2),
                "v2 fp32 tf32": fast._replace(lowp=False), "v2 bf16 inter tf32":
                fast._replace(lowp=False, inter_dtype=torch.bfloat16)}
-    if smoke:  # the old default, and FAST (bf16 inputs: bf16emu products under the interpreter)
-        return {"default": base, "FAST": fast}
-    return {"default": base, **cfgs_v2, **cfgs}  # the old default first: side by side with FAST
+    f3 = L.FAST3
+    cfgs_v3 = {"FAST3": f3, "FAST3 inv tf32": f3._replace(solve_inverse="tf32"),
+               "FAST3 inv subst": f3._replace(solve_inverse="subst"), "FAST3 solve w2": f3._replace(solve_warps=2),
+               "FAST3 solve w8": f3._replace(solve_warps=8), "FAST3 wu w8": f3._replace(warps=8),
+               "FAST3 wu w2": f3._replace(warps=2), "FAST3 3 stages": f3._replace(num_stages=3),
+               "FAST3 out bv128": f3._replace(out_block_v=128), "FAST3 scan bv64": f3._replace(scan_block_v=64),
+               "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2)}
+    if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
+        return {"default": base, "FAST": fast, "FAST3": f3, "FAST3 inv subst": cfgs_v3["FAST3 inv subst"]}
+    # FAST and the v3 launches first (the budget may end the sweep), then the rest of v2, the old default
+    return {"FAST": fast, **cfgs_v3, **cfgs_v2, **cfgs}
 
 
 def run_sweep(args, device, deadline) -> list[dict]:

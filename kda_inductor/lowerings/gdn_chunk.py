@@ -393,9 +393,10 @@ def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2
             DOT=dot, REGULAR=regular, num_warps=cfg.warps, num_stages=cfg.num_stages)
         return
     ai = torch.empty((k3.shape[0], Hv, CHUNK), device=v3.device, dtype=w.dtype)
+    inv = "ieee" if dot == "ieee" and cfg.solve_inverse == "tf32" else cfg.solve_inverse  # ieee: float32 throughout
     kern3.solve3_kernel[(M, Hv)](
         k3, g2, b2, gc, rk, ai, *maps, TS, NT, K, group, eps, *k3.stride(), *g2.stride(), *b2.stride(), *gc.stride(),
-        *ai.stride()[:2], KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, INV=cfg.solve_inverse, num_warps=cfg.solve_warps,
+        *ai.stride()[:2], KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, INV=inv, num_warps=cfg.solve_warps,
         num_stages=1)
     kern3.wu3_kernel[(M, Hv)](
         k3, v3, b2, gc, rk, ai, w, u, *maps, TS, NT, K, V, group, *k3.stride(), *v3.stride(), *b2.stride(),

@@ -504,6 +504,10 @@ if triton is not None:
         o = o * (sq * tl.exp(gc))[:, None] + _dot(a, vn, DOT)
         _store(_tile(o_ptr + h64 * so_h + t0 * so_t, L, V, so_t, 1, 0, j * BV, 64, BV), o)
 
+    # shared with the v3 kernels (:mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`)
+    chunk2, dot, gc16, keys_rk, load, store, tile, unit_lower_inverse, vec = (
+        _chunk2, _dot, _gc16, _keys_rk, _load, _store, _tile, _unit_lower_inverse, _vec)
+
 
 def _aot_signature(kernel, ptrs: dict) -> dict:
     """A kernel's argument types for ahead-of-time compiles: ``ptrs`` by name, other pointers
@@ -550,3 +554,6 @@ def aot_variants():
     yield AotVariant(wu_kernel, sig(wu_kernel, bf16), dict(pre, BV=64), {"num_warps": 8, "num_stages": 1})
     yield AotVariant(scan_kernel, sig(scan_kernel, bf16), dict(pre, BV=32, HAS_STATE=True),
                      {"num_warps": 8, "num_stages": 1})
+
+
+aot_signature = _aot_signature

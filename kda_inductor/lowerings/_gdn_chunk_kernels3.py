@@ -18,12 +18,19 @@ The scan and the output are v2's (``scan2_kernel``, ``output2_kernel``: they rea
 
 from __future__ import annotations
 
-from kda_inductor.lowerings._gdn_chunk_kernels import _aot_signature
+from kda_inductor.lowerings._gdn_chunk_kernels import aot_signature as _aot_signature
 from kda_inductor.lowerings._triton import tl, triton
 
 if triton is not None:
-    from kda_inductor.lowerings._gdn_chunk_kernels import (_chunk2, _dot, _gc16, _keys_rk, _load, _store, _tile,
-                                                           _unit_lower_inverse, _vec)
+    from kda_inductor.lowerings._gdn_chunk_kernels import chunk2 as _chunk2
+    from kda_inductor.lowerings._gdn_chunk_kernels import dot as _dot
+    from kda_inductor.lowerings._gdn_chunk_kernels import gc16 as _gc16
+    from kda_inductor.lowerings._gdn_chunk_kernels import keys_rk as _keys_rk
+    from kda_inductor.lowerings._gdn_chunk_kernels import load as _load
+    from kda_inductor.lowerings._gdn_chunk_kernels import store as _store
+    from kda_inductor.lowerings._gdn_chunk_kernels import tile as _tile
+    from kda_inductor.lowerings._gdn_chunk_kernels import unit_lower_inverse as _unit_lower_inverse
+    from kda_inductor.lowerings._gdn_chunk_kernels import vec as _vec
 
     @triton.jit
     def _keys3(bp, rkb, s_t, rows, L, eps, L2NORM: tl.constexpr, DOT: tl.constexpr):
@@ -109,7 +116,8 @@ if triton is not None:
                       INV: tl.constexpr = "ieee"):
         """Program (chunk, head): ``gc`` and (``L2NORM``) ``1 / |k|`` stored (float32 ``[tokens,
         heads]``), ``A``'s blocks from the chunk's key rows (``DOT`` products), ``Tinv = (I + A)^-1``
-        (:func:`_inverse3`, ``INV``: its products' precision or ``"subst"``) stored by its ten lower blocks in ``ai`` (``[tokens, heads, 64]``)."""
+        (:func:`_inverse3`, ``INV``: its products' precision or ``"subst"``) stored by its ten lower
+        blocks in ``ai`` (``[tokens, heads, 64]``)."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         r = tl.arange(0, 16)
@@ -184,4 +192,5 @@ def aot_variants():
                              dict(BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=regular), opts)
     for inv in ("tf32", "subst"):  # LaunchConfig.solve_inverse
         yield AotVariant(solve3_kernel, _aot_signature(solve3_kernel, low),
-                         dict(KP=128, L2NORM=True, DOT="bf16", REGULAR=True, INV=inv), {"num_warps": 4, "num_stages": 1})
+                         dict(KP=128, L2NORM=True, DOT="bf16", REGULAR=True, INV=inv),
+                         {"num_warps": 4, "num_stages": 1})

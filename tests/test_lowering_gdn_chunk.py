@@ -261,9 +261,10 @@ def test_triton_kernel_no_tokens():
 # FAST adds bfloat16 operands and intermediates)
 
 V2 = mod.LaunchConfig(v2=True, scan_block_v=16, out_block_v=16)
-V3 = V2._replace(v3=True)
+V3 = V2._replace(v3=True, out_v_first=True)
 """v2 with ``wu2`` split in ``solve3`` (the inverse, its diagonal blocks by a product of factors)
-and ``wu3`` (64-row products with the stored inverse)."""
+and ``wu3`` (64-row products with the stored inverse); the output's grid with a chunk's column
+blocks adjacent (``V = 20``, ``"K 80 V 20 masked"``: two blocks of 16)."""
 CFG = {"V2": V2, "V3": V3, "FAST": mod.FAST, "FAST3": mod.FAST3}
 
 
@@ -299,6 +300,15 @@ def test_v3_inverse_variants(case, inverse):
     q, k, v, g, beta, s = inputs(650 + len(case), T=130 if case.startswith("T") else 90, Hk=2, Hv=4,
                                  weak=case == "weak decay")
     _kernel_vs_op((q, k, v, g, beta, s), config=V3._replace(solve_inverse=inverse))
+
+
+@needs_runner
+@pytest.mark.parametrize("v_first", [True, False])
+def test_v3_output_column_blocks(v_first):
+    """V = 40 in three 16-column blocks (the last masked) under both output grids, varlen with GQA."""
+    cfg = V3._replace(out_v_first=v_first)
+    _kernel_vs_op(inputs(660, T=75, V=40), config=cfg)
+    _kernel_vs_op(inputs(661, T=75, V=40, Hk=1, N=3), cu=[0, 1, 66, 75], config=cfg)
 
 
 @needs_runner

@@ -12,8 +12,11 @@ the inverse run as 64-row tiles (the tensor cores' shape) instead of sixteen-row
 2. :data:`wu3_kernel` (chunk x head): ``Tinv`` as one ``[64, 64]`` tile (lower triangle),
    ``w = Tinv (beta exp(gc) k / |k|)`` and ``u = Tinv (beta v)`` by 64-column blocks.
 
-The scan and the output are v2's (``scan2_kernel``, ``output2_kernel``: they read ``w``, ``u``,
-``gc`` and ``1 / |k|`` as stored here). Rows past a sequence's end: zeros in, never stored.
+3. v2's ``scan2_kernel`` (it reads ``w``, ``u``, ``gc`` and ``1 / |k|`` as stored here).
+4. :data:`output3_kernel` (chunk x head x column block, the column blocks adjacent in the grid with
+   ``V_FIRST``): v2's ``output2_kernel`` with the key dimension in a loop of ``BK`` columns.
+
+Rows past a sequence's end: zeros in, never stored.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ if triton is not None:
     from kda_inductor.lowerings._gdn_chunk_kernels import store as _store
     from kda_inductor.lowerings._gdn_chunk_kernels import tile as _tile
     from kda_inductor.lowerings._gdn_chunk_kernels import unit_lower_inverse as _unit_lower_inverse
+    from kda_inductor.lowerings._gdn_chunk_kernels import out_ids as _out_ids
+    from kda_inductor.lowerings._gdn_chunk_kernels import raw as _raw
+    from kda_inductor.lowerings._gdn_chunk_kernels import sumsq as _sumsq
     from kda_inductor.lowerings._gdn_chunk_kernels import vec as _vec
 
     @triton.jit
@@ -173,6 +179,49 @@ if triton is not None:
             x = _load(_tile(vb, L, V, sv_t, sv_v, 0, j * BV, 64, BV)) * beta[:, None]
             _store(_tile(ub, L, V, su_t, 1, 0, j * BV, 64, BV), _dot(A, x, DOT))
 
+    @triton.jit
+    def _out_tail(a, o, nq, gb, rb, s_t, scale, eps, L, L2NORM: tl.constexpr):
+        """The output's factors on ``a = q k^T`` and ``o = q S`` of raw ``q`` / ``k`` (``nq``: ``|q|^2``):
+        ``(causal(s (q k^T) rk exp(gc_i - gc_j)), s exp(gc) (q S))`` (``s = scale / |q|``)."""
+        r = tl.arange(0, 64)
+        sq = tl.full((64,), 1.0, tl.float32) * scale
+        if L2NORM:
+            sq = sq * tl.math.rsqrt(nq + eps)
+        gc = _vec(gb, s_t, r, L)
+        causal = r[:, None] >= r[None, :]
+        fa = sq[:, None] * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
+        if L2NORM:
+            fa = fa * _vec(rb, s_t, r, L)[None, :]
+        return tl.where(causal, a * fa, 0.0), o * (sq * tl.exp(gc))[:, None]
+
+    @triton.jit
+    def output3_kernel(q_ptr, k_ptr, gc_ptr, rk_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk,
+                       K, V, GROUP, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sc_t, sc_h, sh_c, sh_h, sh_k,
+                       svn_t, svn_h, so_t, so_h, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+                       DOT: tl.constexpr, REGULAR: tl.constexpr, V_FIRST: tl.constexpr):
+        """``output2_kernel``'s function with the key dimension in a loop of ``BK`` columns (fla's
+        shape: one ``q`` / ``k`` / state block live at a time, pipelined by ``num_stages``; any ``K``):
+        ``o = diag(s exp(gc)) (q S) + causal(diag(s) (q k^T) diag(1 / |k|) exp(gc_i - gc_j)) v_new``."""
+        c, h, j = _out_ids(V, BV, V_FIRST)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
+        qb, kb = q_ptr + hk * sq_h + t0 * sq_t, k_ptr + hk * sk_h + t0 * sk_t
+        # a chunk id past the last chunk reads chunk 0's rows of nothing (L = 0) and stores nothing
+        hb = h_ptr + c.to(tl.int64) * sh_c * (L > 0) + h64 * sh_h
+        a = tl.zeros((64, 64), tl.float32)
+        o = tl.zeros((64, BV), tl.float32)
+        nq = tl.zeros((64,), tl.float32)
+        for i in range(0, tl.cdiv(K, BK)):
+            qi = _raw(_tile(qb, L, K, sq_t, sq_k, 0, i * BK, 64, BK))
+            a += _dot(qi, tl.trans(_raw(_tile(kb, L, K, sk_t, sk_k, 0, i * BK, 64, BK))), DOT)
+            o += _dot(qi, _raw(_tile(hb, K, V, sh_k, 1, i * BK, j * BV, BK, BV)), DOT)
+            if L2NORM:
+                nq += _sumsq(qi)
+        a, o = _out_tail(a, o, nq, gc_ptr + h64 * sc_h + t0 * sc_t, rk_ptr + h64 * sc_h + t0 * sc_t, sc_t, scale, eps,
+                         L, L2NORM)
+        o += _dot(a, _raw(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV)), DOT)
+        _store(_tile(o_ptr + h64 * so_h + t0 * so_t, L, V, so_t, 1, 0, j * BV, 64, BV), o)
+
 
 def aot_variants():
     """``LaunchConfig.v3``'s two own launches for sm_90 (Qwen3-Next's prefill: bf16 q / k / v and
@@ -190,6 +239,10 @@ def aot_variants():
                              dict(KP=128, L2NORM=True, DOT=dot, REGULAR=regular), {"num_warps": 4, "num_stages": 1})
             yield AotVariant(wu3_kernel, _aot_signature(wu3_kernel, io),
                              dict(BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=regular), opts)
+    v2 = {**low, "q_ptr": "*bf16", "o_ptr": "*bf16", "h_ptr": "*bf16", "vn_ptr": "*bf16"}
+    for v_first in (True, False):  # LaunchConfig.out_v_first
+        yield AotVariant(output3_kernel, _aot_signature(output3_kernel, v2), dict(BK=64, BV=64, L2NORM=True,
+                         DOT="bf16", REGULAR=True, V_FIRST=v_first), opts)
     for inv in ("tf32", "subst"):  # LaunchConfig.solve_inverse
         yield AotVariant(solve3_kernel, _aot_signature(solve3_kernel, low),
                          dict(KP=128, L2NORM=True, DOT="bf16", REGULAR=True, INV=inv),

@@ -224,9 +224,14 @@ class LaunchConfig(NamedTuple):
     (:mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`): ``solve3`` (``gc``, ``1 / |k|``, the inverse
     of ``I + A`` by 16 x 16 blocks, its diagonal blocks by a product of four factors instead of a
     sequential substitution, stored as ``w``'s dtype) then ``wu3`` (``w``, ``u`` as 64-row products
-    with the stored inverse); implies ``v2`` (its scan and output)."""
+    with the stored inverse), v2's scan, and ``output3`` (v2's output with the key dimension in a loop
+    of 64-column blocks, as fla's: fewer tiles live at once); implies ``v2``."""
     solve_warps: int = 4
     """With ``v3``: ``solve3``'s warps (its products are 16 x 16 tiles)."""
+    out_v_first: bool = False
+    """With ``v2`` / ``v3``: the output's grid ``(chunks x column blocks, heads)``, a chunk's column
+    blocks adjacent (they read the same ``q`` / ``k`` rows: from L2 instead of HBM, as fla orders
+    its grid), instead of ``(chunks, heads, column blocks)``."""
     solve_inverse: str = "ieee"
     """With ``v3``: the inverse's diagonal blocks and merges: ``"ieee"`` (a product of four factors,
     float32 products), ``"tf32"`` (the same on tf32 tensor cores: the inverse is rounded to
@@ -243,9 +248,11 @@ dims) 1,583 us against 2,950 at 8 warps and 4,726 for the four float32 launches
 of time for sm_90 with Triton 3.9, ``scan2`` 336 bytes, ``wu2`` 232) and still run twice as fast as
 the 8 that do not."""
 
-FAST3 = FAST._replace(v3=True)
+FAST3 = FAST._replace(v3=True, out_v_first=True)
 """:data:`FAST` with :attr:`LaunchConfig.v3` (four launches: ``solve3``, ``wu3``, ``scan2``,
-``output2``). Not yet timed on a GPU (``benchmarks/bench_gdn_chunk.py --sweep``)."""
+``output3``) and the output's column blocks adjacent in its grid (``out_v_first``). Not yet timed
+on a GPU (``benchmarks/bench_gdn_chunk.py --sweep``: ``FAST3``, ``FAST3 out v last``, ``FAST out v
+first`` separate the two changes)."""
 
 DEFAULT = FAST
 """What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST`."""
@@ -359,7 +366,7 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
     hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
     KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     KB, TWO = min(KP, 64), KP > 64
-    BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
+    BV = min(max(16, cfg.scan_block_v), vp)
     stages, group = cfg.num_stages, Hv // Hk
     if M:
         _launch_wu(k3, v3, g2, b2, gc, rk, w, u, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, eps, regular)
@@ -370,10 +377,29 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
         KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, REGULAR=regular,
         num_warps=cfg.scan_warps, num_stages=stages)
     if M:
-        kern.output2_kernel[(M, Hv, triton.cdiv(V, OBV))](
-            q3, k3, gc, rk, hs, vn, o3, seq, start, length, TS, NT, K, V, group, scale, eps, *q3.stride(),
-            *k3.stride(), *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KB=KB, TWO=TWO,
-            BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular, num_warps=cfg.out_warps, num_stages=stages)
+        _launch_out(q3, k3, gc, rk, hs, vn, o3, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, scale, eps,
+                    regular)
+
+
+def _launch_out(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2, scale, eps, regular) -> None:
+    """The v2 launches' output: ``output2`` (both 64-row halves of the key dimension at once), or with
+    :attr:`LaunchConfig.v3` ``output3`` (a loop over 64-column key blocks, fla's shape)."""
+    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+    from kda_inductor.lowerings import _gdn_chunk_kernels3 as kern3
+
+    K, V, Hv, group = meta.k_dim, meta.v_dim, meta.v_heads, meta.v_heads // meta.k_heads
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    OBV = min(max(16, cfg.out_block_v), vp)
+    nvb, vf = triton.cdiv(V, OBV), cfg.out_v_first
+    args = (q3, k3, gc, rk, hs, vn, o3, *maps, TS, NT, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
+            *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2])
+    grid = (M * nvb, Hv, 1) if vf else (M, Hv, nvb)
+    if cfg.v3:
+        kern3.output3_kernel[grid](*args, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular, V_FIRST=vf,
+                                   num_warps=cfg.out_warps, num_stages=cfg.num_stages)
+    else:
+        kern.output2_kernel[grid](*args, KB=min(KP, 64), TWO=KP > 64, BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular,
+                                  V_FIRST=vf, num_warps=cfg.out_warps, num_stages=cfg.num_stages)
 
 
 def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2, eps, regular) -> None:

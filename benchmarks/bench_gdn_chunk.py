@@ -346,7 +346,10 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
                "FAST3 out bv128": f3._replace(out_block_v=128), "FAST3 scan bv64": f3._replace(scan_block_v=64),
                "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2),
                "FAST3 out v last": f3._replace(out_v_first=False), "FAST out v first": fast._replace(out_v_first=True),
-               "FAST3 out bv32": f3._replace(out_block_v=32)}
+               "FAST3 out bv32": f3._replace(out_block_v=32), "FAST3 out bv128 w8": f3._replace(out_block_v=128,
+                                                                                                  out_warps=8),
+               "FAST3 fused w8": f3._replace(fuse_wu=True, warps=8), "FAST3 fused w4": f3._replace(fuse_wu=True),
+               "FAST3 scan bv16": f3._replace(scan_block_v=16), "FAST3 1 stage": f3._replace(num_stages=1)}
     if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
         return {"default": base, "FAST": fast, "FAST3": f3, "FAST3 inv subst": cfgs_v3["FAST3 inv subst"]}
     # FAST and the v3 launches first (the budget may end the sweep), then the rest of v2, the old default

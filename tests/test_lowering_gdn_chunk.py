@@ -265,11 +265,14 @@ V3 = V2._replace(v3=True, out_v_first=True)
 """v2 with ``wu2`` split in ``solve3`` (the inverse, its diagonal blocks by a product of factors)
 and ``wu3`` (64-row products with the stored inverse); the output's grid with a chunk's column
 blocks adjacent (``V = 20``, ``"K 80 V 20 masked"``: two blocks of 16)."""
-CFG = {"V2": V2, "V3": V3, "FAST": mod.FAST, "FAST3": mod.FAST3}
+V3F = V3._replace(fuse_wu=True)
+"""v3 with ``solve3`` and ``wu3`` in one launch (the inverse through its scratch behind a barrier)."""
+CFG = {"V2": V2, "V3": V3, "V3F": V3F, "FAST": mod.FAST, "FAST3": mod.FAST3,
+       "FAST3F": mod.FAST3._replace(fuse_wu=True)}
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["V2", "V3"])
+@pytest.mark.parametrize("config", ["V2", "V3", "V3F"])
 @pytest.mark.parametrize("case", ["T 1", "T 37 GQA", "T 130 GQA", "no state", "no l2norm", "K 80 V 20 masked",
                                   "batch 3", "weak decay"])
 def test_v2_kernels_match_the_cpu_op(case, config):
@@ -312,7 +315,7 @@ def test_v3_output_column_blocks(v_first):
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["V2", "V3"])
+@pytest.mark.parametrize("config", ["V2", "V3", "V3F"])
 @pytest.mark.parametrize("state", [True, False])
 def test_v2_kernels_varlen(state, config):
     """Sequences of lengths 1, 69, 0 and 33 packed along T with GQA: chunks restart at each one."""
@@ -324,7 +327,7 @@ def _rel(a, b):
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["FAST", "FAST3"])
+@pytest.mark.parametrize("config", ["FAST", "FAST3", "FAST3F"])
 @pytest.mark.parametrize("case", ["T 100 GQA state", "T 40 no state", "varlen", "T 150 weak decay"])
 def test_fast_bf16_operands_within_their_rounding(case, config):
     """:data:`FAST` on bfloat16 inputs (bf16 operands and intermediates; on CPU the interpreter's

@@ -126,6 +126,14 @@ if triton is not None:
         blocks in ``ai`` (``[tokens, heads, 64]``)."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        _solve(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, h, t0, L, K, GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t,
+               sb_h, sc_t, sc_h, sa_t, sa_h, KP, L2NORM, DOT, INV)
+
+    @triton.jit
+    def _solve(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, h, t0, L, K, GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t,
+               sb_h, sc_t, sc_h, sa_t, sa_h, KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+               INV: tl.constexpr):
+        """:data:`solve3_kernel`'s work for head ``h`` of the chunk at token ``t0`` (``L`` tokens)."""
         r = tl.arange(0, 16)
         h64 = h.to(tl.int64)
         gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
@@ -163,6 +171,14 @@ if triton is not None:
         :data:`solve3_kernel` when ``L2NORM``, else 1)."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        _wu(k_ptr, v_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, w_ptr, u_ptr, h, t0, L, K, V, GROUP, sk_t, sk_h, sk_k, sv_t,
+            sv_h, sv_v, sb_t, sb_h, sc_t, sc_h, sa_t, sa_h, sw_t, sw_h, su_t, su_h, BK, BV, L2NORM, DOT)
+
+    @triton.jit
+    def _wu(k_ptr, v_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, w_ptr, u_ptr, h, t0, L, K, V, GROUP, sk_t, sk_h, sk_k, sv_t,
+            sv_h, sv_v, sb_t, sb_h, sc_t, sc_h, sa_t, sa_h, sw_t, sw_h, su_t, su_h, BK: tl.constexpr, BV: tl.constexpr,
+            L2NORM: tl.constexpr, DOT: tl.constexpr):
+        """:data:`wu3_kernel`'s work for head ``h`` of the chunk at token ``t0`` (``L`` tokens)."""
         r = tl.arange(0, 64)
         h64 = h.to(tl.int64)
         A = _tinv(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t)
@@ -178,6 +194,24 @@ if triton is not None:
         for j in range(0, tl.cdiv(V, BV)):
             x = _load(_tile(vb, L, V, sv_t, sv_v, 0, j * BV, 64, BV)) * beta[:, None]
             _store(_tile(ub, L, V, su_t, 1, 0, j * BV, 64, BV), _dot(A, x, DOT))
+
+    @triton.jit
+    def solvewu3_kernel(k_ptr, v_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, w_ptr, u_ptr, seq_ptr, start_ptr, len_ptr,
+                        n_tok, n_chk, K, V, GROUP, eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sg_t, sg_h, sb_t, sb_h,
+                        sc_t, sc_h, sa_t, sa_h, sw_t, sw_h, su_t, su_h, KP: tl.constexpr, BK: tl.constexpr,
+                        BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr,
+                        INV: tl.constexpr):
+        """:data:`solve3_kernel` then :data:`wu3_kernel` in one program (``LaunchConfig.fuse_wu``): the
+        inverse goes through the ``ai`` scratch (stored by blocks, read back as one ``[64, 64]``
+        tile by other threads: a CTA barrier between, which orders the block's global writes before
+        its reads), ``k`` read again from L1 / L2, one launch fewer."""
+        c, h = tl.program_id(0), tl.program_id(1)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        _solve(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, h, t0, L, K, GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t,
+               sb_h, sc_t, sc_h, sa_t, sa_h, KP, L2NORM, DOT, INV)
+        tl.debug_barrier()
+        _wu(k_ptr, v_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, w_ptr, u_ptr, h, t0, L, K, V, GROUP, sk_t, sk_h, sk_k, sv_t,
+            sv_h, sv_v, sb_t, sb_h, sc_t, sc_h, sa_t, sa_h, sw_t, sw_h, su_t, su_h, BK, BV, L2NORM, DOT)
 
     @triton.jit
     def _out_tail(a, o, nq, gb, rb, s_t, scale, eps, L, L2NORM: tl.constexpr):
@@ -243,6 +277,9 @@ def aot_variants():
     for v_first in (True, False):  # LaunchConfig.out_v_first
         yield AotVariant(output3_kernel, _aot_signature(output3_kernel, v2), dict(BK=64, BV=64, L2NORM=True,
                          DOT="bf16", REGULAR=True, V_FIRST=v_first), opts)
+    yield AotVariant(solvewu3_kernel, _aot_signature(solvewu3_kernel, low),  # LaunchConfig.fuse_wu
+                     dict(KP=128, BK=64, BV=64, L2NORM=True, DOT="bf16", REGULAR=True, INV="ieee"),
+                     {"num_warps": 8, "num_stages": 2})
     for inv in ("tf32", "subst"):  # LaunchConfig.solve_inverse
         yield AotVariant(solve3_kernel, _aot_signature(solve3_kernel, low),
                          dict(KP=128, L2NORM=True, DOT="bf16", REGULAR=True, INV=inv),

@@ -228,6 +228,9 @@ class LaunchConfig(NamedTuple):
     of 64-column blocks, as fla's: fewer tiles live at once); implies ``v2``."""
     solve_warps: int = 4
     """With ``v3``: ``solve3``'s warps (its products are 16 x 16 tiles)."""
+    fuse_wu: bool = False
+    """With ``v3``: ``solve3`` and ``wu3`` in one launch (``solvewu3``, ``warps``; the inverse still
+    goes through its scratch, behind a CTA barrier)."""
     out_v_first: bool = False
     """With ``v2`` / ``v3``: the output's grid ``(chunks x column blocks, heads)``, a chunk's column
     blocks adjacent (they read the same ``q`` / ``k`` rows: from L2 instead of HBM, as fla orders
@@ -420,11 +423,18 @@ def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2
         return
     ai = torch.empty((k3.shape[0], Hv, CHUNK), device=v3.device, dtype=w.dtype)
     inv = "ieee" if dot == "ieee" and cfg.solve_inverse == "tf32" else cfg.solve_inverse  # ieee: float32 throughout
+    blocks = dict(BK=min(KP, 64), BV=min(vp, 64), L2NORM=l2, DOT=dot, REGULAR=regular)
+    if cfg.fuse_wu:
+        kern3.solvewu3_kernel[(M, Hv)](
+            k3, v3, g2, b2, gc, rk, ai, w, u, *maps, TS, NT, K, V, group, eps, *k3.stride(), *v3.stride(),
+            *g2.stride(), *b2.stride(), *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], KP=KP,
+            INV=inv, **blocks, num_warps=cfg.warps, num_stages=cfg.num_stages)
+        return
     kern3.solve3_kernel[(M, Hv)](
         k3, g2, b2, gc, rk, ai, *maps, TS, NT, K, group, eps, *k3.stride(), *g2.stride(), *b2.stride(), *gc.stride(),
         *ai.stride()[:2], KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, INV=inv, num_warps=cfg.solve_warps,
         num_stages=1)
     kern3.wu3_kernel[(M, Hv)](
         k3, v3, b2, gc, rk, ai, w, u, *maps, TS, NT, K, V, group, *k3.stride(), *v3.stride(), *b2.stride(),
-        *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], BK=min(KP, 64), BV=min(vp, 64),
-        L2NORM=l2, DOT=dot, REGULAR=regular, num_warps=cfg.warps, num_stages=cfg.num_stages)
+        *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], **blocks, num_warps=cfg.warps,
+        num_stages=cfg.num_stages)

@@ -16,7 +16,8 @@ the inverse run as 64-row tiles (the tensor cores' shape) instead of sixteen-row
 4. :data:`output3_kernel` (chunk x head x column block, the column blocks adjacent in the grid with
    ``V_FIRST``): v2's ``output2_kernel`` with the key dimension in a loop of ``BK`` columns.
 
-Rows past a sequence's end: zeros in, never stored.
+:data:`solvewu3_kernel` (``LaunchConfig.fuse_wu``) runs 1 and 2 in one program, the inverse through
+the scratch behind a CTA barrier. Rows past a sequence's end: zeros in, never stored.
 """
 
 from __future__ import annotations

@@ -27,7 +27,8 @@ float32)::
 CPU: :func:`reference` (the token loop of ``gdn_recurrent_step``, per sequence: the spec). CUDA:
 four Triton launches by chunks (:mod:`kda_inductor.lowerings._gdn_chunk_kernels`: the inverse of
 ``I + A`` per chunk, the UT transform ``w, u``, the sequential scan over chunks holding the state
-in registers, the output; :data:`FAST`: three, with bfloat16 products as fla's), float32 state and
+in registers, the output; :data:`FAST`: three, with bfloat16 products as fla's; :data:`FAST3`: four,
+the inverse and ``w, u`` apart as fla's, :mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`), float32 state and
 inverse; the chunk map (which sequence and tokens each chunk holds) computed on the device from
 ``cu_seqlens``: no host sync, CUDA-graph safe.
 """

@@ -256,7 +256,11 @@ FAST3 = FAST._replace(v3=True, out_v_first=True)
 """:data:`FAST` with :attr:`LaunchConfig.v3` (four launches: ``solve3``, ``wu3``, ``scan2``,
 ``output3``) and the output's column blocks adjacent in its grid (``out_v_first``). Not yet timed
 on a GPU (``benchmarks/bench_gdn_chunk.py --sweep``: ``FAST3``, ``FAST3 out v last``, ``FAST out v
-first`` separate the two changes)."""
+first`` separate the two changes; ``--profile``: each kernel's time). Ahead of time for sm_90
+(Triton 3.9, Qwen3-Next's dims, bf16; registers / stack bytes): ``solve3`` 213 / 0 at 4 warps (8:
+194 / 0), ``wu3`` 252 / 0 (8 warps: 128 / 0), ``solvewu3`` (``fuse_wu``) 250 / 0 (8: 208 / 0),
+``output3`` 255 / 128 (64 columns; 128 at 8 warps: 235 / 0), ``scan2`` 255 / 408; ``wu2`` (FAST)
+255 / 224, ``output2`` 255 / 112."""
 
 DEFAULT = FAST
 """What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST`."""

@@ -9,6 +9,8 @@ on float32 copies of the inputs, eager; relative norm error ``|o - ref| / |ref|`
 * ``kda``: ``kda::gdn_chunk`` as it runs (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`, which is
   ``FAST``: three launches, bf16 products and intermediates as fla's; l2norm of q / k and the scale
   inside).
+* ``kda3``: the same op with ``FAST3`` (``LaunchConfig.v3``: four launches, ``wu2`` split in two as
+  fla's ``kkt_solve`` / ``recompute_w_u``), side by side until it is timed and made the default.
 * ``kda2``: the same op with the four float32 launches (``LaunchConfig()``, the default before
   2026-12-05), side by side.
 * ``fla``: flash-linear-attention's ``chunk_gated_delta_rule`` (fla-core, where importable; called
@@ -149,13 +151,25 @@ def fla_chunk() -> Callable | None:
                         use_qk_l2norm_in_kernel=True)
 
 
+def kda3(x):
+    """The op with :data:`~kda_inductor.lowerings.gdn_chunk.FAST3` (v3: the inverse and ``w, u`` in
+    two launches, 64-row products with the stored inverse, as fla's ``kkt_solve`` /
+    ``recompute_w_u``; v2's scan and output)."""
+    return kda(x, L.FAST3)
+
+
+def kda3_fused(x):
+    """``FAST3`` with ``solve3`` and ``wu3`` in one launch (``fuse_wu``, 8 warps): the profile only."""
+    return kda(x, L.FAST3._replace(fuse_wu=True, warps=8))
+
+
 def kda2(x):
     """The op with the four float32 launches (``LaunchConfig()``), the default before :data:`FAST`."""
     return kda(x, L.LaunchConfig())
 
 
 def variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda, "kda2": kda2}
+    out: dict[str, Callable] = {"kda": kda, "kda3": kda3, "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
         out["fla"] = fla
@@ -287,7 +301,7 @@ def profile_case(T: int, *, device, smoke: bool) -> list[dict]:
 
 
 def profiled_variants(smoke: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda, "kda2": kda2}
+    out: dict[str, Callable] = {"kda": kda, "kda3": kda3, "kda3 fused": kda3_fused, "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
         out["fla"] = fla
@@ -329,19 +343,35 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
                "FAST all w2": fast._replace(warps=2, scan_warps=2, out_warps=2),
                "v2 fp32 tf32": fast._replace(lowp=False), "v2 bf16 inter tf32":
                fast._replace(lowp=False, inter_dtype=torch.bfloat16)}
-    if smoke:  # the old default, and FAST (bf16 inputs: bf16emu products under the interpreter)
-        return {"default": base, "FAST": fast}
-    return {"default": base, **cfgs_v2, **cfgs}  # the old default first: side by side with FAST
+    f3 = L.FAST3
+    cfgs_v3 = {  # most telling first: the budget may end the sweep
+        "FAST3": f3, "FAST3 fused w8": f3._replace(fuse_wu=True, warps=8),
+        "FAST3 inv tf32": f3._replace(solve_inverse="tf32"), "FAST3 inv subst": f3._replace(solve_inverse="subst"),
+        "FAST3 out v last": f3._replace(out_v_first=False), "FAST out v first": fast._replace(out_v_first=True),
+        "FAST3 solve w2": f3._replace(solve_warps=2), "FAST3 solve w8": f3._replace(solve_warps=8),
+        "FAST3 wu w8": f3._replace(warps=8), "FAST3 out bv128 w8": f3._replace(out_block_v=128, out_warps=8),
+        "FAST3 out bv128": f3._replace(out_block_v=128), "FAST3 scan bv16": f3._replace(scan_block_v=16),
+        "FAST3 fused w4": f3._replace(fuse_wu=True), "FAST3 3 stages": f3._replace(num_stages=3),
+        "FAST3 1 stage": f3._replace(num_stages=1), "FAST3 out bv32": f3._replace(out_block_v=32),
+        "FAST3 scan bv64": f3._replace(scan_block_v=64), "FAST3 wu w2": f3._replace(warps=2),
+        "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2)}
+    if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
+        return {"default": base, "FAST": fast, "FAST3": f3, "FAST3 inv subst": cfgs_v3["FAST3 inv subst"]}
+    # FAST and the v3 launches first (the budget may end the sweep), then the rest of v2, the old default
+    return {"FAST": fast, **cfgs_v3, **cfgs_v2, **cfgs}
 
 
 def run_sweep(args, device, deadline) -> list[dict]:
     d = SMOKE if args.smoke else QWEN3_NEXT
     rows = []
-    for T in [int(t) for t in (args.T or ("70" if args.smoke else "16384")).split(",")]:
+    plan = [int(t) for t in (args.T or ("70" if args.smoke else "16384")).split(",")]
+    for i, T in enumerate(plan):  # each T an equal share of the budget left (the first T never takes it all)
+        until = time.perf_counter() + (deadline - time.perf_counter()) / (len(plan) - i)
         x = make_inputs(d, T, device)
         want = reference(x)
         for label, cfg in sweep_configs(args.smoke).items():
-            if time.perf_counter() > deadline:
+            if time.perf_counter() > until:
+                print(f"T = {T}: its share of the budget spent at {label!r}", flush=True)
                 break
             fn = lambda x, cfg=cfg: kda(x, cfg)  # noqa: E731
             err, serr, problem = check(fn, x, want)

@@ -98,14 +98,15 @@ def test_gdn_chunk_smoke(capsys):
     assert [r["T"] for r in rows] == [70, 130]
     out = capsys.readouterr().out
     assert "NOT meaningful" in out and "kernels per call (torch.profiler" in out  # the per-kernel table (CPU: aten ops)
-    # bf16 outputs: ~2^-9 relative rounding (the interpreter truncates: twice that)
+    # kda2 (the float32 launches), bf16 outputs: ~2^-9 relative rounding (the interpreter truncates: twice that)
     assert all(r["kda2_err"] < 1e-2 and r["kda2_state_err"] < 1e-5 and r["kda_us"] and r["eager_err"] < 1e-2
-               for r in rows), rows  # the four float32 launches
-    assert all(r["kda_err"] < 3e-2 and r["kda_state_err"] < 3e-2 for r in rows), rows  # the default, FAST: bf16 products
+               for r in rows), rows
+    # kda (DEFAULT = FAST) and kda3 (FAST3): bf16 products
+    assert all(r[f"{v}_err"] < 3e-2 and r[f"{v}_state_err"] < 3e-2 for r in rows for v in ("kda", "kda3")), rows
     sweep = bench.main(["--smoke", "--sweep"])
-    # FAST: bf16 operands, which the interpreter truncates (twice the rounding error, biased)
-    assert [r["config"] for r in sweep] == ["default", "FAST"]
-    assert all(r["us"] is not None and r["err"] < (3e-2 if r["config"] == "FAST" else 1e-2) for r in sweep)
+    # FAST*: bf16 operands, which the interpreter truncates (twice the rounding error, biased)
+    assert [r["config"] for r in sweep] == ["default", "FAST", "FAST3", "FAST3 inv subst"]
+    assert all(r["us"] is not None and r["err"] < (3e-2 if r["config"] != "default" else 1e-2) for r in sweep)
 
 
 # --------------------------------------------------------------------------- benchmarks.hf_models

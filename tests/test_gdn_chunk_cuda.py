@@ -48,9 +48,13 @@ def _fla():
     return chunk_gated_delta_rule
 
 
-CONFIGS = {"default": None, "fp32": mod.LaunchConfig()}
+CONFIGS = {"default": None, "fp32": mod.LaunchConfig(), "FAST3": mod.FAST3,
+           "FAST3 inv tf32": mod.FAST3._replace(solve_inverse="tf32"),
+           "FAST3 fused": mod.FAST3._replace(fuse_wu=True, warps=8)}
 """The op's launches (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`, ``FAST``: three launches,
-bf16 operands and intermediates), and the four float32 launches: held to the same bounds."""
+bf16 operands and intermediates), the four float32 launches, and ``FAST3`` (v3: the inverse and
+``w, u`` in two launches; also with the inverse's products in tf32, and the two fused in one launch
+through a CTA barrier): held to the same bounds."""
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

@@ -261,12 +261,21 @@ def test_triton_kernel_no_tokens():
 # FAST adds bfloat16 operands and intermediates)
 
 V2 = mod.LaunchConfig(v2=True, scan_block_v=16, out_block_v=16)
+V3 = V2._replace(v3=True, out_v_first=True)
+"""v2 with ``wu2`` split in ``solve3`` (the inverse, its diagonal blocks by a product of factors)
+and ``wu3`` (64-row products with the stored inverse); the output's grid with a chunk's column
+blocks adjacent (``V = 20``, ``"K 80 V 20 masked"``: two blocks of 16)."""
+V3F = V3._replace(fuse_wu=True)
+"""v3 with ``solve3`` and ``wu3`` in one launch (the inverse through its scratch behind a barrier)."""
+CFG = {"V2": V2, "V3": V3, "V3F": V3F, "FAST": mod.FAST, "FAST3": mod.FAST3,
+       "FAST3F": mod.FAST3._replace(fuse_wu=True)}
 
 
 @needs_runner
+@pytest.mark.parametrize("config", ["V2", "V3", "V3F"])
 @pytest.mark.parametrize("case", ["T 1", "T 37 GQA", "T 130 GQA", "no state", "no l2norm", "K 80 V 20 masked",
                                   "batch 3", "weak decay"])
-def test_v2_kernels_match_the_cpu_op(case):
+def test_v2_kernels_match_the_cpu_op(case, config):
     """float32 products (``dot="ieee"``): the v2 launches compute the op's function to float32
     rounding: T below / across the chunk and not a multiple of it, GQA (value head h reads key head
     h // 2), no state, raw q / k with a scale, K = 80 (two 64-row state blocks, the second masked)
@@ -282,14 +291,35 @@ def test_v2_kernels_match_the_cpu_op(case):
     if case == "no l2norm":
         q, k = 0.2 * q, 0.2 * k
     _kernel_vs_op((q, k, v, g, beta, s), scale=0.4 if case == "no l2norm" else None, l2=case != "no l2norm",
-                  config=V2)
+                  config=CFG[config])
 
 
 @needs_runner
+@pytest.mark.parametrize("inverse", ["tf32", "subst"])
+@pytest.mark.parametrize("case", ["T 130 GQA", "weak decay"])
+def test_v3_inverse_variants(case, inverse):
+    """``LaunchConfig.solve_inverse``: the diagonal blocks by substitution, or the product of factors
+    in tf32 (float32 in the interpreter: here the same function as ``"ieee"``)."""
+    q, k, v, g, beta, s = inputs(650 + len(case), T=130 if case.startswith("T") else 90, Hk=2, Hv=4,
+                                 weak=case == "weak decay")
+    _kernel_vs_op((q, k, v, g, beta, s), config=V3._replace(solve_inverse=inverse))
+
+
+@needs_runner
+@pytest.mark.parametrize("v_first", [True, False])
+def test_v3_output_column_blocks(v_first):
+    """V = 40 in three 16-column blocks (the last masked) under both output grids, varlen with GQA."""
+    cfg = V3._replace(out_v_first=v_first)
+    _kernel_vs_op(inputs(660, T=75, V=40), config=cfg)
+    _kernel_vs_op(inputs(661, T=75, V=40, Hk=1, N=3), cu=[0, 1, 66, 75], config=cfg)
+
+
+@needs_runner
+@pytest.mark.parametrize("config", ["V2", "V3", "V3F"])
 @pytest.mark.parametrize("state", [True, False])
-def test_v2_kernels_varlen(state):
+def test_v2_kernels_varlen(state, config):
     """Sequences of lengths 1, 69, 0 and 33 packed along T with GQA: chunks restart at each one."""
-    _kernel_vs_op(inputs(700, T=103, Hk=1, Hv=2, N=4, state=state), cu=[0, 1, 70, 70, 103], config=V2)
+    _kernel_vs_op(inputs(700, T=103, Hk=1, Hv=2, N=4, state=state), cu=[0, 1, 70, 70, 103], config=CFG[config])
 
 
 def _rel(a, b):
@@ -297,8 +327,9 @@ def _rel(a, b):
 
 
 @needs_runner
+@pytest.mark.parametrize("config", ["FAST", "FAST3", "FAST3F"])
 @pytest.mark.parametrize("case", ["T 100 GQA state", "T 40 no state", "varlen", "T 150 weak decay"])
-def test_fast_bf16_operands_within_their_rounding(case):
+def test_fast_bf16_operands_within_their_rounding(case, config):
     """:data:`FAST` on bfloat16 inputs (bf16 operands and intermediates; on CPU the interpreter's
     roundings then float32 products, ``"bf16emu"``): within 2e-2 (relative norm) of the float32 op on
     the same inputs. Wrong terms are caught by the float32 tests above (2e-5); this bound only keeps
@@ -314,17 +345,17 @@ def test_fast_bf16_operands_within_their_rounding(case):
     want, want_state = op(q, k, v, g, beta, None, s, True, cu_t, 1e-6, torch.float32)
     out = torch.full(want.shape, float("nan"), dtype=torch.float32, device=DEVICE)
     got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, *_dev(cu_t), 1e-6, torch.float32,
-                                  out=out, dot="tf32", config=mod.FAST)
+                                  out=out, dot="tf32", config=CFG[config])
     assert got is out and not got.isnan().any()
     assert _rel(got.cpu(), want) < 2e-2 and _rel(final.cpu(), want_state) < 2e-2, (_rel(got.cpu(), want),
                                                                                    _rel(final.cpu(), want_state))
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["V2", "FAST"])
+@pytest.mark.parametrize("config", ["V2", "FAST", "V3", "FAST3"])
 def test_v2_no_tokens(config):
     """T = 0: no chunk launch; the final state is the initial state (zeros without one)."""
-    cfg = V2 if config == "V2" else mod.FAST
+    cfg = CFG[config]
     q, k, v, g, beta, s = inputs(5, T=0, B=2, dtype=torch.bfloat16)
     out, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, config=cfg)
     assert out.shape == (2, 0, 2, 16) and torch.equal(final.cpu(), s)

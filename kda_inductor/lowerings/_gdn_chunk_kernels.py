@@ -465,15 +465,27 @@ if triton is not None:
             _store(_tile(fb, K, V, sf_k, 1, KB, j * BV, KB, BV), S2)
 
     @triton.jit
+    def _out_ids(V, BV: tl.constexpr, V_FIRST: tl.constexpr):
+        """``(chunk, head, column block)`` of an output program: grid ``(chunks, heads, blocks)``, or
+        with ``V_FIRST`` ``(chunks * blocks, heads)`` with the blocks fastest (programs reading the
+        same ``q`` / ``k`` rows run together, as fla orders its grid: L2 hits instead of HBM reads)."""
+        if V_FIRST:
+            nvb = tl.cdiv(V, BV)
+            p = tl.program_id(0)
+            return p // nvb, tl.program_id(1), p % nvb
+        else:
+            return tl.program_id(0), tl.program_id(1), tl.program_id(2)
+
+    @triton.jit
     def output2_kernel(q_ptr, k_ptr, gc_ptr, rk_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk,
                        K, V, GROUP, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sc_t, sc_h, sh_c, sh_h, sh_k,
-                       svn_t, svn_h,
-                       so_t, so_h,
+                       svn_t, svn_h, so_t, so_h,
                        KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
-                       DOT: tl.constexpr, REGULAR: tl.constexpr):
+                       DOT: tl.constexpr, REGULAR: tl.constexpr, V_FIRST: tl.constexpr = False):
         """Program (chunk, head, column block): ``o = diag(s exp(gc)) (q S) + causal(diag(s) (q k^T)
-        diag(1 / |k|) exp(gc_i - gc_j)) v_new`` on raw ``q`` / ``k`` (``s = scale / |q|``)."""
-        c, h, j = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        diag(1 / |k|) exp(gc_i - gc_j)) v_new`` on raw ``q`` / ``k`` (``s = scale / |q|``); ``V_FIRST``:
+        the grid is ``(chunks x column blocks, heads)``, a chunk's column blocks adjacent (:func:`_out_ids`)."""
+        c, h, j = _out_ids(V, BV, V_FIRST)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         r = tl.arange(0, 64)
         h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
@@ -503,6 +515,11 @@ if triton is not None:
         vn = _raw(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV))
         o = o * (sq * tl.exp(gc))[:, None] + _dot(a, vn, DOT)
         _store(_tile(o_ptr + h64 * so_h + t0 * so_t, L, V, so_t, 1, 0, j * BV, 64, BV), o)
+
+    # shared with the v3 kernels (:mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`)
+    chunk2, dot, gc16, keys_rk, load, store, tile, unit_lower_inverse, vec = (
+        _chunk2, _dot, _gc16, _keys_rk, _load, _store, _tile, _unit_lower_inverse, _vec)
+    out_ids, raw, sumsq = _out_ids, _raw, _sumsq
 
 
 def _aot_signature(kernel, ptrs: dict) -> dict:
@@ -550,3 +567,6 @@ def aot_variants():
     yield AotVariant(wu_kernel, sig(wu_kernel, bf16), dict(pre, BV=64), {"num_warps": 8, "num_stages": 1})
     yield AotVariant(scan_kernel, sig(scan_kernel, bf16), dict(pre, BV=32, HAS_STATE=True),
                      {"num_warps": 8, "num_stages": 1})
+
+
+aot_signature = _aot_signature

@@ -27,7 +27,8 @@ float32)::
 CPU: :func:`reference` (the token loop of ``gdn_recurrent_step``, per sequence: the spec). CUDA:
 four Triton launches by chunks (:mod:`kda_inductor.lowerings._gdn_chunk_kernels`: the inverse of
 ``I + A`` per chunk, the UT transform ``w, u``, the sequential scan over chunks holding the state
-in registers, the output; :data:`FAST`: three, with bfloat16 products as fla's), float32 state and
+in registers, the output; :data:`FAST`: three, with bfloat16 products as fla's; :data:`FAST3`: four,
+the inverse and ``w, u`` apart as fla's, :mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`), float32 state and
 inverse; the chunk map (which sequence and tokens each chunk holds) computed on the device from
 ``cu_seqlens``: no host sync, CUDA-graph safe.
 """
@@ -46,7 +47,7 @@ from kda_inductor.lowerings._triton import triton
 from kda_inductor.lowerings.gdn_recurrent_step import (check_gates, check_qkv, check_scalars, check_sizes,
                                                        reference_step)
 
-__all__ = ["CHUNK", "DEFAULT", "FAST", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk",
+__all__ = ["CHUNK", "DEFAULT", "FAST", "FAST3", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk",
            "reference", "validate"]
 
 _INTS = (torch.int32, torch.int64)
@@ -219,6 +220,26 @@ class LaunchConfig(NamedTuple):
     """With ``v2``, bfloat16 inputs and ``dot != "ieee"``: the large products' operands in bfloat16
     (float32 accumulation, as fla runs them) and ``w``, ``u``, ``v_new`` and the per-chunk states
     stored bfloat16 (``inter_dtype`` ignored); the state, ``gc`` and the inverse stay float32."""
+    v3: bool = False
+    """v2's launches with ``wu2`` split in two, as fla's ``kkt_solve`` / ``recompute_w_u``
+    (:mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`): ``solve3`` (``gc``, ``1 / |k|``, the inverse
+    of ``I + A`` by 16 x 16 blocks, its diagonal blocks by a product of four factors instead of a
+    sequential substitution, stored as ``w``'s dtype) then ``wu3`` (``w``, ``u`` as 64-row products
+    with the stored inverse), v2's scan, and ``output3`` (v2's output with the key dimension in a loop
+    of 64-column blocks, as fla's: fewer tiles live at once); implies ``v2``."""
+    solve_warps: int = 4
+    """With ``v3``: ``solve3``'s warps (its products are 16 x 16 tiles)."""
+    fuse_wu: bool = False
+    """With ``v3``: ``solve3`` and ``wu3`` in one launch (``solvewu3``, ``warps``; the inverse still
+    goes through its scratch, behind a CTA barrier)."""
+    out_v_first: bool = False
+    """With ``v2`` / ``v3``: the output's grid ``(chunks x column blocks, heads)``, a chunk's column
+    blocks adjacent (they read the same ``q`` / ``k`` rows: from L2 instead of HBM, as fla orders
+    its grid), instead of ``(chunks, heads, column blocks)``."""
+    solve_inverse: str = "ieee"
+    """With ``v3``: the inverse's diagonal blocks and merges: ``"ieee"`` (a product of four factors,
+    float32 products), ``"tf32"`` (the same on tf32 tensor cores: the inverse is rounded to
+    bfloat16 by ``lowp`` anyway), ``"subst"`` (v2's row-by-row substitution, float32 merges)."""
 
 
 FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
@@ -230,6 +251,16 @@ dims) 1,583 us against 2,950 at 8 warps and 4,726 for the four float32 launches
 1,014 us there, so the op does not replace fla's (``CHUNK_RULE_MEASURED``). The 4 warps spill (ahead
 of time for sm_90 with Triton 3.9, ``scan2`` 336 bytes, ``wu2`` 232) and still run twice as fast as
 the 8 that do not."""
+
+FAST3 = FAST._replace(v3=True, out_v_first=True)
+""":data:`FAST` with :attr:`LaunchConfig.v3` (four launches: ``solve3``, ``wu3``, ``scan2``,
+``output3``) and the output's column blocks adjacent in its grid (``out_v_first``). Not yet timed
+on a GPU (``benchmarks/bench_gdn_chunk.py --sweep``: ``FAST3``, ``FAST3 out v last``, ``FAST out v
+first`` separate the two changes; ``--profile``: each kernel's time). Ahead of time for sm_90
+(Triton 3.9, Qwen3-Next's dims, bf16; registers / stack bytes): ``solve3`` 213 / 0 at 4 warps (8:
+194 / 0), ``wu3`` 252 / 0 (8 warps: 128 / 0), ``solvewu3`` (``fuse_wu``) 250 / 0 (8: 208 / 0),
+``output3`` 255 / 128 (64 columns; 128 at 8 warps: 235 / 0), ``scan2`` 255 / 408; ``wu2`` (FAST)
+255 / 224, ``output2`` 255 / 112."""
 
 DEFAULT = FAST
 """What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST`."""
@@ -257,7 +288,7 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
     if N == 0 or Hv == 0:
         return o, final
     cfg = config or DEFAULT
-    if cfg.v2 and meta.k_dim <= 128:
+    if (cfg.v2 or cfg.v3) and meta.k_dim <= 128:
         _launch_v2(q, k, v, g, beta, o, final, initial_state, cu_seqlens, meta, cfg, dot, bool(use_qk_l2norm),
                    _scale(scale, meta), float(eps))
         return o, final
@@ -343,13 +374,10 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
     hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
     KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     KB, TWO = min(KP, 64), KP > 64
-    BV, OBV = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp)
+    BV = min(max(16, cfg.scan_block_v), vp)
     stages, group = cfg.num_stages, Hv // Hk
     if M:
-        kern.wu2_kernel[(M, Hv)](
-            k3, v3, g2, b2, gc, rk, w, u, seq, start, length, TS, NT, K, V, group, eps, *k3.stride(), *v3.stride(),
-            *g2.stride(), *b2.stride(), *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2,
-            DOT=dot, REGULAR=regular, num_warps=cfg.warps, num_stages=stages)
+        _launch_wu(k3, v3, g2, b2, gc, rk, w, u, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, eps, regular)
     kern.scan2_kernel[(N, Hv, triton.cdiv(V, BV))](
         k3, w, u, gc, rk, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, group, eps,
         *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
@@ -357,7 +385,61 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
         KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, REGULAR=regular,
         num_warps=cfg.scan_warps, num_stages=stages)
     if M:
-        kern.output2_kernel[(M, Hv, triton.cdiv(V, OBV))](
-            q3, k3, gc, rk, hs, vn, o3, seq, start, length, TS, NT, K, V, group, scale, eps, *q3.stride(),
-            *k3.stride(), *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KB=KB, TWO=TWO,
-            BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular, num_warps=cfg.out_warps, num_stages=stages)
+        _launch_out(q3, k3, gc, rk, hs, vn, o3, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, scale, eps,
+                    regular)
+
+
+def _launch_out(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2, scale, eps, regular) -> None:
+    """The v2 launches' output: ``output2`` (both 64-row halves of the key dimension at once), or with
+    :attr:`LaunchConfig.v3` ``output3`` (a loop over 64-column key blocks, fla's shape)."""
+    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+    from kda_inductor.lowerings import _gdn_chunk_kernels3 as kern3
+
+    K, V, Hv, group = meta.k_dim, meta.v_dim, meta.v_heads, meta.v_heads // meta.k_heads
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    OBV = min(max(16, cfg.out_block_v), vp)
+    nvb, vf = triton.cdiv(V, OBV), cfg.out_v_first
+    args = (q3, k3, gc, rk, hs, vn, o3, *maps, TS, NT, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
+            *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2])
+    grid = (M * nvb, Hv, 1) if vf else (M, Hv, nvb)
+    if cfg.v3:
+        kern3.output3_kernel[grid](*args, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular, V_FIRST=vf,
+                                   num_warps=cfg.out_warps, num_stages=cfg.num_stages)
+    else:
+        kern.output2_kernel[grid](*args, KB=min(KP, 64), TWO=KP > 64, BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular,
+                                  V_FIRST=vf, num_warps=cfg.out_warps, num_stages=cfg.num_stages)
+
+
+def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2, eps, regular) -> None:
+    """The v2 launches' first step: ``wu2`` (one launch), or with :attr:`LaunchConfig.v3` ``solve3``
+    (the inverse, stored in a ``[tokens, heads, 64]`` scratch of ``w``'s dtype) then ``wu3`` (the
+    products with it as 64-row tiles)."""
+    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+    from kda_inductor.lowerings import _gdn_chunk_kernels3 as kern3
+
+    K, V, Hv, group = meta.k_dim, meta.v_dim, meta.v_heads, meta.v_heads // meta.k_heads
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    OBV = min(max(16, cfg.out_block_v), vp)
+    if not cfg.v3:
+        kern.wu2_kernel[(M, Hv)](
+            k3, v3, g2, b2, gc, rk, w, u, *maps, TS, NT, K, V, group, eps, *k3.stride(), *v3.stride(),
+            *g2.stride(), *b2.stride(), *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2,
+            DOT=dot, REGULAR=regular, num_warps=cfg.warps, num_stages=cfg.num_stages)
+        return
+    ai = torch.empty((k3.shape[0], Hv, CHUNK), device=v3.device, dtype=w.dtype)
+    inv = "ieee" if dot == "ieee" and cfg.solve_inverse == "tf32" else cfg.solve_inverse  # ieee: float32 throughout
+    blocks = dict(BK=min(KP, 64), BV=min(vp, 64), L2NORM=l2, DOT=dot, REGULAR=regular)
+    if cfg.fuse_wu:
+        kern3.solvewu3_kernel[(M, Hv)](
+            k3, v3, g2, b2, gc, rk, ai, w, u, *maps, TS, NT, K, V, group, eps, *k3.stride(), *v3.stride(),
+            *g2.stride(), *b2.stride(), *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], KP=KP,
+            INV=inv, **blocks, num_warps=cfg.warps, num_stages=cfg.num_stages)
+        return
+    kern3.solve3_kernel[(M, Hv)](
+        k3, g2, b2, gc, rk, ai, *maps, TS, NT, K, group, eps, *k3.stride(), *g2.stride(), *b2.stride(), *gc.stride(),
+        *ai.stride()[:2], KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, INV=inv, num_warps=cfg.solve_warps,
+        num_stages=1)
+    kern3.wu3_kernel[(M, Hv)](
+        k3, v3, b2, gc, rk, ai, w, u, *maps, TS, NT, K, V, group, *k3.stride(), *v3.stride(), *b2.stride(),
+        *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], **blocks, num_warps=cfg.warps,
+        num_stages=cfg.num_stages)

@@ -39,6 +39,13 @@ NO_FLA = "@no-fla"
 """A variant's suffix: the same variant in a process where fla-core cannot be imported
 (``sys.modules["fla"] = None`` before transformers looks for it), so transformers runs its torch
 paths: ``kda@no-fla`` against ``kda`` is issue 43's "kda without fla-core" in the step."""
+NO_CUDNN_SDP = "@no-cudnn-sdp"
+"""A variant's suffix: the same variant with cuDNN's attention off
+(``torch.backends.cuda.enable_cudnn_sdp(False)``), so sdpa takes flash attention where it can.
+What it measures: the decode step's costliest Inductor kernel under kda on an H100 (2026-12-05,
+decode 128, 210-232 us) feeds cuDNN attention and is most likely the GQA repeat of K / V that
+cuDNN's op needs (flash reads the KV heads as they are)."""
+MODIFIERS = (NO_FLA, NO_CUDNN_SDP)
 
 
 def hide_fla() -> str | None:
@@ -52,9 +59,25 @@ def hide_fla() -> str | None:
     return None
 
 
+def apply_modifiers(variant: str) -> str | None:
+    """What ``variant``'s suffixes ask of this process, done before the model is built; an error
+    text where one cannot be."""
+    if NO_CUDNN_SDP in variant:
+        import torch
+
+        torch.backends.cuda.enable_cudnn_sdp(False)
+    return hide_fla() if NO_FLA in variant else None
+
+
 def base_variant(variant: str) -> str:
-    """``variant`` without :data:`NO_FLA`."""
-    return variant.removesuffix(NO_FLA)
+    """``variant`` without its :data:`MODIFIERS`."""
+    for suffix in MODIFIERS:
+        variant = variant.replace(suffix, "")
+    return variant
+
+
+def modified(variant: str) -> bool:
+    return base_variant(variant) != variant
 
 
 def round_states(recipe: str, compiles: int, variant: str, caches: str) -> list[str]:
@@ -103,7 +126,7 @@ class Job:
 
 
 def variant_rank(variant: str, fired_order: list[str]) -> tuple:
-    base, hidden = {"eager": 0, "stock": 1, "stock+fix": 2, "kda": 3}, int(variant.endswith(NO_FLA))
+    base, hidden = {"eager": 0, "stock": 1, "stock+fix": 2, "kda": 3}, int(modified(variant))
     variant = base_variant(variant)
     if variant in base:
         return (base[variant], hidden)

@@ -15,7 +15,8 @@ back on the host before each call, so shapes never change) and prefill (1 x 4096
 Variants (``--variant``): eager, stock, stock+fix (where this torch folds ``is_exporting()``),
 kda, and kda-no-<rewrite> for every registered rewrite that fired in kda's first compile; any of
 them with ``@no-fla`` (``kda@no-fla``): in a process where fla-core cannot be imported, so
-transformers runs its torch paths (prefill's ``torch_chunk_gated_delta_rule``).
+transformers runs its torch paths (prefill's ``torch_chunk_gated_delta_rule``); with
+``@no-cudnn-sdp``: cuDNN's attention off (``benchmarks/_hf_sched.MODIFIERS``).
 
 Issue 36: a figure a user will quote is the median over separate compiles, cold and warm.
 Every variant is compiled ``--compiles`` times (3), variants alternating round by round (stock,
@@ -358,7 +359,7 @@ def variants_for(requested: list[str] | None, fired: dict[str, int] | None) -> l
     out = ["stock"] + ([STOCK_FIX] if _dynamo_fixes.torch_folds_is_exporting() else []) + ["kda"]
     out += [f"kda-no-{name}" for name, n in (fired or {}).items() if n]
     out += [v for v in requested or () if v.startswith("kda-no-") and v != "kda-no-*" and v not in out]
-    out += [v for v in requested or () if v.endswith(_hf_sched.NO_FLA) and v not in out]
+    out += [v for v in requested or () if _hf_sched.modified(v) and v not in out]
     return [v for v in out if requested is None or v in requested or
             (v.startswith("kda-no-") and "kda-no-*" in requested)]
 
@@ -379,7 +380,7 @@ def compile_variant(variant: str, decoder, call: Callable, options: dict | None,
     misses recorded)."""
     from kda_inductor import _dynamo_fixes
 
-    variant = _hf_sched.base_variant(variant)  # fla hidden or not: the worker's business
+    variant = _hf_sched.base_variant(variant)  # its modifiers: the worker's business
     if variant == "eager":
         step = lambda: call(decoder)  # noqa: E731
         step()
@@ -555,7 +556,7 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
     dtype = torch.float32 if smoke and family.kind == "indexer" else torch.bfloat16
     record: dict[str, Any] = {}
     reference = None
-    if spec["variant"].endswith(_hf_sched.NO_FLA) and (err := _hf_sched.hide_fla()):  # before transformers looks
+    if err := _hf_sched.apply_modifiers(spec["variant"]):  # before transformers looks for fla-core
         return {"error": err}
     # before the lock: what runs no kernel (transformers' modeling import, the CUDA context)
     if load(family) is None:
@@ -891,7 +892,7 @@ def summarize(records: list[dict]) -> list[dict]:
     for r in rows:
         for col, base in (("vs_stock", "stock"), ("vs_stock_fix", STOCK_FIX), ("vs_kda", "kda")):
             other = by_key.get((r["family"], r["case"], r["mode"], base))
-            applies = base != "kda" or r["variant"].startswith("kda-no-") or r["variant"] == "kda" + _hf_sched.NO_FLA
+            applies = base != "kda" or r["variant"].startswith("kda-no-") or _hf_sched.base_variant(r["variant"]) == "kda"
             ok = applies and other and other["us"] and r["us"] is not None and r["variant"] != base
             r[col] = r["us"] / other["us"] if ok else None
     return rows
@@ -1244,7 +1245,7 @@ def _args(argv):
     add("--stage", action="store_true", help=f"the families of `.ci/gpu hf` (the default): {', '.join(STAGE)}")
     add("--variant", default=None, help="comma list: eager, stock, stock+fix, kda, kda-no-<rewrite>, kda-no-* "
                                         "(every rewrite that fired in kda), each also with @no-fla (fla-core "
-                                        "hidden); default all")
+                                        "hidden) and / or @no-cudnn-sdp; default all")
     add("--compiles", type=int, default=3, help="compiles per variant (--recipe rounds: the first cold, the others "
                                                 "warm; table: stock's cold compiles)")
     add("--recipe", choices=_hf_sched.RECIPES, default="rounds",

@@ -351,11 +351,12 @@ def test_hf_no_fla_variants_run_as_their_base_with_fla_hidden(tmp_path, monkeypa
     calls = []
     monkeypatch.setattr(hf_models, "compile_once", _fake_compile(calls))
     records = hf_models.main(["--smoke", "--family", "qwen3_next", "--case", "decode32", "--recipe", "table",
-                              "--variant", "kda,kda@no-fla", "--results-dir", str(tmp_path),
+                              "--variant", "kda,kda@no-fla,stock@no-cudnn-sdp", "--results-dir", str(tmp_path),
                               "--cache-root", str(tmp_path / "c")])
     assert [(v, r, seen) for v, r, seen, _ in calls] == [
-        ("kda", 0, False), ("kda@no-fla", 0, False), ("kda", 1, True), ("kda@no-fla", 1, True)]
-    assert len({folder for v, _, _, folder in calls}) == 2
+        ("stock@no-cudnn-sdp", 0, False), ("kda", 0, False), ("kda@no-fla", 0, False),
+        ("stock@no-cudnn-sdp", 1, False), ("kda", 1, True), ("kda@no-fla", 1, True), ("stock@no-cudnn-sdp", 2, False)]
+    assert len({folder for v, _, _, folder in calls}) == 5  # stock's three cold compiles, kda's, kda@no-fla's
     row = next(r for r in hf_models.summarize(records) if r["variant"] == "kda@no-fla")
     assert row["vs_kda"] is not None
     (tmp_path / "fla").mkdir()

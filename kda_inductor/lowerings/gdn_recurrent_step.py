@@ -47,12 +47,10 @@ provisional; no run-time autotuning: CUDA graphs and reproducibility). The windo
 (:mod:`._gdn_window`, the chunk form: every token's q / k / v / g / beta loaded once per tile as
 ``[TP, ...]`` blocks, the tile read by ``T`` independent sums and updated once) is a launch option
 (``LaunchConfig(window=True)``), not in the table: an H100 timed it slower than the token-by-token
-body at T = 4 (:data:`LAUNCH_TABLE`). For sm_90, compiled as a launch
-specializes it (unit inner strides, 16-divisible sizes and strides; ``T = 1`` a constant), the
-tile's loads and stores are 16 bytes wide; the token-by-token body does not spill: at K = V = 128
-with Triton 3.6, 16 columns x 1 warp take 127 registers per thread for T = 1 and 165 for T > 1 (4 /
-2 barriers per token), 64 x 4 take 125 / 168 (13 / 14 barriers: the reductions and layout
-conversions between warps); the window body's counts are with :data:`LAUNCH_TABLE`. The ``SCALED`` body
+body at T = 4 (:data:`LAUNCH_TABLE`); the persistent body (:mod:`._gdn_tiles`, untimed) is another. For
+sm_90 (unit strides specialized: 16-byte tile loads and stores) the token-by-token body does not spill:
+K = V = 128, Triton 3.6, 16 columns x 1 warp take 127 registers for T = 1 and 165 for T > 1 (4 / 2
+barriers a token), 64 x 4 125 / 168 (13 / 14); the window body's are with :data:`LAUNCH_TABLE`. The ``SCALED`` body
 (:func:`_update_scaled`, a launch option the sweep times) has two fewer conversions a token.
 
 Every argument is checked by :func:`validate` (also the pattern's check), each bad one an error
@@ -451,15 +449,17 @@ class LaunchConfig(NamedTuple):
     num_warps: int
     num_stages: int = 1
     scaled: bool = False
-    """The kernel's ``SCALED`` body for a scalar decay (:func:`_update_scaled`: two layout
-    conversions a token instead of three; sm_90, Triton 3.6, K = 128, T > 1: 12 barriers a token
-    instead of 14 at 4 warps, 3 instead of 4 at one warp, the same registers, no spills; Triton 3.9
-    keeps its 4-warp barriers, 15 / 18, and takes 188 registers at one warp instead of 167). Not
-    yet timed on a GPU: off in the table, timed by the sweep; ignored for a per-channel decay."""
+    """The ``SCALED`` body for a scalar decay (:func:`_update_scaled`: two layout conversions a token,
+    not three; sm_90, Triton 3.6, K = 128, T > 1: 12 / 3 barriers a token at 4 / 1 warps, not 14 / 4,
+    no spills). Untimed: off in the table, timed by the sweep; ignored for a per-channel decay."""
     window: bool = False
     """The window body for ``T > 1`` (:func:`_window`, the chunk form: every token's inputs loaded
     once, the tile read by ``T`` independent sums and updated once, no token waiting on the last
     one's tile update); ignored at ``T = 1``."""
+    persistent: int = 0
+    """Programs per SM of :mod:`._gdn_tiles`' persistent body (``num_stages``: its pipeline); 0: off."""
+    unroll: bool = True
+    """The persistent body's tokens unrolled (their loads pipelined too); False: the runtime loop."""
 
 
 class TableRow(NamedTuple):
@@ -533,6 +533,9 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
     if triton is None:  # pragma: no cover
         raise RuntimeError("gdn_recurrent_step: the Triton kernel needs triton, which is not installed")
     cfg = config or launch_config(meta.batch, meta.v_heads, meta.k_dim, meta.v_dim, meta.tokens)
+    if cfg.persistent:
+        from kda_inductor.lowerings._gdn_tiles import launch_tiles
+        return launch_tiles(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta, cfg)
     programs = meta.batch * meta.v_heads * triton.cdiv(meta.v_dim, cfg.block_v)
     if programs == 0:
         return None

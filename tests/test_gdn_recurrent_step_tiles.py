@@ -1,0 +1,86 @@
+"""``gdn_recurrent_step``'s persistent body (``LaunchConfig(persistent=...)``, ``_gdn_tiles``): a
+few programs looping over the state tiles, the tile loop software-pipelined (``num_stages``), the
+tokens unrolled or in the runtime loop. On CPU under the interpreter (``INTERPRETER_SMS`` "SMs":
+three programs a launch at one per SM, so each runs several tiles and the tiles do not divide
+evenly), on the GPU under ``.ci/gpu tests``; against the float32 CPU op (``TOL``, the lowering test's
+tolerances) and the float64 einsum reference on fresh random inputs, outputs poisoned first.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kda_inductor.lowerings import gdn_recurrent_step as mod
+from tests.test_lowering_gdn_recurrent_step import (
+    DEVICE,
+    _kernel_vs_op,
+    einsum_reference,
+    inputs,
+    needs_runner,
+)
+
+tiles = pytest.importorskip("kda_inductor.lowerings._gdn_tiles") if mod.triton is not None else None
+
+
+def persistent(bv=8, warps=1, stages=2, per_sm=1, unroll=True, scaled=False):
+    return mod.LaunchConfig(bv, warps, stages, scaled, persistent=per_sm, unroll=unroll)
+
+
+@needs_runner
+@pytest.mark.parametrize("T", [1, 2, 3, 4, 8, 9])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_persistent_body_matches_the_op_and_float64(T, per_channel):
+    """Grouped heads (two key heads), K and V not powers of two (12 / 20: masked rows, three
+    column blocks of 8, the last partial): 2 x 4 x 3 = 24 tiles over 3 programs (T = 9: past the
+    unrolled range, the runtime loop); the in-place op for the per-channel decay."""
+    args = inputs(2700 + 10 * T + per_channel, B=2, T=T, Hk=2, Hv=4, K=12, V=20, per_channel=per_channel)
+    got, final = _kernel_vs_op(args, config=persistent(), inplace=per_channel)
+    want, want_state = einsum_reference(*args, 0.25, True)
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final.cpu().double(), want_state, rtol=1e-5, atol=1e-5)
+
+
+@needs_runner
+@pytest.mark.parametrize("cfg", ["loop", "one stage", "scaled", "two per SM", "wide"])
+def test_persistent_body_options(cfg):
+    """The runtime token loop, one stage (no pipelining), the ``SCALED`` body, 6 programs (two per
+    "SM"; 18 tiles: 3 each), 16 columns x 2 warps (two column blocks, the last partial)."""
+    config = {"loop": persistent(unroll=False), "one stage": persistent(stages=1),
+              "scaled": persistent(scaled=True), "two per SM": persistent(per_sm=2),
+              "wide": persistent(bv=16, warps=2)}[cfg]
+    args = inputs(2800 + len(cfg), B=3, T=4, Hk=1, Hv=2, K=16, V=20)
+    _kernel_vs_op(args, config=config)
+
+
+@needs_runner
+@pytest.mark.parametrize("T", [2, 5])
+def test_persistent_body_without_state_or_l2norm_strided_bf16(T):
+    """From a zeros state without l2norm; head-major strided bf16 inputs with a bf16 output."""
+    q, k, v, g, beta, _ = inputs(2900 + T, B=2, T=T, Hk=1, Hv=2, K=16, V=16, state=False)
+    _kernel_vs_op((0.3 * q, 0.3 * k, v, g, beta, None), scale=1.0, l2=False, config=persistent())
+    args = inputs(2910 + T, B=2, T=T, Hk=1, Hv=2, K=16, V=16, layout="head-major", dtype=torch.bfloat16)
+    _kernel_vs_op(args, config=persistent(per_sm=2), out_dtype=torch.bfloat16)
+
+
+@needs_runner
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter's arithmetic: the same ops in the same order")
+def test_persistent_body_is_the_token_by_token_body_bit_for_bit():
+    """Under the interpreter both bodies run the same helpers on the same values: identical bits."""
+    args = inputs(3000, B=2, T=3, Hk=1, Hv=2, K=12, V=20)
+    a = mod.step_triton(*args, 0.25, True, config=mod.LaunchConfig(8, 1))
+    b = mod.step_triton(*args, 0.25, True, config=persistent())
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.skipif(mod.triton is None, reason="needs triton")
+@pytest.mark.parametrize("tiles_, sms, per_sm", [(8192, 132, 12), (8192, 132, 8), (512, 132, 8), (24, 3, 1),
+                                                 (7, 3, 4), (1, 132, 8), (32768, 114, 12)])
+def test_grid_size_is_balanced(tiles_, sms, per_sm):
+    """At most ``sms * per_sm`` programs, every tile covered, each program ``ceil(tiles / programs)``
+    tiles or one fewer, and no fewer programs than that round count needs."""
+    n = tiles.grid_size(tiles_, sms, per_sm)
+    rounds = -(-tiles_ // n)
+    assert 1 <= n <= min(tiles_, sms * per_sm) and n * rounds >= tiles_ and (n - 1) * rounds < tiles_
+    assert rounds == -(-tiles_ // (sms * per_sm))
+    assert tiles.grid_size(0, sms, per_sm) == 0

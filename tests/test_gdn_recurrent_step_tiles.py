@@ -23,8 +23,8 @@ from tests.test_lowering_gdn_recurrent_step import (
 tiles = pytest.importorskip("kda_inductor.lowerings._gdn_tiles") if mod.triton is not None else None
 
 
-def persistent(bv=8, warps=1, stages=2, per_sm=1, unroll=True, scaled=False):
-    return mod.LaunchConfig(bv, warps, stages, scaled, persistent=per_sm, unroll=unroll)
+def persistent(bv=8, warps=1, stages=2, per_sm=1, unroll=True, scaled=False, lazy=False):
+    return mod.LaunchConfig(bv, warps, stages, scaled, persistent=per_sm, unroll=unroll, lazy=lazy)
 
 
 @needs_runner
@@ -42,15 +42,45 @@ def test_persistent_body_matches_the_op_and_float64(T, per_channel):
 
 
 @needs_runner
-@pytest.mark.parametrize("cfg", ["loop", "one stage", "scaled", "two per SM", "wide"])
+@pytest.mark.parametrize("cfg", ["loop", "one stage", "scaled", "two per SM", "wide", "registers"])
 def test_persistent_body_options(cfg):
     """The runtime token loop, one stage (no pipelining), the ``SCALED`` body, 6 programs (two per
-    "SM"; 18 tiles: 3 each), 16 columns x 2 warps (two column blocks, the last partial)."""
+    "SM"; 18 tiles: 3 each), 16 columns x 2 warps (two column blocks, the last partial), a register
+    bound (ptxas' ``maxnreg``: the interpreter takes and ignores it)."""
     config = {"loop": persistent(unroll=False), "one stage": persistent(stages=1),
               "scaled": persistent(scaled=True), "two per SM": persistent(per_sm=2),
-              "wide": persistent(bv=16, warps=2)}[cfg]
+              "wide": persistent(bv=16, warps=2), "registers": persistent()._replace(max_registers=128)}[cfg]
     args = inputs(2800 + len(cfg), B=3, T=4, Hk=1, Hv=2, K=16, V=20)
     _kernel_vs_op(args, config=config)
+
+
+@needs_runner
+@pytest.mark.parametrize("T", [1, 2, 4, 8])
+def test_lazy_body_matches_the_op_and_float64(T):
+    """The lazy body (the tile held as ``S / c``): grouped heads, masked K and V, 24 tiles over 3
+    programs; in place at T = 4; a per-channel decay (which it leaves to the plain body) at T = 2."""
+    args = inputs(3100 + T, B=2, T=T, Hk=2, Hv=4, K=12, V=20, per_channel=T == 2)
+    got, final = _kernel_vs_op(args, config=persistent(lazy=True), inplace=T == 4)
+    want, want_state = einsum_reference(*args, 0.25, True)
+    torch.testing.assert_close(got.cpu().double(), want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(final.cpu().double(), want_state, rtol=1e-5, atol=1e-5)
+
+
+@needs_runner
+@pytest.mark.parametrize("case", ["rescaled", "underflow", "no l2norm or state"])
+def test_lazy_body_rescales_its_tile(case):
+    """Decays whose product falls under ``LAZY_FLOOR`` within the window (``g`` about -20 a token:
+    the tile takes ``c`` every second token), one that underflows to zero in float32 (``g = -200``:
+    the state wiped, as the spec's ``S * exp(g)`` wipes it), and the body without l2norm or state."""
+    q, k, v, g, beta, s = inputs(3200 + len(case), B=2, T=6, Hk=1, Hv=2, K=16, V=16)
+    if case == "rescaled":
+        g = 16 * g - 8
+        assert (g.sum(1) < -40 * 0.6931).all()  # 2^-40: several rescalings per window
+    elif case == "underflow":
+        g[:, 3] = -200.0
+    else:
+        q, k, s = 0.3 * q, 0.3 * k, None
+    _kernel_vs_op((q, k, v, g, beta, s), l2=case != "no l2norm or state", config=persistent(lazy=True))
 
 
 @needs_runner

@@ -114,3 +114,31 @@ def test_grid_size_is_balanced(tiles_, sms, per_sm):
     assert 1 <= n <= min(tiles_, sms * per_sm) and n * rounds >= tiles_ and (n - 1) * rounds < tiles_
     assert rounds == -(-tiles_ // (sms * per_sm))
     assert tiles.grid_size(0, sms, per_sm) == 0
+
+
+@pytest.mark.cuda  # the kda_inductor pytest plugin skips it without a GPU; .ci/gpu tests runs it
+@pytest.mark.parametrize("label", ["pst16w1x8s2", "pst16w1x12s2r168", "pst16w1x12s2r168+lazy", "pst8w1x16s2r128",
+                                   "pst16w1x4s1+loop"])
+def test_cuda_persistent_body_at_model_dims(label):
+    """The benchmark's candidates on the GPU at Qwen3-Next's dims (16 / 32 heads, K = V = 128) and
+    Kimi's (per-channel decay), B = 24 (6,144 tiles of 16 columns: many a program), T = 1, 2, 4, 8,
+    in place, against the CPU op; inside a CUDA graph the same bits."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from bench_gdn_recurrent_step import parse_config
+
+    cfg = parse_config(label)
+    for T, per_channel in ((1, False), (2, False), (4, False), (8, False), (4, True), (8, True)):
+        args = inputs(3300 + T, B=24, T=T, Hk=32 if per_channel else 16, Hv=32, K=128, V=128,
+                      per_channel=per_channel, dtype=torch.bfloat16)
+        got, final = _kernel_vs_op(args, scale=128 ** -0.5, config=cfg, inplace=True)
+        q, k, v, g, beta, s = (x.cuda() for x in args)
+        state, out = s.clone(), torch.empty_like(v)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            mod.step_triton(q, k, v, g, beta, state, 128 ** -0.5, True, inplace=True, out=out, config=cfg)
+        state.copy_(s)
+        graph.replay()
+        assert torch.equal(out, got) and torch.equal(state, final)

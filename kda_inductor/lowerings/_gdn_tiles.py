@@ -12,6 +12,15 @@ longer than :data:`MAX_UNROLLED`, the runtime loop; the result is the one-progra
 rounding for rounding. Programs own disjoint tiles and read a tile whole before writing it: the
 in-place op is safe. The grid is ``min(tiles, SMs x persistent)``, balanced so that every program
 runs the same number of tiles within one.
+
+sm_90 with Triton 3.9 (ahead of time, 2026-12-05; the H200 runs 3.6: its counts differ, the sweep
+prints them), Qwen3-Next, 16 columns x 1 warp, two stages: the state tile, q / k and v go by
+``cp.async`` (64 copies a tile at T = 4), g / beta by plain loads; 3,456 instructions a tile at T = 4
+(the one-program-a-tile body: ~2,870, 592 a token), 6,200 at T = 8; ptxas' registers swing with the
+token count (182 / 251 / 177 / 255 at T = 1 / 2 / 4 / 8, a few spilled words at 8): hence
+``LaunchConfig.max_registers`` (168: 12 programs an SM, 24-96 spilled bytes). The lazy body
+(:func:`_lazy_token`) takes 3,256 / 5,824 at T = 4 / 8. Unbounded, the tile loop hoisted 64-bit row
+offsets of the state's load and store (205 registers at T = 1, no pipeline): :func:`_offsets`.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ INTERPRETER_SMS = 3
 if triton is not None:
     _FLOOR = tl.constexpr(LAZY_FLOOR)
 
-    from kda_inductor.lowerings._gdn_token import _add3
+    from kda_inductor.lowerings._gdn_token import add3 as _add3
     from kda_inductor.lowerings._gdn_token import load_token as _load_token
     from kda_inductor.lowerings._gdn_token import sequential as _sequential
     from kda_inductor.lowerings._gdn_token import token as _token

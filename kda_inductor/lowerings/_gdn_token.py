@@ -13,7 +13,7 @@ if triton is not None:
     from kda_inductor.lowerings._gdn_window import add2 as _add2
 
     @triton.jit
-    def _add3(a0, b0, c0, a1, b1, c1):
+    def add3(a0, b0, c0, a1, b1, c1):
         return a0 + a1, b0 + b1, c0 + c1
 
     @triton.jit
@@ -39,7 +39,7 @@ if triton is not None:
         """``q`` normalized and scaled, ``k`` normalized (float32 ``[KP]``), and ``q . k`` (the three
         sums in one reduction)."""
         if L2NORM:
-            qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, _add3)
+            qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, add3)
             nq = tl.math.rsqrt(qq + eps)
             nk = tl.math.rsqrt(kk + eps)
             q = q * nq * scale
@@ -70,7 +70,7 @@ if triton is not None:
         norms are scalars, so both tile sums are taken on the raw vectors and scaled after
         (``kv = nk sum_K(S e k)``, ``S_new = S e + k (nk delta)``), and only the raw ``q`` and ``k``
         move into the tile's row layout (two layout conversions a token, not three)."""
-        qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, _add3)
+        qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, add3)
         if L2NORM:
             nq = tl.math.rsqrt(qq + eps) * scale
             nk = tl.math.rsqrt(kk + eps)

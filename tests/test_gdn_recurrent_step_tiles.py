@@ -117,21 +117,19 @@ def test_grid_size_is_balanced(tiles_, sms, per_sm):
 
 
 @pytest.mark.cuda  # the kda_inductor pytest plugin skips it without a GPU; .ci/gpu tests runs it
-@pytest.mark.parametrize("label", ["pst16w1x8s2", "pst16w1x12s2r168", "pst16w1x12s2r168+lazy", "pst8w1x16s2r128",
-                                   "pst16w1x4s1+loop"])
+@pytest.mark.parametrize("label", ["16x1 x8", "16x1 x12 r168 lazy", "8x1 x16 r128", "16x1 x4 one stage loop"])
 def test_cuda_persistent_body_at_model_dims(label):
-    """The benchmark's candidates on the GPU at Qwen3-Next's dims (16 / 32 heads, K = V = 128) and
-    Kimi's (per-channel decay), B = 24 (6,144 tiles of 16 columns: many a program), T = 1, 2, 4, 8,
-    in place, against the CPU op; inside a CUDA graph the same bits."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-    from bench_gdn_recurrent_step import parse_config
-
-    cfg = parse_config(label)
-    for T, per_channel in ((1, False), (2, False), (4, False), (8, False), (4, True), (8, True)):
-        args = inputs(3300 + T, B=24, T=T, Hk=32 if per_channel else 16, Hv=32, K=128, V=128,
+    """The benchmark's persistent candidates (``pst16w1x8s2``, ``pst16w1x12s2r168+lazy``,
+    ``pst8w1x16s2r128``, ``pst16w1x4s1+loop``) on the GPU at Qwen3-Next's dims (16 / 32 heads, K = V
+    = 128) and Kimi's (per-channel decay), B = 25 (6,400 tiles of 16 columns: 5 to 13 a program, on
+    132 SMs not all programs the same count), T = 1, 4, 8 (KDA: 4), in place, against the CPU op;
+    inside a CUDA graph the same bits."""
+    cfg = {"16x1 x8": persistent(16, per_sm=8),
+           "16x1 x12 r168 lazy": persistent(16, per_sm=12, lazy=True)._replace(max_registers=168),
+           "8x1 x16 r128": persistent(8, per_sm=16)._replace(max_registers=128),
+           "16x1 x4 one stage loop": persistent(16, stages=1, per_sm=4, unroll=False)}[label]
+    for T, per_channel in ((1, False), (4, False), (8, False), (4, True)):
+        args = inputs(3300 + T, B=25, T=T, Hk=32 if per_channel else 16, Hv=32, K=128, V=128,
                       per_channel=per_channel, dtype=torch.bfloat16)
         got, final = _kernel_vs_op(args, scale=128 ** -0.5, config=cfg, inplace=True)
         q, k, v, g, beta, s = (x.cuda() for x in args)

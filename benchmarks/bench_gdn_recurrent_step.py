@@ -393,25 +393,27 @@ _FIRST = (("qwen3_next", 32, 4), ("qwen3_next", 128, 4), ("qwen3_next", 1, 1), (
 VERIFY_CASES = _FIRST + tuple(c for c in ((model, B, T) for model in ("qwen3_next", "kimi_linear")
                                           for T in (1, 2, 4, 8) for B in (1, 32, 128)) if c not in _FIRST)
 """The issue's targets first (a spent ``--budget`` drops the last)."""
-CANDIDATES = "seq16w1,seq8w1,pst16w1x8s2,pst16w1x12s2r168,pst16w1x12s2r168+lazy,pst8w1x16s2r128"
+CANDIDATES = ("seq16w1,seq16w1r128,seq8w1,seq8w1r96,pst16w1x8s2,pst16w1x12s2r168,pst16w1x12s2r168+lazy,"
+              "pst8w1x16s2r128")
 """``--candidates``' default: the token-by-token body at the table's T > 1 launch and at 8 columns (B = 1:
-twice the programs); the persistent body (``pst``: ``x`` programs per SM, ``s`` pipeline stages, ``r``
-registers a thread at most, ``+lazy`` the tile held as ``S / c``, ``+loop`` the runtime token loop),
-pipelined in two stages: 16 x 1 with ptxas' registers (sm_90, Triton 3.9: 177 at T = 4, 255 at T = 2
+twice the programs), each also held to fewer registers (``r``: 16 x 1 at 128, 16 programs an SM instead
+of 12, and 8 x 1 at 96, 21: sm_90, Triton 3.9, T = 4, no spills either); the persistent body (``pst``:
+``x`` programs per SM, ``s`` pipeline stages, ``+lazy`` the tile held as ``S / c``, ``+loop`` the
+runtime token loop), pipelined in two stages: 16 x 1 with ptxas' registers (177 at T = 4, 255 at T = 2
 and 8: 8 programs an SM) and held to 168 (12 an SM; a few spilled words), plain and lazy; 8 x 1 held
 to 128 (16 an SM)."""
 
 
 def parse_config(label: str) -> L.LaunchConfig:
     """``seq16w1`` / ``win32w4`` / ``pst16w1x8s2`` (``+scaled``): body, columns per program, warps; for
-    ``pst`` (the persistent body) programs per SM, pipeline stages, ``r168``: at most 168 registers a
-    thread, ``+lazy``: the tile held as ``S / c``, ``+loop``: the runtime token loop."""
+    ``pst`` (the persistent body) programs per SM and pipeline stages; ``r128``: at most 128 registers a
+    thread; ``+lazy`` (``pst``): the tile held as ``S / c``; ``+loop`` (``pst``): the runtime token loop."""
     import re
 
-    got = re.fullmatch(r"(seq|win|pst)(\d+)w(\d+)(?:x(\d+)s(\d+)(?:r(\d+))?)?(\+scaled)?(\+lazy)?(\+loop)?",
+    got = re.fullmatch(r"(seq|win|pst)(\d+)w(\d+)(?:x(\d+)s(\d+))?(?:r(\d+))?(\+scaled)?(\+lazy)?(\+loop)?",
                        label.strip())
     if got is None or (got[1] == "pst") != bool(got[4]) or ((got[8] or got[9]) and got[1] != "pst"):
-        raise SystemExit(f"--candidates: {label!r} is not like seq16w1, win32w4 or pst16w1x8s2(r168)"
+        raise SystemExit(f"--candidates: {label!r} is not like seq16w1(r128), win32w4 or pst16w1x8s2(r168)"
                          " (+scaled, +lazy, +loop)")
     return L.LaunchConfig(int(got[2]), int(got[3]), int(got[5] or 1), bool(got[7]), got[1] == "win",
                           int(got[4] or 0), not got[9], int(got[6] or 0), bool(got[8]))
@@ -420,8 +422,7 @@ def parse_config(label: str) -> L.LaunchConfig:
 def config_label(cfg: L.LaunchConfig) -> str:
     body = "pst" if cfg.persistent else "win" if cfg.window else "seq"
     label = f"{body}{cfg.block_v}w{cfg.num_warps}" + (f"x{cfg.persistent}s{cfg.num_stages}" if cfg.persistent else "")
-    label += f"r{cfg.max_registers}" if cfg.persistent and cfg.max_registers else ""
-    label += "+scaled" if cfg.scaled else ""
+    label += (f"r{cfg.max_registers}" if cfg.max_registers else "") + ("+scaled" if cfg.scaled else "")
     label += "+lazy" if cfg.persistent and cfg.lazy else ""
     return label + ("+loop" if cfg.persistent and not cfg.unroll else "")
 

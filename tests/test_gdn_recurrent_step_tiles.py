@@ -42,14 +42,15 @@ def test_persistent_body_matches_the_op_and_float64(T, per_channel):
 
 
 @needs_runner
-@pytest.mark.parametrize("cfg", ["loop", "one stage", "scaled", "two per SM", "wide", "registers"])
+@pytest.mark.parametrize("cfg", ["loop", "one stage", "scaled", "two per SM", "wide", "registers", "seq registers"])
 def test_persistent_body_options(cfg):
     """The runtime token loop, one stage (no pipelining), the ``SCALED`` body, 6 programs (two per
     "SM"; 18 tiles: 3 each), 16 columns x 2 warps (two column blocks, the last partial), a register
-    bound (ptxas' ``maxnreg``: the interpreter takes and ignores it)."""
+    bound (ptxas' ``maxnreg``: the interpreter takes and ignores it), also on the one-program-a-tile body."""
     config = {"loop": persistent(unroll=False), "one stage": persistent(stages=1),
               "scaled": persistent(scaled=True), "two per SM": persistent(per_sm=2),
-              "wide": persistent(bv=16, warps=2), "registers": persistent()._replace(max_registers=128)}[cfg]
+              "wide": persistent(bv=16, warps=2), "registers": persistent()._replace(max_registers=128),
+              "seq registers": mod.LaunchConfig(8, 1, max_registers=96)}[cfg]
     args = inputs(2800 + len(cfg), B=3, T=4, Hk=1, Hv=2, K=16, V=20)
     _kernel_vs_op(args, config=config)
 

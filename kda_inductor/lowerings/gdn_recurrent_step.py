@@ -363,7 +363,7 @@ class LaunchConfig(NamedTuple):
     unroll: bool = True
     """The persistent body's tokens unrolled (their loads pipelined too); False: the runtime loop."""
     max_registers: int = 0
-    """The persistent body's registers per thread at most (ptxas' ``maxnreg``: occupancy); 0: ptxas'."""
+    """Registers per thread at most (ptxas' ``maxnreg``: programs an SM); 0: ptxas' choice."""
     lazy: bool = False
     """The persistent body's unrolled tokens with a scalar decay holding the tile as ``S / c`` (one FMA
     an element a token for the update, not two: ``._gdn_tiles._lazy_token``); ignored for KDA."""
@@ -455,6 +455,7 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
         TP=triton.next_power_of_2(meta.tokens) if cfg.window and 1 < meta.tokens <= MAX_WINDOW else 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        maxnreg=cfg.max_registers or None,
     )
 
 

@@ -8,8 +8,9 @@ the state's traffic goes on under the tokens' work instead of alternating with i
 the one-program-a-tile kernel at T = 4 in about the floor plus the tokens' work, 55.8 us against a
 32.3 floor at B = 32, ecb9247). Each tile's tokens are the token-by-token body's (the same
 helpers: :func:`._gdn_token.token`), unrolled (``TT`` tokens, a constant) or, for a step
-longer than :data:`MAX_UNROLLED`, the runtime loop; the result is the one-program-a-tile kernel's,
-rounding for rounding. Programs own disjoint tiles and read a tile whole before writing it: the
+longer than :data:`MAX_UNROLLED`, the runtime loop: the same arithmetic (under the interpreter the
+same bits; compiled, the unrolled code may contract other products into FMAs), or with a scalar decay
+the lazy body (``LaunchConfig.lazy``: :func:`_lazy_token`, float32 sums in another order). Programs own disjoint tiles and read a tile whole before writing it: the
 in-place op is safe. The grid is ``min(tiles, SMs x persistent)``, balanced so that every program
 runs the same number of tiles within one.
 

@@ -30,8 +30,9 @@ it too). Models: Qwen3-Next / Qwen3.5 (16 key / 32 value heads, K = V = 128), Ki
     python benchmarks/bench_gdn_recurrent_step.py --budget 540           # every model x B x T (past the budget: partial)
     python benchmarks/bench_gdn_recurrent_step.py --no-stock --no-eager  # every case, kda / FLA / floor only (~2 min)
     python benchmarks/bench_gdn_recurrent_step.py --sweep --budget 170   # launch configs, T 1..8 x B 1..128 (~150 s)
-    python benchmarks/bench_gdn_recurrent_step.py --verify --budget 200  # T 1/2/4/8 x B 1/32/128, GDN + KDA,
-                                                                         # with the --candidates launches (~3 min)
+    python benchmarks/bench_gdn_recurrent_step.py --verify --budget 150  # T 1/2/4/8 x B 1/32/128, GDN + KDA,
+                                                                         # with the --candidates launches (~4 min)
+    python benchmarks/bench_gdn_recurrent_step.py --sweep --budget 150 --candidates pst16w1x8s2,...  # + regs
     python benchmarks/bench_gdn_recurrent_step.py --smoke                # CPU, tiny: the code paths only
 
 No new case starts after ``--budget`` seconds; the rows done are recorded (``benchmarks/results/
@@ -335,16 +336,18 @@ table's two launches."""
 SWEEP_SHAPES = tuple(("qwen3_next", B, T) for T in (1, 2, 4, 8) for B in (1, 8, 32, 128))
 
 
-def sweep(device, timer, bandwidth, smoke: bool, deadline: float) -> list[dict]:
-    """The kernel alone (``step_triton``, in place) over launch configs: the input to ``launch_config``."""
+def sweep(device, timer, bandwidth, smoke: bool, deadline: float, configs=None) -> list[dict]:
+    """The kernel alone (``step_triton``, in place) over launch configs (``configs``, default
+    :data:`SWEEP_CONFIGS`): the input to ``launch_config``."""
     rows = []
     shapes = (("qwen3_next", 2, 1),) if smoke else SWEEP_SHAPES
     for model, B, T in shapes:
         m = (SMOKE_MODELS if smoke else MODELS)[model]
         sets = input_sets(m, B, T, device, smoke)
         default = L.launch_config(B, m.v_heads, m.k_dim, m.v_dim, T)
-        configs = [L.LaunchConfig(bv, w, 1, sc) for bv, w, sc in (((16, 1, True),) if smoke else SWEEP_CONFIGS)]
-        for cfg in configs:
+        fixed = ((16, 1, True),) if smoke else SWEEP_CONFIGS
+        cands = configs or [L.LaunchConfig(bv, w, 1, sc) for bv, w, sc in fixed]
+        for cfg in cands:
             if time.perf_counter() > deadline:
                 print(f"sweep: time budget spent at {model} B={B} T={T}", flush=True)
                 return rows
@@ -356,7 +359,8 @@ def sweep(device, timer, bandwidth, smoke: bool, deadline: float) -> list[dict]:
             except Exception as e:  # noqa: BLE001
                 us = regs = spills = None
                 print(f"sweep {model} B={B} T={T} {cfg}: {type(e).__name__}: {e}", flush=True)
-            label = f"BV{cfg.block_v} w{cfg.num_warps}" + (" scaled" if cfg.scaled else "")
+            label = (config_label(cfg) if configs else
+                     f"BV{cfg.block_v} w{cfg.num_warps}" + (" scaled" if cfg.scaled else ""))
             rows.append({"model": model, "B": B, "T": T, "config": label, "us": us, "regs": regs, "spills": spills,
                          "default": "yes" if cfg == default else "",
                          "floor_us": bytes_moved(m, B, T) / bandwidth * 1e6 if bandwidth else None})
@@ -389,24 +393,38 @@ _FIRST = (("qwen3_next", 32, 4), ("qwen3_next", 128, 4), ("qwen3_next", 1, 1), (
 VERIFY_CASES = _FIRST + tuple(c for c in ((model, B, T) for model in ("qwen3_next", "kimi_linear")
                                           for T in (1, 2, 4, 8) for B in (1, 32, 128)) if c not in _FIRST)
 """The issue's targets first (a spent ``--budget`` drops the last)."""
-CANDIDATES = "seq16w1,seq64w4,seq16w2,seq16w4,seq16w1+scaled,win16w1,win8w1,win16w2,win32w4"
-"""``--candidates``' default: the token-by-token body at the T = 1 table's two launches, 4 warps on 16
-columns and 2 (B = 1: a shorter chain per program) and its SCALED body; the window body (``win``, T > 1
-only) at the table's provisional 16 x 1 and the runners-up of its SASS counts (``LAUNCH_TABLE``)."""
+CANDIDATES = ("seq16w1,seq16w1r128,seq8w1,seq8w1r96,pst16w1x8s2,pst16w1x12s2r168,pst16w1x12s2r168+lazy,"
+              "pst8w1x16s2r128")
+"""``--candidates``' default: the token-by-token body at the table's T > 1 launch and at 8 columns (B = 1:
+twice the programs), each also held to fewer registers (``r``: 16 x 1 at 128, 16 programs an SM instead
+of 12, and 8 x 1 at 96, 21: sm_90, Triton 3.9, T = 4, no spills either); the persistent body (``pst``:
+``x`` programs per SM, ``s`` pipeline stages, ``+lazy`` the tile held as ``S / c``, ``+loop`` the
+runtime token loop), pipelined in two stages: 16 x 1 with ptxas' registers (177 at T = 4, 255 at T = 2
+and 8: 8 programs an SM) and held to 168 (12 an SM; a few spilled words), plain and lazy; 8 x 1 held
+to 128 (16 an SM)."""
 
 
 def parse_config(label: str) -> L.LaunchConfig:
-    """``seq16w1`` / ``win32w4`` (``+scaled``): body, columns per program, warps."""
+    """``seq16w1`` / ``win32w4`` / ``pst16w1x8s2`` (``+scaled``): body, columns per program, warps; for
+    ``pst`` (the persistent body) programs per SM and pipeline stages; ``r128``: at most 128 registers a
+    thread; ``+lazy`` (``pst``): the tile held as ``S / c``; ``+loop`` (``pst``): the runtime token loop."""
     import re
 
-    got = re.fullmatch(r"(seq|win)(\d+)w(\d+)(\+scaled)?", label.strip())
-    if got is None:
-        raise SystemExit(f"--candidates: {label!r} is not like seq16w1 or win32w4 (+scaled)")
-    return L.LaunchConfig(int(got[2]), int(got[3]), 1, bool(got[4]), got[1] == "win")
+    got = re.fullmatch(r"(seq|win|pst)(\d+)w(\d+)(?:x(\d+)s(\d+))?(?:r(\d+))?(\+scaled)?(\+lazy)?(\+loop)?",
+                       label.strip())
+    if got is None or (got[1] == "pst") != bool(got[4]) or ((got[8] or got[9]) and got[1] != "pst"):
+        raise SystemExit(f"--candidates: {label!r} is not like seq16w1(r128), win32w4 or pst16w1x8s2(r168)"
+                         " (+scaled, +lazy, +loop)")
+    return L.LaunchConfig(int(got[2]), int(got[3]), int(got[5] or 1), bool(got[7]), got[1] == "win",
+                          int(got[4] or 0), not got[9], int(got[6] or 0), bool(got[8]))
 
 
 def config_label(cfg: L.LaunchConfig) -> str:
-    return f"{'win' if cfg.window else 'seq'}{cfg.block_v}w{cfg.num_warps}" + ("+scaled" if cfg.scaled else "")
+    body = "pst" if cfg.persistent else "win" if cfg.window else "seq"
+    label = f"{body}{cfg.block_v}w{cfg.num_warps}" + (f"x{cfg.persistent}s{cfg.num_stages}" if cfg.persistent else "")
+    label += (f"r{cfg.max_registers}" if cfg.max_registers else "") + ("+scaled" if cfg.scaled else "")
+    label += "+lazy" if cfg.persistent and cfg.lazy else ""
+    return label + ("+loop" if cfg.persistent and not cfg.unroll else "")
 
 
 def _timed(row: dict, key: str, fn: Callable, sets: list[dict], inplace: bool, timer) -> None:
@@ -453,7 +471,7 @@ def run_verify(args, device, timer, bandwidth, deadline) -> list[dict]:
     """``--verify``: T = 1, 2, 4, 8 at B = 1, 32, 128 for GDN (Qwen3-Next) and KDA (Kimi Linear): the
     op, FLA and the floor, with each ``--candidates`` launch of the kernel beside them."""
     t0 = time.perf_counter()
-    cands = [parse_config(c) for c in args.candidates.split(",") if c.strip()]
+    cands = [parse_config(c) for c in (args.candidates or CANDIDATES).split(",") if c.strip()]
     cases = [("qwen3_next", 1, 2), ("kimi_linear", 2, 2)] if args.smoke else VERIFY_CASES
     rows = []
     for model, B, T in cases:
@@ -535,7 +553,8 @@ SWEEP_COLUMNS = (("model", "model", "s"), ("B", "B", ","), ("T", "T", ","), ("co
 
 def run_sweep(args, device, timer, bandwidth, deadline) -> list[dict]:
     t0 = time.perf_counter()
-    rows = sweep(device, timer, bandwidth, args.smoke, deadline)
+    configs = [parse_config(c) for c in args.candidates.split(",") if c.strip()] if args.candidates else None
+    rows = sweep(device, timer, bandwidth, args.smoke, deadline, configs)
     _mark_best(rows)
     title = f"launch configs (columns per program, warps; scaled: the SCALED body); {_versions()}; " \
             f"{time.perf_counter() - t0:.0f} s"
@@ -559,8 +578,9 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--sweep", action="store_true", help="time the kernel's launch configs instead")
     p.add_argument("--verify", action="store_true",
                    help="the verify window: T 1 / 2 / 4 / 8 x B 1 / 32 / 128, GDN and KDA, op / FLA / floor (~3 min)")
-    p.add_argument("--candidates", default=CANDIDATES,
-                   help="with --verify: launches of the kernel timed beside the op (seq16w1, win32w4, ...)")
+    p.add_argument("--candidates", default=None,
+                   help="with --verify: launches of the kernel timed beside the op (seq16w1, win32w4, pst16w1x8s2, "
+                        f"...; default {CANDIDATES}); with --sweep: the launches swept (default SWEEP_CONFIGS)")
     p.add_argument("--budget", type=float, default=480, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")

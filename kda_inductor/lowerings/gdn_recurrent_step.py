@@ -47,13 +47,11 @@ provisional; no run-time autotuning: CUDA graphs and reproducibility). The windo
 (:mod:`._gdn_window`, the chunk form: every token's q / k / v / g / beta loaded once per tile as
 ``[TP, ...]`` blocks, the tile read by ``T`` independent sums and updated once) is a launch option
 (``LaunchConfig(window=True)``), not in the table: an H100 timed it slower than the token-by-token
-body at T = 4 (:data:`LAUNCH_TABLE`). For sm_90, compiled as a launch
-specializes it (unit inner strides, 16-divisible sizes and strides; ``T = 1`` a constant), the
-tile's loads and stores are 16 bytes wide; the token-by-token body does not spill: at K = V = 128
-with Triton 3.6, 16 columns x 1 warp take 127 registers per thread for T = 1 and 165 for T > 1 (4 /
-2 barriers per token), 64 x 4 take 125 / 168 (13 / 14 barriers: the reductions and layout
-conversions between warps); the window body's counts are with :data:`LAUNCH_TABLE`. The ``SCALED`` body
-(:func:`_update_scaled`, a launch option the sweep times) has two fewer conversions a token.
+body at T = 4 (:data:`LAUNCH_TABLE`); the persistent body (:mod:`._gdn_tiles`, untimed) is another. For
+sm_90 (unit strides specialized: 16-byte tile loads and stores) the token-by-token body does not spill:
+K = V = 128, Triton 3.6, 16 columns x 1 warp take 127 registers for T = 1 and 165 for T > 1 (4 / 2
+barriers a token), 64 x 4 125 / 168 (13 / 14); the window body's are with :data:`LAUNCH_TABLE`. The ``SCALED`` body
+(:func:`._gdn_token._update_scaled`, a launch option the sweep times) has two fewer conversions a token.
 
 Every argument is checked by :func:`validate` (also the pattern's check), each bad one an error
 naming it; a rejected call leaves ``state`` untouched.
@@ -69,6 +67,7 @@ from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import check_tensor, definitely
+from kda_inductor.lowerings._gdn_tiles import launch_tiles
 from kda_inductor.lowerings._triton import tl, triton
 
 __all__ = ["MAX_K", "LaunchConfig", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace",
@@ -289,13 +288,9 @@ def _gdn_recurrent_step_inplace_cuda(q, k, v, g, beta, state, scale, use_qk_l2no
 # Triton
 # --------------------------------------------------------------------------------------
 if triton is not None:
-    from kda_inductor.lowerings._gdn_window import add2 as _add2
+    from kda_inductor.lowerings._gdn_token import sequential as _sequential
     from kda_inductor.lowerings._gdn_window import load_window as _load_window
     from kda_inductor.lowerings._gdn_window import window as _window
-
-    @triton.jit
-    def _add3(a0, b0, c0, a1, b1, c1):
-        return a0 + a1, b0 + b1, c0 + c1
 
     @triton.jit
     def _program(V, HV, BV: tl.constexpr):
@@ -311,100 +306,6 @@ if triton is not None:
         """The addresses of the state tile ``[b, h, rk, rv]``."""
         base = ptr + b.to(tl.int64) * s_b + h.to(tl.int64) * s_h
         return base + rk[:, None] * s_k + rv[None, :] * s_v
-
-    @triton.jit
-    def _load_token(q_row, k_row, v_row, g_row, b_row, t, T, rk, kmask, vmask, sq_t, sk_t, sv_t, sg_t, sb_t,
-                    sq_k, sk_k, sg_k, PER_CHANNEL: tl.constexpr):
-        """Token ``t``'s raw ``q``, ``k`` (``[KP]``), ``v`` (``[BV]``), ``g`` (scalar or ``[KP]``) and
-        ``beta``, as float32; all zeros for ``t >= T`` (the prefetch past the last token)."""
-        live = (tl.program_id(0) * 0 + t) < T
-        km = kmask & (rk * 0 + t < T)  # (a vector & a scalar mask trips the interpreter)
-        q = tl.load(q_row + t * sq_t + rk * sq_k, mask=km, other=0.0).to(tl.float32)
-        k = tl.load(k_row + t * sk_t + rk * sk_k, mask=km, other=0.0).to(tl.float32)
-        v = tl.load(v_row + t * sv_t, mask=vmask & (tl.zeros_like(vmask.to(tl.int32)) + t < T), other=0.0)
-        v = v.to(tl.float32)
-        if PER_CHANNEL:
-            g = tl.load(g_row + t * sg_t + rk * sg_k, mask=km, other=0.0).to(tl.float32)
-        else:
-            g = tl.load(g_row + t * sg_t, mask=live, other=0.0).to(tl.float32)
-        beta = tl.load(b_row + t * sb_t, mask=live, other=0.0).to(tl.float32)
-        return q, k, v, g, beta
-
-    @triton.jit
-    def _keys(q, k, scale, eps, L2NORM: tl.constexpr):
-        """``q`` normalized and scaled, ``k`` normalized (float32 ``[KP]``), and ``q . k`` (the three
-        sums in one reduction)."""
-        if L2NORM:
-            qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, _add3)
-            nq = tl.math.rsqrt(qq + eps)
-            nk = tl.math.rsqrt(kk + eps)
-            q = q * nq * scale
-            k = k * nk
-            qk = qk * (nq * nk) * scale
-        else:
-            q = q * scale
-            qk = tl.sum(q * k, 0)
-        return q, k, qk
-
-    @triton.jit
-    def _update(S, q, k, qk, v, beta, e, PER_CHANNEL: tl.constexpr):
-        """One token through the tile ``S [KP, BV]``: the new tile and this token's output.
-        ``S_new = S e + k delta`` with ``delta = (v - sum_K(S e k)) beta``, and
-        ``out = sum_K(S_new q) = sum_K(S e q) + (q . k) delta``: one reduction over K of the old
-        tile for both sums."""
-        kv, oq = tl.reduce((S * (k * e)[:, None], S * (q * e)[:, None]), 0, _add2)
-        delta = (v - kv) * beta
-        if PER_CHANNEL:
-            S = S * e[:, None] + k[:, None] * delta[None, :]
-        else:
-            S = S * e + k[:, None] * delta[None, :]
-        return S, oq + qk * delta
-
-    @triton.jit
-    def _update_scaled(S, q, k, v, beta, e, scale, eps, L2NORM: tl.constexpr):
-        """:func:`_keys` and :func:`_update` for a scalar decay ``e`` from the raw ``q``, ``k``: the
-        norms are scalars, so both tile sums are taken on the raw vectors and scaled after
-        (``kv = nk sum_K(S e k)``, ``S_new = S e + k (nk delta)``), and only the raw ``q`` and ``k``
-        move into the tile's row layout (two layout conversions a token, not three)."""
-        qq, kk, qk = tl.reduce((q * q, k * k, q * k), 0, _add3)
-        if L2NORM:
-            nq = tl.math.rsqrt(qq + eps) * scale
-            nk = tl.math.rsqrt(kk + eps)
-        else:
-            nq = scale + 0.0 * qq
-            nk = 1.0 + 0.0 * kk
-        q, k = q[:, None], k[:, None]
-        kv, oq = tl.reduce((S * (k * e), S * (q * e)), 0, _add2)
-        delta = (v - kv * nk) * beta
-        return S * e + k * (delta * nk)[None, :], (oq + qk * nk * delta) * nq
-
-    @triton.jit
-    def _token(S, q, k, v, g, beta, scale, eps, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
-               SCALED: tl.constexpr):
-        """One token through the tile: the new tile and the token's output (``SCALED`` with a
-        scalar decay: :func:`_update_scaled`; a per-channel decay needs its own conversion
-        either way, and SCALED gains it nothing there: :func:`_keys` then :func:`_update`)."""
-        if SCALED and not PER_CHANNEL:
-            return _update_scaled(S, q, k, v, beta, tl.exp(g), scale, eps, L2NORM)
-        else:
-            q, k, qk = _keys(q, k, scale, eps, L2NORM)
-            return _update(S, q, k, qk, v, beta, tl.exp(g), PER_CHANNEL)
-
-    @triton.jit
-    def _sequential(S, q_row, k_row, v_row, g_row, b_row, o_row, T, HV, V, rk, kmask, vmask, scale, eps, sq_t, sk_t,
-                    sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
-                    SCALED: tl.constexpr):
-        """Token by token through the tile (the next token's inputs loaded before this one's
-        reductions), each output stored as it comes; returns the final tile."""
-        nxt = _load_token(q_row, k_row, v_row, g_row, b_row, 0, T, rk, kmask, vmask, sq_t, sk_t, sv_t, sg_t,
-                          sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
-        for t in range(T):
-            q, k, v, g, beta = nxt
-            nxt = _load_token(q_row, k_row, v_row, g_row, b_row, t + 1, T, rk, kmask, vmask, sq_t, sk_t,
-                              sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
-            S, o = _token(S, q, k, v, g, beta, scale, eps, PER_CHANNEL, L2NORM, SCALED)
-            tl.store(o_row + t * HV * V, o.to(o_row.dtype.element_ty), mask=vmask)
-        return S
 
     def _step_body(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, s_ptr, f_ptr, o_ptr, T, HV, K, V, GROUP, scale, eps,
                    sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, sg_b, sg_t, sg_h, sg_k,
@@ -451,22 +352,27 @@ class LaunchConfig(NamedTuple):
     num_warps: int
     num_stages: int = 1
     scaled: bool = False
-    """The kernel's ``SCALED`` body for a scalar decay (:func:`_update_scaled`: two layout
-    conversions a token instead of three; sm_90, Triton 3.6, K = 128, T > 1: 12 barriers a token
-    instead of 14 at 4 warps, 3 instead of 4 at one warp, the same registers, no spills; Triton 3.9
-    keeps its 4-warp barriers, 15 / 18, and takes 188 registers at one warp instead of 167). Not
-    yet timed on a GPU: off in the table, timed by the sweep; ignored for a per-channel decay."""
+    """The ``SCALED`` body for a scalar decay (``_update_scaled``: two layout conversions a token,
+    not three; sm_90, Triton 3.6, K = 128, T > 1: 12 / 3 barriers a token at 4 / 1 warps, not 14 / 4,
+    no spills). Untimed: off in the table, timed by the sweep; ignored for a per-channel decay."""
     window: bool = False
-    """The window body for ``T > 1`` (:func:`_window`, the chunk form: every token's inputs loaded
-    once, the tile read by ``T`` independent sums and updated once, no token waiting on the last
-    one's tile update); ignored at ``T = 1``."""
+    """The window body for ``T > 1`` (:func:`_window`, the chunk form: every token's inputs loaded once,
+    the tile read by ``T`` independent sums and updated once); ignored at ``T = 1``."""
+    persistent: int = 0
+    """Programs per SM of :mod:`._gdn_tiles`' persistent body (``num_stages``: its pipeline); 0: off."""
+    unroll: bool = True
+    """The persistent body's tokens unrolled (their loads pipelined too); False: the runtime loop."""
+    max_registers: int = 0
+    """Registers per thread at most (ptxas' ``maxnreg``: programs an SM); 0: ptxas' choice."""
+    lazy: bool = False
+    """The persistent body's unrolled tokens with a scalar decay holding the tile as ``S / c`` (one FMA
+    an element a token for the update, not two: ``._gdn_tiles._lazy_token``); ignored for KDA."""
 
 
 class TableRow(NamedTuple):
-    """One class of the launch table: steps of ``tokens`` (first, last) over ``heads`` state
-    matrices (``B * Hv``: first, last; None unbounded), the launch, and its measurement (None:
-    provisional, not yet measured on a GPU: ``bench_gdn_recurrent_step.py --verify --candidates``
-    times it beside the others)."""
+    """One class of the launch table: steps of ``tokens`` (first, last) over ``heads`` state matrices
+    (``B * Hv``: first, last; None unbounded), the launch, and its measurement (None: provisional, not
+    yet measured on a GPU: ``bench_gdn_recurrent_step.py --verify --candidates`` times it)."""
 
     tokens: tuple[int, int]
     heads: tuple[int, int | None]
@@ -533,6 +439,8 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
     if triton is None:  # pragma: no cover
         raise RuntimeError("gdn_recurrent_step: the Triton kernel needs triton, which is not installed")
     cfg = config or launch_config(meta.batch, meta.v_heads, meta.k_dim, meta.v_dim, meta.tokens)
+    if cfg.persistent:
+        return launch_tiles(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta, cfg)
     programs = meta.batch * meta.v_heads * triton.cdiv(meta.v_dim, cfg.block_v)
     if programs == 0:
         return None
@@ -547,6 +455,7 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
         TP=triton.next_power_of_2(meta.tokens) if cfg.window and 1 < meta.tokens <= MAX_WINDOW else 0,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        maxnreg=cfg.max_registers or None,
     )
 
 

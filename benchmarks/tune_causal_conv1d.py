@@ -53,6 +53,16 @@ WIDTHS = (8192, 12288, 4096, 11520)
 TOKENS = (1, 64, 512, 4096, 16384)
 DECODE_BATCHES = (1, 32, 128)
 LC, UC = L.LaunchConfig, L.UpdateConfig
+PREFILL_FIRST = (
+    # the streaming window (each step's rows loaded a step ahead; ``_conv_stream.py``) with the
+    # grouped-division silu and packed rounding (ptx): 8 channels x 2 rows a thread (116
+    # registers for sm_90, one wave at 8192 x 4096), 4 x 4 (95), 4 x 2 (75), longer / wider
+    # programs; then the streaming window alone (110) and its 4 x 4 form, to tell the two apart
+    LC(64, 256, 1, 1, 2, True, True, True), LC(64, 128, 1, 1, 4, True, True, True),
+    LC(64, 128, 1, 1, 2, True, True, True), LC(128, 256, 1, 1, 2, True, True, True),
+    LC(64, 512, 2, 1, 2, True, True, True), LC(64, 256, 1, 1, 2, True, True), LC(64, 128, 1, 1, 4, True, True),
+)
+"""Timed first (before the table's own entries): the kernel bodies added after the first sweep."""
 PREFILL_CANDIDATES = (
     # blocks of taps, 8 values a thread (72 registers for sm_90: --registers), tokens a program
     LC(16, 128, 4, 1, 8, False), LC(32, 128, 4, 1, 8, False), LC(64, 128, 4, 1, 8, False),
@@ -71,7 +81,12 @@ COLUMNS = (("kind", "kind", "s"), ("C", "C", ","), ("T", "T", ","), ("B", "B", "
 
 
 def _cfg_text(cfg) -> str:
-    return f"{type(cfg).__name__}{tuple(cfg)}"
+    """The config as Python; a ``LaunchConfig``'s trailing ``prefetch`` / ``ptx`` left out where
+    off (the first sweep's form)."""
+    vals = tuple(cfg)
+    while len(vals) > 6 and vals[-1] is False:
+        vals = vals[:-1]
+    return f"{type(cfg).__name__}{vals}"
 
 
 def _bytes(T: int, B: int, C: int, decode: bool) -> int:
@@ -129,10 +144,12 @@ def _shifted(shape: Shape):
 
 
 def candidates(kind: str, smoke: bool) -> list:
-    """The table's own entries first, then the sweep's (smoke: the table's and two more)."""
+    """``PREFILL_FIRST``, the table's own entries, then the sweep's others (smoke: the first two
+    of each list and the table's)."""
     table = [c for _, _, c, _ in L.PREFILL_CONFIGS] if kind == "prefill" else [c for _, c, _ in L.UPDATE_CONFIGS]
+    first = list(PREFILL_FIRST) if kind == "prefill" else []
     extra = PREFILL_CANDIDATES if kind == "prefill" else UPDATE_CANDIDATES
-    return list(dict.fromkeys(table + list(extra[:2] if smoke else extra)))
+    return list(dict.fromkeys((first[:2] if smoke else first) + table + list(extra[:2] if smoke else extra)))
 
 
 def sweep(widths, tokens, batches, deadline: float, device, bandwidth, smoke: bool) -> tuple[list[dict], list[str]]:
@@ -263,7 +280,7 @@ def registers(widths, smoke: bool) -> list[dict]:
                     kernel, types = kernels.prefill_kernel, dict(ptrs, cu_ptr="*i32", num_seqs="i32", **ints)
                     consts = dict(base, **aot_geometry(((1, C, 0),), cand.block_c), HAS_STATE=False, VARLEN=False,
                                   STEPS=1, BLOCK_T=cand.block_t, ROWS=cand.rows, NUM_STAGES=cand.num_stages,
-                                  WINDOW=cand.window)
+                                  WINDOW=cand.window, PREFETCH=cand.prefetch, PTX=cand.ptx)
                 else:
                     kernel, types = kernels.update_kernel, dict(ptrs, **ints)
                     consts = dict(base, **aot_geometry(((1, C, 0),), cand.block_c), S_P2=4, SS_C=4, S_W=4, CONV=True,

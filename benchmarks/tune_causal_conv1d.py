@@ -56,11 +56,12 @@ LC, UC = L.LaunchConfig, L.UpdateConfig
 PREFILL_FIRST = (
     # the streaming window (each step's rows loaded a step ahead; ``_conv_stream.py``) with the
     # grouped-division silu and packed rounding (ptx): 8 channels x 2 rows a thread (116
-    # registers for sm_90, one wave at 8192 x 4096), 4 x 4 (95), 4 x 2 (75), longer / wider
-    # programs; then the streaming window alone (110) and its 4 x 4 form, to tell the two apart
+    # registers for sm_90, one wave at 8192 x 4096), 4 x 4 (95), 4 x 2 (75), longer / wider /
+    # shorter programs; then the streaming window alone (110) and its 4 x 4 form, to tell the two apart
     LC(64, 256, 1, 1, 2, True, True, True), LC(64, 128, 1, 1, 4, True, True, True),
     LC(64, 128, 1, 1, 2, True, True, True), LC(128, 256, 1, 1, 2, True, True, True),
-    LC(64, 512, 2, 1, 2, True, True, True), LC(64, 256, 1, 1, 2, True, True), LC(64, 128, 1, 1, 4, True, True),
+    LC(64, 512, 2, 1, 2, True, True, True), LC(32, 128, 1, 1, 4, True, True, True),
+    LC(64, 256, 1, 1, 2, True, True), LC(64, 128, 1, 1, 4, True, True),
 )
 """Timed first (before the table's own entries): the kernel bodies added after the first sweep."""
 PREFILL_CANDIDATES = (

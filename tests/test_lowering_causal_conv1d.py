@@ -399,9 +399,10 @@ def test_launch_config():
     for (T, C), cfg in swept.items():
         assert mod.launch_config(T, C) == cfg
     assert mod.launch_config(4096, 4096) == mod.launch_config(16384, 4096) == tiles[4096]
+    short = mod.LaunchConfig(16, 128, 4, 1, 8, False)  # the short-T sweep's (2026-12-05 19:07) below 10240 channels
     for C in (4096, 8192, 11520, 12288):
-        assert mod.launch_config(1024, C) == mod.launch_config(512, C) == tiles[512]
-        assert mod.launch_config(256, C) == tiles[64]
+        assert mod.launch_config(1024, C) == mod.launch_config(512, C) == (short if C < 10240 else tiles[512])
+        assert mod.launch_config(256, C) == (short if C < 10240 else tiles[64])
         assert mod.launch_config(5, C) == mod.LaunchConfig(8, 256, 1, 1, 8, True)
         assert mod.launch_config(3, C) == mod.LaunchConfig(4, 256, 1, 1, 4, True)
         assert mod.launch_config(1, C) == mod.LaunchConfig(1, 256, 1, 1, 1, True)

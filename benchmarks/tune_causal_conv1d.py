@@ -55,13 +55,15 @@ DECODE_BATCHES = (1, 32, 128)
 LC, UC = L.LaunchConfig, L.UpdateConfig
 PREFILL_FIRST = (
     # the streaming window (each step's rows loaded a step ahead; ``_conv_stream.py``) with the
-    # grouped-division silu and packed rounding (ptx): 8 channels x 2 rows a thread (116
-    # registers for sm_90, one wave at 8192 x 4096), 4 x 4 (95), 4 x 2 (75), longer / wider /
-    # shorter programs; then the streaming window alone (110) and its 4 x 4 form, to tell the two apart
-    LC(64, 256, 1, 1, 2, True, True, True), LC(64, 128, 1, 1, 4, True, True, True),
-    LC(64, 128, 1, 1, 2, True, True, True), LC(128, 256, 1, 1, 2, True, True, True),
-    LC(64, 512, 2, 1, 2, True, True, True), LC(32, 128, 1, 1, 4, True, True, True),
-    LC(64, 256, 1, 1, 2, True, True), LC(64, 128, 1, 1, 4, True, True),
+    # grouped-division silu and packed rounding (ptx), unrolled (registers for sm_90, Triton
+    # 3.9): 8 channels x 2 rows a thread, 4 steps an iteration (128, one wave at 8192 x 4096),
+    # 2 steps (114), 4 x 2 (72), 4 x 4 (95), longer / shorter / wider programs; then without
+    # the unroll and without ptx, to tell the three apart
+    LC(64, 256, 1, 1, 2, True, True, True, 4), LC(64, 256, 1, 1, 2, True, True, True, 2),
+    LC(64, 128, 1, 1, 2, True, True, True, 4), LC(64, 128, 1, 1, 4, True, True, True, 2),
+    LC(128, 256, 1, 1, 2, True, True, True, 4), LC(32, 128, 1, 1, 2, True, True, True, 4),
+    LC(64, 512, 2, 1, 2, True, True, True, 4), LC(64, 256, 1, 1, 2, True, True, True),
+    LC(64, 256, 1, 1, 2, True, True, False, 4),
 )
 """Timed first (before the table's own entries): the kernel bodies added after the first sweep."""
 PREFILL_CANDIDATES = (
@@ -82,10 +84,10 @@ COLUMNS = (("kind", "kind", "s"), ("C", "C", ","), ("T", "T", ","), ("B", "B", "
 
 
 def _cfg_text(cfg) -> str:
-    """The config as Python; a ``LaunchConfig``'s trailing ``prefetch`` / ``ptx`` left out where
-    off (the first sweep's form)."""
-    vals = tuple(cfg)
-    while len(vals) > 6 and vals[-1] is False:
+    """The config as Python; a ``LaunchConfig``'s trailing ``prefetch`` / ``ptx`` / ``unroll``
+    left out where they are the defaults (the first sweep's form)."""
+    vals, defaults = tuple(cfg), cfg._field_defaults
+    while len(vals) > 6 and vals[-1] == defaults.get(cfg._fields[len(vals) - 1], object()):
         vals = vals[:-1]
     return f"{type(cfg).__name__}{vals}"
 
@@ -281,7 +283,8 @@ def registers(widths, smoke: bool) -> list[dict]:
                     kernel, types = kernels.prefill_kernel, dict(ptrs, cu_ptr="*i32", num_seqs="i32", **ints)
                     consts = dict(base, **aot_geometry(((1, C, 0),), cand.block_c), HAS_STATE=False, VARLEN=False,
                                   STEPS=1, BLOCK_T=cand.block_t, ROWS=cand.rows, NUM_STAGES=cand.num_stages,
-                                  WINDOW=cand.window, PREFETCH=cand.prefetch, PTX=cand.ptx)
+                                  WINDOW=cand.window, PREFETCH=cand.prefetch, PTX=cand.ptx,
+                                  UNROLL=cand.unroll)
                 else:
                     kernel, types = kernels.update_kernel, dict(ptrs, **ints)
                     consts = dict(base, **aot_geometry(((1, C, 0),), cand.block_c), S_P2=4, SS_C=4, S_W=4, CONV=True,

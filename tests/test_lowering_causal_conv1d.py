@@ -233,7 +233,9 @@ WINDOWS = {"window 8 rows": mod.LaunchConfig(16, 256, 1, 1, 8, True),
            "streaming window 2 rows": mod.LaunchConfig(16, 256, 1, 1, 2, True, True),
            "streaming window 4 rows, ptx": mod.LaunchConfig(16, 128, 1, 1, 4, True, True, True),
            "streaming window 8 rows, ptx": mod.LaunchConfig(16, 64, 1, 1, 8, True, True, True),
-           "streaming window 1 row, ptx": mod.LaunchConfig(8, 64, 2, 1, 1, True, True, True)}
+           "streaming window 1 row, ptx": mod.LaunchConfig(8, 64, 2, 1, 1, True, True, True),
+           "streaming window 2 rows, 4 steps an iteration": mod.LaunchConfig(32, 128, 1, 1, 2, True, True, True, 4),
+           "streaming window 2 rows, 2 steps an iteration": mod.LaunchConfig(16, 256, 1, 1, 2, True, True, False, 2)}
 """What the sweep also times (``benchmarks/tune_causal_conv1d.py``): the register window, the
 pipelined loop, the streaming window (``_conv_stream.py``; its ``ptx`` division and rounding
 are GPU-only: the interpreter runs the plain silu there, ``tests/test_causal_conv1d_cuda.py``
@@ -292,7 +294,7 @@ def test_triton_kernel_streaming_window_every_width(dtype):
     """The streaming window at K = 2..8, with a bias, with and without the silu, in each dtype: a
     tile's halo, rows carried across its steps, a partial last tile and its prefetch past it."""
     g = torch.Generator().manual_seed(11)
-    cfg = mod.LaunchConfig(8, 32, 1, 1, 2, True, True, True)
+    cfg = mod.LaunchConfig(8, 32, 1, 1, 2, True, True, True, 2)
     x = _x(g, 2, 40, 29, dtype, "token-major")
     for K, bias, act in ((2, True, "silu"), (3, False, "none"), (5, True, "silu"), (8, True, "silu")):
         w, b = _params(g, 40, K, dtype, bias)

@@ -245,14 +245,14 @@ if triton is not None:
                       H3: tl.constexpr, D3: tl.constexpr, SH3: tl.constexpr, JB3: tl.constexpr, CO3: tl.constexpr,
                       C: tl.constexpr, NSRC: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr,
                       ROWS: tl.constexpr, NUM_STAGES: tl.constexpr, WINDOW: tl.constexpr, PREFETCH: tl.constexpr,
-                      PTX: tl.constexpr,                       BH: tl.constexpr, BD: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr,
-                      STEPS: tl.constexpr, SILU: tl.constexpr, W_KIND: tl.constexpr, ACT_KIND: tl.constexpr,
-                      OUT_KIND: tl.constexpr, HW: tl.constexpr, X_UNIT: tl.constexpr):
-        """Program (i, j, b): tokens ``[i * BLOCK_T, +BLOCK_T)`` of row ``b`` (varlen: of the one
-        row) x channel block ``j`` (``[BH, BD]`` channels of one source). The tile's ``K``
-        weights per channel and its bias are loaded once, in registers; its inner windows run
-        as the register window (``WINDOW``) or as blocks of taps, a tile holding a sequence
-        start as blocks of taps with the state (:func:`_taps_tile`)."""
+                      PTX: tl.constexpr, UNROLL: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr, STEPS: tl.constexpr,
+                      SILU: tl.constexpr, W_KIND: tl.constexpr, ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr,
+                      HW: tl.constexpr, X_UNIT: tl.constexpr):
+        """Program (i, j, b): tokens ``[i * BLOCK_T, +BLOCK_T)`` of row ``b`` (varlen: the row) x
+        channel block ``j`` (``[BH, BD]`` channels of one source), its ``K`` weights and bias once
+        in registers; inner windows as the streaming window (``PREFETCH``, ``_conv_stream.py``),
+        the register window (``WINDOW``) or blocks of taps; a sequence start's: taps with the state."""
         t0 = tl.program_id(0).to(tl.int64) * BLOCK_T
         b = tl.program_id(2).to(tl.int64)
         xp, off, ch, m = _block(tl.program_id(1), x0, x1, x2, x3, sx_c, H0, D0, SH0, H1, D1, SH1, JB1, CO1,
@@ -270,7 +270,7 @@ if triton is not None:
                        STEPS, SILU, ACT_KIND, OUT_KIND, HW)
         elif PREFETCH:
             stream_tile(xp, yp, m, t0, T, sx_t, bias, w0, w1, w2, w3, w4, w5, w6, w7, C, K, BLOCK_T, ROWS, D, W_KIND,
-                        SILU, ACT_KIND, OUT_KIND, HW, PTX)
+                        SILU, ACT_KIND, OUT_KIND, HW, PTX, UNROLL)
         elif WINDOW:
             _window_tile(xp, yp, m, t0, T, sx_t, bias, w0, w1, w2, w3, w4, w5, w6, w7, C, K, BLOCK_T, ROWS,
                          NUM_STAGES, D, W_KIND, SILU, ACT_KIND, OUT_KIND, HW)
@@ -415,9 +415,9 @@ def aot_variants():
 
     def tile(cfg):
         return dict(BLOCK_T=cfg.block_t, ROWS=cfg.rows, NUM_STAGES=cfg.num_stages, WINDOW=cfg.window,
-                    PREFETCH=cfg.prefetch, PTX=cfg.ptx)
+                    PREFETCH=cfg.prefetch, PTX=cfg.ptx, UNROLL=cfg.unroll)
 
-    stream = (LaunchConfig(64, 256, 1, 1, 2, True, True, True), LaunchConfig(64, 128, 1, 1, 4, True, True))
+    stream = (LaunchConfig(64, 256, 1, 1, 2, True, True, True, 4), LaunchConfig(64, 128, 1, 1, 4, True, True))
     for cfg in dict.fromkeys([cfg for _, _, cfg, _ in PREFILL_CONFIGS] + list(stream)):
         for sources in (plain, QWEN3_NEXT_SOURCES):
             consts = dict(pre, **aot_geometry(sources, cfg.block_c), **tile(cfg))

@@ -116,6 +116,6 @@ if triton is not None:
 
 
 def aot_variants():
-    """None of its own: these helpers are inlined into ``_conv_kernels``' prefill and update kernels, whose ``aot_variants()``
-    compile them."""
+    """None of its own: these helpers are inlined into ``_conv_kernels``' prefill and update
+    kernels, whose ``aot_variants()`` compile them."""
     return ()

@@ -10,7 +10,7 @@ that is about 31 us of issue on an H200 (132 SMs x 4 schedulers x 32 lanes at 1.
 a 31.7 us memory floor: the kernel is issue-bound as much as memory-bound, and one-warp programs
 leave about 4 warps a scheduler to hide a load's latency behind. ``prefetch`` keeps the next
 rows' loads in flight under the arithmetic; ``ptx`` checks the division's range once per 4
-values (a branch to the IEEE ``div.rn`` for the group, taken only outside ``2**-100 <= |v| <
+values (a branch to the IEEE ``div.rn`` for the group, taken only outside ``2**-64 <= |v| <
 64``, where the reciprocal-and-correction sequence the compiler emits for ``div.rn`` is its
 exact value) and rounds two values per packed conversion (net: about 1.5 instructions a value fewer).
 """
@@ -78,7 +78,7 @@ if triton is not None:
     fma.rn.f32 s{i}, n{i}, q{i}, ${4 + i};
     fma.rn.f32 ${i}, r{i}, s{i}, q{i};
     abs.f32 a{i}, ${4 + i};
-    setp.ge.f32 p{i}, a{i}, 0f0D800000;
+    setp.ge.f32 p{i}, a{i}, 0f1F800000;
     setp.lt.and.f32 p{i}, a{i}, 0f42800000, p{i};""" for i in range(4)) + """
     and.pred p0, p0, p1;
     and.pred p2, p2, p3;
@@ -92,7 +92,7 @@ if triton is not None:
     }""")
     """The silu's ``v / d`` (``d = 1 + expf(-v)``) rounded as IEEE ``div.rn.f32``, 4 values at a
     time: the compiler's own sequence for ``div.rn`` (reciprocal, one Newton step, the product,
-    its remainder, the correction) where ``2**-100 <= |v| < 64`` (then ``1 < d < 2**93`` and the
+    its remainder, the correction) where ``2**-64 <= |v| < 64`` (then ``1 < d < 2**93`` and the
     quotient, the reciprocal and every remainder are normal: the range its check passes), the
     IEEE division for the whole group where any value is outside (zeros, tiny, large values)."""
 
@@ -133,14 +133,15 @@ if triton is not None:
     def _stream_tile(xp, yp, m, t0, T, sx_t, bias, w0, w1, w2, w3, w4, w5, w6, w7, C: tl.constexpr,
                      K: tl.constexpr, BLOCK_T: tl.constexpr, ROWS: tl.constexpr, D: tl.constexpr,
                      W_KIND: tl.constexpr, SILU: tl.constexpr, ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr,
-                     HW: tl.constexpr, PTX: tl.constexpr):
+                     HW: tl.constexpr, PTX: tl.constexpr, UNROLL: tl.constexpr):
         """The register window (``_window_tile``: the same sums, token by token) with the next
         ``ROWS`` tokens' loads issued before this step's sums (:func:`_ahead`, kept as loaded until
-        their step): a step's loads in flight under the previous step's arithmetic."""
+        their step): a step's loads in flight under the previous step's arithmetic. ``UNROLL``
+        steps a loop iteration (the carried rows renamed between them, not moved)."""
         end = tl.minimum(t0 + BLOCK_T, T)
         p1, p2, p3, p4, p5, p6, p7 = halo(xp, t0, T, sx_t, m, K, D, W_KIND, HW)
         n0, n1, n2, n3, n4, n5, n6, n7 = _ahead(xp, t0, end, sx_t, m, ROWS)
-        for r in range(0, BLOCK_T, ROWS):
+        for r in tl.range(0, BLOCK_T, ROWS, loop_unroll_factor=UNROLL):
             c0, c1, c2, c3, c4, c5, c6, c7 = n0, n1, n2, n3, n4, n5, n6, n7
             n0, n1, n2, n3, n4, n5, n6, n7 = _ahead(xp, t0 + r + ROWS, end, sx_t, m, ROWS)
             for i in tl.static_range(ROWS):

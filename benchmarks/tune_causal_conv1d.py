@@ -14,6 +14,7 @@ row). Records ``benchmarks/results/tune_causal_conv1d.{md,json}``.
 
     python benchmarks/tune_causal_conv1d.py --budget 250    # what .ci/gpu tune-causal_conv1d runs (a 300 s call)
     python benchmarks/tune_causal_conv1d.py --widths 8192 --tokens 4096,16384
+    python benchmarks/tune_causal_conv1d.py --first --budget 150 --widths 8192,12288 --tokens 4096,16384
     TRITON_INTERPRET=1 python benchmarks/tune_causal_conv1d.py --smoke    # CPU, tiny: the code path only
     python benchmarks/tune_causal_conv1d.py --registers --widths 8192     # no GPU: registers for sm_90
 
@@ -146,12 +147,16 @@ def _shifted(shape: Shape):
     return torch.cat([shape.want_state, shape.x.to(shape.want_state.dtype)], -1)[:, :, shape.T:]
 
 
+ONLY_FIRST = False
+"""``--first``: ``PREFILL_FIRST`` and the tables' own configs alone (the first sweeps timed the rest)."""
+
+
 def candidates(kind: str, smoke: bool) -> list:
     """``PREFILL_FIRST``, the table's own entries, then the sweep's others (smoke: the first two
-    of each list and the table's)."""
+    of each list and the table's; ``ONLY_FIRST``: no others)."""
     table = [c for _, _, c, _ in L.PREFILL_CONFIGS] if kind == "prefill" else [c for _, c, _ in L.UPDATE_CONFIGS]
     first = list(PREFILL_FIRST) if kind == "prefill" else []
-    extra = PREFILL_CANDIDATES if kind == "prefill" else UPDATE_CANDIDATES
+    extra = () if ONLY_FIRST else PREFILL_CANDIDATES if kind == "prefill" else UPDATE_CANDIDATES
     return list(dict.fromkeys((first[:2] if smoke else first) + table + list(extra[:2] if smoke else extra)))
 
 
@@ -315,9 +320,13 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--budget", type=float, default=250, help="seconds after which no new compile starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes: the code path")
+    p.add_argument("--first", action="store_true",
+                   help="only PREFILL_FIRST and the tables' own configs (the earlier sweeps timed the others)")
     p.add_argument("--registers", action="store_true",
                    help="no timing, no GPU: each candidate's registers for sm_90 (without TRITON_INTERPRET)")
     args = p.parse_args(argv)
+    global ONLY_FIRST
+    ONLY_FIRST = args.first
     if args.registers:
         return registers([int(v) for v in args.widths.split(",")][:1 if args.smoke else None], args.smoke)
     t0 = time.perf_counter()

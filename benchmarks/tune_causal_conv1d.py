@@ -14,6 +14,7 @@ row). Records ``benchmarks/results/tune_causal_conv1d.{md,json}``.
 
     python benchmarks/tune_causal_conv1d.py --budget 250    # what .ci/gpu tune-causal_conv1d runs (a 300 s call)
     python benchmarks/tune_causal_conv1d.py --widths 8192 --tokens 4096,16384
+    python benchmarks/tune_causal_conv1d.py --first --budget 150 --widths 8192,12288 --tokens 4096,16384
     TRITON_INTERPRET=1 python benchmarks/tune_causal_conv1d.py --smoke    # CPU, tiny: the code path only
     python benchmarks/tune_causal_conv1d.py --registers --widths 8192     # no GPU: registers for sm_90
 
@@ -53,6 +54,19 @@ WIDTHS = (8192, 12288, 4096, 11520)
 TOKENS = (1, 64, 512, 4096, 16384)
 DECODE_BATCHES = (1, 32, 128)
 LC, UC = L.LaunchConfig, L.UpdateConfig
+PREFILL_FIRST = (
+    # the streaming window (each step's rows loaded a step ahead; ``_conv_stream.py``) with the
+    # grouped-division silu and packed rounding (ptx), unrolled (registers for sm_90, Triton
+    # 3.9): 8 channels x 2 rows a thread, 4 steps an iteration (128, one wave at 8192 x 4096),
+    # 2 steps (114), 4 x 2 (72), 4 x 4 (95), longer / shorter / wider programs; then without
+    # the unroll and without ptx, to tell the three apart
+    LC(64, 256, 1, 1, 2, True, True, True, 4), LC(64, 256, 1, 1, 2, True, True, True, 2),
+    LC(64, 128, 1, 1, 2, True, True, True, 4), LC(64, 128, 1, 1, 4, True, True, True, 2),
+    LC(128, 256, 1, 1, 2, True, True, True, 4), LC(32, 128, 1, 1, 2, True, True, True, 4),
+    LC(64, 512, 2, 1, 2, True, True, True, 4), LC(64, 256, 1, 1, 2, True, True, True),
+    LC(64, 256, 1, 1, 2, True, True, False, 4),
+)
+"""Timed first (before the table's own entries): the kernel bodies added after the first sweep."""
 PREFILL_CANDIDATES = (
     # blocks of taps, 8 values a thread (72 registers for sm_90: --registers), tokens a program
     LC(16, 128, 4, 1, 8, False), LC(32, 128, 4, 1, 8, False), LC(64, 128, 4, 1, 8, False),
@@ -71,7 +85,12 @@ COLUMNS = (("kind", "kind", "s"), ("C", "C", ","), ("T", "T", ","), ("B", "B", "
 
 
 def _cfg_text(cfg) -> str:
-    return f"{type(cfg).__name__}{tuple(cfg)}"
+    """The config as Python; a ``LaunchConfig``'s trailing ``prefetch`` / ``ptx`` / ``unroll``
+    left out where they are the defaults (the first sweep's form)."""
+    vals, defaults = tuple(cfg), cfg._field_defaults
+    while len(vals) > 6 and vals[-1] == defaults.get(cfg._fields[len(vals) - 1], object()):
+        vals = vals[:-1]
+    return f"{type(cfg).__name__}{vals}"
 
 
 def _bytes(T: int, B: int, C: int, decode: bool) -> int:
@@ -128,11 +147,17 @@ def _shifted(shape: Shape):
     return torch.cat([shape.want_state, shape.x.to(shape.want_state.dtype)], -1)[:, :, shape.T:]
 
 
+ONLY_FIRST = False
+"""``--first``: ``PREFILL_FIRST`` and the tables' own configs alone (the first sweeps timed the rest)."""
+
+
 def candidates(kind: str, smoke: bool) -> list:
-    """The table's own entries first, then the sweep's (smoke: the table's and two more)."""
+    """``PREFILL_FIRST``, the table's own entries, then the sweep's others (smoke: the first two
+    of each list and the table's; ``ONLY_FIRST``: no others)."""
     table = [c for _, _, c, _ in L.PREFILL_CONFIGS] if kind == "prefill" else [c for _, c, _ in L.UPDATE_CONFIGS]
-    extra = PREFILL_CANDIDATES if kind == "prefill" else UPDATE_CANDIDATES
-    return list(dict.fromkeys(table + list(extra[:2] if smoke else extra)))
+    first = list(PREFILL_FIRST) if kind == "prefill" else []
+    extra = () if ONLY_FIRST else PREFILL_CANDIDATES if kind == "prefill" else UPDATE_CANDIDATES
+    return list(dict.fromkeys((first[:2] if smoke else first) + table + list(extra[:2] if smoke else extra)))
 
 
 def sweep(widths, tokens, batches, deadline: float, device, bandwidth, smoke: bool) -> tuple[list[dict], list[str]]:
@@ -263,7 +288,8 @@ def registers(widths, smoke: bool) -> list[dict]:
                     kernel, types = kernels.prefill_kernel, dict(ptrs, cu_ptr="*i32", num_seqs="i32", **ints)
                     consts = dict(base, **aot_geometry(((1, C, 0),), cand.block_c), HAS_STATE=False, VARLEN=False,
                                   STEPS=1, BLOCK_T=cand.block_t, ROWS=cand.rows, NUM_STAGES=cand.num_stages,
-                                  WINDOW=cand.window)
+                                  WINDOW=cand.window, PREFETCH=cand.prefetch, PTX=cand.ptx,
+                                  UNROLL=cand.unroll)
                 else:
                     kernel, types = kernels.update_kernel, dict(ptrs, **ints)
                     consts = dict(base, **aot_geometry(((1, C, 0),), cand.block_c), S_P2=4, SS_C=4, S_W=4, CONV=True,
@@ -294,9 +320,13 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--budget", type=float, default=250, help="seconds after which no new compile starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="CPU under TRITON_INTERPRET=1, tiny shapes: the code path")
+    p.add_argument("--first", action="store_true",
+                   help="only PREFILL_FIRST and the tables' own configs (the earlier sweeps timed the others)")
     p.add_argument("--registers", action="store_true",
                    help="no timing, no GPU: each candidate's registers for sm_90 (without TRITON_INTERPRET)")
     args = p.parse_args(argv)
+    global ONLY_FIRST
+    ONLY_FIRST = args.first
     if args.registers:
         return registers([int(v) for v in args.widths.split(",")][:1 if args.smoke else None], args.smoke)
     t0 = time.perf_counter()

@@ -110,3 +110,44 @@ def test_kernel_sums_in_atens_order_float32():
     with atens_depthwise():
         want = eager_fn(x.contiguous(), w, b, act="none")
     assert torch.equal(got, want), f"max diff {(got - want).abs().max().item():.3g}: not aten's order (or not its kernel)"
+
+
+STREAMING = [L.LaunchConfig(64, 256, 1, 1, 2, True, True, True, 4),
+             L.LaunchConfig(64, 128, 1, 1, 4, True, True, True, 2),
+             L.LaunchConfig(64, 256, 1, 1, 2, True, True, True), L.LaunchConfig(64, 128, 1, 1, 2, True, True, False, 4),
+             L.LaunchConfig(16, 64, 1, 1, 8, True, True, True)]
+"""The streaming window (``_conv_stream.py``), with its ``ptx`` division and rounding (which the
+interpreter does not run) and without, its loop unrolled and not (the sweep's ``PREFILL_FIRST``
+forms)."""
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("cfg", STREAMING, ids=str)
+def test_streaming_window_silu_of_every_16_bit_value(cfg, dtype):
+    """Every finite bf16 / fp16 value as the conv's sum (the newest tap's weight 1, the others 0)
+    in the tiles after the first (the streaming window's): the silu bit-exact with eager's
+    (aten's depthwise kernel) and with the table's launch, zeros, subnormals, the range check's
+    edges and the values past them included."""
+    bits = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16).view(dtype)
+    vals = bits[torch.isfinite(bits.float())]
+    Cw, T = 1024, 64 + -(-vals.numel() // 1024)
+    x = torch.zeros(1, T, Cw, dtype=dtype)
+    x.view(-1)[64 * Cw:64 * Cw + vals.numel()] = vals
+    x = x.cuda().transpose(1, 2)
+    w = torch.zeros(Cw, K, device="cuda", dtype=dtype)
+    w[:, -1] = 1
+    got = L.conv_triton(x, w, None, config=cfg)
+    assert torch.equal(got, L.conv_triton(x, w, None))
+    with atens_depthwise():
+        want = eager_fn(x.contiguous(), w, None)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("cfg", STREAMING, ids=str)
+def test_streaming_window_bit_exact_at_qwen3_next_width(cfg):
+    """Random inputs at 8192 channels, T = 1000 (a partial last tile): the streaming window
+    against the table's launch, bit for bit."""
+    torch.manual_seed(4)
+    x = torch.randn(1, 1000, C, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    w = 0.3 * torch.randn(C, K, device="cuda", dtype=torch.bfloat16)
+    assert torch.equal(L.conv_triton(x, w, None, config=cfg), L.conv_triton(x, w, None))

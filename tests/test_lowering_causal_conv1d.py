@@ -229,9 +229,17 @@ PREFILL_CLASSES = {f"{cfg}": cfg for _, _, cfg, _ in mod.PREFILL_CONFIGS}
 """The table's distinct configs (its classes share them until the sweep says otherwise)."""
 WINDOWS = {"window 8 rows": mod.LaunchConfig(16, 256, 1, 1, 8, True),
            "window 4 rows, 2 stages": mod.LaunchConfig(8, 64, 1, 2, 4, True),
-           "taps 16 rows, 2 stages": mod.LaunchConfig(32, 64, 2, 2, 16, False)}
+           "taps 16 rows, 2 stages": mod.LaunchConfig(32, 64, 2, 2, 16, False),
+           "streaming window 2 rows": mod.LaunchConfig(16, 256, 1, 1, 2, True, True),
+           "streaming window 4 rows, ptx": mod.LaunchConfig(16, 128, 1, 1, 4, True, True, True),
+           "streaming window 8 rows, ptx": mod.LaunchConfig(16, 64, 1, 1, 8, True, True, True),
+           "streaming window 1 row, ptx": mod.LaunchConfig(8, 64, 2, 1, 1, True, True, True),
+           "streaming window 2 rows, 4 steps an iteration": mod.LaunchConfig(32, 128, 1, 1, 2, True, True, True, 4),
+           "streaming window 2 rows, 2 steps an iteration": mod.LaunchConfig(16, 256, 1, 1, 2, True, True, False, 2)}
 """What the sweep also times (``benchmarks/tune_causal_conv1d.py``): the register window, the
-pipelined loop."""
+pipelined loop, the streaming window (``_conv_stream.py``; its ``ptx`` division and rounding
+are GPU-only: the interpreter runs the plain silu there, ``tests/test_causal_conv1d_cuda.py``
+checks them on every bf16 value)."""
 UPDATE_CLASSES = {reason.split(":")[1]: cfg for _, cfg, reason in mod.UPDATE_CONFIGS}
 
 
@@ -278,6 +286,20 @@ def test_triton_kernel_every_prefill_config_class(name):
 def test_triton_kernel_the_sweeps_other_kinds_of_tile(name):
     """The register window and the pipelined loop, which the table may take after the sweep."""
     _check_prefill(WINDOWS[name], name)
+
+
+@needs_runner
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_triton_kernel_streaming_window_every_width(dtype):
+    """The streaming window at K = 2..8, with a bias, with and without the silu, in each dtype: a
+    tile's halo, rows carried across its steps, a partial last tile and its prefetch past it."""
+    g = torch.Generator().manual_seed(11)
+    cfg = mod.LaunchConfig(8, 32, 1, 1, 2, True, True, True, 2)
+    x = _x(g, 2, 40, 29, dtype, "token-major")
+    for K, bias, act in ((2, True, "silu"), (3, False, "none"), (5, True, "silu"), (8, True, "silu")):
+        w, b = _params(g, 40, K, dtype, bias)
+        out = mod.conv_triton(*_dev(x, w, b), activation=act, config=cfg, out=_poisoned(2, 40, 29, dtype))
+        _same(out, taps_reference(x, w, b, act=act), act, f"K={K} bias={bias} {act}")
 
 
 @needs_runner
@@ -379,9 +401,10 @@ def test_launch_config():
     for (T, C), cfg in swept.items():
         assert mod.launch_config(T, C) == cfg
     assert mod.launch_config(4096, 4096) == mod.launch_config(16384, 4096) == tiles[4096]
+    short = mod.LaunchConfig(16, 128, 4, 1, 8, False)  # the short-T sweep's (2026-12-05 19:07) below 10240 channels
     for C in (4096, 8192, 11520, 12288):
-        assert mod.launch_config(1024, C) == mod.launch_config(512, C) == tiles[512]
-        assert mod.launch_config(256, C) == tiles[64]
+        assert mod.launch_config(1024, C) == mod.launch_config(512, C) == (short if C < 10240 else tiles[512])
+        assert mod.launch_config(256, C) == (short if C < 10240 else tiles[64])
         assert mod.launch_config(5, C) == mod.LaunchConfig(8, 256, 1, 1, 8, True)
         assert mod.launch_config(3, C) == mod.LaunchConfig(4, 256, 1, 1, 4, True)
         assert mod.launch_config(1, C) == mod.LaunchConfig(1, 256, 1, 1, 1, True)

@@ -12,7 +12,13 @@ dtypes as eager's casts."""
 
 from __future__ import annotations
 
-from kda_inductor.lowerings._conv_configs import PREFILL_CONFIGS, QWEN3_NEXT_SOURCES, UPDATE_CONFIGS, aot_geometry
+from kda_inductor.lowerings._conv_configs import (
+    PREFILL_CONFIGS,
+    QWEN3_NEXT_SOURCES,
+    UPDATE_CONFIGS,
+    LaunchConfig,
+    aot_geometry,
+)
 from kda_inductor.lowerings._triton import tl, triton
 
 __all__ = ["aot_variants", "prefill_kernel", "prefill_kernel_checked", "update_kernel"]
@@ -20,51 +26,15 @@ __all__ = ["aot_variants", "prefill_kernel", "prefill_kernel_checked", "update_k
 prefill_kernel = prefill_kernel_checked = update_kernel = None
 
 if triton is not None:
-    try:
-        from triton.language.extra import libdevice
-    except ImportError:  # pragma: no cover - Triton 3.0 keeps it per backend
-        from triton.language.extra.cuda import libdevice
-
-    from kda_inductor.lowerings._fp8 import bf16_round
-
-    @triton.jit
-    def _round(v, KIND: tl.constexpr, HW: tl.constexpr):
-        """float32 ``v`` rounded to nearest even in the dtype ``KIND`` (0 float32, 1 bfloat16,
-        2 float16), as float32. Without ``HW`` (the interpreter, whose float32 -> bfloat16 cast
-        truncates) bfloat16 by the bits (``_fp8.bf16_round``)."""
-        if KIND == 1:
-            if HW:
-                v = v.to(tl.bfloat16).to(tl.float32)
-            else:
-                v = bf16_round(v)
-        elif KIND == 2:
-            v = v.to(tl.float16).to(tl.float32)
-        return v
-
-    @triton.jit
-    def _to_w(v, D: tl.constexpr, W_KIND: tl.constexpr, HW: tl.constexpr):
-        """A loaded value in the weight's dtype ``D`` (the user's ``x.to(w.dtype)``), as float32."""
-        if HW:
-            out = v.to(D).to(tl.float32)
-        else:
-            out = _round(v.to(tl.float32), W_KIND, False)
-        return out
-
-    @triton.jit
-    def _silu(v, HW: tl.constexpr):
-        """``v / (1 + exp(-v))`` as eager's CUDA silu computes it: libdevice's expf, IEEE division
-        (the interpreter has no libdevice: numpy's exp there)."""
-        if HW:
-            e = libdevice.exp(-v)
-        else:
-            e = tl.exp(-v)
-        return tl.math.div_rn(v, 1.0 + e)
-
-    @triton.jit
-    def _when(cond, m):
-        """``m & cond`` for a scalar ``cond`` (a select: the interpreter's ``&`` of a bool tensor
-        and a scalar bool returns integers, which its loads reject as a mask)."""
-        return tl.where(cond, m, False)
+    from kda_inductor.lowerings._conv_math import halo as _halo
+    from kda_inductor.lowerings._conv_math import round_to as _round
+    from kda_inductor.lowerings._conv_math import sel as _sel
+    from kda_inductor.lowerings._conv_math import silu as _silu
+    from kda_inductor.lowerings._conv_math import taps as _taps
+    from kda_inductor.lowerings._conv_math import to_w as _to_w
+    from kda_inductor.lowerings._conv_math import when as _when
+    from kda_inductor.lowerings._conv_math import xrow as _xrow
+    from kda_inductor.lowerings._conv_stream import stream_tile
 
     @triton.jit
     def _store_row(yp, t, T, m, acc, C: tl.constexpr, SILU: tl.constexpr, ACT_KIND: tl.constexpr,
@@ -158,41 +128,6 @@ if triton is not None:
         return acc
 
     @triton.jit
-    def _sel(n: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, a7):
-        """``(a0, .., a7)[n]`` for a constexpr ``n``."""
-        v = a0
-        if n == 1:
-            v = a1
-        if n == 2:
-            v = a2
-        if n == 3:
-            v = a3
-        if n == 4:
-            v = a4
-        if n == 5:
-            v = a5
-        if n == 6:
-            v = a6
-        if n == 7:
-            v = a7
-        return v
-
-    @triton.jit
-    def _taps(acc, cur, p1, p2, p3, p4, p5, p6, p7, w0, w1, w2, w3, w4, w5, w6, w7, K: tl.constexpr):
-        """aten's sum over a full window: tap ``k`` (oldest first, an FMA each) reads the token
-        ``K - 1 - k`` back (``cur``: this token, ``p<n>``: ``n`` back)."""
-        for k in tl.static_range(K):
-            acc = tl.fma(_sel(k, w0, w1, w2, w3, w4, w5, w6, w7), _sel(K - 1 - k, cur, p1, p2, p3, p4, p5, p6, p7),
-                         acc)
-        return acc
-
-    @triton.jit
-    def _xrow(xp, t, T, sx_t, m, D: tl.constexpr, W_KIND: tl.constexpr, HW: tl.constexpr):
-        """Token ``t`` of the tile's channels in the weight's dtype (float32; 0 outside ``[0, T)``)."""
-        v = tl.load(xp + t * sx_t, mask=_when((t >= 0) & (t < T), m), other=0.0)
-        return _to_w(v, D, W_KIND, HW)
-
-    @triton.jit
     def _rows(xp, t, T, sx_t, m, ROWS: tl.constexpr, D: tl.constexpr, W_KIND: tl.constexpr, HW: tl.constexpr):
         """Tokens ``t .. t + ROWS - 1`` (``ROWS <= 8``), every load issued before any is used."""
         r0 = _xrow(xp, t, T, sx_t, m, D, W_KIND, HW)
@@ -208,27 +143,6 @@ if triton is not None:
             r6 = _xrow(xp, t + 6, T, sx_t, m, D, W_KIND, HW)
             r7 = _xrow(xp, t + 7, T, sx_t, m, D, W_KIND, HW)
         return r0, r1, r2, r3, r4, r5, r6, r7
-
-    @triton.jit
-    def _halo(xp, t0, T, sx_t, m, K: tl.constexpr, D: tl.constexpr, W_KIND: tl.constexpr, HW: tl.constexpr):
-        """The ``K - 1`` tokens before ``t0`` (``p<n>``: ``n`` back; 0 past ``K - 1``)."""
-        p1 = tl.zeros(m.shape, tl.float32)
-        p2, p3, p4, p5, p6, p7 = p1, p1, p1, p1, p1, p1
-        if K > 1:
-            p1 = _xrow(xp, t0 - 1, T, sx_t, m, D, W_KIND, HW)
-        if K > 2:
-            p2 = _xrow(xp, t0 - 2, T, sx_t, m, D, W_KIND, HW)
-        if K > 3:
-            p3 = _xrow(xp, t0 - 3, T, sx_t, m, D, W_KIND, HW)
-        if K > 4:
-            p4 = _xrow(xp, t0 - 4, T, sx_t, m, D, W_KIND, HW)
-        if K > 5:
-            p5 = _xrow(xp, t0 - 5, T, sx_t, m, D, W_KIND, HW)
-        if K > 6:
-            p6 = _xrow(xp, t0 - 6, T, sx_t, m, D, W_KIND, HW)
-        if K > 7:
-            p7 = _xrow(xp, t0 - 7, T, sx_t, m, D, W_KIND, HW)
-        return p1, p2, p3, p4, p5, p6, p7
 
     # ---------------------------------------------------------------- prefill tiles
     @triton.jit
@@ -330,15 +244,15 @@ if triton is not None:
                       H2: tl.constexpr, D2: tl.constexpr, SH2: tl.constexpr, JB2: tl.constexpr, CO2: tl.constexpr,
                       H3: tl.constexpr, D3: tl.constexpr, SH3: tl.constexpr, JB3: tl.constexpr, CO3: tl.constexpr,
                       C: tl.constexpr, NSRC: tl.constexpr, K: tl.constexpr, BLOCK_T: tl.constexpr,
-                      ROWS: tl.constexpr, NUM_STAGES: tl.constexpr, WINDOW: tl.constexpr, BH: tl.constexpr,
-                      BD: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr,
-                      STEPS: tl.constexpr, SILU: tl.constexpr, W_KIND: tl.constexpr, ACT_KIND: tl.constexpr,
-                      OUT_KIND: tl.constexpr, HW: tl.constexpr, X_UNIT: tl.constexpr):
-        """Program (i, j, b): tokens ``[i * BLOCK_T, +BLOCK_T)`` of row ``b`` (varlen: of the one
-        row) x channel block ``j`` (``[BH, BD]`` channels of one source). The tile's ``K``
-        weights per channel and its bias are loaded once, in registers; its inner windows run
-        as the register window (``WINDOW``) or as blocks of taps, a tile holding a sequence
-        start as blocks of taps with the state (:func:`_taps_tile`)."""
+                      ROWS: tl.constexpr, NUM_STAGES: tl.constexpr, WINDOW: tl.constexpr, PREFETCH: tl.constexpr,
+                      PTX: tl.constexpr, UNROLL: tl.constexpr, BH: tl.constexpr, BD: tl.constexpr,
+                      HAS_BIAS: tl.constexpr, HAS_STATE: tl.constexpr, VARLEN: tl.constexpr, STEPS: tl.constexpr,
+                      SILU: tl.constexpr, W_KIND: tl.constexpr, ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr,
+                      HW: tl.constexpr, X_UNIT: tl.constexpr):
+        """Program (i, j, b): tokens ``[i * BLOCK_T, +BLOCK_T)`` of row ``b`` (varlen: the row) x
+        channel block ``j`` (``[BH, BD]`` channels of one source), its ``K`` weights and bias once
+        in registers; inner windows as the streaming window (``PREFETCH``, ``_conv_stream.py``),
+        the register window (``WINDOW``) or blocks of taps; a sequence start's: taps with the state."""
         t0 = tl.program_id(0).to(tl.int64) * BLOCK_T
         b = tl.program_id(2).to(tl.int64)
         xp, off, ch, m = _block(tl.program_id(1), x0, x1, x2, x3, sx_c, H0, D0, SH0, H1, D1, SH1, JB1, CO1,
@@ -354,6 +268,9 @@ if triton is not None:
             _taps_tile(xp, yp, s_ptr, ch, m, cu_ptr, b, t0, T, S, num_seqs, sx_t, ss_n, ss_c, ss_t, bias,
                        w0, w1, w2, w3, w4, w5, w6, w7, C, K, BLOCK_T, ROWS, 1, D, W_KIND, True, HAS_STATE, VARLEN,
                        STEPS, SILU, ACT_KIND, OUT_KIND, HW)
+        elif PREFETCH:
+            stream_tile(xp, yp, m, t0, T, sx_t, bias, w0, w1, w2, w3, w4, w5, w6, w7, C, K, BLOCK_T, ROWS, D, W_KIND,
+                        SILU, ACT_KIND, OUT_KIND, HW, PTX, UNROLL)
         elif WINDOW:
             _window_tile(xp, yp, m, t0, T, sx_t, bias, w0, w1, w2, w3, w4, w5, w6, w7, C, K, BLOCK_T, ROWS,
                          NUM_STAGES, D, W_KIND, SILU, ACT_KIND, OUT_KIND, HW)
@@ -483,7 +400,8 @@ if triton is not None:
 
 def aot_variants():
     """The launches to compile ahead of time for sm_90 (K = 4, bf16): every distinct prefill
-    config of ``PREFILL_CONFIGS`` at 8192 channels and in the Qwen3-Next cat form; with bias,
+    config of ``PREFILL_CONFIGS`` and two of the streaming window (``_conv_stream.py``, with and
+    without its ``ptx``) at 8192 channels and in the Qwen3-Next cat form; with bias,
     state and no silu; varlen (the checked kernel) with a state; every update config class, and
     the state shift alone."""
     from kda_inductor.lowerings import AotVariant, debug_options
@@ -496,9 +414,11 @@ def aot_variants():
     plain = ((1, 8192, 0),)
 
     def tile(cfg):
-        return dict(BLOCK_T=cfg.block_t, ROWS=cfg.rows, NUM_STAGES=cfg.num_stages, WINDOW=cfg.window)
+        return dict(BLOCK_T=cfg.block_t, ROWS=cfg.rows, NUM_STAGES=cfg.num_stages, WINDOW=cfg.window,
+                    PREFETCH=cfg.prefetch, PTX=cfg.ptx, UNROLL=cfg.unroll)
 
-    for cfg in dict.fromkeys(cfg for _, _, cfg, _ in PREFILL_CONFIGS):
+    stream = (LaunchConfig(64, 256, 1, 1, 2, True, True, True, 4), LaunchConfig(64, 128, 1, 1, 4, True, True))
+    for cfg in dict.fromkeys([cfg for _, _, cfg, _ in PREFILL_CONFIGS] + list(stream)):
         for sources in (plain, QWEN3_NEXT_SOURCES):
             consts = dict(pre, **aot_geometry(sources, cfg.block_c), **tile(cfg))
             yield AotVariant(prefill_kernel, pre_types, consts, {"num_warps": cfg.num_warps})

@@ -85,7 +85,8 @@ def _launch_prefill(srcs, w, bias, state, cu_seqlens, out, activation, act_dtype
             *ptrs, w, bias if bias is not None else w, st, cu_seqlens if cu_seqlens is not None else w, out,
             meta.tokens, meta.state_width, meta.num_seqs, **strides, ss_n=s_strides[0], ss_c=s_strides[1],
             ss_t=s_strides[2], sw_c=w.stride(0), sw_k=w.stride(1), **consts, BLOCK_T=cfg.block_t, ROWS=cfg.rows,
-            NUM_STAGES=cfg.num_stages, WINDOW=cfg.window, HAS_STATE=state is not None,
+            NUM_STAGES=cfg.num_stages, WINDOW=cfg.window, PREFETCH=cfg.prefetch, UNROLL=cfg.unroll,
+            PTX=cfg.ptx and (bh * bd) % (128 * cfg.num_warps) == 0, HAS_STATE=state is not None,
             VARLEN=cu_seqlens is not None, STEPS=_steps(meta.num_seqs), num_warps=cfg.num_warps, **extra,
         )
 

@@ -29,6 +29,7 @@ if triton is not None:
     from kda_inductor.lowerings._conv_math import halo as _halo
     from kda_inductor.lowerings._conv_math import round_to as _round
     from kda_inductor.lowerings._conv_math import sel as _sel
+    from kda_inductor.lowerings._conv_math import shift as _shift
     from kda_inductor.lowerings._conv_math import silu as _silu
     from kda_inductor.lowerings._conv_math import taps as _taps
     from kda_inductor.lowerings._conv_math import to_w as _to_w
@@ -160,19 +161,7 @@ if triton is not None:
                 cur = _sel(i, r0, r1, r2, r3, r4, r5, r6, r7)
                 acc = _taps(bias, cur, p1, p2, p3, p4, p5, p6, p7, w0, w1, w2, w3, w4, w5, w6, w7, K)
                 _store_row(yp, t0 + r + i, T, m, acc, C, SILU, ACT_KIND, OUT_KIND, HW)
-                if K > 7:
-                    p7 = p6
-                if K > 6:
-                    p6 = p5
-                if K > 5:
-                    p5 = p4
-                if K > 4:
-                    p4 = p3
-                if K > 3:
-                    p3 = p2
-                if K > 2:
-                    p2 = p1
-                p1 = cur
+                p7, p6, p5, p4, p3, p2, p1 = _shift(p1, p2, p3, p4, p5, p6, p7, cur, K)
 
     @triton.jit
     def _edge_tap(acc, wk, xp, srow, src, start, mt, S, sx_t, ss_t, D: tl.constexpr, W_KIND: tl.constexpr,

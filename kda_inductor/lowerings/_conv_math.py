@@ -1,15 +1,16 @@
 """The arithmetic the ``kda::causal_conv1d`` kernels share (``_conv_kernels.py``'s register
 window and blocks of taps, ``_conv_stream.py``'s streaming window): roundings to the conv's
 dtypes as eager's casts, eager's silu, the taps' sum in aten's order (the bias, then one FMA per
-tap, oldest first, in float32), token rows and a tile's halo."""
+tap, oldest first, in float32), token rows, a tile's halo and the register window's step
+(``shift``)."""
 
 from __future__ import annotations
 
 from kda_inductor.lowerings._triton import tl, triton
 
-__all__ = ["aot_variants", "halo", "round_to", "sel", "silu", "taps", "to_w", "when", "xrow"]
+__all__ = ["aot_variants", "halo", "round_to", "sel", "shift", "silu", "taps", "to_w", "when", "xrow"]
 
-halo = round_to = sel = silu = taps = to_w = when = xrow = None
+halo = round_to = sel = shift = silu = taps = to_w = when = xrow = None
 
 if triton is not None:
     try:
@@ -86,6 +87,23 @@ if triton is not None:
             acc = tl.fma(sel(k, w0, w1, w2, w3, w4, w5, w6, w7), sel(K - 1 - k, cur, p1, p2, p3, p4, p5, p6, p7),
                          acc)
         return acc
+
+    @triton.jit
+    def shift(p1, p2, p3, p4, p5, p6, p7, cur, K: tl.constexpr):
+        """The window one token on: ``cur`` becomes 1 back (returned oldest first)."""
+        if K > 7:
+            p7 = p6
+        if K > 6:
+            p6 = p5
+        if K > 5:
+            p5 = p4
+        if K > 4:
+            p4 = p3
+        if K > 3:
+            p3 = p2
+        if K > 2:
+            p2 = p1
+        return p7, p6, p5, p4, p3, p2, cur
 
     @triton.jit
     def xrow(xp, t, T, sx_t, m, D: tl.constexpr, W_KIND: tl.constexpr, HW: tl.constexpr):

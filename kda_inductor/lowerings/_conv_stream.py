@@ -29,7 +29,7 @@ if triton is not None:
     except ImportError:  # pragma: no cover - Triton 3.0 keeps it per backend
         from triton.language.extra.cuda import libdevice
 
-    from kda_inductor.lowerings._conv_math import halo, round_to, sel, silu, taps, to_w, when
+    from kda_inductor.lowerings._conv_math import halo, round_to, sel, shift, silu, taps, to_w, when
 
     @triton.jit
     def _ahead(xp, t, end, sx_t, m, ROWS: tl.constexpr):
@@ -48,23 +48,6 @@ if triton is not None:
             r6 = tl.load(xp + (t + 6) * sx_t, mask=when(t + 6 < end, m), other=0.0)
             r7 = tl.load(xp + (t + 7) * sx_t, mask=when(t + 7 < end, m), other=0.0)
         return r0, r1, r2, r3, r4, r5, r6, r7
-
-    @triton.jit
-    def _shift(p1, p2, p3, p4, p5, p6, p7, cur, K: tl.constexpr):
-        """The window one token on: ``cur`` becomes 1 back (returned oldest first)."""
-        if K > 7:
-            p7 = p6
-        if K > 6:
-            p6 = p5
-        if K > 5:
-            p5 = p4
-        if K > 4:
-            p4 = p3
-        if K > 3:
-            p3 = p2
-        if K > 2:
-            p2 = p1
-        return p7, p6, p5, p4, p3, p2, cur
 
     _DIV4 = tl.constexpr("""{
     .reg .f32 r<4>, e<4>, q<4>, s<4>, a<4>, n<4>;
@@ -148,7 +131,7 @@ if triton is not None:
                 cur = to_w(sel(i, c0, c1, c2, c3, c4, c5, c6, c7), D, W_KIND, HW)
                 acc = taps(bias, cur, p1, p2, p3, p4, p5, p6, p7, w0, w1, w2, w3, w4, w5, w6, w7, K)
                 _out_row(yp, t0 + r + i, end, m, acc, C, SILU, ACT_KIND, OUT_KIND, HW, PTX)
-                p7, p6, p5, p4, p3, p2, p1 = _shift(p1, p2, p3, p4, p5, p6, p7, cur, K)
+                p7, p6, p5, p4, p3, p2, p1 = shift(p1, p2, p3, p4, p5, p6, p7, cur, K)
 
     stream_tile = _stream_tile
 

@@ -187,6 +187,23 @@ if triton is not None:
         _store(_tile(kdb, L, K, skd_t, 1, 48, 0, 16, KP), X3 * tl.exp(tl.where(r + 48 < L, gl - c3, 0.0))[:, None])
 
     @triton.jit
+    def _wu_store(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, b0, b1, b2, b3, c0, c1, c2, c3,
+                  w_ptr, v_ptr, u_ptr, h64, t0, L, K, V, sw_t, sw_h, sv_t, sv_h, sv_v, su_t, su_h, KP: tl.constexpr,
+                  BV: tl.constexpr, DOT: tl.constexpr):
+        """``wu_kernel``'s and ``wu2_kernel``'s last step: from ``Tinv``'s blocks, the key rows ``X``,
+        ``beta`` (``b``) and ``gc`` (``c``) by their four 16-row blocks, ``w = Tinv (beta exp(gc) k)``
+        and ``u = Tinv (beta v)`` (by ``BV`` value columns) stored."""
+        X0, X1 = X0 * (b0 * tl.exp(c0))[:, None], X1 * (b1 * tl.exp(c1))[:, None]
+        X2, X3 = X2 * (b2 * tl.exp(c2))[:, None], X3 * (b3 * tl.exp(c3))[:, None]
+        _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, w_ptr + h64 * sw_h + t0 * sw_t, L, K,
+            sw_t, 0, KP, DOT)
+        vb, ub = v_ptr + h64 * sv_h + t0 * sv_t, u_ptr + h64 * su_h + t0 * su_t
+        for j in range(0, tl.cdiv(V, BV)):
+            _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, _rows16(vb, L, V, sv_t, sv_v, 0, j * BV, b0, BV),
+                _rows16(vb, L, V, sv_t, sv_v, 1, j * BV, b1, BV), _rows16(vb, L, V, sv_t, sv_v, 2, j * BV, b2, BV),
+                _rows16(vb, L, V, sv_t, sv_v, 3, j * BV, b3, BV), ub, L, V, su_t, j * BV, BV, DOT)
+
+    @triton.jit
     def wu_kernel(k_ptr, v_ptr, b_ptr, a_ptr, gc_ptr, w_ptr, u_ptr, kd_ptr, seq_ptr, start_ptr, len_ptr, K, V, GROUP,
                   eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sb_t, sb_h, sa_t, sa_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h,
                   skd_t, skd_h, KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
@@ -214,15 +231,8 @@ if triton is not None:
         if PRE_KD:
             _store_kd(kd_ptr + h64 * skd_h + t0 * skd_t, tl.load(cb + (L - 1) * sc_t, mask=L > 0, other=0.0),
                       X0, X1, X2, X3, c0, c1, c2, c3, r, L, K, skd_t, KP)
-        X0, X1 = X0 * (b0 * tl.exp(c0))[:, None], X1 * (b1 * tl.exp(c1))[:, None]
-        X2, X3 = X2 * (b2 * tl.exp(c2))[:, None], X3 * (b3 * tl.exp(c3))[:, None]
-        _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, w_ptr + h64 * sw_h + t0 * sw_t, L, K,
-            sw_t, 0, KP, DOT)
-        vb, ub = v_ptr + h64 * sv_h + t0 * sv_t, u_ptr + h64 * su_h + t0 * su_t
-        for j in range(0, tl.cdiv(V, BV)):
-            _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, _rows16(vb, L, V, sv_t, sv_v, 0, j * BV, b0, BV),
-                _rows16(vb, L, V, sv_t, sv_v, 1, j * BV, b1, BV), _rows16(vb, L, V, sv_t, sv_v, 2, j * BV, b2, BV),
-                _rows16(vb, L, V, sv_t, sv_v, 3, j * BV, b3, BV), ub, L, V, su_t, j * BV, BV, DOT)
+        _wu_store(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, b0, b1, b2, b3, c0, c1, c2, c3,
+                  w_ptr, v_ptr, u_ptr, h64, t0, L, K, V, sw_t, sw_h, sv_t, sv_h, sv_v, su_t, su_h, KP, BV, DOT)
 
     @triton.jit
     def scan_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, kd_ptr, cu_ptr, cuc_ptr, K, V, GROUP,
@@ -414,15 +424,8 @@ if triton is not None:
             _akk(X2, X1, b2, c2, c1, DOT, False), _akk(X2, X2, b2, c2, c2, DOT, True),
             _akk(X3, X0, b3, c3, c0, DOT, False), _akk(X3, X1, b3, c3, c1, DOT, False),
             _akk(X3, X2, b3, c3, c2, DOT, False), _akk(X3, X3, b3, c3, c3, DOT, True))
-        X0, X1 = X0 * (b0 * tl.exp(c0))[:, None], X1 * (b1 * tl.exp(c1))[:, None]
-        X2, X3 = X2 * (b2 * tl.exp(c2))[:, None], X3 * (b3 * tl.exp(c3))[:, None]
-        _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, w_ptr + h64 * sw_h + t0 * sw_t, L, K,
-            sw_t, 0, KP, DOT)
-        vb, ub = v_ptr + h64 * sv_h + t0 * sv_t, u_ptr + h64 * su_h + t0 * su_t
-        for j in range(0, tl.cdiv(V, BV)):
-            _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, _rows16(vb, L, V, sv_t, sv_v, 0, j * BV, b0, BV),
-                _rows16(vb, L, V, sv_t, sv_v, 1, j * BV, b1, BV), _rows16(vb, L, V, sv_t, sv_v, 2, j * BV, b2, BV),
-                _rows16(vb, L, V, sv_t, sv_v, 3, j * BV, b3, BV), ub, L, V, su_t, j * BV, BV, DOT)
+        _wu_store(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, b0, b1, b2, b3, c0, c1, c2, c3,
+                  w_ptr, v_ptr, u_ptr, h64, t0, L, K, V, sw_t, sw_h, sv_t, sv_h, sv_v, su_t, su_h, KP, BV, DOT)
 
     @triton.jit
     def scan2_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, rk_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, n_tok, n_chk, K,

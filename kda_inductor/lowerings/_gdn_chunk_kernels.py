@@ -361,6 +361,36 @@ if triton is not None:
         return c0, c1, c2, c3
 
     @triton.jit
+    def _keys_op(bp, rkb, s_t, rows, L, eps, L2NORM: tl.constexpr, DOT: tl.constexpr, OPERAND: tl.constexpr):
+        """:func:`_keys_rk`; ``OPERAND``: kept in the products' operand dtype (bfloat16 for ``DOT``
+        ``"bf16"`` / ``"bf16emu"``: half the registers of the four row blocks)."""
+        x = _keys_rk(bp, rkb, s_t, rows, L, eps, L2NORM)
+        if OPERAND:
+            if DOT == "bf16" or DOT == "bf16emu":
+                x = x.to(tl.bfloat16)
+        return x
+
+    @triton.jit
+    def _chunk_rows(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, h, t0, L, K, GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t,
+                    sb_h, sc_t, sc_h, KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                    OPERAND: tl.constexpr):
+        """What ``wu2_kernel`` and v3's solve read of head ``h``'s chunk at ``t0``, by four 16-row
+        blocks: ``gc`` (stored, :func:`_gc16`), ``beta`` and the key rows (:func:`_keys_op`, their
+        ``1 / |k|`` stored when ``L2NORM``). Returns ``(h64, c0..c3, b0..b3, X0..X3)``."""
+        r = tl.arange(0, 16)
+        h64 = h.to(tl.int64)
+        gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
+        c0, c1, c2, c3 = _gc16(gb, cb, sg_t, sc_t, r, L)
+        b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
+            _vec(bb, sb_t, r + 48, L)
+        kb, rb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, rk_ptr + h64 * sc_h + t0 * sc_t
+        X0 = _keys_op(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), rb, sc_t, r, L, eps, L2NORM, DOT, OPERAND)
+        X1 = _keys_op(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), rb, sc_t, r + 16, L, eps, L2NORM, DOT, OPERAND)
+        X2 = _keys_op(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), rb, sc_t, r + 32, L, eps, L2NORM, DOT, OPERAND)
+        X3 = _keys_op(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), rb, sc_t, r + 48, L, eps, L2NORM, DOT, OPERAND)
+        return h64, c0, c1, c2, c3, b0, b1, b2, b3, X0, X1, X2, X3
+
+    @triton.jit
     def _seq_range(n, n64, cu_ptr, cuc_ptr, n_tok, n_chk, REGULAR: tl.constexpr):
         """``(first token, end token, first chunk, end chunk)`` of sequence ``n``."""
         if REGULAR:
@@ -407,17 +437,9 @@ if triton is not None:
         (in registers), ``Tinv = (I + A)^-1``, ``w = Tinv (beta exp(gc) k)``, ``u = Tinv (beta v)``."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
-        r = tl.arange(0, 16)
-        h64 = h.to(tl.int64)
-        gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
-        c0, c1, c2, c3 = _gc16(gb, cb, sg_t, sc_t, r, L)
-        b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
-            _vec(bb, sb_t, r + 48, L)
-        kb, rb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, rk_ptr + h64 * sc_h + t0 * sc_t
-        X0 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), rb, sc_t, r, L, eps, L2NORM)
-        X1 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), rb, sc_t, r + 16, L, eps, L2NORM)
-        X2 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), rb, sc_t, r + 32, L, eps, L2NORM)
-        X3 = _keys_rk(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), rb, sc_t, r + 48, L, eps, L2NORM)
+        h64, c0, c1, c2, c3, b0, b1, b2, b3, X0, X1, X2, X3 = _chunk_rows(
+            k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, h, t0, L, K, GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t, sb_h, sc_t,
+            sc_h, KP, L2NORM, DOT, False)
         T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(
             _akk(X0, X0, b0, c0, c0, DOT, True), _akk(X1, X0, b1, c1, c0, DOT, False),
             _akk(X1, X1, b1, c1, c1, DOT, True), _akk(X2, X0, b2, c2, c0, DOT, False),
@@ -520,8 +542,8 @@ if triton is not None:
         _store(_tile(o_ptr + h64 * so_h + t0 * so_t, L, V, so_t, 1, 0, j * BV, 64, BV), o)
 
     # shared with the v3 kernels (:mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`)
-    chunk2, dot, gc16, keys_rk, load, store, tile, unit_lower_inverse, vec = (
-        _chunk2, _dot, _gc16, _keys_rk, _load, _store, _tile, _unit_lower_inverse, _vec)
+    chunk2, chunk_rows, dot, load, store, tile, unit_lower_inverse, vec = (
+        _chunk2, _chunk_rows, _dot, _load, _store, _tile, _unit_lower_inverse, _vec)
     out_ids, raw, sumsq = _out_ids, _raw, _sumsq
 
 

@@ -27,9 +27,8 @@ from kda_inductor.lowerings._triton import tl, triton
 
 if triton is not None:
     from kda_inductor.lowerings._gdn_chunk_kernels import chunk2 as _chunk2
+    from kda_inductor.lowerings._gdn_chunk_kernels import chunk_rows as _chunk_rows
     from kda_inductor.lowerings._gdn_chunk_kernels import dot as _dot
-    from kda_inductor.lowerings._gdn_chunk_kernels import gc16 as _gc16
-    from kda_inductor.lowerings._gdn_chunk_kernels import keys_rk as _keys_rk
     from kda_inductor.lowerings._gdn_chunk_kernels import load as _load
     from kda_inductor.lowerings._gdn_chunk_kernels import store as _store
     from kda_inductor.lowerings._gdn_chunk_kernels import tile as _tile
@@ -40,18 +39,10 @@ if triton is not None:
     from kda_inductor.lowerings._gdn_chunk_kernels import vec as _vec
 
     @triton.jit
-    def _keys3(bp, rkb, s_t, rows, L, eps, L2NORM: tl.constexpr, DOT: tl.constexpr):
-        """:func:`~._gdn_chunk_kernels._keys_rk` kept in the products' operand dtype (bfloat16 for
-        ``DOT`` ``"bf16"`` / ``"bf16emu"``: half the registers of the four row blocks)."""
-        x = _keys_rk(bp, rkb, s_t, rows, L, eps, L2NORM)
-        if DOT == "bf16" or DOT == "bf16emu":
-            x = x.to(tl.bfloat16)
-        return x
-
-    @triton.jit
     def _akk3(Xi, Xj, bi, ci, cj, DOT: tl.constexpr, DIAG: tl.constexpr):
         """Block ``(i, j)`` of ``A``: ``(k_i . k_j) beta_i exp(gc_i - gc_j)`` (strictly lower on the
-        diagonal), the factors applied to the product (its operands the keys as :func:`_keys3` keeps them)."""
+        diagonal), the factors applied to the product (its operands the keys as
+        :func:`~._gdn_chunk_kernels._chunk_rows` keeps them for v3: ``OPERAND``)."""
         a = _dot(Xi, tl.trans(Xj), DOT)
         d = ci[:, None] - cj[None, :]
         if DIAG:
@@ -135,17 +126,9 @@ if triton is not None:
                sb_h, sc_t, sc_h, sa_t, sa_h, KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
                INV: tl.constexpr):
         """:data:`solve3_kernel`'s work for head ``h`` of the chunk at token ``t0`` (``L`` tokens)."""
-        r = tl.arange(0, 16)
-        h64 = h.to(tl.int64)
-        gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
-        c0, c1, c2, c3 = _gc16(gb, cb, sg_t, sc_t, r, L)
-        b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
-            _vec(bb, sb_t, r + 48, L)
-        kb, rb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, rk_ptr + h64 * sc_h + t0 * sc_t
-        X0 = _keys3(_tile(kb, L, K, sk_t, sk_k, 0, 0, 16, KP), rb, sc_t, r, L, eps, L2NORM, DOT)
-        X1 = _keys3(_tile(kb, L, K, sk_t, sk_k, 16, 0, 16, KP), rb, sc_t, r + 16, L, eps, L2NORM, DOT)
-        X2 = _keys3(_tile(kb, L, K, sk_t, sk_k, 32, 0, 16, KP), rb, sc_t, r + 32, L, eps, L2NORM, DOT)
-        X3 = _keys3(_tile(kb, L, K, sk_t, sk_k, 48, 0, 16, KP), rb, sc_t, r + 48, L, eps, L2NORM, DOT)
+        h64, c0, c1, c2, c3, b0, b1, b2, b3, X0, X1, X2, X3 = _chunk_rows(
+            k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, h, t0, L, K, GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t, sb_h, sc_t,
+            sc_h, KP, L2NORM, DOT, True)
         T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse3(
             _akk3(X0, X0, b0, c0, c0, DOT, True), _akk3(X1, X0, b1, c1, c0, DOT, False),
             _akk3(X1, X1, b1, c1, c1, DOT, True), _akk3(X2, X0, b2, c2, c0, DOT, False),

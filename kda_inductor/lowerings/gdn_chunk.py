@@ -44,7 +44,7 @@ from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import check_tensor, definitely
 from kda_inductor.lowerings._gdn_chunk_kernels import CHUNK
 from kda_inductor.lowerings._triton import triton
-from kda_inductor.lowerings.gdn_recurrent_step import (check_gates, check_qkv, check_scalars, check_sizes,
+from kda_inductor.lowerings.gdn_recurrent_step import (StepMeta, check_gates, check_qkv, check_scalars, check_sizes,
                                                        reference_step)
 
 __all__ = ["CHUNK", "DEFAULT", "FAST", "FAST3", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk",
@@ -53,22 +53,12 @@ __all__ = ["CHUNK", "DEFAULT", "FAST", "FAST3", "ChunkMeta", "LaunchConfig", "ch
 _INTS = (torch.int32, torch.int64)
 
 
-class ChunkMeta(NamedTuple):
-    """The geometry :func:`validate` returns."""
+class ChunkMeta(NamedTuple("_ChunkFields", [*StepMeta.__annotations__.items(), ("sequences", int)])):
+    """The geometry :func:`validate` returns: :class:`~.gdn_recurrent_step.StepMeta`'s fields (the same
+    names, in its order, and its ``group``), then ``sequences`` (``N``: ``B``, or ``len(cu_seqlens) - 1``)."""
 
-    batch: int
-    tokens: int
-    k_heads: int
-    v_heads: int
-    k_dim: int
-    v_dim: int
-    per_channel: bool
-    sequences: int
-    """``N``: ``B``, or ``len(cu_seqlens) - 1``."""
-
-    @property
-    def group(self) -> int:
-        return self.v_heads // self.k_heads
+    __slots__ = ()
+    group = StepMeta.group
 
 
 def validate(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,

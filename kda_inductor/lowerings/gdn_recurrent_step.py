@@ -385,12 +385,20 @@ SMALL_HEADS = 512
 LAUNCH_TABLE = (
     TableRow((1, 1), (1, SMALL_HEADS), LaunchConfig(16, 1), "H200 2026-12-03 (bf322d0): B 1 4.2 us, B 8 10.8"),
     TableRow((1, 1), (SMALL_HEADS + 1, None), LaunchConfig(64, 4), "H200 2026-12-03: B 32 37.7, B 128 135.7 us"),
-    TableRow((2, 8), (1, None), LaunchConfig(16, 1),
-             "H200 2026-12-03: T 4, B 32 55.4, B 128 202.2 us; H100 2026-12-05: faster than the window body"),
+    TableRow((2, 8), (1, SMALL_HEADS), LaunchConfig(16, 1),
+             "H100 2026-12-05 21:28 (6136ae3): B 1 T 2 / 4 / 8 4.66 / 6.05 / 8.83 us (floor 1.4; FLA 15.1 / 18.0 / 23.7)"),
+    TableRow((2, 8), (SMALL_HEADS + 1, None), LaunchConfig(16, 1, max_registers=128),
+             "H100 2026-12-05 21:28 (6136ae3): T 4, B 32 58.8, B 128 203.8 us (floor 45.2 / 180.6; FLA 91.1 / 317.2; "
+             "without the register bound 64.8 / 240.5)"),
 )
 """The fixed launch table (no run-time autotuning: CUDA graphs and reproducibility) at Qwen3-Next's
-dims (K = V = 128), by class. Measured rows name their run. ``T > 1`` keeps the token-by-token
-body: on an H100 (2026-12-05, ``bench_gdn_recurrent_step.py --verify``,
+dims (K = V = 128), by class. Measured rows name their run. ``T > 1`` from 32 sequences bounds the
+token-by-token body at 128 registers a thread (more programs an SM: the state tiles' loads of one
+program overlap another's token math): on an H100 (2026-12-05 21:28, 6136ae3, ``--verify``), T 2 / 4 /
+8 at B 32: 53.5 / 58.8 / 76.8 us against 55.3 / 64.8 / 87.2 without the bound, at B 128 203.0 / 203.8 /
+268.1 against 211.6 / 240.5 / 315.9 (KDA alike: T 4 63.2 / 219.2 against 68.8 / 256.5); the
+persistent body (:mod:`._gdn_tiles`) was slower than both at every B >= 32 (T 4, B 128: 264.5-386.6),
+and at T = 1 the 64 x 4 launch stays ahead (184.2 us at B 128 against 203.0 bounded). The window body: on an H100 (2026-12-05, ``bench_gdn_recurrent_step.py --verify``,
 ``benchmarks/results/gdn_recurrent_step_verify.json``), Qwen3-Next T = 4, the window body (16 x 1)
 took 70.0 / 255.7 us at B 32 / 128 against the token-by-token body's 65.5 / 242.7 (16 x 1), 64.4 /
 237.4 (16 x 1, scaled) and 67.4 / 229.2 (64 x 4), floor 45.6 / 182.5, FLA 91.4 / 318.8; so the

@@ -1,0 +1,315 @@
+"""The Triton kernels of ``kda::gdn_chunk`` with a decay per key channel (KDA, Kimi Linear: ``g``
+``[B, T, Hv, K]``); the op, its checks and the launcher are in :mod:`kda_inductor.lowerings.gdn_chunk`.
+
+Per value head and chunk of ``C = 64`` tokens (rows ``i, j``), ``gc`` the cumulative log decay
+``[C, K]`` inside the chunk (``<= 0``, non-increasing down the rows), keys and queries
+l2-normalized when asked (``rk = 1 / |k|``, ``rq = 1 / |q|``), ``S`` the state ``[K, V]`` at the
+chunk's start; the token recurrence ``S_t = diag(exp(g_t)) S_{t-1} + k_t delta_t^T`` unrolled::
+
+    A_ij   = beta_i sum_c k_ic k_jc exp(gc_ic - gc_jc)   (j < i)      w = (I + A)^-1 (beta k exp(gc))
+    Aqk_ij = scale sum_c q_ic k_jc exp(gc_ic - gc_jc)    (j <= i)     u = (I + A)^-1 (beta v)
+    v_new = u - w S;  S' = diag(exp(gc_last)) S + (k exp(gc_last - gc))^T v_new
+    o = (scale q exp(gc)) S + Aqk v_new
+
+Numerics: ``exp(gc_i - gc_j)`` is never a product of ``exp(gc_i)`` and ``exp(-gc_j)`` (the second
+overflows float32 past ``-gc = 88``: 9 tokens at Kimi's strongest decays). The chunk is four blocks
+of 16 rows; ``G`` a block's own cumulative sum (from its first row, ``>= -160`` at ``g = -10``),
+``tot`` its sum. Below the diagonal, block ``(I, J)``'s factor is split at the token before block
+``I`` (``gn``): ``exp(gc_i - gn) = exp(G_I)`` and ``exp(gn - gc_j) = exp(tot_J - G_J) prod_{J < M <
+I} exp(tot_M)``, every exponent ``<= 0`` (an underflow to zero is the true value's, below 1e-38).
+On the diagonal, column by column: ``exp(G_I[i] - G_I[j])`` for ``i >= j`` only (16 steps, the key
+row and ``G_I[j]`` read again). ``k exp(gc_last - gc)`` likewise from block sums. The norms and
+``beta`` / ``scale`` are applied to the products (raw keys as operands).
+
+1. :data:`intra_kernel` (chunk x head): ``gc`` (float32), ``A`` in registers, ``Aqk``, ``Tinv``,
+   ``w``, ``u`` and ``kd = k rk exp(gc_last - gc)`` stored (the scan's sequential path then holds
+   no exponential of a tile).
+2. :data:`scan_kernel` (sequence x head x column block): the state in two 64-row register blocks:
+   store ``S``, ``v_new = u - w S``, ``S = exp(gc_last) S + kd^T v_new`` (``exp(gc_last)`` a row
+   factor of the state).
+3. :data:`output_kernel` (chunk x head x column block): ``o = diag(scale rq) ((q exp(gc)) S) +
+   Aqk v_new``.
+
+``DOT`` as in :mod:`~kda_inductor.lowerings._gdn_chunk_kernels` (``"bf16"``: bfloat16 operands,
+float32 accumulation; the intermediates then stored bfloat16 by the launcher); ``gc``, ``A`` and the
+inverse stay float32. Rows past a sequence's end load as zeros and are never stored.
+"""
+
+from __future__ import annotations
+
+from kda_inductor.lowerings._gdn_chunk_kernels import aot_signature as _aot_signature
+from kda_inductor.lowerings._triton import tl, triton
+
+if triton is not None:
+    from kda_inductor.lowerings._gdn_chunk_kernels import chunk2 as _chunk2
+    from kda_inductor.lowerings._gdn_chunk_kernels import dot as _dot
+    from kda_inductor.lowerings._gdn_chunk_kernels import inverse as _inverse
+    from kda_inductor.lowerings._gdn_chunk_kernels import load as _load
+    from kda_inductor.lowerings._gdn_chunk_kernels import out_ids as _out_ids
+    from kda_inductor.lowerings._gdn_chunk_kernels import raw as _raw
+    from kda_inductor.lowerings._gdn_chunk_kernels import seq_range as _seq_range
+    from kda_inductor.lowerings._gdn_chunk_kernels import state_in as _state_in
+    from kda_inductor.lowerings._gdn_chunk_kernels import store as _store
+    from kda_inductor.lowerings._gdn_chunk_kernels import sumsq as _sumsq
+    from kda_inductor.lowerings._gdn_chunk_kernels import tile as _tile
+    from kda_inductor.lowerings._gdn_chunk_kernels import ut as _ut
+    from kda_inductor.lowerings._gdn_chunk_kernels import vec as _vec
+
+    @triton.jit
+    def _gblock(gb, i, L, K, sg_t, sg_k, KP: tl.constexpr):
+        """Block ``i``'s (rows ``16 i ..``) own cumulative log decay ``G`` ``[16, KP]`` and its sum ``tot``."""
+        g = _load(_tile(gb, L, K, sg_t, sg_k, 16 * i, 0, 16, KP))
+        return tl.cumsum(g, 0), tl.sum(g, 0)
+
+    @triton.jit
+    def _diag(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP: tl.constexpr):
+        """Diagonal block ``i`` of ``A`` and ``Aqk`` (raw keys, no ``beta`` / norms / scale), column by
+        column: ``exp(G[r] - G[j])`` for rows ``r >= j`` only (no exponent above zero)."""
+        r, cols = tl.arange(0, 16), tl.arange(0, KP)
+        a = tl.zeros((16, 16), tl.float32)
+        aq = tl.zeros((16, 16), tl.float32)
+        gj = tl.zeros((KP,), tl.float32)
+        for j in range(16):
+            row = 16 * i + j
+            live = (cols < K) & (cols * 0 + row < L)
+            kj = tl.load(kb + row * sk_t + cols * sk_k, mask=live, other=0.0).to(tl.float32)
+            gj += tl.load(gb + row * sg_t + cols * sg_k, mask=live, other=0.0).to(tl.float32)
+            e = tl.exp(tl.where(r[:, None] >= j, G - gj[None, :], 0.0)) * kj[None, :]
+            at = tl.where(r > j, tl.sum(X * e, 1), 0.0)
+            qt = tl.where(r >= j, tl.sum(Q * e, 1), 0.0)
+            a += tl.where(r[None, :] == j, at[:, None], 0.0)
+            aq += tl.where(r[None, :] == j, qt[:, None], 0.0)
+        return a, aq
+
+    @triton.jit
+    def _rows(qb, kb, gb, i, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP: tl.constexpr):
+        """Block ``i``'s raw key and query rows, ``G``, ``tot``, the rows' squared norms, and its
+        diagonal blocks of ``A`` / ``Aqk`` (:func:`_diag`)."""
+        X = _load(_tile(kb, L, K, sk_t, sk_k, 16 * i, 0, 16, KP))
+        Q = _load(_tile(qb, L, K, sq_t, sq_k, 16 * i, 0, 16, KP))
+        G, tot = _gblock(gb, i, L, K, sg_t, sg_k, KP)
+        a, aq = _diag(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP)
+        return X, Q, G, tot, _sumsq(X), _sumsq(Q), a, aq
+
+    @triton.jit
+    def _off(X, Q, G, R, DOT: tl.constexpr):
+        """Block ``(I, J)`` below the diagonal of ``A`` and ``Aqk`` (raw): ``(X_I exp(G_I)) R_J^T``,
+        ``R_J = k_J exp(gn_I - gc_J)``."""
+        e = tl.exp(G)
+        Rt = tl.trans(R)
+        return _dot(X * e, Rt, DOT), _dot(Q * e, Rt, DOT)
+
+    @triton.jit
+    def _raw_blocks(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP: tl.constexpr, DOT: tl.constexpr):
+        """``A``'s and ``Aqk``'s ten blocks on and below the diagonal from raw keys (no ``beta``, norms
+        or scale), the key rows' and query rows' squared norms by block."""
+        X0, Q0, G0, t0, nk0, nq0, a00, q00 = _rows(qb, kb, gb, 0, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP)
+        R0 = X0 * tl.exp(t0[None, :] - G0)
+        X1, Q1, G1, t1, nk1, nq1, a11, q11 = _rows(qb, kb, gb, 1, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP)
+        a10, q10 = _off(X1, Q1, G1, R0, DOT)
+        R0, R1 = R0 * tl.exp(t1)[None, :], X1 * tl.exp(t1[None, :] - G1)
+        X2, Q2, G2, t2, nk2, nq2, a22, q22 = _rows(qb, kb, gb, 2, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP)
+        a20, q20 = _off(X2, Q2, G2, R0, DOT)
+        a21, q21 = _off(X2, Q2, G2, R1, DOT)
+        e2 = tl.exp(t2)[None, :]
+        R0, R1, R2 = R0 * e2, R1 * e2, X2 * tl.exp(t2[None, :] - G2)
+        X3, Q3, G3, t3, nk3, nq3, a33, q33 = _rows(qb, kb, gb, 3, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP)
+        a30, q30 = _off(X3, Q3, G3, R0, DOT)
+        a31, q31 = _off(X3, Q3, G3, R1, DOT)
+        a32, q32 = _off(X3, Q3, G3, R2, DOT)
+        return (a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, q00, q10, q11, q20, q21, q22, q30, q31, q32, q33,
+                nk0, nk1, nk2, nk3, nq0, nq1, nq2, nq3)
+
+    @triton.jit
+    def _inv_norm(n, eps, L2NORM: tl.constexpr):
+        if L2NORM:
+            return tl.math.rsqrt(n + eps)
+        else:
+            return tl.full(n.shape, 1.0, tl.float32)
+
+    @triton.jit
+    def _store_aq(ab, L, sa_t, q00, q10, q11, q20, q21, q22, q30, q31, q32, q33, s0, s1, s2, s3, k0, k1, k2, k3):
+        """``Aqk``'s blocks times the query rows' ``scale rq`` (``s``) and the key columns' ``rk`` (``k``),
+        stored as one ``[64, 64]`` tile (zeros above the diagonal)."""
+        z = tl.zeros((16, 64), tl.float32)
+        for i in tl.static_range(3):  # right of the diagonal (columns past 64 masked)
+            _store(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * i + 16, 16, 64), z)
+        _store(_tile(ab, L, 64, sa_t, 1, 0, 0, 16, 16), q00 * s0[:, None] * k0[None, :])
+        _store(_tile(ab, L, 64, sa_t, 1, 16, 0, 16, 16), q10 * s1[:, None] * k0[None, :])
+        _store(_tile(ab, L, 64, sa_t, 1, 16, 16, 16, 16), q11 * s1[:, None] * k1[None, :])
+        _store(_tile(ab, L, 64, sa_t, 1, 32, 0, 16, 16), q20 * s2[:, None] * k0[None, :])
+        _store(_tile(ab, L, 64, sa_t, 1, 32, 16, 16, 16), q21 * s2[:, None] * k1[None, :])
+        _store(_tile(ab, L, 64, sa_t, 1, 32, 32, 16, 16), q22 * s2[:, None] * k2[None, :])
+        _store(_tile(ab, L, 64, sa_t, 1, 48, 0, 16, 16), q30 * s3[:, None] * k0[None, :])
+        _store(_tile(ab, L, 64, sa_t, 1, 48, 16, 16, 16), q31 * s3[:, None] * k1[None, :])
+        _store(_tile(ab, L, 64, sa_t, 1, 48, 32, 16, 16), q32 * s3[:, None] * k2[None, :])
+        _store(_tile(ab, L, 64, sa_t, 1, 48, 48, 16, 16), q33 * s3[:, None] * k3[None, :])
+
+    @triton.jit
+    def _tinv(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, f0, f1, f2, f3, k0, k1, k2, k3):
+        """``(I + A)^-1`` by blocks, ``A``'s raw blocks scaled by the rows' ``beta rk`` (``f``) and the
+        columns' ``rk`` (``k``)."""
+        return _inverse(a00 * f0[:, None] * k0[None, :], a10 * f1[:, None] * k0[None, :],
+                        a11 * f1[:, None] * k1[None, :], a20 * f2[:, None] * k0[None, :],
+                        a21 * f2[:, None] * k1[None, :], a22 * f2[:, None] * k2[None, :],
+                        a30 * f3[:, None] * k0[None, :], a31 * f3[:, None] * k1[None, :],
+                        a32 * f3[:, None] * k2[None, :], a33 * f3[:, None] * k3[None, :])
+
+    @triton.jit
+    def _wkd_block(kb, cb, kdb, P, suffix, G, tot, f, rk, i, L, K, sk_t, sk_k, sc_t, skd_t, KP: tl.constexpr):
+        """Block ``i``: ``gc = G + P`` (``P``: the blocks before's sums) and ``kd = k rk exp((tot - G) +
+        suffix)`` (``suffix``: the blocks after's sums) stored; returns ``w``'s operand ``k f exp(gc)``
+        (``f = beta rk``)."""
+        x = _load(_tile(kb, L, K, sk_t, sk_k, 16 * i, 0, 16, KP))
+        _store(_tile(cb, L, K, sc_t, 1, 16 * i, 0, 16, KP), G + P[None, :])
+        kd = x * rk[:, None] * tl.exp(tot[None, :] - G + suffix[None, :])
+        _store(_tile(kdb, L, K, skd_t, 1, 16 * i, 0, 16, KP), kd)
+        return x * f[:, None] * tl.exp(G + P[None, :])
+
+    @triton.jit
+    def _w_kd(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, kb, gb, cb, kdb, wb, f0, f1, f2, f3, k0, k1, k2, k3,
+              L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, KP: tl.constexpr, DOT: tl.constexpr):
+        """``gc``, ``kd`` and ``w = Tinv (beta rk k exp(gc))`` stored (the blocks' decays again, from ``g``)."""
+        G0, t0 = _gblock(gb, 0, L, K, sg_t, sg_k, KP)
+        G1, t1 = _gblock(gb, 1, L, K, sg_t, sg_k, KP)
+        G2, t2 = _gblock(gb, 2, L, K, sg_t, sg_k, KP)
+        G3, t3 = _gblock(gb, 3, L, K, sg_t, sg_k, KP)
+        z = tl.zeros((KP,), tl.float32)
+        X0 = _wkd_block(kb, cb, kdb, z, t1 + t2 + t3, G0, t0, f0, k0, 0, L, K, sk_t, sk_k, sc_t, skd_t, KP)
+        X1 = _wkd_block(kb, cb, kdb, t0, t2 + t3, G1, t1, f1, k1, 1, L, K, sk_t, sk_k, sc_t, skd_t, KP)
+        X2 = _wkd_block(kb, cb, kdb, t0 + t1, t3, G2, t2, f2, k2, 2, L, K, sk_t, sk_k, sc_t, skd_t, KP)
+        X3 = _wkd_block(kb, cb, kdb, t0 + t1 + t2, z, G3, t3, f3, k3, 3, L, K, sk_t, sk_k, sc_t, skd_t, KP)
+        _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, wb, L, K, sw_t, 0, KP, DOT)
+
+    @triton.jit
+    def _u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, vb, ub, b0, b1, b2, b3, L, V, sv_t, sv_v, su_t,
+           BV: tl.constexpr, DOT: tl.constexpr):
+        """``u = Tinv (beta v)`` stored, by ``BV`` value columns."""
+        for j in range(0, tl.cdiv(V, BV)):
+            c0 = j * BV
+            _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33,
+                _load(_tile(vb, L, V, sv_t, sv_v, 0, c0, 16, BV)) * b0[:, None],
+                _load(_tile(vb, L, V, sv_t, sv_v, 16, c0, 16, BV)) * b1[:, None],
+                _load(_tile(vb, L, V, sv_t, sv_v, 32, c0, 16, BV)) * b2[:, None],
+                _load(_tile(vb, L, V, sv_t, sv_v, 48, c0, 16, BV)) * b3[:, None], ub, L, V, su_t, c0, BV, DOT)
+
+    @triton.jit
+    def intra_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, gc_ptr, w_ptr, u_ptr, kd_ptr, aq_ptr, seq_ptr, start_ptr,
+                     len_ptr, n_tok, n_chk, K, V, GROUP, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sv_t, sv_h,
+                     sv_v, sg_t, sg_h, sg_k, sb_t, sb_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h, skd_t, skd_h, sa_t, sa_h,
+                     KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                     REGULAR: tl.constexpr):
+        """Program (chunk, head): ``gc``, ``Aqk``, ``w``, ``u``, ``kd`` stored (the module docstring)."""
+        c, h = tl.program_id(0), tl.program_id(1)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
+        qb, kb, gb = q_ptr + hk * sq_h + t0 * sq_t, k_ptr + hk * sk_h + t0 * sk_t, g_ptr + h64 * sg_h + t0 * sg_t
+        (a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, q00, q10, q11, q20, q21, q22, q30, q31, q32, q33,
+         nk0, nk1, nk2, nk3, nq0, nq1, nq2, nq3) = _raw_blocks(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
+                                                               KP, DOT)
+        k0, k1, k2, k3 = _inv_norm(nk0, eps, L2NORM), _inv_norm(nk1, eps, L2NORM), _inv_norm(nk2, eps, L2NORM), \
+            _inv_norm(nk3, eps, L2NORM)
+        _store_aq(aq_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, q00, q10, q11, q20, q21, q22, q30, q31, q32, q33,
+                  _inv_norm(nq0, eps, L2NORM) * scale, _inv_norm(nq1, eps, L2NORM) * scale,
+                  _inv_norm(nq2, eps, L2NORM) * scale, _inv_norm(nq3, eps, L2NORM) * scale, k0, k1, k2, k3)
+        r = tl.arange(0, 16)
+        bb = b_ptr + h64 * sb_h + t0 * sb_t
+        b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
+            _vec(bb, sb_t, r + 48, L)
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _tinv(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
+                                                                 b0 * k0, b1 * k1, b2 * k2, b3 * k3, k0, k1, k2, k3)
+        _w_kd(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, kb, gb, gc_ptr + h64 * sc_h + t0 * sc_t,
+              kd_ptr + h64 * skd_h + t0 * skd_t, w_ptr + h64 * sw_h + t0 * sw_t, b0 * k0, b1 * k1, b2 * k2, b3 * k3,
+              k0, k1, k2, k3, L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, KP, DOT)
+        _u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, v_ptr + h64 * sv_h + t0 * sv_t,
+           u_ptr + h64 * su_h + t0 * su_t, b0, b1, b2, b3, L, V, sv_t, sv_v, su_t, BV, DOT)
+
+    @triton.jit
+    def _decay_rows(cb, K, sc_t, L, c0, KB: tl.constexpr):
+        """``exp(gc_last)`` of the key rows ``c0 .. c0 + KB`` (the state's row factor; ``L >= 1``)."""
+        cols = c0 + tl.arange(0, KB)
+        return tl.exp(tl.load(cb + (L - 1) * sc_t + cols, mask=cols < K, other=0.0))
+
+    @triton.jit
+    def scan_kernel(w_ptr, u_ptr, kd_ptr, gc_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, n_tok, n_chk, K, V,
+                    sw_t, sw_h, su_t, su_h, skd_t, skd_h, sc_t, sc_h, ss_n, ss_h, ss_k, ss_v, sh_c, sh_h, sh_k,
+                    svn_t, svn_h, sf_n, sf_h, sf_k, KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr,
+                    HAS_STATE: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr):
+        """Program (sequence, head, column block): the state as rows ``0 .. KB`` (``S1``) and ``KB ..
+        2 KB`` (``S2``, ``TWO``) through the chunks: store ``S``; ``v_new = u - w S`` (stored); ``S =
+        diag(exp(gc_last)) S + kd^T v_new``."""
+        n, h, j = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        h64, n64 = h.to(tl.int64), n.to(tl.int64)
+        ts, te, cs, ce = _seq_range(n, n64, cu_ptr, cuc_ptr, n_tok, n_chk, REGULAR)
+        S1, S2 = _state_in(s_ptr + n64 * ss_n + h64 * ss_h, K, V, ss_k, ss_v, j, KB, BV, HAS_STATE, TWO)
+        for c in range(cs, ce):
+            t0 = ts + (c - cs) * 64
+            L = tl.minimum(te - t0, 64).to(tl.int32)
+            hb, wb = h_ptr + c * sh_c + h64 * sh_h, w_ptr + h64 * sw_h + t0 * sw_t
+            kdb, cb = kd_ptr + h64 * skd_h + t0 * skd_t, gc_ptr + h64 * sc_h + t0 * sc_t
+            _store(_tile(hb, K, V, sh_k, 1, 0, j * BV, KB, BV), S1)
+            u = _load(_tile(u_ptr + h64 * su_h + t0 * su_t, L, V, su_t, 1, 0, j * BV, 64, BV))
+            vn = u - _dot(_raw(_tile(wb, L, K, sw_t, 1, 0, 0, 64, KB)), S1, DOT)
+            if TWO:
+                _store(_tile(hb, K, V, sh_k, 1, KB, j * BV, KB, BV), S2)
+                vn -= _dot(_raw(_tile(wb, L, K, sw_t, 1, 0, KB, 64, KB)), S2, DOT)
+            _store(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV), vn)
+            S1 = S1 * _decay_rows(cb, K, sc_t, L, 0, KB)[:, None] + _dot(
+                tl.trans(_raw(_tile(kdb, L, K, skd_t, 1, 0, 0, 64, KB))), vn, DOT)
+            if TWO:
+                S2 = S2 * _decay_rows(cb, K, sc_t, L, KB, KB)[:, None] + _dot(
+                    tl.trans(_raw(_tile(kdb, L, K, skd_t, 1, 0, KB, 64, KB))), vn, DOT)
+        fb = f_ptr + n64 * sf_n + h64 * sf_h
+        _store(_tile(fb, K, V, sf_k, 1, 0, j * BV, KB, BV), S1)
+        if TWO:
+            _store(_tile(fb, K, V, sf_k, 1, KB, j * BV, KB, BV), S2)
+
+    @triton.jit
+    def _q_state(qb, cb, hb, L, K, V, sq_t, sq_k, sc_t, sh_k, c0, j, KB: tl.constexpr, BV: tl.constexpr,
+                 DOT: tl.constexpr):
+        """Key columns ``c0 .. c0 + KB``'s part of ``(q exp(gc)) S`` and of the query rows' squared norms."""
+        q = _load(_tile(qb, L, K, sq_t, sq_k, 0, c0, 64, KB))
+        qg = q * tl.exp(_load(_tile(cb, L, K, sc_t, 1, 0, c0, 64, KB)))
+        return _dot(qg, _raw(_tile(hb, K, V, sh_k, 1, c0, j * BV, KB, BV)), DOT), _sumsq(q)
+
+    @triton.jit
+    def output_kernel(q_ptr, gc_ptr, aq_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, K, V,
+                      GROUP, scale, eps, sq_t, sq_h, sq_k, sc_t, sc_h, sa_t, sa_h, sh_c, sh_h, sh_k, svn_t, svn_h,
+                      so_t, so_h, KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+                      DOT: tl.constexpr, REGULAR: tl.constexpr, V_FIRST: tl.constexpr = False):
+        """Program (chunk, head, column block): ``o = diag(scale rq) ((q exp(gc)) S) + Aqk v_new``."""
+        c, h, j = _out_ids(V, BV, V_FIRST)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
+        qb, cb = q_ptr + hk * sq_h + t0 * sq_t, gc_ptr + h64 * sc_h + t0 * sc_t
+        # a chunk id past the last chunk reads chunk 0's rows of nothing (L = 0) and stores nothing
+        hb = h_ptr + c.to(tl.int64) * sh_c * (L > 0) + h64 * sh_h
+        o, nq = _q_state(qb, cb, hb, L, K, V, sq_t, sq_k, sc_t, sh_k, 0, j, KB, BV, DOT)
+        if TWO:
+            o2, nq2 = _q_state(qb, cb, hb, L, K, V, sq_t, sq_k, sc_t, sh_k, KB, j, KB, BV, DOT)
+            o, nq = o + o2, nq + nq2
+        sq = _inv_norm(nq, eps, L2NORM) * scale
+        aq = _raw(_tile(aq_ptr + h64 * sa_h + t0 * sa_t, L, 64, sa_t, 1, 0, 0, 64, 64))
+        vn = _raw(_tile(vn_ptr + h64 * svn_h + t0 * svn_t, L, V, svn_t, 1, 0, j * BV, 64, BV))
+        o = o * sq[:, None] + _dot(aq, vn, DOT)
+        _store(_tile(o_ptr + h64 * so_h + t0 * so_t, L, V, so_t, 1, 0, j * BV, 64, BV), o)
+
+
+def aot_variants():
+    """The KDA launches for sm_90 at Kimi Linear's dims (K = V = 128, bf16 q / k / v / beta, float32
+    g, l2norm, a state): bf16 operands and intermediates (``gdn_chunk.FAST``'s ``lowp``), and tf32
+    products with float32 intermediates; the warps as ``gdn_chunk.KDA`` launches them."""
+    from kda_inductor.lowerings import AotVariant
+
+    maps = {"seq_ptr": "*i32", "start_ptr": "*i64", "len_ptr": "*i32", "cu_ptr": "*i64", "cuc_ptr": "*i64"}
+    bf16 = {**maps, **dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "b_ptr", "o_ptr"), "*bf16")}
+    low = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "kd_ptr", "aq_ptr", "h_ptr", "vn_ptr"), "*bf16")}
+    for io, dot in ((low, "bf16"), (bf16, "tf32")):
+        yield AotVariant(intra_kernel, _aot_signature(intra_kernel, io),
+                         dict(KP=128, BV=64, L2NORM=True, DOT=dot, REGULAR=True), {"num_warps": 8, "num_stages": 2})
+        yield AotVariant(scan_kernel, _aot_signature(scan_kernel, io),
+                         dict(KB=64, TWO=True, BV=32, HAS_STATE=True, DOT=dot, REGULAR=False),
+                         {"num_warps": 4, "num_stages": 2})
+        yield AotVariant(output_kernel, _aot_signature(output_kernel, io),
+                         dict(KB=64, TWO=True, BV=64, L2NORM=True, DOT=dot, REGULAR=True),
+                         {"num_warps": 4, "num_stages": 2})

@@ -82,45 +82,6 @@ if triton is not None:
         return a, aq
 
     @triton.jit
-    def _rows(qb, kb, gb, i, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP: tl.constexpr):
-        """Block ``i``'s raw key and query rows, ``G``, ``tot``, the rows' squared norms, and its
-        diagonal blocks of ``A`` / ``Aqk`` (:func:`_diag`)."""
-        X = _load(_tile(kb, L, K, sk_t, sk_k, 16 * i, 0, 16, KP))
-        Q = _load(_tile(qb, L, K, sq_t, sq_k, 16 * i, 0, 16, KP))
-        G, tot = _gblock(gb, i, L, K, sg_t, sg_k, KP)
-        a, aq = _diag(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP)
-        return X, Q, G, tot, _sumsq(X), _sumsq(Q), a, aq
-
-    @triton.jit
-    def _off(X, Q, G, R, DOT: tl.constexpr):
-        """Block ``(I, J)`` below the diagonal of ``A`` and ``Aqk`` (raw): ``(X_I exp(G_I)) R_J^T``,
-        ``R_J = k_J exp(gn_I - gc_J)``."""
-        e = tl.exp(G)
-        Rt = tl.trans(R)
-        return _dot(X * e, Rt, DOT), _dot(Q * e, Rt, DOT)
-
-    @triton.jit
-    def _raw_blocks(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP: tl.constexpr, DOT: tl.constexpr):
-        """``A``'s and ``Aqk``'s ten blocks on and below the diagonal from raw keys (no ``beta``, norms
-        or scale), the key rows' and query rows' squared norms by block."""
-        X0, Q0, G0, t0, nk0, nq0, a00, q00 = _rows(qb, kb, gb, 0, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP)
-        R0 = X0 * tl.exp(t0[None, :] - G0)
-        X1, Q1, G1, t1, nk1, nq1, a11, q11 = _rows(qb, kb, gb, 1, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP)
-        a10, q10 = _off(X1, Q1, G1, R0, DOT)
-        R0, R1 = R0 * tl.exp(t1)[None, :], X1 * tl.exp(t1[None, :] - G1)
-        X2, Q2, G2, t2, nk2, nq2, a22, q22 = _rows(qb, kb, gb, 2, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP)
-        a20, q20 = _off(X2, Q2, G2, R0, DOT)
-        a21, q21 = _off(X2, Q2, G2, R1, DOT)
-        e2 = tl.exp(t2)[None, :]
-        R0, R1, R2 = R0 * e2, R1 * e2, X2 * tl.exp(t2[None, :] - G2)
-        X3, Q3, G3, t3, nk3, nq3, a33, q33 = _rows(qb, kb, gb, 3, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, KP)
-        a30, q30 = _off(X3, Q3, G3, R0, DOT)
-        a31, q31 = _off(X3, Q3, G3, R1, DOT)
-        a32, q32 = _off(X3, Q3, G3, R2, DOT)
-        return (a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, q00, q10, q11, q20, q21, q22, q30, q31, q32, q33,
-                nk0, nk1, nk2, nk3, nq0, nq1, nq2, nq3)
-
-    @triton.jit
     def _inv_norm(n, eps, L2NORM: tl.constexpr):
         if L2NORM:
             return tl.math.rsqrt(n + eps)
@@ -128,32 +89,55 @@ if triton is not None:
             return tl.full(n.shape, 1.0, tl.float32)
 
     @triton.jit
-    def _store_aq(ab, L, sa_t, q00, q10, q11, q20, q21, q22, q30, q31, q32, q33, s0, s1, s2, s3, k0, k1, k2, k3):
-        """``Aqk``'s blocks times the query rows' ``scale rq`` (``s``) and the key columns' ``rk`` (``k``),
-        stored as one ``[64, 64]`` tile (zeros above the diagonal)."""
-        z = tl.zeros((16, 64), tl.float32)
-        for i in tl.static_range(3):  # right of the diagonal (columns past 64 masked)
-            _store(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * i + 16, 16, 64), z)
-        _store(_tile(ab, L, 64, sa_t, 1, 0, 0, 16, 16), q00 * s0[:, None] * k0[None, :])
-        _store(_tile(ab, L, 64, sa_t, 1, 16, 0, 16, 16), q10 * s1[:, None] * k0[None, :])
-        _store(_tile(ab, L, 64, sa_t, 1, 16, 16, 16, 16), q11 * s1[:, None] * k1[None, :])
-        _store(_tile(ab, L, 64, sa_t, 1, 32, 0, 16, 16), q20 * s2[:, None] * k0[None, :])
-        _store(_tile(ab, L, 64, sa_t, 1, 32, 16, 16, 16), q21 * s2[:, None] * k1[None, :])
-        _store(_tile(ab, L, 64, sa_t, 1, 32, 32, 16, 16), q22 * s2[:, None] * k2[None, :])
-        _store(_tile(ab, L, 64, sa_t, 1, 48, 0, 16, 16), q30 * s3[:, None] * k0[None, :])
-        _store(_tile(ab, L, 64, sa_t, 1, 48, 16, 16, 16), q31 * s3[:, None] * k1[None, :])
-        _store(_tile(ab, L, 64, sa_t, 1, 48, 32, 16, 16), q32 * s3[:, None] * k2[None, :])
-        _store(_tile(ab, L, 64, sa_t, 1, 48, 48, 16, 16), q33 * s3[:, None] * k3[None, :])
+    def _rows(qb, kb, gb, bb, ab, i, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t, sa_t, scale, eps,
+              KP: tl.constexpr, L2NORM: tl.constexpr):
+        """Block ``i``'s raw key and query rows, ``G``, ``tot``, the keys' ``rk``, the queries' ``scale rq``,
+        ``beta rk`` (``f``) and its diagonal block of ``A`` (:func:`_diag`, scaled); ``Aqk``'s row block
+        ``i`` right of its diagonal block stored (zeros), the diagonal block too (scaled)."""
+        X = _load(_tile(kb, L, K, sk_t, sk_k, 16 * i, 0, 16, KP))
+        Q = _load(_tile(qb, L, K, sq_t, sq_k, 16 * i, 0, 16, KP))
+        G, tot = _gblock(gb, i, L, K, sg_t, sg_k, KP)
+        a, aq = _diag(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP)
+        rk, sq = _inv_norm(_sumsq(X), eps, L2NORM), _inv_norm(_sumsq(Q), eps, L2NORM) * scale
+        f = _vec(bb, sb_t, 16 * i + tl.arange(0, 16), L) * rk
+        _store(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * i + 16, 16, 64), tl.zeros((16, 64), tl.float32))
+        _store(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * i, 16, 16), aq * sq[:, None] * rk[None, :])
+        return X, Q, G, tot, rk, sq, f, a * f[:, None] * rk[None, :]
 
     @triton.jit
-    def _tinv(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, f0, f1, f2, f3, k0, k1, k2, k3):
-        """``(I + A)^-1`` by blocks, ``A``'s raw blocks scaled by the rows' ``beta rk`` (``f``) and the
-        columns' ``rk`` (``k``)."""
-        return _inverse(a00 * f0[:, None] * k0[None, :], a10 * f1[:, None] * k0[None, :],
-                        a11 * f1[:, None] * k1[None, :], a20 * f2[:, None] * k0[None, :],
-                        a21 * f2[:, None] * k1[None, :], a22 * f2[:, None] * k2[None, :],
-                        a30 * f3[:, None] * k0[None, :], a31 * f3[:, None] * k1[None, :],
-                        a32 * f3[:, None] * k2[None, :], a33 * f3[:, None] * k3[None, :])
+    def _off(X, Q, G, between, R, rkj, sq, f, ab, L, sa_t, i, j, DOT: tl.constexpr):
+        """Block ``(i, j)`` below the diagonal: ``A``'s returned, ``Aqk``'s stored, both scaled; raw,
+        ``(X_i exp(G_i + between)) R_j^T`` (``R_j = k_j exp(tot_j - G_j)``, ``between``: the sums of
+        the blocks between ``j`` and ``i``)."""
+        e = tl.exp(G + between[None, :])
+        Rt = tl.trans(R)
+        _store(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * j, 16, 16), _dot(Q * e, Rt, DOT) * sq[:, None] * rkj[None, :])
+        return _dot(X * e, Rt, DOT) * f[:, None] * rkj[None, :]
+
+    @triton.jit
+    def _blocks(qb, kb, gb, bb, ab, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t, sa_t, scale, eps,
+                KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr):
+        """``A``'s ten blocks on and below the diagonal (``beta`` and the norms applied), ``Aqk`` stored
+        by row blocks as they come (none of its blocks kept), the rows' ``rk`` and ``beta rk`` (``f``)."""
+        X0, Q0, G0, t0, k0, s0, f0, a00 = _rows(qb, kb, gb, bb, ab, 0, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
+                                                sb_t, sa_t, scale, eps, KP, L2NORM)
+        R0 = X0 * tl.exp(t0[None, :] - G0)
+        X1, Q1, G1, t1, k1, s1, f1, a11 = _rows(qb, kb, gb, bb, ab, 1, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
+                                                sb_t, sa_t, scale, eps, KP, L2NORM)
+        z = tl.zeros((KP,), tl.float32)
+        a10 = _off(X1, Q1, G1, z, R0, k0, s1, f1, ab, L, sa_t, 1, 0, DOT)
+        R1 = X1 * tl.exp(t1[None, :] - G1)
+        X2, Q2, G2, t2, k2, s2, f2, a22 = _rows(qb, kb, gb, bb, ab, 2, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
+                                                sb_t, sa_t, scale, eps, KP, L2NORM)
+        a20 = _off(X2, Q2, G2, t1, R0, k0, s2, f2, ab, L, sa_t, 2, 0, DOT)
+        a21 = _off(X2, Q2, G2, z, R1, k1, s2, f2, ab, L, sa_t, 2, 1, DOT)
+        R2 = X2 * tl.exp(t2[None, :] - G2)
+        X3, Q3, G3, t3, k3, s3, f3, a33 = _rows(qb, kb, gb, bb, ab, 3, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
+                                                sb_t, sa_t, scale, eps, KP, L2NORM)
+        a30 = _off(X3, Q3, G3, t1 + t2, R0, k0, s3, f3, ab, L, sa_t, 3, 0, DOT)
+        a31 = _off(X3, Q3, G3, t2, R1, k1, s3, f3, ab, L, sa_t, 3, 1, DOT)
+        a32 = _off(X3, Q3, G3, z, R2, k2, s3, f3, ab, L, sa_t, 3, 2, DOT)
+        return a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3
 
     @triton.jit
     def _wkd_block(kb, cb, kdb, P, suffix, G, tot, f, rk, i, L, K, sk_t, sk_k, sc_t, skd_t, KP: tl.constexpr):
@@ -204,25 +188,18 @@ if triton is not None:
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
         qb, kb, gb = q_ptr + hk * sq_h + t0 * sq_t, k_ptr + hk * sk_h + t0 * sk_t, g_ptr + h64 * sg_h + t0 * sg_t
-        (a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, q00, q10, q11, q20, q21, q22, q30, q31, q32, q33,
-         nk0, nk1, nk2, nk3, nq0, nq1, nq2, nq3) = _raw_blocks(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
-                                                               KP, DOT)
-        k0, k1, k2, k3 = _inv_norm(nk0, eps, L2NORM), _inv_norm(nk1, eps, L2NORM), _inv_norm(nk2, eps, L2NORM), \
-            _inv_norm(nk3, eps, L2NORM)
-        _store_aq(aq_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, q00, q10, q11, q20, q21, q22, q30, q31, q32, q33,
-                  _inv_norm(nq0, eps, L2NORM) * scale, _inv_norm(nq1, eps, L2NORM) * scale,
-                  _inv_norm(nq2, eps, L2NORM) * scale, _inv_norm(nq3, eps, L2NORM) * scale, k0, k1, k2, k3)
-        r = tl.arange(0, 16)
         bb = b_ptr + h64 * sb_h + t0 * sb_t
-        b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
-            _vec(bb, sb_t, r + 48, L)
-        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _tinv(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
-                                                                 b0 * k0, b1 * k1, b2 * k2, b3 * k3, k0, k1, k2, k3)
+        a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3 = _blocks(
+            qb, kb, gb, bb, aq_ptr + h64 * sa_h + t0 * sa_t, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t, sa_t,
+            scale, eps, KP, L2NORM, DOT)
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33)
         _w_kd(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, kb, gb, gc_ptr + h64 * sc_h + t0 * sc_t,
-              kd_ptr + h64 * skd_h + t0 * skd_t, w_ptr + h64 * sw_h + t0 * sw_t, b0 * k0, b1 * k1, b2 * k2, b3 * k3,
-              k0, k1, k2, k3, L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, KP, DOT)
+              kd_ptr + h64 * skd_h + t0 * skd_t, w_ptr + h64 * sw_h + t0 * sw_t, f0, f1, f2, f3, k0, k1, k2, k3,
+              L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, KP, DOT)
+        r = tl.arange(0, 16)
         _u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, v_ptr + h64 * sv_h + t0 * sv_t,
-           u_ptr + h64 * su_h + t0 * su_t, b0, b1, b2, b3, L, V, sv_t, sv_v, su_t, BV, DOT)
+           u_ptr + h64 * su_h + t0 * su_t, _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L),
+           _vec(bb, sb_t, r + 48, L), L, V, sv_t, sv_v, su_t, BV, DOT)
 
     @triton.jit
     def _decay_rows(cb, K, sc_t, L, c0, KB: tl.constexpr):

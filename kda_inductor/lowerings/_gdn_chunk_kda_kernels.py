@@ -56,9 +56,10 @@ if triton is not None:
     from kda_inductor.lowerings._gdn_chunk_kernels import vec as _vec
 
     @triton.jit
-    def _gblock(gb, i, L, K, sg_t, sg_k, KP: tl.constexpr):
-        """Block ``i``'s (rows ``16 i ..``) own cumulative log decay ``G`` ``[16, KP]`` and its sum ``tot``."""
-        g = _load(_tile(gb, L, K, sg_t, sg_k, 16 * i, 0, 16, KP))
+    def _gblock(gb, i, L, K, sg_t, sg_k, c0, KP: tl.constexpr):
+        """Block ``i``'s (rows ``16 i ..``, columns ``c0 ..``) own cumulative log decay ``G`` ``[16, KP]``
+        and its sum ``tot``."""
+        g = _load(_tile(gb, L, K, sg_t, sg_k, 16 * i, c0, 16, KP))
         return tl.cumsum(g, 0), tl.sum(g, 0)
 
     @triton.jit
@@ -96,7 +97,7 @@ if triton is not None:
         ``i`` right of its diagonal block stored (zeros), the diagonal block too (scaled)."""
         X = _load(_tile(kb, L, K, sk_t, sk_k, 16 * i, 0, 16, KP))
         Q = _load(_tile(qb, L, K, sq_t, sq_k, 16 * i, 0, 16, KP))
-        G, tot = _gblock(gb, i, L, K, sg_t, sg_k, KP)
+        G, tot = _gblock(gb, i, L, K, sg_t, sg_k, 0, KP)
         a, aq = _diag(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP)
         rk, sq = _inv_norm(_sumsq(X), eps, L2NORM), _inv_norm(_sumsq(Q), eps, L2NORM) * scale
         f = _vec(bb, sb_t, 16 * i + tl.arange(0, 16), L) * rk
@@ -140,30 +141,32 @@ if triton is not None:
         return a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3
 
     @triton.jit
-    def _wkd_block(kb, cb, kdb, P, suffix, G, tot, f, rk, i, L, K, sk_t, sk_k, sc_t, skd_t, KP: tl.constexpr):
+    def _wkd_block(kb, cb, kdb, P, suffix, G, tot, f, rk, i, c0, L, K, sk_t, sk_k, sc_t, skd_t, BK: tl.constexpr):
         """Block ``i``: ``gc = G + P`` (``P``: the blocks before's sums) and ``kd = k rk exp((tot - G) +
         suffix)`` (``suffix``: the blocks after's sums) stored; returns ``w``'s operand ``k f exp(gc)``
         (``f = beta rk``)."""
-        x = _load(_tile(kb, L, K, sk_t, sk_k, 16 * i, 0, 16, KP))
-        _store(_tile(cb, L, K, sc_t, 1, 16 * i, 0, 16, KP), G + P[None, :])
+        x = _load(_tile(kb, L, K, sk_t, sk_k, 16 * i, c0, 16, BK))
+        _store(_tile(cb, L, K, sc_t, 1, 16 * i, c0, 16, BK), G + P[None, :])
         kd = x * rk[:, None] * tl.exp(tot[None, :] - G + suffix[None, :])
-        _store(_tile(kdb, L, K, skd_t, 1, 16 * i, 0, 16, KP), kd)
+        _store(_tile(kdb, L, K, skd_t, 1, 16 * i, c0, 16, BK), kd)
         return x * f[:, None] * tl.exp(G + P[None, :])
 
     @triton.jit
     def _w_kd(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, kb, gb, cb, kdb, wb, f0, f1, f2, f3, k0, k1, k2, k3,
-              L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, KP: tl.constexpr, DOT: tl.constexpr):
-        """``gc``, ``kd`` and ``w = Tinv (beta rk k exp(gc))`` stored (the blocks' decays again, from ``g``)."""
-        G0, t0 = _gblock(gb, 0, L, K, sg_t, sg_k, KP)
-        G1, t1 = _gblock(gb, 1, L, K, sg_t, sg_k, KP)
-        G2, t2 = _gblock(gb, 2, L, K, sg_t, sg_k, KP)
-        G3, t3 = _gblock(gb, 3, L, K, sg_t, sg_k, KP)
-        z = tl.zeros((KP,), tl.float32)
-        X0 = _wkd_block(kb, cb, kdb, z, t1 + t2 + t3, G0, t0, f0, k0, 0, L, K, sk_t, sk_k, sc_t, skd_t, KP)
-        X1 = _wkd_block(kb, cb, kdb, t0, t2 + t3, G1, t1, f1, k1, 1, L, K, sk_t, sk_k, sc_t, skd_t, KP)
-        X2 = _wkd_block(kb, cb, kdb, t0 + t1, t3, G2, t2, f2, k2, 2, L, K, sk_t, sk_k, sc_t, skd_t, KP)
-        X3 = _wkd_block(kb, cb, kdb, t0 + t1 + t2, z, G3, t3, f3, k3, 3, L, K, sk_t, sk_k, sc_t, skd_t, KP)
-        _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, wb, L, K, sw_t, 0, KP, DOT)
+              L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, BK: tl.constexpr, DOT: tl.constexpr):
+        """``gc``, ``kd`` and ``w = Tinv (beta rk k exp(gc))`` stored by ``BK`` key columns (independent
+        here: the decays are sums down the rows), the blocks' decays again from ``g``."""
+        for c0 in range(0, K, BK):
+            G0, t0 = _gblock(gb, 0, L, K, sg_t, sg_k, c0, BK)
+            G1, t1 = _gblock(gb, 1, L, K, sg_t, sg_k, c0, BK)
+            G2, t2 = _gblock(gb, 2, L, K, sg_t, sg_k, c0, BK)
+            G3, t3 = _gblock(gb, 3, L, K, sg_t, sg_k, c0, BK)
+            z = tl.zeros((BK,), tl.float32)
+            X0 = _wkd_block(kb, cb, kdb, z, t1 + t2 + t3, G0, t0, f0, k0, 0, c0, L, K, sk_t, sk_k, sc_t, skd_t, BK)
+            X1 = _wkd_block(kb, cb, kdb, t0, t2 + t3, G1, t1, f1, k1, 1, c0, L, K, sk_t, sk_k, sc_t, skd_t, BK)
+            X2 = _wkd_block(kb, cb, kdb, t0 + t1, t3, G2, t2, f2, k2, 2, c0, L, K, sk_t, sk_k, sc_t, skd_t, BK)
+            X3 = _wkd_block(kb, cb, kdb, t0 + t1 + t2, z, G3, t3, f3, k3, 3, c0, L, K, sk_t, sk_k, sc_t, skd_t, BK)
+            _ut(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, wb, L, K, sw_t, c0, BK, DOT)
 
     @triton.jit
     def _u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, vb, ub, b0, b1, b2, b3, L, V, sv_t, sv_v, su_t,
@@ -181,9 +184,10 @@ if triton is not None:
     def intra_kernel(q_ptr, k_ptr, v_ptr, g_ptr, b_ptr, gc_ptr, w_ptr, u_ptr, kd_ptr, aq_ptr, seq_ptr, start_ptr,
                      len_ptr, n_tok, n_chk, K, V, GROUP, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sv_t, sv_h,
                      sv_v, sg_t, sg_h, sg_k, sb_t, sb_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h, skd_t, skd_h, sa_t, sa_h,
-                     KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
-                     REGULAR: tl.constexpr):
-        """Program (chunk, head): ``gc``, ``Aqk``, ``w``, ``u``, ``kd`` stored (the module docstring)."""
+                     KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+                     DOT: tl.constexpr, REGULAR: tl.constexpr):
+        """Program (chunk, head): ``gc``, ``Aqk``, ``w``, ``u``, ``kd`` stored (the module docstring;
+        ``A`` / ``Aqk`` from whole key rows, ``KP`` columns; ``gc``, ``kd``, ``w`` by ``BK`` columns)."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
@@ -195,7 +199,7 @@ if triton is not None:
         T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33)
         _w_kd(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, kb, gb, gc_ptr + h64 * sc_h + t0 * sc_t,
               kd_ptr + h64 * skd_h + t0 * skd_t, w_ptr + h64 * sw_h + t0 * sw_t, f0, f1, f2, f3, k0, k1, k2, k3,
-              L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, KP, DOT)
+              L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, BK, DOT)
         r = tl.arange(0, 16)
         _u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, v_ptr + h64 * sv_h + t0 * sv_t,
            u_ptr + h64 * su_h + t0 * su_t, _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L),
@@ -283,7 +287,7 @@ def aot_variants():
     low = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "kd_ptr", "aq_ptr", "h_ptr", "vn_ptr"), "*bf16")}
     for io, dot in ((low, "bf16"), (bf16, "tf32")):
         yield AotVariant(intra_kernel, _aot_signature(intra_kernel, io),
-                         dict(KP=128, BV=64, L2NORM=True, DOT=dot, REGULAR=True), {"num_warps": 8, "num_stages": 2})
+                         dict(KP=128, BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=True), {"num_warps": 8, "num_stages": 2})
         yield AotVariant(scan_kernel, _aot_signature(scan_kernel, io),
                          dict(KB=64, TWO=True, BV=32, HAS_STATE=True, DOT=dot, REGULAR=False),
                          {"num_warps": 4, "num_stages": 2})

@@ -474,7 +474,7 @@ def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
         kern.intra_kernel[(M, Hv)](
             q3, k3, v3, g3, b2, gc, w, u, kd, aq, *maps, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
             *v3.stride(), *g3.stride(), *b2.stride(), *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2],
-            *kd.stride()[:2], *aq.stride()[:2], KP=KP, BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular,
+            *kd.stride()[:2], *aq.stride()[:2], KP=KP, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular,
             num_warps=cfg.warps, num_stages=cfg.num_stages)
     kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
         w, u, kd, gc, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, *w.stride()[:2],

@@ -29,6 +29,7 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
     python benchmarks/bench_gdn_chunk.py --profile --T 4096       # + each kernel's time (torch.profiler)
     python benchmarks/bench_gdn_chunk.py --smoke                  # CPU, tiny: the code paths only
     python benchmarks/bench_gdn_chunk.py --kda --quick --budget 240   # KDA at Kimi Linear's dims (below)
+    python benchmarks/bench_gdn_chunk.py --kda --sweep --T 16384 --budget 200   # KDA's launch configs
 
 ``--kda``: a decay per key channel (``g [1, T, Hv, K]``, Kimi Linear's KDA) at Kimi Linear's dims
 (``linear_num_heads`` 32 q / k / v heads, ``linear_head_dim`` K = V = 128; ``g = -exp(A_log)
@@ -437,15 +438,29 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
     return {"FAST": fast, **cfgs_v3, **cfgs_v2, **cfgs}
 
 
+def kda_sweep_configs(smoke: bool) -> dict[str, object]:
+    """``--kda --sweep``: :data:`~kda_inductor.lowerings.gdn_chunk.KDA` and one change at a time (the
+    intra launch's warps first: at 8 warps it spills 544 bytes for sm_90, at 4 warps 1,528)."""
+    k = L.KDA
+    cfgs = {"KDA": k, "KDA intra w4": k._replace(warps=4), "KDA intra w16": k._replace(warps=16),
+            "KDA scan w8": k._replace(scan_warps=8), "KDA scan bv64": k._replace(scan_block_v=64),
+            "KDA scan bv16": k._replace(scan_block_v=16), "KDA out bv128": k._replace(out_block_v=128),
+            "KDA out w8": k._replace(out_warps=8), "KDA out v first": k._replace(out_v_first=True),
+            "KDA 1 stage": k._replace(num_stages=1), "KDA 3 stages": k._replace(num_stages=3),
+            "KDA fp32 inter": k._replace(lowp=False)}
+    return {"KDA": k, "KDA fp32 inter": cfgs["KDA fp32 inter"]} if smoke else cfgs
+
+
 def run_sweep(args, device, deadline) -> list[dict]:
-    d = SMOKE if args.smoke else QWEN3_NEXT
+    d = (SMOKE_KDA if KDA_MODE else SMOKE) if args.smoke else (KIMI_LINEAR if KDA_MODE else QWEN3_NEXT)
     rows = []
     plan = [int(t) for t in (args.T or ("70" if args.smoke else "16384")).split(",")]
+    configs = kda_sweep_configs(args.smoke) if KDA_MODE else sweep_configs(args.smoke)
     for i, T in enumerate(plan):  # each T an equal share of the budget left (the first T never takes it all)
         until = time.perf_counter() + (deadline - time.perf_counter()) / (len(plan) - i)
-        x = make_inputs(d, T, device)
+        x = (make_kda_inputs if KDA_MODE else make_inputs)(d, T, device)
         want = reference(x)
-        for label, cfg in sweep_configs(args.smoke).items():
+        for label, cfg in configs.items():
             if time.perf_counter() > until:
                 print(f"T = {T}: its share of the budget spent at {label!r}", flush=True)
                 break
@@ -492,7 +507,7 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--budget", type=float, default=480, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
-    p.add_argument("--kda", action="store_true", help="a decay per key channel at Kimi Linear's dims (no sweep)")
+    p.add_argument("--kda", action="store_true", help="a decay per key channel at Kimi Linear's dims")
     args = p.parse_args(argv)
     global KDA_MODE, NAME
     KDA_MODE, NAME = args.kda, "gdn_chunk_kda" if args.kda else "gdn_chunk"

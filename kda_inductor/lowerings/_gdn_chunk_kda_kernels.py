@@ -92,18 +92,22 @@ if triton is not None:
     @triton.jit
     def _rows(qb, kb, gb, bb, ab, i, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t, sa_t, scale, eps,
               KP: tl.constexpr, L2NORM: tl.constexpr):
-        """Block ``i``'s raw key and query rows, ``G``, ``tot``, the keys' ``rk``, the queries' ``scale rq``,
-        ``beta rk`` (``f``) and its diagonal block of ``A`` (:func:`_diag`, scaled); ``Aqk``'s row block
-        ``i`` right of its diagonal block stored (zeros), the diagonal block too (scaled)."""
+        """Block ``i``'s raw key and query rows, ``G``, ``tot``, the keys' ``rk``, the queries' ``scale rq``
+        and ``beta rk`` (``f``); ``Aqk``'s row block ``i`` right of its diagonal block stored (zeros)."""
         X = _load(_tile(kb, L, K, sk_t, sk_k, 16 * i, 0, 16, KP))
         Q = _load(_tile(qb, L, K, sq_t, sq_k, 16 * i, 0, 16, KP))
         G, tot = _gblock(gb, i, L, K, sg_t, sg_k, 0, KP)
-        a, aq = _diag(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP)
         rk, sq = _inv_norm(_sumsq(X), eps, L2NORM), _inv_norm(_sumsq(Q), eps, L2NORM) * scale
         f = _vec(bb, sb_t, 16 * i + tl.arange(0, 16), L) * rk
         _store(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * i + 16, 16, 64), tl.zeros((16, 64), tl.float32))
+        return X, Q, G, tot, rk, sq, f
+
+    @triton.jit
+    def _on(X, Q, G, rk, sq, f, kb, gb, ab, i, L, K, sk_t, sk_k, sg_t, sg_k, sa_t, KP: tl.constexpr):
+        """Diagonal block ``i`` (:func:`_diag`): ``A``'s returned, ``Aqk``'s stored, both scaled."""
+        a, aq = _diag(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP)
         _store(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * i, 16, 16), aq * sq[:, None] * rk[None, :])
-        return X, Q, G, tot, rk, sq, f, a * f[:, None] * rk[None, :]
+        return a * f[:, None] * rk[None, :]
 
     @triton.jit
     def _off(X, Q, G, between, R, rkj, sq, f, ab, L, sa_t, i, j, DOT: tl.constexpr):
@@ -120,24 +124,25 @@ if triton is not None:
                 KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr):
         """``A``'s ten blocks on and below the diagonal (``beta`` and the norms applied), ``Aqk`` stored
         by row blocks as they come (none of its blocks kept), the rows' ``rk`` and ``beta rk`` (``f``)."""
-        X0, Q0, G0, t0, k0, s0, f0, a00 = _rows(qb, kb, gb, bb, ab, 0, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
-                                                sb_t, sa_t, scale, eps, KP, L2NORM)
+        rows = (L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t, sa_t, scale, eps)
+        X0, Q0, G0, t0, k0, s0, f0 = _rows(qb, kb, gb, bb, ab, 0, *rows, KP, L2NORM)
+        a00 = _on(X0, Q0, G0, k0, s0, f0, kb, gb, ab, 0, L, K, sk_t, sk_k, sg_t, sg_k, sa_t, KP)
         R0 = X0 * tl.exp(t0[None, :] - G0)
-        X1, Q1, G1, t1, k1, s1, f1, a11 = _rows(qb, kb, gb, bb, ab, 1, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
-                                                sb_t, sa_t, scale, eps, KP, L2NORM)
+        X1, Q1, G1, t1, k1, s1, f1 = _rows(qb, kb, gb, bb, ab, 1, *rows, KP, L2NORM)
         z = tl.zeros((KP,), tl.float32)
         a10 = _off(X1, Q1, G1, z, R0, k0, s1, f1, ab, L, sa_t, 1, 0, DOT)
+        a11 = _on(X1, Q1, G1, k1, s1, f1, kb, gb, ab, 1, L, K, sk_t, sk_k, sg_t, sg_k, sa_t, KP)
         R1 = X1 * tl.exp(t1[None, :] - G1)
-        X2, Q2, G2, t2, k2, s2, f2, a22 = _rows(qb, kb, gb, bb, ab, 2, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
-                                                sb_t, sa_t, scale, eps, KP, L2NORM)
+        X2, Q2, G2, t2, k2, s2, f2 = _rows(qb, kb, gb, bb, ab, 2, *rows, KP, L2NORM)
         a20 = _off(X2, Q2, G2, t1, R0, k0, s2, f2, ab, L, sa_t, 2, 0, DOT)
         a21 = _off(X2, Q2, G2, z, R1, k1, s2, f2, ab, L, sa_t, 2, 1, DOT)
+        a22 = _on(X2, Q2, G2, k2, s2, f2, kb, gb, ab, 2, L, K, sk_t, sk_k, sg_t, sg_k, sa_t, KP)
         R2 = X2 * tl.exp(t2[None, :] - G2)
-        X3, Q3, G3, t3, k3, s3, f3, a33 = _rows(qb, kb, gb, bb, ab, 3, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k,
-                                                sb_t, sa_t, scale, eps, KP, L2NORM)
+        X3, Q3, G3, t3, k3, s3, f3 = _rows(qb, kb, gb, bb, ab, 3, *rows, KP, L2NORM)
         a30 = _off(X3, Q3, G3, t1 + t2, R0, k0, s3, f3, ab, L, sa_t, 3, 0, DOT)
         a31 = _off(X3, Q3, G3, t2, R1, k1, s3, f3, ab, L, sa_t, 3, 1, DOT)
         a32 = _off(X3, Q3, G3, z, R2, k2, s3, f3, ab, L, sa_t, 3, 2, DOT)
+        a33 = _on(X3, Q3, G3, k3, s3, f3, kb, gb, ab, 3, L, K, sk_t, sk_k, sg_t, sg_k, sa_t, KP)
         return a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3
 
     @triton.jit

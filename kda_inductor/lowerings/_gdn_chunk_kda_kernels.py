@@ -14,16 +14,20 @@ chunk's start; the token recurrence ``S_t = diag(exp(g_t)) S_{t-1} + k_t delta_t
 Numerics: ``exp(gc_i - gc_j)`` is never a product of ``exp(gc_i)`` and ``exp(-gc_j)`` (the second
 overflows float32 past ``-gc = 88``: 9 tokens at Kimi's strongest decays). The chunk is four blocks
 of 16 rows; ``G`` a block's own cumulative sum (from its first row, ``>= -160`` at ``g = -10``),
-``tot`` its sum. Below the diagonal, block ``(I, J)``'s factor is split at the token before block
-``I`` (``gn``): ``exp(gc_i - gn) = exp(G_I)`` and ``exp(gn - gc_j) = exp(tot_J - G_J) prod_{J < M <
-I} exp(tot_M)``, every exponent ``<= 0`` (an underflow to zero is the true value's, below 1e-38).
-On the diagonal, column by column: ``exp(G_I[i] - G_I[j])`` for ``i >= j`` only (16 steps, the key
-row and ``G_I[j]`` read again). ``k exp(gc_last - gc)`` likewise from block sums. The norms and
-``beta`` / ``scale`` are applied to the products (raw keys as operands).
+``tot`` its sum. Below the diagonal, block ``(I, J)``'s factor is split at the last token of block
+``J``: ``exp(gc_j' - gc_j) = exp(tot_J - G_J)`` on the right (``R_J``, made once a block) and
+``exp(G_I + sum_{J < M < I} tot_M)`` on the left, every exponent ``<= 0`` (an underflow to zero is
+the true value's, below 1e-38), every difference of sums within the blocks involved (no ``gc`` of
+-600 minus another). On the diagonal, column by column: ``exp(G_I[i] - G_I[j])`` for ``i >= j``
+only (16 steps, the key row and ``G_I[j]`` read again). ``gc = G + sum_{M < I} tot_M`` and ``k
+exp(gc_last - gc) = k exp((tot_I - G_I) + sum_{M > I} tot_M)`` likewise. The norms and ``beta`` /
+``scale`` are applied to the products (raw keys as operands).
 
-1. :data:`intra_kernel` (chunk x head): ``gc`` (float32), ``A`` in registers, ``Aqk``, ``Tinv``,
-   ``w``, ``u`` and ``kd = k rk exp(gc_last - gc)`` stored (the scan's sequential path then holds
-   no exponential of a tile).
+1. :data:`intra_kernel` (chunk x head): ``A`` in registers (row block by row block: its blocks
+   below the diagonal, then the diagonal one), ``Aqk`` stored as its blocks come, ``Tinv``
+   (:func:`~._gdn_chunk_kernels._inverse`), then by 64 key columns ``gc`` (float32), ``kd = k rk
+   exp(gc_last - gc)`` and ``w`` stored (the scan's sequential path then holds no exponential of a
+   tile), and ``u``.
 2. :data:`scan_kernel` (sequence x head x column block): the state in two 64-row register blocks:
    store ``S``, ``v_new = u - w S``, ``S = exp(gc_last) S + kd^T v_new`` (``exp(gc_last)`` a row
    factor of the state).
@@ -292,7 +296,8 @@ def aot_variants():
     low = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "kd_ptr", "aq_ptr", "h_ptr", "vn_ptr"), "*bf16")}
     for io, dot in ((low, "bf16"), (bf16, "tf32")):
         yield AotVariant(intra_kernel, _aot_signature(intra_kernel, io),
-                         dict(KP=128, BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=True), {"num_warps": 8, "num_stages": 2})
+                         dict(KP=128, BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=True),
+                         {"num_warps": 8, "num_stages": 2})
         yield AotVariant(scan_kernel, _aot_signature(scan_kernel, io),
                          dict(KB=64, TWO=True, BV=32, HAS_STATE=True, DOT=dot, REGULAR=False),
                          {"num_warps": 4, "num_stages": 2})

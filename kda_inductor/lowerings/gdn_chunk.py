@@ -25,8 +25,9 @@ float32)::
 * Returns ``o`` contiguous ``[B, T, Hv, V]`` in ``out_dtype`` (None: ``v``'s) and the float32
   ``final_state [N, Hv, K, V]``.
 
-CPU: :func:`reference` (the token loop of ``gdn_recurrent_step``, per sequence: the spec). CUDA:
-four Triton launches by chunks (:mod:`kda_inductor.lowerings._gdn_chunk_kernels`: the inverse of
+CPU: :func:`reference` (the token loop of ``gdn_recurrent_step``, per sequence: the spec). CUDA, a
+decay per key channel: three launches of their own (:func:`_launch_kda`, :data:`KDA`). CUDA, a decay
+per head: four Triton launches by chunks (:mod:`kda_inductor.lowerings._gdn_chunk_kernels`: the inverse of
 ``I + A`` per chunk, the UT transform ``w, u``, the sequential scan over chunks holding the state
 in registers, the output; :data:`FAST`: three, with bfloat16 products as fla's; :data:`FAST3`: four,
 the inverse and ``w, u`` apart as fla's, :mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`), float32 state and
@@ -48,8 +49,8 @@ from kda_inductor.lowerings._triton import triton
 from kda_inductor.lowerings.gdn_recurrent_step import (StepMeta, check_gates, check_qkv, check_scalars, check_sizes,
                                                        reference_step)
 
-__all__ = ["CHUNK", "DEFAULT", "FAST", "FAST3", "KDA", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk",
-           "reference", "validate"]
+__all__ = ["CHUNK", "DEFAULT", "FAST", "FAST3", "KDA", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton",
+           "gdn_chunk", "reference", "validate"]
 
 _INTS = (torch.int32, torch.int64)
 
@@ -262,7 +263,11 @@ KDA = FAST._replace(warps=8)
 the scan at ``scan_block_v`` / ``scan_warps``, the output at ``out_block_v`` / ``out_warps`` /
 ``out_v_first``; ``lowp`` as :data:`FAST`'s (bf16 operands, ``w``, ``u``, ``kd``, ``Aqk``, ``v_new``
 and the per-chunk states stored bf16; ``gc``, ``A`` and the inverse float32); ``v2`` / ``v3`` and
-their options do not apply. Not yet timed on a GPU."""
+their options do not apply. Not yet timed on a GPU (``benchmarks/bench_gdn_chunk.py --kda``, ``--kda
+--sweep``). Ahead of time for sm_90 (Triton 3.9, Kimi Linear's dims K = V = 128, bf16, l2norm, a
+state; registers / stack bytes): ``intra`` 255 / 456 at 8 warps (4: 255 / 1,384; 16: 128 / 640),
+``scan`` 255 / 0 at 4 warps (8: 218 / 0), ``output`` 254 / 0 at 4 warps (8: 196 / 0); with tf32
+products and float32 intermediates (``lowp=False``) ``intra`` 255 / 992, ``scan`` 255 / 776."""
 
 
 def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,

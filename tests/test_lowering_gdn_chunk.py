@@ -390,15 +390,19 @@ def test_kda_kernels_match_the_cpu_op(T, decay):
 
 
 @needs_runner
-@pytest.mark.parametrize("case", ["no state", "no l2norm", "K 80 V 20 masked", "out v first"])
+@pytest.mark.parametrize("case", ["no state", "no l2norm", "K 80 V 20 masked", "out v first", "batch 2"])
 def test_kda_kernel_cases(case):
     """No initial state; raw q / k (scaled down) with a scale; K = 80 (two 64-row state blocks, the
     second masked) with V = 20 (two column blocks of 16, the last masked); the output's grid with a
-    chunk's column blocks adjacent."""
+    chunk's column blocks adjacent; two sequences as a batch (each chunk placed from its id)."""
     kw = dict(T=90, state=case != "no state", decay="mixed")
     if case.startswith("K 80"):
         kw.update(K=80, V=20)
     q, k, v, g, beta, s = kda_inputs(950 + len(case), **kw)
+    if case == "batch 2":
+        q2, k2, v2, g2, b2, s2 = kda_inputs(960, **kw)
+        pairs = ((q, q2), (k, k2), (v, v2), (g, g2), (beta, b2), (s, s2))
+        q, k, v, g, beta, s = (torch.cat([a, b]) for a, b in pairs)
     if case == "no l2norm":
         q, k = 0.2 * q, 0.2 * k
     cfg = V2._replace(out_v_first=True) if case == "out v first" else V2

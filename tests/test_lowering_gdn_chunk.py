@@ -369,23 +369,27 @@ def test_v2_no_tokens(config):
 
 def kda_inputs(seed, T=70, Hk=1, Hv=2, K=16, V=16, *, N=None, decay="mixed", state=True, dtype=torch.float32):
     """``inputs`` with ``g [B, T, Hv, K]``: ``"weak"`` (``-softplus(x - 5)``, ~-7e-3 a token: the state
-    carries across chunks), ``"strong"`` (down to -10 a token in every channel, as Kimi's gates reach:
-    a chunk's cumulative decay to ~-300, past float32's ``exp`` range), ``"mixed"`` (even channels strong,
-    odd ones weak: both within one product)."""
+    carries across chunks), ``"moderate"`` (down to -3 a token: a 16-row block spans up to 48, under
+    ``DIAG_SPAN``, so its diagonal block is two products with factors up to ``e^48``), ``"strong"`` (down
+    to -10 a token in every channel, as Kimi's gates reach: a chunk's cumulative decay to ~-300, past
+    float32's ``exp`` range; the diagonal blocks by the loop), ``"mixed"`` (even channels strong, odd
+    ones weak: both within one product)."""
     q, k, v, _, beta, s = inputs(seed, T=T, Hk=Hk, Hv=Hv, K=K, V=V, N=N, state=state, dtype=dtype)
     gen = torch.Generator().manual_seed(seed + 1)
     weak = -torch.nn.functional.softplus(torch.randn(1, T, Hv, K, generator=gen) - 5)
     strong = -10 * torch.rand(1, T, Hv, K, generator=gen)
-    g = {"weak": weak, "strong": strong, "mixed": torch.where(torch.arange(K) % 2 == 0, strong, weak)}[decay]
+    g = {"weak": weak, "strong": strong, "moderate": 0.3 * strong,
+         "mixed": torch.where(torch.arange(K) % 2 == 0, strong, weak)}[decay]
     return q, k, v, g, beta, s
 
 
 @needs_runner
-@pytest.mark.parametrize("decay", ["weak", "strong", "mixed"])
+@pytest.mark.parametrize("decay", ["weak", "moderate", "strong", "mixed"])
 @pytest.mark.parametrize("T", [1, 37, 130])
 def test_kda_kernels_match_the_cpu_op(T, decay):
     """T below / across the chunk and not a multiple of it, GQA (value head h reads key head h // 2),
-    K = 32 with V = 16, an initial state; weak, strong and mixed decays per key channel."""
+    K = 32 with V = 16, an initial state; weak, moderate, strong and mixed decays per key channel
+    (the diagonal blocks as products, as products, by the loop, by the loop)."""
     _kernel_vs_op(kda_inputs(900 + T, T=T, Hk=2, Hv=4, K=32, V=16, decay=decay))
 
 

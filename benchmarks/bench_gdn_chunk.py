@@ -440,15 +440,19 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
 
 def kda_sweep_configs(smoke: bool) -> dict[str, object]:
     """``--kda --sweep``: :data:`~kda_inductor.lowerings.gdn_chunk.KDA` and one change at a time (the
-    intra launch's warps first: at 8 warps it spills 544 bytes for sm_90, at 4 warps 1,528)."""
+    intra launch's products and warps first: its tf32 products spill 968 bytes for sm_90 at 8 warps,
+    bf16 ones 320; at 4 warps 1,264 with bf16)."""
     k = L.KDA
-    cfgs = {"KDA": k, "KDA intra w4": k._replace(warps=4), "KDA intra w16": k._replace(warps=16),
+    cfgs = {"KDA": k, "KDA intra bf16": k._replace(kda_intra_dot=""),
+            "KDA intra bf16 w4": k._replace(kda_intra_dot="", warps=4), "KDA intra w16": k._replace(warps=16),
+            "KDA intra w4": k._replace(warps=4),
             "KDA scan w8": k._replace(scan_warps=8), "KDA scan bv64": k._replace(scan_block_v=64),
             "KDA scan bv16": k._replace(scan_block_v=16), "KDA out bv128": k._replace(out_block_v=128),
             "KDA out w8": k._replace(out_warps=8), "KDA out v first": k._replace(out_v_first=True),
             "KDA 1 stage": k._replace(num_stages=1), "KDA 3 stages": k._replace(num_stages=3),
             "KDA fp32 inter": k._replace(lowp=False)}
-    return {"KDA": k, "KDA fp32 inter": cfgs["KDA fp32 inter"]} if smoke else cfgs
+    return {"KDA": k, "KDA intra bf16": cfgs["KDA intra bf16"], "KDA fp32 inter": cfgs["KDA fp32 inter"]} \
+        if smoke else cfgs
 
 
 def run_sweep(args, device, deadline) -> list[dict]:

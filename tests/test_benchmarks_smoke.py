@@ -120,7 +120,7 @@ def test_gdn_chunk_kda_smoke(capsys):
     assert all(r["kda2_err"] < 1e-2 and r["kda2_state_err"] < 1e-5 and r["eager_err"] < 1e-2 for r in rows), rows
     assert all(r["kda_err"] < 3e-2 and r["kda_state_err"] < 3e-2 and r["kda_us"] for r in rows), rows
     sweep = bench.main(["--smoke", "--kda", "--sweep"])
-    assert [r["config"] for r in sweep] == ["KDA", "KDA fp32 inter"]
+    assert [r["config"] for r in sweep] == ["KDA", "KDA intra bf16", "KDA fp32 inter"]
     assert all(r["us"] is not None and r["err"] < 3e-2 for r in sweep), sweep
 
 

@@ -209,9 +209,11 @@ def _kda_fla():
     return chunk_kda
 
 
-KDA_CONFIGS = {"default": None, "fp32 inter": mod.KDA._replace(lowp=False)}
-"""The op's KDA launches (:data:`~kda_inductor.lowerings.gdn_chunk.KDA`: bf16 operands and
-intermediates) and the same with tf32 products and float32 intermediates."""
+KDA_CONFIGS = {"default": None, "intra bf16": mod.KDA._replace(kda_intra_dot=""),
+               "fp32 inter": mod.KDA._replace(lowp=False)}
+"""The op's KDA launches (:data:`~kda_inductor.lowerings.gdn_chunk.KDA`: bf16 intermediates, the
+intra launch's products tf32, the others' bf16), the same with bf16 products in the intra launch
+too, and tf32 products with float32 intermediates: held to the same bounds."""
 
 
 @pytest.mark.parametrize("config", list(KDA_CONFIGS))

@@ -423,17 +423,19 @@ def test_kda_kernels_varlen(state):
 
 
 @needs_runner
+@pytest.mark.parametrize("intra", ["tf32", ""])
 @pytest.mark.parametrize("decay", ["weak", "mixed"])
-def test_kda_bf16_operands_within_their_rounding(decay):
+def test_kda_bf16_operands_within_their_rounding(decay, intra):
     """The op's own launches (:data:`~kda_inductor.lowerings.gdn_chunk.KDA`: bf16 operands and
-    intermediates, ``"bf16emu"`` in the interpreter) on bf16 inputs with varlen: within 2e-2 (relative
-    norm) of the float32 op, as FAST's bound above."""
+    intermediates, ``"bf16emu"`` in the interpreter; the intra launch's products tf32, float32 here, or
+    bf16 as the others') on bf16 inputs with varlen: within 2e-2 (relative norm) of the float32 op,
+    as FAST's bound above."""
     cu = torch.tensor([0, 30, 30, 100], dtype=torch.int32)
     q, k, v, g, beta, s = kda_inputs(990, T=100, Hk=1, Hv=2, K=32, V=32, N=3, decay=decay, dtype=torch.bfloat16)
     want, want_state = op(q, k, v, g, beta, None, s, True, cu, 1e-6, torch.float32)
     out = torch.full(want.shape, float("nan"), dtype=torch.float32, device=DEVICE)
     got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, *_dev(cu), 1e-6, torch.float32,
-                                  out=out)
+                                  out=out, config=mod.KDA._replace(kda_intra_dot=intra))
     assert got is out and not got.isnan().any()
     assert _rel(got.cpu(), want) < 2e-2 and _rel(final.cpu(), want_state) < 2e-2, (_rel(got.cpu(), want),
                                                                                    _rel(final.cpu(), want_state))

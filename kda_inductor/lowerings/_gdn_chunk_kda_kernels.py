@@ -314,20 +314,20 @@ if triton is not None:
 
 def aot_variants():
     """The KDA launches for sm_90 at Kimi Linear's dims (K = V = 128, bf16 q / k / v / beta, float32
-    g, l2norm, a state): bf16 operands and intermediates (``gdn_chunk.FAST``'s ``lowp``), and tf32
-    products with float32 intermediates; the warps as ``gdn_chunk.KDA`` launches them."""
+    g, l2norm, a state) as ``gdn_chunk.KDA`` runs them (bf16 intermediates, ``intra``'s products tf32,
+    the others' bf16), ``intra`` with bf16 products (``kda_intra_dot=""``), and the float32
+    intermediates of ``lowp=False`` (tf32 products)."""
     from kda_inductor.lowerings import AotVariant
 
     maps = {"seq_ptr": "*i32", "start_ptr": "*i64", "len_ptr": "*i32", "cu_ptr": "*i64", "cuc_ptr": "*i64"}
     bf16 = {**maps, **dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "b_ptr", "o_ptr"), "*bf16")}
     low = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "kd_ptr", "aq_ptr", "h_ptr", "vn_ptr"), "*bf16")}
-    for io, dot in ((low, "bf16"), (bf16, "tf32")):
+    opts4, opts8 = {"num_warps": 4, "num_stages": 2}, {"num_warps": 8, "num_stages": 2}
+    for io, dot in ((low, "tf32"), (low, "bf16"), (bf16, "tf32")):
         yield AotVariant(intra_kernel, _aot_signature(intra_kernel, io),
-                         dict(KP=128, BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=True),
-                         {"num_warps": 8, "num_stages": 2})
+                         dict(KP=128, BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=True), opts8)
+    for io, dot in ((low, "bf16"), (bf16, "tf32")):
         yield AotVariant(scan_kernel, _aot_signature(scan_kernel, io),
-                         dict(KB=64, TWO=True, BV=32, HAS_STATE=True, DOT=dot, REGULAR=False),
-                         {"num_warps": 4, "num_stages": 2})
+                         dict(KB=64, TWO=True, BV=32, HAS_STATE=True, DOT=dot, REGULAR=False), opts4)
         yield AotVariant(output_kernel, _aot_signature(output_kernel, io),
-                         dict(KB=64, TWO=True, BV=64, L2NORM=True, DOT=dot, REGULAR=True),
-                         {"num_warps": 4, "num_stages": 2})
+                         dict(KB=64, TWO=True, BV=64, L2NORM=True, DOT=dot, REGULAR=True), opts4)

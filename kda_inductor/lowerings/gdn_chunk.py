@@ -232,6 +232,10 @@ class LaunchConfig(NamedTuple):
     """With ``v3``: the inverse's diagonal blocks and merges: ``"ieee"`` (a product of four factors,
     float32 products), ``"tf32"`` (the same on tf32 tensor cores: the inverse is rounded to
     bfloat16 by ``lowp`` anyway), ``"subst"`` (v2's row-by-row substitution, float32 merges)."""
+    kda_intra_dot: str = ""
+    """A decay per key channel (:data:`KDA`): the ``intra`` launch's products (``A``, ``Aqk``, ``w``,
+    ``u``) in this precision (``"tf32"``: float32 operands on tf32 tensor cores) instead of the
+    launch's (``"bf16"`` with ``lowp``); ``""``: the launch's; ``dot="ieee"`` keeps float32."""
 
 
 FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
@@ -257,17 +261,21 @@ first`` separate the two changes; ``--profile``: each kernel's time). Ahead of t
 DEFAULT = FAST
 """What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST`."""
 
-KDA = FAST._replace(warps=8)
+KDA = FAST._replace(warps=8, kda_intra_dot="tf32")
 """The launches of a decay per key channel (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`,
 ``K <= 128``; what :func:`chunk_triton` runs for one without a ``config``): ``intra`` at ``warps``,
 the scan at ``scan_block_v`` / ``scan_warps``, the output at ``out_block_v`` / ``out_warps`` /
 ``out_v_first``; ``lowp`` as :data:`FAST`'s (bf16 operands, ``w``, ``u``, ``kd``, ``Aqk``, ``v_new``
-and the per-chunk states stored bf16; ``gc``, ``A`` and the inverse float32); ``v2`` / ``v3`` and
-their options do not apply. Not yet timed on a GPU (``benchmarks/bench_gdn_chunk.py --kda``, ``--kda
---sweep``). Ahead of time for sm_90 (Triton 3.9, Kimi Linear's dims K = V = 128, bf16, l2norm, a
-state; registers / stack bytes): ``intra`` 255 / 456 at 8 warps (4: 255 / 1,384; 16: 128 / 640),
-``scan`` 255 / 0 at 4 warps (8: 218 / 0), ``output`` 254 / 0 at 4 warps (8: 196 / 0); with tf32
-products and float32 intermediates (``lowp=False``) ``intra`` 255 / 992, ``scan`` 255 / 776."""
+and the per-chunk states stored bf16; ``gc``, ``A`` and the inverse float32) except ``intra``'s
+products, tf32 (:attr:`LaunchConfig.kda_intra_dot`: under the interpreter's bf16 roundings, Kimi's
+gates, bf16 products there double the output's error, 1.7e-2 against 8.8e-3, ``Aqk``'s and ``A``'s
+about equally); ``v2`` / ``v3`` and their options do not apply. Not yet timed on a GPU
+(``benchmarks/bench_gdn_chunk.py --kda``, ``--kda --sweep``). Ahead of time for sm_90 (Triton 3.9, Kimi Linear's dims K = V = 128, bf16, l2norm, a
+state; registers / stack bytes, ``tests/aot_sm90.py --registers _gdn_chunk_kda_kernels``): ``intra``
+255 / 960 at 8 warps (bf16 products: 255 / 320; at 4 warps 255 / 1,264, at 16 128 / 872), ``scan``
+255 / 0 at 4 warps (8: 218 / 0), ``output`` 254 / 0 at 4 warps (8: 196 / 0); with float32
+intermediates (``lowp=False``, tf32 products) ``intra`` 255 / 968, ``scan`` 255 / 776, ``output``
+255 / 0."""
 
 
 def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
@@ -469,6 +477,7 @@ def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
     inter = torch.bfloat16 if lowp else cfg.inter_dtype
     if lowp:  # the interpreter's bf16 tl.dot is wrong: the same roundings, float32 products
         dot = "bf16emu" if dev.type == "cpu" else "bf16"
+    idot = dot if dot == "ieee" or not cfg.kda_intra_dot else cfg.kda_intra_dot
     gc = torch.empty((Ttot, Hv, K), device=dev, dtype=torch.float32)
     w, kd, u, vn, aq = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, K, V, V, CHUNK))
     hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
@@ -479,7 +488,7 @@ def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
         kern.intra_kernel[(M, Hv)](
             q3, k3, v3, g3, b2, gc, w, u, kd, aq, *maps, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
             *v3.stride(), *g3.stride(), *b2.stride(), *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2],
-            *kd.stride()[:2], *aq.stride()[:2], KP=KP, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular,
+            *kd.stride()[:2], *aq.stride()[:2], KP=KP, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=idot, REGULAR=regular,
             num_warps=cfg.warps, num_stages=cfg.num_stages)
     kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
         w, u, kd, gc, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, *w.stride()[:2],

@@ -270,8 +270,9 @@ and the per-chunk states stored bf16; ``gc``, ``A`` and the inverse float32) exc
 products, tf32 (:attr:`LaunchConfig.kda_intra_dot`: under the interpreter's bf16 roundings, Kimi's
 gates, bf16 products there double the output's error, 1.7e-2 against 8.8e-3, ``Aqk``'s and ``A``'s
 about equally); ``v2`` / ``v3`` and their options do not apply. Not yet timed on a GPU
-(``benchmarks/bench_gdn_chunk.py --kda``, ``--kda --sweep``). Ahead of time for sm_90 (Triton 3.9, Kimi Linear's dims K = V = 128, bf16, l2norm, a
-state; registers / stack bytes, ``tests/aot_sm90.py --registers _gdn_chunk_kda_kernels``): ``intra``
+(``benchmarks/bench_gdn_chunk.py --kda``, ``--kda --sweep``). Ahead of time for sm_90 (Triton 3.9,
+Kimi Linear's dims K = V = 128, bf16, l2norm, a state; registers / stack bytes, ``tests/aot_sm90.py
+--registers _gdn_chunk_kda_kernels``): ``intra``
 255 / 960 at 8 warps (bf16 products: 255 / 320; at 4 warps 255 / 1,264, at 16 128 / 872), ``scan``
 255 / 0 at 4 warps (8: 218 / 0), ``output`` 254 / 0 at 4 warps (8: 196 / 0); with float32
 intermediates (``lowp=False``, tf32 products) ``intra`` 255 / 968, ``scan`` 255 / 776, ``output``

@@ -28,6 +28,17 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
     python benchmarks/bench_gdn_chunk.py --sweep --T 16384        # kda's launch configs (LaunchConfig)
     python benchmarks/bench_gdn_chunk.py --profile --T 4096       # + each kernel's time (torch.profiler)
     python benchmarks/bench_gdn_chunk.py --smoke                  # CPU, tiny: the code paths only
+    python benchmarks/bench_gdn_chunk.py --kda --quick --budget 240   # KDA at Kimi Linear's dims (below)
+    python benchmarks/bench_gdn_chunk.py --kda --sweep --T 16384 --budget 200   # KDA's launch configs
+
+``--kda``: a decay per key channel (``g [1, T, Hv, K]``, Kimi Linear's KDA) at Kimi Linear's dims
+(``linear_num_heads`` 32 q / k / v heads, ``linear_head_dim`` K = V = 128; ``g = -exp(A_log)
+softplus(x + dt_bias)`` per channel with the model's initial ``A_log`` / ``dt_bias`` ranges):
+``kda`` (the op, :data:`~kda_inductor.lowerings.gdn_chunk.KDA`'s launches), ``kda fp32`` (the same
+launches with tf32 products and float32 intermediates), ``fla`` (fla-core's ``chunk_kda``, where
+importable) and ``eager`` (transformers' ``chunk_kimi_delta_attention``, its torch reference, up
+to ``--stock-max-t``: its decay mask is ``[T / 64, 64, 64, K]`` floats a head), all against the
+op's float32 token loop (on the GPU: seconds at T = 16,384). Recorded as ``gdn_chunk_kda.{md,json}``.
 
 ``--profile`` (on by default with ``--quick``): after the timings, each variant's kernels by name
 from ``torch.profiler`` (3 calls after 2 warm-ups, eager launches, so a kernel's time is its own;
@@ -81,6 +92,12 @@ class Dims(NamedTuple):
 
 QWEN3_NEXT = Dims(16, 32, 128, 128)
 SMOKE = Dims(1, 2, 16, 16)
+KIMI_LINEAR = Dims(32, 32, 128, 128)
+"""Kimi-Linear-48B-A3B's KDA layers (``linear_num_heads`` 32, ``linear_head_dim`` 128)."""
+SMOKE_KDA = Dims(2, 2, 16, 16)
+"""``--kda --smoke``: as many q / k heads as v heads, as Kimi's layers (transformers' KDA core repeats none)."""
+KDA_MODE = False
+"""``--kda``: a decay per key channel at :data:`KIMI_LINEAR` (the ``kda_*`` functions)."""
 TOKENS = (256, 1024, 4096, 16384, 65536)
 QUICK = (4096, 16384)
 
@@ -96,6 +113,20 @@ def make_inputs(d: Dims, T: int, device, seed: int = 0) -> dict:
     return dict(q=rnd(1, T, d.k_heads, d.k_dim).bfloat16(), k=rnd(1, T, d.k_heads, d.k_dim).bfloat16(),
                 v=rnd(1, T, d.v_heads, d.v_dim).bfloat16(), g=torch.nn.functional.logsigmoid(rnd(1, T, d.v_heads)),
                 beta=torch.sigmoid(rnd(1, T, d.v_heads)).bfloat16())
+
+
+def make_kda_inputs(d: Dims, T: int, device, seed: int = 0) -> dict:
+    """:func:`make_inputs` with a decay per key channel as Kimi's gate makes it: ``-exp(A_log)
+    softplus(x + dt_bias)``, ``A_log = log U(1, 16)`` a head, ``dt_bias`` the inverse softplus of
+    ``U(1e-3, 1e-1)`` a channel (the model's initial ranges), ``x`` a unit normal."""
+    x = make_inputs(d, T, device, seed)
+    gen = torch.Generator(device=device).manual_seed(seed + 1)
+    a = torch.empty(d.v_heads, 1, device=device).uniform_(1, 16, generator=gen)
+    dt = torch.empty(d.v_heads, d.k_dim, device=device).uniform_(1e-3, 1e-1, generator=gen)
+    bias = dt + torch.log(-torch.expm1(-dt))
+    x["g"] = -a * torch.nn.functional.softplus(torch.randn(1, T, d.v_heads, d.k_dim, device=device,
+                                                           generator=gen) + bias)
+    return x
 
 
 # --------------------------------------------------------------------------- the variants
@@ -168,7 +199,53 @@ def kda2(x):
     return kda(x, L.LaunchConfig())
 
 
+def kda_fla() -> Callable | None:
+    """fla-core's ``chunk_kda`` (fla's own chunked KDA kernels), None where not importable."""
+    try:
+        import fla_core
+
+        if not fla_core.available():
+            return None
+        fn = fla_core.fla().kda_chunk
+    except Exception:  # noqa: BLE001 - not installed, or its import fails here
+        traceback.print_exc()
+        return None
+    return lambda x: fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=None, output_final_state=True,
+                        use_qk_l2norm_in_kernel=True)
+
+
+def kda_transformers() -> Callable | None:
+    """transformers' torch reference of KDA (``chunk_kimi_delta_attention``), unwrapped from the hub /
+    fla dispatch as :func:`transformers_chunk` does."""
+    import inspect
+
+    try:
+        from transformers.models.kimi_linear import modeling_kimi_linear as mk
+    except ImportError:
+        return None
+    fn = getattr(mk, "chunk_kimi_delta_attention", None)
+    if isinstance(fn, torch.nn.Module):
+        fn = inspect.getclosurevars(type(fn).forward).nonlocals.get("func", fn)
+    fn = getattr(fn, "__wrapped__", fn)
+    return None if fn is None else lambda x: fn(x["q"], x["k"], x["v"], x["g"], x["beta"], initial_state=None,
+                                                output_final_state=True, use_qk_l2norm_in_kernel=True)
+
+
+def kda_variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
+    """``--kda``: the op, its float32-intermediate launches, fla's ``chunk_kda``, transformers' eager."""
+    out: dict[str, Callable] = {"kda": kda, "kda2": lambda x: kda(x, L.KDA._replace(lowp=False))}
+    fla = None if smoke else kda_fla()
+    if fla is not None:
+        out["fla"] = fla
+    hf = kda_transformers()
+    if hf is not None and eager and T <= stock_max_t:
+        out["eager"] = hf
+    return out
+
+
 def variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
+    if KDA_MODE:
+        return kda_variants(T, smoke=smoke, stock_max_t=stock_max_t, eager=eager)
     out: dict[str, Callable] = {"kda": kda, "kda3": kda3, "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
@@ -190,7 +267,7 @@ def reference(x: dict) -> tuple[torch.Tensor, torch.Tensor]:
     the op's token loop)."""
     f = {k: v.float() for k, v in x.items()}
     hf = transformers_chunk()
-    if hf is None:
+    if hf is None or KDA_MODE:  # KDA: the op's float32 token loop (on the GPU: seconds at T = 16,384)
         return L.reference(f["q"], f["k"], f["v"], f["g"], f["beta"], None, None, True)
     with torch.inference_mode():
         return _hf_call(hf)(f)
@@ -226,8 +303,8 @@ def time_us(fn: Callable, x: dict, smoke: bool, T: int) -> tuple[float, str]:
 
 
 def run_case(T: int, *, device, smoke: bool, stock_max_t: int, eager: bool) -> dict:
-    d = SMOKE if smoke else QWEN3_NEXT
-    x = make_inputs(d, T, device)
+    d = (SMOKE_KDA if KDA_MODE else SMOKE) if smoke else (KIMI_LINEAR if KDA_MODE else QWEN3_NEXT)
+    x = (make_kda_inputs if KDA_MODE else make_inputs)(d, T, device)
     want = reference(x)
     row: dict = {"T": T}
     notes = []
@@ -361,15 +438,33 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
     return {"FAST": fast, **cfgs_v3, **cfgs_v2, **cfgs}
 
 
+def kda_sweep_configs(smoke: bool) -> dict[str, object]:
+    """``--kda --sweep``: :data:`~kda_inductor.lowerings.gdn_chunk.KDA` and one change at a time (the
+    intra launch's products and warps first: its tf32 products spill 968 bytes for sm_90 at 8 warps,
+    bf16 ones 320; at 4 warps 1,264 with bf16)."""
+    k = L.KDA
+    cfgs = {"KDA": k, "KDA intra bf16": k._replace(kda_intra_dot=""),
+            "KDA intra bf16 w4": k._replace(kda_intra_dot="", warps=4), "KDA intra w16": k._replace(warps=16),
+            "KDA intra w4": k._replace(warps=4),
+            "KDA scan w8": k._replace(scan_warps=8), "KDA scan bv64": k._replace(scan_block_v=64),
+            "KDA scan bv16": k._replace(scan_block_v=16), "KDA out bv128": k._replace(out_block_v=128),
+            "KDA out w8": k._replace(out_warps=8), "KDA out v first": k._replace(out_v_first=True),
+            "KDA 1 stage": k._replace(num_stages=1), "KDA 3 stages": k._replace(num_stages=3),
+            "KDA fp32 inter": k._replace(lowp=False)}
+    return {"KDA": k, "KDA intra bf16": cfgs["KDA intra bf16"], "KDA fp32 inter": cfgs["KDA fp32 inter"]} \
+        if smoke else cfgs
+
+
 def run_sweep(args, device, deadline) -> list[dict]:
-    d = SMOKE if args.smoke else QWEN3_NEXT
+    d = (SMOKE_KDA if KDA_MODE else SMOKE) if args.smoke else (KIMI_LINEAR if KDA_MODE else QWEN3_NEXT)
     rows = []
     plan = [int(t) for t in (args.T or ("70" if args.smoke else "16384")).split(",")]
+    configs = kda_sweep_configs(args.smoke) if KDA_MODE else sweep_configs(args.smoke)
     for i, T in enumerate(plan):  # each T an equal share of the budget left (the first T never takes it all)
         until = time.perf_counter() + (deadline - time.perf_counter()) / (len(plan) - i)
-        x = make_inputs(d, T, device)
+        x = (make_kda_inputs if KDA_MODE else make_inputs)(d, T, device)
         want = reference(x)
-        for label, cfg in sweep_configs(args.smoke).items():
+        for label, cfg in configs.items():
             if time.perf_counter() > until:
                 print(f"T = {T}: its share of the budget spent at {label!r}", flush=True)
                 break
@@ -416,14 +511,17 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--budget", type=float, default=480, help="seconds after which no new case starts")
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
+    p.add_argument("--kda", action="store_true", help="a decay per key channel at Kimi Linear's dims")
     args = p.parse_args(argv)
+    global KDA_MODE, NAME
+    KDA_MODE, NAME = args.kda, "gdn_chunk_kda" if args.kda else "gdn_chunk"
     device = "cpu" if args.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (use --smoke on CPU)")
     torch._inductor.config.fx_graph_cache = False  # stock's compile timed as a user's first one would be
     t0 = time.perf_counter()
     deadline = t0 + args.budget
-    profile = (args.profile or args.quick) and not args.no_profile
+    profile = (args.profile or args.quick) and not args.no_profile and not args.kda
     if args.sweep:
         rows = run_sweep(args, device, deadline)
         if profile:
@@ -446,11 +544,13 @@ def main(argv=None) -> list[dict]:
             traceback.print_exc()
             rows.append({"T": T, "note": f"{type(e).__name__}: {e}"[:200]})
         progress(rows[-1])
-    d = SMOKE if args.smoke else QWEN3_NEXT
+    d = SMOKE if args.smoke else (KIMI_LINEAR if args.kda else QWEN3_NEXT)
+    ref = "the op's float32 token loop (g per key channel, KDA)" if args.kda else \
+        "transformers' chunked reference in float32"
     notes = ("NOT meaningful (CPU smoke run)" if args.smoke else
              f"batch 1, {d.k_heads} q / k heads, {d.v_heads} v heads, K = {d.k_dim}, V = {d.v_dim}, bf16 inputs, "
              f"no initial state; CUDA-graph replay medians, one call per graph; err: |o - ref| / |ref| against "
-             f"transformers' chunked reference in float32; {_versions()}")
+             f"{ref}; {_versions()}")
     print_table(rows, COLUMNS, title=f"{NAME}: {notes}")
     # the profile may start up to a minute past the budget: it takes seconds a T, and is the point of --quick
     prof = run_profile(plan[:len(rows)], device=device, smoke=args.smoke, deadline=deadline + 60) if profile else []

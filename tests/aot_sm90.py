@@ -9,6 +9,9 @@ Exit 0: all compiled; 3: this Triton cannot compile for CUDA here (no backend or
 ``DIR/<module>.<n>.ptx`` (debug lines, label names and assert line numbers dropped): the same
 files from two checkouts (``diff -r``) show whether a refactoring changed any kernel's code;
 ``python tests/aot_sm90.py --compare DIR_A DIR_B`` prints, per module, how many are identical.
+``python tests/aot_sm90.py --registers [MODULE]`` also prints each variant's registers a thread and
+stack bytes (spills; Triton's ``cuobjdump -res-usage``), only ``MODULE``'s when named (e.g.
+``_gdn_chunk_kda_kernels``).
 """
 
 from __future__ import annotations
@@ -26,14 +29,32 @@ except ImportError:  # pragma: no cover
     sys.exit(3)
 
 
-def compile_variants(fn, types: dict, consts: dict, options: dict, ptx: Path | None = None) -> int:
+def compile_variants(fn, types: dict, consts: dict, options: dict, ptx: Path | None = None,
+                     registers: bool = False) -> int:
     names = fn.arg_names
     sig = {n: types.get(n, "constexpr") for n in names}
     src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     if ptx is not None:
         ptx.write_text(instructions(k.asm["ptx"]))
+    if registers:
+        print(f"  {fn.__name__} {options} {consts}: {usage(k.asm['cubin'])}", flush=True)
     return len(k.asm["cubin"])
+
+
+def usage(cubin: bytes) -> str:
+    """``"<registers> registers, <bytes> stack bytes"`` of a cubin (Triton's own ``cuobjdump``)."""
+    import os
+    import subprocess
+    import tempfile
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    reg, stack = (re.search(rf"{key}:(\d+)", out) for key in ("REG", "STACK"))
+    return f"{reg and reg.group(1)} registers, {stack and stack.group(1)} stack bytes"
 
 
 def instructions(ptx: str) -> str:
@@ -68,6 +89,8 @@ def main() -> None:
     import kda_inductor.lowerings as lowerings
 
     out = Path(sys.argv[sys.argv.index("--ptx") + 1]) if "--ptx" in sys.argv else None
+    regs = "--registers" in sys.argv
+    only = sys.argv[sys.argv.index("--registers") + 1:][:1] if regs else []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
     done, total, per = 0, 0, []
@@ -79,11 +102,13 @@ def main() -> None:
                 print(f"FAIL: kda_inductor.lowerings.{info.name} has Triton kernels but declares no aot_variants()")
                 sys.exit(1)
             continue
+        if only and info.name != only[0]:
+            continue
         n = 0
         for j, v in enumerate(declared()):
             total += 1
             ptx = None if out is None else out / f"{info.name}.{j}.ptx"
-            n += bool(compile_variants(v.kernel, v.types, v.constexprs, v.options, ptx))
+            n += bool(compile_variants(v.kernel, v.types, v.constexprs, v.options, ptx, regs))
         done += n
         per.append(f"{info.name} {n}")
     print(f"compiled {done} of {total} kernel variants for sm_90 ({', '.join(per)})")

@@ -109,6 +109,21 @@ def test_gdn_chunk_smoke(capsys):
     assert all(r["us"] is not None and r["err"] < (3e-2 if r["config"] != "default" else 1e-2) for r in sweep)
 
 
+def test_gdn_chunk_kda_smoke(capsys):
+    """``--kda``: the KDA launches (bf16 operands, and float32 intermediates) and transformers' eager KDA
+    core against the op's float32 token loop on CPU, T across a chunk; its launch sweep's first configs."""
+    bench = _load("bench_gdn_chunk")
+    rows = bench.main(["--smoke", "--kda"])
+    assert [r["T"] for r in rows] == [70, 130]
+    assert "gdn_chunk_kda: NOT meaningful" in capsys.readouterr().out
+    # bf16 outputs (the interpreter truncates: ~2x 2^-9); kda: bf16 products and intermediates
+    assert all(r["kda2_err"] < 1e-2 and r["kda2_state_err"] < 1e-5 and r["eager_err"] < 1e-2 for r in rows), rows
+    assert all(r["kda_err"] < 3e-2 and r["kda_state_err"] < 3e-2 and r["kda_us"] for r in rows), rows
+    sweep = bench.main(["--smoke", "--kda", "--sweep"])
+    assert [r["config"] for r in sweep] == ["KDA", "KDA intra bf16", "KDA fp32 inter"]
+    assert all(r["us"] is not None and r["err"] < 3e-2 for r in sweep), sweep
+
+
 # --------------------------------------------------------------------------- benchmarks.hf_models
 
 

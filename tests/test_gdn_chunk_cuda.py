@@ -182,3 +182,99 @@ def test_transformers_reference_is_the_op_on_cuda_without_force():
         want, want_state = layer(q.float(), k.float(), v.float(), g, beta.float(), s)
     assert sum(r.before.count("torch.ops.kda.gdn_chunk.default") for r in records) == 1
     assert _rel(got.float(), want) < 1e-2 and _rel(final, want_state) < 1e-2
+
+
+# --------------------------------------------------------------------------- a decay per key channel (KDA)
+
+
+def _kda_inputs(T, seed, H=32, D=128, N=1, state=False, strong=False):
+    """Kimi Linear's dims (32 q / k / v heads, K = V = 128), bf16 inputs; ``g [1, T, H, K]`` as Kimi's
+    gate makes it (``-A softplus(x + dt_bias)``, ``A`` in 1..16 a head); ``strong``: down to -10 a
+    token in every channel (a chunk's cumulative decay past float32's ``exp`` range)."""
+    q, k, v, _, beta, s = _inputs(T, seed, Hk=H, Hv=H, D=D, N=N, state=state)
+    gen = torch.Generator(device="cuda").manual_seed(seed + 1)
+    if strong:
+        g = -10 * torch.rand(1, T, H, D, device="cuda", generator=gen)
+    else:
+        a = 1 + 15 * torch.rand(H, 1, device="cuda", generator=gen)
+        g = -a * torch.nn.functional.softplus(torch.randn(1, T, H, D, device="cuda", generator=gen) - 4)
+    return q, k, v, g, beta, s
+
+
+def _kda_fla():
+    try:
+        from fla.ops.kda import chunk_kda
+    except Exception:  # noqa: BLE001 - fla-core not installed or not importable here
+        return None
+    return chunk_kda
+
+
+KDA_CONFIGS = {"default": None, "intra bf16": mod.KDA._replace(kda_intra_dot=""),
+               "fp32 inter": mod.KDA._replace(lowp=False)}
+"""The op's KDA launches (:data:`~kda_inductor.lowerings.gdn_chunk.KDA`: bf16 intermediates, the
+intra launch's products tf32, the others' bf16), the same with bf16 products in the intra launch
+too, and tf32 products with float32 intermediates: held to the same bounds."""
+
+
+@pytest.mark.parametrize("config", list(KDA_CONFIGS))
+@pytest.mark.parametrize("T,state,strong", [(1, True, False), (100, False, False), (1000, True, True),
+                                            (4096, False, False), (4096, True, True)])
+def test_kda_matches_the_float32_loop_and_fla(T, state, strong, config):
+    q, k, v, g, beta, s = _kda_inputs(T, seed=T, state=state, strong=strong)
+    cfg = KDA_CONFIGS[config]
+    with torch.inference_mode():
+        want, want_state = mod.reference(q, k, v, g, beta, None, s, True)
+        out = torch.full_like(v, float("nan"))
+        got, final = mod.chunk_triton(q, k, v, g, beta, None, s, True, out=out, config=cfg)
+        op_out, op_final = torch.ops.kda.gdn_chunk(q, k, v, g, beta, None, s, True)
+    assert got.dtype == BF and final.dtype == torch.float32 and not got.isnan().any()
+    if cfg is None:
+        assert torch.equal(op_out, got) and torch.equal(op_final, final)  # the op is these launches
+    err, serr = _rel(got, want), _rel(final, want_state)
+    assert err < 1e-2 and serr < 1e-2, (err, serr)
+    fla = _kda_fla()
+    if fla is not None:
+        with torch.inference_mode():
+            fo, fs = fla(q, k, v, g, beta, initial_state=s, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        fla_err, fla_serr = _rel(fo, want), _rel(fs, want_state)
+        print(f"KDA T={T}{' strong' if strong else ''} {config}: kda {err:.2e} / state {serr:.2e}; "
+              f"fla {fla_err:.2e} / state {fla_serr:.2e}")
+        assert err <= 1.5 * fla_err + 1e-3 and serr <= 1.5 * fla_serr + 1e-3, (err, fla_err, serr, fla_serr)
+
+
+def test_kda_varlen_exact_products_and_cuda_graph():
+    """Varlen with ``cu_seqlens`` on the device (lengths 1, 699, 0, 1348) against per-sequence loops;
+    ``dot="ieee"`` within 1e-4 of the loop at small dims (GQA 1:2); captured in a CUDA graph (varlen:
+    no host sync) and replayed on new inputs."""
+    cu = torch.tensor([0, 1, 700, 700, 2048], device="cuda", dtype=torch.int32)
+    q, k, v, g, beta, s = _kda_inputs(2048, seed=3, N=4, state=True)
+    with torch.inference_mode():
+        got, final = torch.ops.kda.gdn_chunk(q, k, v, g, beta, None, s, True, cu)
+        want, want_state = mod.reference(q, k, v, g, beta, None, s, True, cu)
+    assert _rel(got, want) < 1e-2 and _rel(final, want_state) < 1e-2
+    torch.testing.assert_close(final[2], s[2], rtol=0, atol=0)  # the empty sequence keeps its state
+    q, k, v, _, beta, s = _inputs(300, seed=5, Hk=2, Hv=4, D=64, state=True, dtype=torch.float32)
+    g = -torch.rand(1, 300, 4, 64, device="cuda") * 3
+    with torch.inference_mode():
+        want, want_state = mod.reference(q, k, v, g, beta, 0.2, s, True)
+        got, final = mod.chunk_triton(q, k, v, g, beta, 0.2, s, True, dot="ieee")
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(final, want_state, rtol=1e-4, atol=1e-4)
+    cu = torch.tensor([0, 37, 300], device="cuda", dtype=torch.int64)
+    a, b = (_kda_inputs(300, seed=sd, H=8, D=64, N=2, state=True) for sd in (7, 8))
+    bufs = [x.clone() for x in a]
+    with torch.inference_mode():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.ops.kda.gdn_chunk(*bufs[:5], None, bufs[5], True, cu)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out, final = torch.ops.kda.gdn_chunk(*bufs[:5], None, bufs[5], True, cu)
+        for x, y in zip(bufs, b):
+            x.copy_(y)
+        graph.replay()
+        want, want_state = torch.ops.kda.gdn_chunk(*b[:5], None, b[5], True, cu)
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+    torch.testing.assert_close(final, want_state, rtol=0, atol=0)

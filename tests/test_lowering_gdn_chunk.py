@@ -361,3 +361,92 @@ def test_v2_no_tokens(config):
     assert out.shape == (2, 0, 2, 16) and torch.equal(final.cpu(), s)
     _, zeros = mod.chunk_triton(*_dev(q, k, v, g, beta), None, None, True, config=cfg)
     assert torch.equal(zeros.cpu(), torch.zeros_like(s))
+
+
+# --------------------------------------------------------------------------- a decay per key channel (KDA)
+# g [B, T, Hv, K] (Kimi Linear): the three launches of _gdn_chunk_kda_kernels against the CPU loop.
+
+
+def kda_inputs(seed, T=70, Hk=1, Hv=2, K=16, V=16, *, N=None, decay="mixed", state=True, dtype=torch.float32):
+    """``inputs`` with ``g [B, T, Hv, K]``: ``"weak"`` (``-softplus(x - 5)``, ~-7e-3 a token: the state
+    carries across chunks), ``"moderate"`` (down to -3 a token: a 16-row block spans up to 48, under
+    ``DIAG_SPAN``, so its diagonal block is two products with factors up to ``e^48``), ``"strong"`` (down
+    to -10 a token in every channel, as Kimi's gates reach: a chunk's cumulative decay to ~-300, past
+    float32's ``exp`` range; the diagonal blocks by the loop), ``"mixed"`` (even channels strong, odd
+    ones weak: both within one product)."""
+    q, k, v, _, beta, s = inputs(seed, T=T, Hk=Hk, Hv=Hv, K=K, V=V, N=N, state=state, dtype=dtype)
+    gen = torch.Generator().manual_seed(seed + 1)
+    weak = -torch.nn.functional.softplus(torch.randn(1, T, Hv, K, generator=gen) - 5)
+    strong = -10 * torch.rand(1, T, Hv, K, generator=gen)
+    g = {"weak": weak, "strong": strong, "moderate": 0.3 * strong,
+         "mixed": torch.where(torch.arange(K) % 2 == 0, strong, weak)}[decay]
+    return q, k, v, g, beta, s
+
+
+@needs_runner
+@pytest.mark.parametrize("decay", ["weak", "moderate", "strong", "mixed"])
+@pytest.mark.parametrize("T", [1, 37, 130])
+def test_kda_kernels_match_the_cpu_op(T, decay):
+    """T below / across the chunk and not a multiple of it, GQA (value head h reads key head h // 2),
+    K = 32 with V = 16, an initial state; weak, moderate, strong and mixed decays per key channel
+    (the diagonal blocks as products, as products, by the loop, by the loop)."""
+    _kernel_vs_op(kda_inputs(900 + T, T=T, Hk=2, Hv=4, K=32, V=16, decay=decay))
+
+
+@needs_runner
+@pytest.mark.parametrize("case", ["no state", "no l2norm", "K 80 V 20 masked", "out v first", "batch 2"])
+def test_kda_kernel_cases(case):
+    """No initial state; raw q / k (scaled down) with a scale; K = 80 (two 64-row state blocks, the
+    second masked) with V = 20 (two column blocks of 16, the last masked); the output's grid with a
+    chunk's column blocks adjacent; two sequences as a batch (each chunk placed from its id)."""
+    kw = dict(T=90, state=case != "no state", decay="mixed")
+    if case.startswith("K 80"):
+        kw.update(K=80, V=20)
+    q, k, v, g, beta, s = kda_inputs(950 + len(case), **kw)
+    if case == "batch 2":
+        q2, k2, v2, g2, b2, s2 = kda_inputs(960, **kw)
+        pairs = ((q, q2), (k, k2), (v, v2), (g, g2), (beta, b2), (s, s2))
+        q, k, v, g, beta, s = (torch.cat([a, b]) for a, b in pairs)
+    if case == "no l2norm":
+        q, k = 0.2 * q, 0.2 * k
+    cfg = V2._replace(out_v_first=True) if case == "out v first" else V2
+    _kernel_vs_op((q, k, v, g, beta, s), scale=0.4 if case == "no l2norm" else None, l2=case != "no l2norm",
+                  config=cfg)
+
+
+@needs_runner
+@pytest.mark.parametrize("state", [True, False])
+def test_kda_kernels_varlen(state):
+    """Sequences of lengths 1, 69, 0 and 33 packed along T with GQA: chunks restart at each one (and
+    the empty sequence's final state is its initial state)."""
+    _kernel_vs_op(kda_inputs(980, T=103, Hk=1, Hv=2, N=4, state=state), cu=[0, 1, 70, 70, 103])
+
+
+@needs_runner
+@pytest.mark.parametrize("intra", ["tf32", ""])
+@pytest.mark.parametrize("decay", ["weak", "mixed"])
+def test_kda_bf16_operands_within_their_rounding(decay, intra):
+    """The op's own launches (:data:`~kda_inductor.lowerings.gdn_chunk.KDA`: bf16 operands and
+    intermediates, ``"bf16emu"`` in the interpreter; the intra launch's products tf32, float32 here, or
+    bf16 as the others') on bf16 inputs with varlen: within 2e-2 (relative norm) of the float32 op,
+    as FAST's bound above."""
+    cu = torch.tensor([0, 30, 30, 100], dtype=torch.int32)
+    q, k, v, g, beta, s = kda_inputs(990, T=100, Hk=1, Hv=2, K=32, V=32, N=3, decay=decay, dtype=torch.bfloat16)
+    want, want_state = op(q, k, v, g, beta, None, s, True, cu, 1e-6, torch.float32)
+    out = torch.full(want.shape, float("nan"), dtype=torch.float32, device=DEVICE)
+    got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, *_dev(cu), 1e-6, torch.float32,
+                                  out=out, config=mod.KDA._replace(kda_intra_dot=intra))
+    assert got is out and not got.isnan().any()
+    assert _rel(got.cpu(), want) < 2e-2 and _rel(final.cpu(), want_state) < 2e-2, (_rel(got.cpu(), want),
+                                                                                   _rel(final.cpu(), want_state))
+
+
+@needs_runner
+def test_kda_no_tokens_and_past_k_128():
+    """T = 0: the initial state back; K = 192 per channel: the kernels refuse (the CUDA op runs the loop)."""
+    q, k, v, g, beta, s = kda_inputs(5, T=0, dtype=torch.bfloat16)
+    out, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True)
+    assert out.shape == (1, 0, 2, 16) and torch.equal(final.cpu(), s)
+    q, k, v, g, beta, s = kda_inputs(6, T=3, K=192)
+    with pytest.raises(NotImplementedError, match="per key channel .KDA. up to K = 128, got K = 192"):
+        mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True)

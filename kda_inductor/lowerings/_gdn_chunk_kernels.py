@@ -545,6 +545,7 @@ if triton is not None:
     chunk2, chunk_rows, dot, load, store, tile, unit_lower_inverse, vec = (
         _chunk2, _chunk_rows, _dot, _load, _store, _tile, _unit_lower_inverse, _vec)
     out_ids, raw, sumsq = _out_ids, _raw, _sumsq
+    inverse, seq_range, state_in, ut = _inverse, _seq_range, _state_in, _ut  # and the KDA kernels'
 
 
 def _aot_signature(kernel, ptrs: dict) -> dict:

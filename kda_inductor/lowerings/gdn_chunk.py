@@ -14,9 +14,10 @@ float32)::
 
 * ``q``, ``k``: ``[B, T, Hk, K]``; ``v``: ``[B, T, Hv, V]``, ``Hv % Hk == 0`` (GQA / GVA); any
   strides, any float dtype.
-* ``g``: ``[B, T, Hv]`` log decay (GDN; float32 as the layers make it); ``[B, T, Hv, K]`` (a decay
-  per key channel, Kimi's KDA) is accepted by the signature and computed by the CPU loop (on CUDA
-  too, slowly, until its kernel comes: :func:`_cuda`). ``beta``: ``[B, T, Hv]``.
+* ``g``: ``[B, T, Hv]`` log decay (GDN; float32 as the layers make it); or ``[B, T, Hv, K]``, a decay
+  per key channel (Kimi's KDA): on CUDA its own three launches for ``K <= 128``
+  (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`, :data:`KDA`), the float32 loop past that
+  (:func:`_cuda`). ``beta``: ``[B, T, Hv]``.
 * ``cu_seqlens``: None (``B`` sequences of ``T`` tokens) or an int tensor ``[N + 1]`` on ``q``'s
   device with ``B == 1`` (fla's varlen: sequence ``n`` is tokens ``cu_seqlens[n]:cu_seqlens[n+1]``,
   ``cu_seqlens[0] == 0``, ``cu_seqlens[N] == T``; never read on the host by the CUDA path).
@@ -24,8 +25,9 @@ float32)::
 * Returns ``o`` contiguous ``[B, T, Hv, V]`` in ``out_dtype`` (None: ``v``'s) and the float32
   ``final_state [N, Hv, K, V]``.
 
-CPU: :func:`reference` (the token loop of ``gdn_recurrent_step``, per sequence: the spec). CUDA:
-four Triton launches by chunks (:mod:`kda_inductor.lowerings._gdn_chunk_kernels`: the inverse of
+CPU: :func:`reference` (the token loop of ``gdn_recurrent_step``, per sequence: the spec). CUDA, a
+decay per key channel: three launches of their own (:func:`_launch_kda`, :data:`KDA`). CUDA, a decay
+per head: four Triton launches by chunks (:mod:`kda_inductor.lowerings._gdn_chunk_kernels`: the inverse of
 ``I + A`` per chunk, the UT transform ``w, u``, the sequential scan over chunks holding the state
 in registers, the output; :data:`FAST`: three, with bfloat16 products as fla's; :data:`FAST3`: four,
 the inverse and ``w, u`` apart as fla's, :mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`), float32 state and
@@ -47,8 +49,8 @@ from kda_inductor.lowerings._triton import triton
 from kda_inductor.lowerings.gdn_recurrent_step import (StepMeta, check_gates, check_qkv, check_scalars, check_sizes,
                                                        reference_step)
 
-__all__ = ["CHUNK", "DEFAULT", "FAST", "FAST3", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton", "gdn_chunk",
-           "reference", "validate"]
+__all__ = ["CHUNK", "DEFAULT", "FAST", "FAST3", "KDA", "ChunkMeta", "LaunchConfig", "chunk_map", "chunk_triton",
+           "gdn_chunk", "reference", "validate"]
 
 _INTS = (torch.int32, torch.int64)
 
@@ -147,7 +149,7 @@ def _gdn_chunk_fake(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2n
 def _cuda(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
           out_dtype=None):
     meta = validate(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps, out_dtype)
-    if meta.per_channel:  # KDA: no chunk kernel yet; the float32 loop (correct, slow; reads cu_seqlens on the host)
+    if meta.per_channel and meta.k_dim > 128:  # KDA past the kernels' two 64-row state blocks: the float32 loop
         o, final = reference(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps)
         return o.to(out_dtype or v.dtype), final
     return chunk_triton(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps, out_dtype)
@@ -230,6 +232,10 @@ class LaunchConfig(NamedTuple):
     """With ``v3``: the inverse's diagonal blocks and merges: ``"ieee"`` (a product of four factors,
     float32 products), ``"tf32"`` (the same on tf32 tensor cores: the inverse is rounded to
     bfloat16 by ``lowp`` anyway), ``"subst"`` (v2's row-by-row substitution, float32 merges)."""
+    kda_intra_dot: str = ""
+    """A decay per key channel (:data:`KDA`): the ``intra`` launch's products (``A``, ``Aqk``, ``w``,
+    ``u``) in this precision (``"tf32"``: float32 operands on tf32 tensor cores) instead of the
+    launch's (``"bf16"`` with ``lowp``); ``""``: the launch's; ``dot="ieee"`` keeps float32."""
 
 
 FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
@@ -255,6 +261,23 @@ first`` separate the two changes; ``--profile``: each kernel's time). Ahead of t
 DEFAULT = FAST
 """What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST`."""
 
+KDA = FAST._replace(warps=8, kda_intra_dot="tf32")
+"""The launches of a decay per key channel (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`,
+``K <= 128``; what :func:`chunk_triton` runs for one without a ``config``): ``intra`` at ``warps``,
+the scan at ``scan_block_v`` / ``scan_warps``, the output at ``out_block_v`` / ``out_warps`` /
+``out_v_first``; ``lowp`` as :data:`FAST`'s (bf16 operands, ``w``, ``u``, ``kd``, ``Aqk``, ``v_new``
+and the per-chunk states stored bf16; ``gc``, ``A`` and the inverse float32) except ``intra``'s
+products, tf32 (:attr:`LaunchConfig.kda_intra_dot`: under the interpreter's bf16 roundings, Kimi's
+gates, bf16 products there double the output's error, 1.7e-2 against 8.8e-3, ``Aqk``'s and ``A``'s
+about equally); ``v2`` / ``v3`` and their options do not apply. Not yet timed on a GPU
+(``benchmarks/bench_gdn_chunk.py --kda``, ``--kda --sweep``). Ahead of time for sm_90 (Triton 3.9,
+Kimi Linear's dims K = V = 128, bf16, l2norm, a state; registers / stack bytes, ``tests/aot_sm90.py
+--registers _gdn_chunk_kda_kernels``): ``intra``
+255 / 960 at 8 warps (bf16 products: 255 / 320; at 4 warps 255 / 1,264, at 16 128 / 872), ``scan``
+255 / 0 at 4 warps (8: 218 / 0), ``output`` 254 / 0 at 4 warps (8: 196 / 0); with float32
+intermediates (``lowp=False``, tf32 products) ``intra`` 255 / 968, ``scan`` 255 / 776, ``output``
+255 / 0."""
+
 
 def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False, cu_seqlens=None, eps=1e-6,
                  out_dtype=None, *, out: Tensor | None = None, dot: str = "tf32",
@@ -266,9 +289,9 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
     if triton is None:  # pragma: no cover
         raise RuntimeError("gdn_chunk: the Triton kernels need triton, which is not installed")
     meta = validate(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, cu_seqlens, eps, out_dtype)
-    if meta.per_channel:
-        raise NotImplementedError("gdn_chunk: the Triton kernels take a decay per head (g [B, T, Hv]); a decay per "
-                                  "key channel (KDA) is not implemented yet")
+    if meta.per_channel and meta.k_dim > 128:
+        raise NotImplementedError(f"gdn_chunk: the Triton kernels take a decay per key channel (KDA) up to K = 128, "
+                                  f"got K = {meta.k_dim}")
     o, final = _new_outputs(v, meta, out_dtype if out is None else out.dtype)
     if out is not None:
         if out.shape != o.shape or not out.is_contiguous() or out.device != v.device:
@@ -277,7 +300,11 @@ def chunk_triton(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm
     B, T, Hv, N = meta.batch, meta.tokens, meta.v_heads, meta.sequences
     if N == 0 or Hv == 0:
         return o, final
-    cfg = config or DEFAULT
+    cfg = config or (KDA if meta.per_channel else DEFAULT)
+    if meta.per_channel:
+        _launch_kda(q, k, v, g, beta, o, final, initial_state, cu_seqlens, meta, cfg, dot, bool(use_qk_l2norm),
+                    _scale(scale, meta), float(eps))
+        return o, final
     if (cfg.v2 or cfg.v3) and meta.k_dim <= 128:
         _launch_v2(q, k, v, g, beta, o, final, initial_state, cu_seqlens, meta, cfg, dot, bool(use_qk_l2norm),
                    _scale(scale, meta), float(eps))
@@ -433,3 +460,45 @@ def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2
         k3, v3, b2, gc, rk, ai, w, u, *maps, TS, NT, K, V, group, *k3.stride(), *v3.stride(), *b2.stride(),
         *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], **blocks, num_warps=cfg.warps,
         num_stages=cfg.num_stages)
+
+
+def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, scale, eps) -> None:
+    """A decay per key channel (KDA, ``K <= 128``): ``intra`` (``gc``, ``Aqk``, ``w``, ``u``, ``kd``),
+    the scan, the output (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`); without
+    ``cu_seqlens`` the kernels place each chunk from its id (no chunk map), as the v2 launches."""
+    from kda_inductor.lowerings import _gdn_chunk_kda_kernels as kern
+
+    B, T, Hk, K, Hv, V, N = (meta.batch, meta.tokens, meta.k_heads, meta.k_dim, meta.v_heads, meta.v_dim,
+                             meta.sequences)
+    Ttot, dev, regular = B * T, v.device, cu_seqlens is None
+    q3, k3, v3 = q.reshape(Ttot, Hk, K), k.reshape(Ttot, Hk, K), v.reshape(Ttot, Hv, V)
+    g3, b2, o3 = g.reshape(Ttot, Hv, K), beta.reshape(Ttot, Hv), o.view(Ttot, Hv, V)
+    M, TS, NT, (seq, start, length, cu, cu_chunks) = _v2_chunks(cu_seqlens, final, B, T)
+    lowp = cfg.lowp and dot != "ieee" and k3.dtype == torch.bfloat16
+    inter = torch.bfloat16 if lowp else cfg.inter_dtype
+    if lowp:  # the interpreter's bf16 tl.dot is wrong: the same roundings, float32 products
+        dot = "bf16emu" if dev.type == "cpu" else "bf16"
+    idot = dot if dot == "ieee" or not cfg.kda_intra_dot else cfg.kda_intra_dot
+    gc = torch.empty((Ttot, Hv, K), device=dev, dtype=torch.float32)
+    w, kd, u, vn, aq = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, K, V, V, CHUNK))
+    hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    BV, OBV, group = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp), Hv // Hk
+    maps = (seq, start, length, TS, NT)
+    if M:
+        kern.intra_kernel[(M, Hv)](
+            q3, k3, v3, g3, b2, gc, w, u, kd, aq, *maps, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
+            *v3.stride(), *g3.stride(), *b2.stride(), *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2],
+            *kd.stride()[:2], *aq.stride()[:2], KP=KP, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=idot, REGULAR=regular,
+            num_warps=cfg.warps, num_stages=cfg.num_stages)
+    kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
+        w, u, kd, gc, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, *w.stride()[:2],
+        *u.stride()[:2], *kd.stride()[:2], *gc.stride()[:2], *(s.stride() if s is not None else (0, 0, 0, 0)),
+        *hs.stride()[:3], *vn.stride()[:2], *final.stride()[:3], KB=min(KP, 64), TWO=KP > 64, BV=BV,
+        HAS_STATE=s is not None, DOT=dot, REGULAR=regular, num_warps=cfg.scan_warps, num_stages=cfg.num_stages)
+    nvb, vf = triton.cdiv(V, OBV), cfg.out_v_first
+    if M:
+        kern.output_kernel[(M * nvb, Hv, 1) if vf else (M, Hv, nvb)](
+            q3, gc, aq, hs, vn, o3, *maps, K, V, group, scale, eps, *q3.stride(), *gc.stride()[:2], *aq.stride()[:2],
+            *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2], KB=min(KP, 64), TWO=KP > 64, BV=OBV, L2NORM=l2,
+            DOT=dot, REGULAR=regular, V_FIRST=vf, num_warps=cfg.out_warps, num_stages=cfg.num_stages)

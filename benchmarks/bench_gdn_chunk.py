@@ -322,6 +322,13 @@ def run_profile(plan, *, device, smoke: bool, deadline: float) -> list[dict]:
 # --------------------------------------------------------------------------- the launch sweep
 
 
+def _inverse_configs(fast) -> dict[str, object]:
+    """:data:`FAST` with ``wu2``'s inverse by a product of factors (``LaunchConfig.wu_inverse``: no
+    reductions across rows in its diagonal blocks)."""
+    return {"FAST inv tf32": fast._replace(wu_inverse="tf32"), "FAST inv ieee": fast._replace(wu_inverse="ieee"),
+            "FAST inv tf32 wu w8": fast._replace(wu_inverse="tf32", warps=8)}
+
+
 def sweep_configs(smoke: bool) -> dict[str, object]:
     C = L.LaunchConfig
     base = C()  # the four float32 launches (the default before 2026-12-05)
@@ -355,10 +362,12 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
         "FAST3 1 stage": f3._replace(num_stages=1), "FAST3 out bv32": f3._replace(out_block_v=32),
         "FAST3 scan bv64": f3._replace(scan_block_v=64), "FAST3 wu w2": f3._replace(warps=2),
         "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2)}
+    cfgs_inv = _inverse_configs(fast)
     if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
-        return {"default": base, "FAST": fast, "FAST3": f3, "FAST3 inv subst": cfgs_v3["FAST3 inv subst"]}
-    # FAST and the v3 launches first (the budget may end the sweep), then the rest of v2, the old default
-    return {"FAST": fast, **cfgs_v3, **cfgs_v2, **cfgs}
+        return {"default": base, "FAST": fast, "FAST inv tf32": cfgs_inv["FAST inv tf32"], "FAST3": f3,
+                "FAST3 inv subst": cfgs_v3["FAST3 inv subst"]}
+    # FAST, its inverse variants and the v3 launches first (the budget may end the sweep), then the rest
+    return {"FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v2, **cfgs}
 
 
 def run_sweep(args, device, deadline) -> list[dict]:

@@ -105,7 +105,7 @@ def test_gdn_chunk_smoke(capsys):
     assert all(r[f"{v}_err"] < 3e-2 and r[f"{v}_state_err"] < 3e-2 for r in rows for v in ("kda", "kda3")), rows
     sweep = bench.main(["--smoke", "--sweep"])
     # FAST*: bf16 operands, which the interpreter truncates (twice the rounding error, biased)
-    assert [r["config"] for r in sweep] == ["default", "FAST", "FAST3", "FAST3 inv subst"]
+    assert [r["config"] for r in sweep] == ["default", "FAST", "FAST inv tf32", "FAST3", "FAST3 inv subst"]
     assert all(r["us"] is not None and r["err"] < (3e-2 if r["config"] != "default" else 1e-2) for r in sweep)
 
 

@@ -268,7 +268,7 @@ blocks adjacent (``V = 20``, ``"K 80 V 20 masked"``: two blocks of 16)."""
 V3F = V3._replace(fuse_wu=True)
 """v3 with ``solve3`` and ``wu3`` in one launch (the inverse through its scratch behind a barrier)."""
 CFG = {"V2": V2, "V3": V3, "V3F": V3F, "FAST": mod.FAST, "FAST3": mod.FAST3,
-       "FAST3F": mod.FAST3._replace(fuse_wu=True)}
+       "FAST3F": mod.FAST3._replace(fuse_wu=True), "FASTI": mod.FAST._replace(wu_inverse="tf32")}
 
 
 @needs_runner
@@ -327,7 +327,7 @@ def _rel(a, b):
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["FAST", "FAST3", "FAST3F"])
+@pytest.mark.parametrize("config", ["FAST", "FAST3", "FAST3F", "FASTI"])
 @pytest.mark.parametrize("case", ["T 100 GQA state", "T 40 no state", "varlen", "T 150 weak decay"])
 def test_fast_bf16_operands_within_their_rounding(case, config):
     """:data:`FAST` on bfloat16 inputs (bf16 operands and intermediates; on CPU the interpreter's
@@ -361,3 +361,29 @@ def test_v2_no_tokens(config):
     assert out.shape == (2, 0, 2, 16) and torch.equal(final.cpu(), s)
     _, zeros = mod.chunk_triton(*_dev(q, k, v, g, beta), None, None, True, config=cfg)
     assert torch.equal(zeros.cpu(), torch.zeros_like(s))
+
+
+# --------------------------------------------------------------------------- wu2's inverse (LaunchConfig.wu_inverse)
+
+
+@needs_runner
+@pytest.mark.parametrize("inverse", ["ieee", "tf32"])
+@pytest.mark.parametrize("case", ["T 130 GQA", "weak decay", "varlen"])
+def test_v2_wu_inverse_by_factors(case, inverse):
+    """``wu2`` with the diagonal blocks of the inverse as a product of factors (float32 products here:
+    ``dot="ieee"`` keeps ``"tf32"`` float32): the op's function to float32 rounding; decays near 1 with
+    beta near 1 (the inverse's entries largest), T across chunks with GQA, sequences packed by
+    ``cu_seqlens``."""
+    cfg = V2._replace(wu_inverse=inverse)
+    if case == "varlen":
+        return _kernel_vs_op(inputs(720, T=103, Hk=1, Hv=2, N=4), cu=[0, 1, 70, 70, 103], config=cfg)
+    q, k, v, g, beta, s = inputs(710 + len(case), T=130 if case.startswith("T") else 90, Hk=2, Hv=4,
+                                 weak=case == "weak decay")
+    _kernel_vs_op((q, k, v, g, beta, s), config=cfg)
+
+
+def test_unknown_inverse_is_an_error():
+    args = _dev(*inputs(730, T=10)[:5])
+    with pytest.raises(ValueError, match="expected an inverse"):
+        mod.chunk_triton(*args, None, None, True, config=V2._replace(wu_inverse="lu"))
+

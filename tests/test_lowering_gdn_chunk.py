@@ -387,3 +387,36 @@ def test_unknown_inverse_is_an_error():
     with pytest.raises(ValueError, match="expected an inverse"):
         mod.chunk_triton(*args, None, None, True, config=V2._replace(wu_inverse="lu"))
 
+
+# --------------------------------------------------------------------------- no read of unwritten scratch
+
+
+@needs_runner
+@pytest.mark.parametrize("config", ["FAST 1 stage", "FAST3", "V2"])
+@pytest.mark.parametrize("case", ["T 100", "varlen"])
+def test_scratch_is_written_before_it_is_read(config, case, monkeypatch):
+    """Every float buffer the launches allocate (``gc``, ``1 / |k|``, ``w``, ``u``, ``v_new``, the
+    per-chunk states, the inverse's scratch, the outputs) starts as NaN: a read of anything no launch
+    wrote (a row past a chunk's end, a chunk the scan skipped, a column block not covered) would carry
+    the NaN into ``o`` or the final state (``NaN * 0`` is NaN). :data:`FAST` at one pipeline stage (NaN
+    on the H200 at T 16,384, 2026-12-05): the interpreter runs one program at a time, so this rules
+    out unwritten reads, not races or a stage-dependent miscompile."""
+    empty, new_empty = torch.empty, torch.Tensor.new_empty
+
+    def nan(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    cfg = {"FAST 1 stage": mod.FAST._replace(num_stages=1), "FAST3": mod.FAST3, "V2": V2}[config]
+    cu = [0, 1, 70, 70, 103] if case == "varlen" else None
+    q, k, v, g, beta, s = inputs(740, T=103 if cu else 100, Hk=1, Hv=2, K=32, V=32, N=4 if cu else None,
+                                 dtype=torch.float32 if config == "V2" else torch.bfloat16)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    want, want_state = op(q, k, v, g, beta, None, s, True, cu_t, 1e-6, torch.float32)
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: nan(empty(*a, **kw)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: nan(new_empty(self, *a, **kw)))
+    got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, *_dev(cu_t), 1e-6, torch.float32,
+                                  dot="ieee" if config == "V2" else "tf32", config=cfg)
+    monkeypatch.undo()
+    assert not got.isnan().any() and not final.isnan().any()
+    bound = 2e-5 if config == "V2" else 2e-2
+    assert _rel(got.cpu(), want) < bound and _rel(final.cpu(), want_state) < bound

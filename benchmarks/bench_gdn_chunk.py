@@ -163,6 +163,12 @@ def kda3_fused(x):
     return kda(x, L.FAST3._replace(fuse_wu=True, warps=8))
 
 
+def kda_inv(x):
+    """:data:`~kda_inductor.lowerings.gdn_chunk.FAST` with ``wu2``'s inverse by a product of factors in
+    tf32 (``LaunchConfig.wu_inverse``): the profile only (``wu2_kernel``'s time against ``kda``'s)."""
+    return kda(x, L.FAST._replace(wu_inverse="tf32"))
+
+
 def kda2(x):
     """The op with the four float32 launches (``LaunchConfig()``), the default before :data:`FAST`."""
     return kda(x, L.LaunchConfig())
@@ -301,7 +307,8 @@ def profile_case(T: int, *, device, smoke: bool) -> list[dict]:
 
 
 def profiled_variants(smoke: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda, "kda3": kda3, "kda3 fused": kda3_fused, "kda2": kda2}
+    out: dict[str, Callable] = {"kda": kda, "kda inv tf32": kda_inv, "kda3": kda3, "kda3 fused": kda3_fused,
+                                "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
         out["fla"] = fla
@@ -370,6 +377,19 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
     return {"FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v2, **cfgs}
 
 
+def selected_configs(smoke: bool, labels: str | None) -> dict[str, object]:
+    """:func:`sweep_configs`, or only those of the full sweep named in ``labels`` (comma-separated, in
+    that order; ``smoke`` or not)."""
+    if not labels:
+        return sweep_configs(smoke)
+    cfgs = sweep_configs(False)
+    names = [n.strip() for n in labels.split(",") if n.strip()]
+    unknown = [n for n in names if n not in cfgs]
+    if unknown:
+        raise SystemExit(f"--configs: unknown {unknown}; the sweep's: {', '.join(cfgs)}")
+    return {n: cfgs[n] for n in names}
+
+
 def run_sweep(args, device, deadline) -> list[dict]:
     d = SMOKE if args.smoke else QWEN3_NEXT
     rows = []
@@ -378,7 +398,7 @@ def run_sweep(args, device, deadline) -> list[dict]:
         until = time.perf_counter() + (deadline - time.perf_counter()) / (len(plan) - i)
         x = make_inputs(d, T, device)
         want = reference(x)
-        for label, cfg in sweep_configs(args.smoke).items():
+        for label, cfg in selected_configs(args.smoke, args.configs).items():
             if time.perf_counter() > until:
                 print(f"T = {T}: its share of the budget spent at {label!r}", flush=True)
                 break
@@ -419,6 +439,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--stock-max-t", type=int, default=8192, help="stock torch.compile only up to this T")
     p.add_argument("--no-eager", action="store_true")
     p.add_argument("--sweep", action="store_true", help="time kda's launch configs instead")
+    p.add_argument("--configs", default=None,
+                   help="with --sweep: only these launch configs (comma-separated labels, in that order)")
     p.add_argument("--profile", action="store_true",
                    help="each variant's kernels by name (torch.profiler) after the timings (on with --quick)")
     p.add_argument("--no-profile", action="store_true", help="no kernel profile with --quick")

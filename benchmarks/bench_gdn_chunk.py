@@ -26,6 +26,8 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
     python benchmarks/bench_gdn_chunk.py --quick --budget 200     # T = 4096 and 16384 (~2-3 min on an H200)
     python benchmarks/bench_gdn_chunk.py --budget 500             # T = 256 ... 65536
     python benchmarks/bench_gdn_chunk.py --sweep --T 16384        # kda's launch configs (LaunchConfig)
+    python benchmarks/bench_gdn_chunk.py --sweep --T 4096,16384 --configs "FAST,FAST inv tf32"   # those rows only
+    python benchmarks/gdn_chunk_registers.py                      # no GPU: each config's registers for sm_90
     python benchmarks/bench_gdn_chunk.py --profile --T 4096       # + each kernel's time (torch.profiler)
     python benchmarks/bench_gdn_chunk.py --smoke                  # CPU, tiny: the code paths only
 
@@ -368,7 +370,8 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
         "FAST3 fused w4": f3._replace(fuse_wu=True), "FAST3 3 stages": f3._replace(num_stages=3),
         "FAST3 1 stage": f3._replace(num_stages=1), "FAST3 out bv32": f3._replace(out_block_v=32),
         "FAST3 scan bv64": f3._replace(scan_block_v=64), "FAST3 wu w2": f3._replace(warps=2),
-        "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2)}
+        "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2),
+        "FAST3 inv subst solve w2": f3._replace(solve_inverse="subst", solve_warps=2)}
     cfgs_inv = _inverse_configs(fast)
     if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
         return {"default": base, "FAST": fast, "FAST inv tf32": cfgs_inv["FAST inv tf32"], "FAST3": f3,

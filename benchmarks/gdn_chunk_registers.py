@@ -7,7 +7,7 @@ constant, one divisible by 16 marked so, pointers 16-byte aligned): registers a 
 block's warps wait for each other). The launcher runs on CPU tensors with every launch recorded,
 never run: what is compiled is what it would launch.
 
-    python benchmarks/gdn_chunk_registers.py                              # FAST and its inverse variants, FAST3
+    python benchmarks/gdn_chunk_registers.py                              # FAST, its inverse variants, FAST3
     python benchmarks/gdn_chunk_registers.py --configs "FAST,FAST3 fused w8"   # any of the sweep's labels
 
 Exit 3 where this Triton cannot compile for CUDA (no backend or ptxas), as ``tests/aot_sm90.py``.
@@ -28,7 +28,7 @@ import torch
 os.environ.pop("TRITON_INTERPRET", None)  # compiled, never interpreted (before triton is imported)
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-DEFAULT_CONFIGS = "FAST,FAST inv tf32,FAST inv ieee,FAST inv tf32 wu w8,FAST3,FAST3 fused w8"
+DEFAULT_CONFIGS = "FAST,FAST inv ieee,FAST inv ieee wu w8,FAST inv tf32,FAST3,FAST3 fused w8"
 _PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.float16: "*fp16", torch.int32: "*i32",
         torch.int64: "*i64"}
 

@@ -51,7 +51,7 @@ def _fla():
 CONFIGS = {"default": None, "fp32": mod.LaunchConfig(), "FAST3": mod.FAST3,
            "FAST3 inv tf32": mod.FAST3._replace(solve_inverse="tf32"),
            "FAST3 fused": mod.FAST3._replace(fuse_wu=True, warps=8),
-           "FAST inv tf32": mod.FAST._replace(wu_inverse="tf32"), "FAST inv ieee": mod.FAST._replace(wu_inverse="ieee"),
+           "FAST inv ieee": mod.FAST._replace(wu_inverse="ieee"),
            "FAST 1 stage": mod.FAST._replace(num_stages=1)}
 """The op's launches (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`, ``FAST``: three launches,
 bf16 operands and intermediates), the four float32 launches, and ``FAST3`` (v3: the inverse and

@@ -26,7 +26,7 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
     python benchmarks/bench_gdn_chunk.py --quick --budget 200     # T = 4096 and 16384 (~2-3 min on an H200)
     python benchmarks/bench_gdn_chunk.py --budget 500             # T = 256 ... 65536
     python benchmarks/bench_gdn_chunk.py --sweep --T 16384        # kda's launch configs (LaunchConfig)
-    python benchmarks/bench_gdn_chunk.py --sweep --T 4096,16384 --configs "FAST,FAST inv ieee"   # those rows only
+    python benchmarks/bench_gdn_chunk.py --sweep --T 4096,16384 --configs "FAST,FAST inv doubling"   # those rows
     python benchmarks/gdn_chunk_registers.py                      # no GPU: each config's registers for sm_90
     python benchmarks/bench_gdn_chunk.py --profile --T 4096       # + each kernel's time (torch.profiler)
     python benchmarks/bench_gdn_chunk.py --smoke                  # CPU, tiny: the code paths only
@@ -166,10 +166,10 @@ def kda3_fused(x):
 
 
 def kda_inv(x):
-    """:data:`~kda_inductor.lowerings.gdn_chunk.FAST` with ``wu2``'s inverse by a product of factors
-    (float32 products, ``LaunchConfig.wu_inverse="ieee"``): the profile only (``wu2_kernel``'s time
-    against ``kda``'s)."""
-    return kda(x, L.FAST._replace(wu_inverse="ieee"))
+    """:data:`~kda_inductor.lowerings.gdn_chunk.FAST` with ``wu2``'s inverse by doubling blocks (float32
+    products, ``LaunchConfig.wu_inverse="doubling"``): the profile only (``wu2_kernel``'s time against
+    ``kda``'s)."""
+    return kda(x, L.FAST._replace(wu_inverse="doubling"))
 
 
 def kda2(x):
@@ -310,7 +310,7 @@ def profile_case(T: int, *, device, smoke: bool) -> list[dict]:
 
 
 def profiled_variants(smoke: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda, "kda inv ieee": kda_inv, "kda3": kda3, "kda3 fused": kda3_fused,
+    out: dict[str, Callable] = {"kda": kda, "kda inv doubling": kda_inv, "kda3": kda3, "kda3 fused": kda3_fused,
                                 "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
@@ -336,8 +336,12 @@ def _inverse_configs(fast) -> dict[str, object]:
     """:data:`FAST` with ``wu2``'s inverse by a product of factors (``LaunchConfig.wu_inverse``: no
     reductions across rows in its diagonal blocks); ``tf32`` for its time only (inaccurate on
     correlated keys with slow decay: the attribute's docstring)."""
-    return {"FAST inv ieee": fast._replace(wu_inverse="ieee"), "FAST inv ieee wu w8": fast._replace(
-        wu_inverse="ieee", warps=8), "FAST inv tf32": fast._replace(wu_inverse="tf32")}
+    return {"FAST inv doubling": fast._replace(wu_inverse="doubling"),
+            "FAST inv doubling tf32": fast._replace(wu_inverse="doubling_tf32"),
+            "FAST inv ieee": fast._replace(wu_inverse="ieee"),
+            "FAST inv doubling wu w8": fast._replace(wu_inverse="doubling", warps=8),
+            "FAST inv ieee wu w8": fast._replace(wu_inverse="ieee", warps=8), "FAST inv tf32": fast._replace(
+                wu_inverse="tf32")}
 
 
 def sweep_configs(smoke: bool) -> dict[str, object]:
@@ -373,7 +377,9 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
         "FAST3 1 stage": f3._replace(num_stages=1), "FAST3 out bv32": f3._replace(out_block_v=32),
         "FAST3 scan bv64": f3._replace(scan_block_v=64), "FAST3 wu w2": f3._replace(warps=2),
         "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2),
-        "FAST3 inv subst solve w2": f3._replace(solve_inverse="subst", solve_warps=2)}
+        "FAST3 inv subst solve w2": f3._replace(solve_inverse="subst", solve_warps=2),
+        "FAST3 inv doubling": f3._replace(solve_inverse="doubling"),
+        "FAST3 inv doubling tf32": f3._replace(solve_inverse="doubling_tf32")}
     cfgs_inv = _inverse_configs(fast)
     if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
         return {"default": base, "FAST": fast, "FAST inv ieee": cfgs_inv["FAST inv ieee"], "FAST3": f3,

@@ -28,7 +28,8 @@ import torch
 os.environ.pop("TRITON_INTERPRET", None)  # compiled, never interpreted (before triton is imported)
 sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parent.parent)]
 
-DEFAULT_CONFIGS = "FAST,FAST inv ieee,FAST inv ieee wu w8,FAST inv tf32,FAST3,FAST3 fused w8"
+DEFAULT_CONFIGS = ("FAST,FAST inv doubling,FAST inv doubling tf32,FAST inv ieee,FAST inv doubling wu w8,FAST3,"
+                   "FAST3 inv doubling,FAST3 fused w8")
 _PTR = {torch.bfloat16: "*bf16", torch.float32: "*fp32", torch.float16: "*fp16", torch.int32: "*i32",
         torch.int64: "*i64"}
 

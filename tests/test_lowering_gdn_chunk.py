@@ -268,7 +268,8 @@ blocks adjacent (``V = 20``, ``"K 80 V 20 masked"``: two blocks of 16)."""
 V3F = V3._replace(fuse_wu=True)
 """v3 with ``solve3`` and ``wu3`` in one launch (the inverse through its scratch behind a barrier)."""
 CFG = {"V2": V2, "V3": V3, "V3F": V3F, "FAST": mod.FAST, "FAST3": mod.FAST3,
-       "FAST3F": mod.FAST3._replace(fuse_wu=True), "FASTI": mod.FAST._replace(wu_inverse="ieee")}
+       "FAST3F": mod.FAST3._replace(fuse_wu=True), "FASTI": mod.FAST._replace(wu_inverse="ieee"),
+       "FASTD": mod.FAST._replace(wu_inverse="doubling_tf32")}
 
 
 @needs_runner
@@ -295,11 +296,11 @@ def test_v2_kernels_match_the_cpu_op(case, config):
 
 
 @needs_runner
-@pytest.mark.parametrize("inverse", ["tf32", "subst"])
+@pytest.mark.parametrize("inverse", ["tf32", "subst", "doubling"])
 @pytest.mark.parametrize("case", ["T 130 GQA", "weak decay"])
 def test_v3_inverse_variants(case, inverse):
-    """``LaunchConfig.solve_inverse``: the diagonal blocks by substitution, or the product of factors
-    in tf32 (float32 in the interpreter: here the same function as ``"ieee"``)."""
+    """``LaunchConfig.solve_inverse``: the diagonal blocks by substitution, by doubling blocks, or the
+    product of factors in tf32 (float32 in the interpreter: here the same function as ``"ieee"``)."""
     q, k, v, g, beta, s = inputs(650 + len(case), T=130 if case.startswith("T") else 90, Hk=2, Hv=4,
                                  weak=case == "weak decay")
     _kernel_vs_op((q, k, v, g, beta, s), config=V3._replace(solve_inverse=inverse))
@@ -327,7 +328,7 @@ def _rel(a, b):
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["FAST", "FAST3", "FAST3F", "FASTI"])
+@pytest.mark.parametrize("config", ["FAST", "FAST3", "FAST3F", "FASTI", "FASTD"])
 @pytest.mark.parametrize("case", ["T 100 GQA state", "T 40 no state", "varlen", "T 150 weak decay"])
 def test_fast_bf16_operands_within_their_rounding(case, config):
     """:data:`FAST` on bfloat16 inputs (bf16 operands and intermediates; on CPU the interpreter's
@@ -367,13 +368,13 @@ def test_v2_no_tokens(config):
 
 
 @needs_runner
-@pytest.mark.parametrize("inverse", ["ieee", "tf32"])
+@pytest.mark.parametrize("inverse", ["ieee", "tf32", "doubling", "doubling_tf32"])
 @pytest.mark.parametrize("case", ["T 130 GQA", "weak decay", "varlen"])
 def test_v2_wu_inverse_by_factors(case, inverse):
-    """``wu2`` with the diagonal blocks of the inverse as a product of factors (float32 products here:
-    ``dot="ieee"`` keeps ``"tf32"`` float32): the op's function to float32 rounding; decays near 1 with
-    beta near 1 (the inverse's entries largest), T across chunks with GQA, sequences packed by
-    ``cu_seqlens``."""
+    """``wu2`` with the diagonal blocks of the inverse as a product of factors or by doubling blocks
+    (float32 products here: ``dot="ieee"`` keeps the tf32 ones float32): the op's function to float32
+    rounding; decays near 1 with beta near 1 (the inverse's entries largest), T across chunks with
+    GQA, sequences packed by ``cu_seqlens``."""
     cfg = V2._replace(wu_inverse=inverse)
     if case == "varlen":
         return _kernel_vs_op(inputs(720, T=103, Hk=1, Hv=2, N=4), cu=[0, 1, 70, 70, 103], config=cfg)
@@ -383,16 +384,16 @@ def test_v2_wu_inverse_by_factors(case, inverse):
 
 
 @needs_runner
-@pytest.mark.parametrize("inverse", ["subst", "ieee"])
+@pytest.mark.parametrize("inverse", ["subst", "ieee", "doubling"])
 def test_v2_wu_inverse_on_correlated_keys(inverse):
     """The hard case for the product of factors: keys 0.9 shared + 0.1 their own (unit-normalized in
-    the kernel: ``k_i . k_j`` ~ 0.98), beta and decays near 1, so ``A``'s powers grow to ~1e3 while
+    the kernel: ``k_i . k_j`` ~ 0.99), beta and decays near 1, so ``A``'s powers grow to ~1e3 while
     the inverse stays <= 1 and the factors cancel (float32 products here; tf32 ones lose it all on a
-    GPU: ``LaunchConfig.wu_inverse``). Against the float32 op: the substitution within float32
-    rounding, the factors within ``TOLC``."""
+    GPU: ``LaunchConfig.wu_inverse``). Against the float32 op: the substitution and the doubling
+    within float32 rounding, the factors within ``TOLC``."""
     q, k, v, g, beta, s = inputs(750, T=130, Hk=1, Hv=2, K=32, V=32, weak=True)
     k = 0.9 * k[:, :1] + 0.1 * k
-    _kernel_vs_op((q, k, v, g, beta, s), config=V2._replace(wu_inverse=inverse), tol=TOL if inverse == "subst" else TOLC)
+    _kernel_vs_op((q, k, v, g, beta, s), config=V2._replace(wu_inverse=inverse), tol=TOLC if inverse == "ieee" else TOL)
 
 
 TOLC = dict(rtol=1e-3, atol=1e-3)

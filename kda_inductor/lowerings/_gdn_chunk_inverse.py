@@ -4,8 +4,10 @@ by ``kda::gdn_chunk``'s kernels (:mod:`~kda_inductor.lowerings._gdn_chunk_kernel
 
 The diagonal blocks by :func:`inverse16` (``INV``: ``"subst"``, forward substitution row by row, two
 reductions across the block's rows a row; ``"ieee"`` / ``"tf32"``, the product of factors
-``(I - A)(I + A^2)(I + A^4)(I + A^8)``: six 16 x 16 products, no reductions), those below by
-``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj`` (float32 products; tf32 with ``"tf32"``).
+``(I - A)(I + A^2)(I + A^4)(I + A^8)``: six 16 x 16 products, no reductions, but ``A``'s powers
+grow and cancel; ``"doubling"`` / ``"doubling_tf32"``: :func:`doubling16`, six products, no
+reductions, no growth), those below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj``
+(float32 products; tf32 with ``"tf32"`` / ``"doubling_tf32"``).
 JIT helpers only: they compile inside the kernels that call them (no launch of their own).
 """
 
@@ -28,20 +30,38 @@ if triton is not None:
 
     @triton.jit
     def mm(a, b, INV: tl.constexpr):
-        """A 16 x 16 product of the inverse: float32 (``ieee``; ``"subst"`` too), or tf32 tensor cores
-        (``INV == "tf32"``)."""
-        if INV == "tf32":
+        """A 16 x 16 product of the inverse: float32 (``ieee``; ``"subst"``, ``"doubling"`` too), or tf32
+        tensor cores (``INV`` ``"tf32"`` or ``"doubling_tf32"``)."""
+        if INV == "tf32" or INV == "doubling_tf32":
             return tl.dot(a, b, input_precision="tf32")
         else:
             return tl.dot(a, b, input_precision="ieee")
 
     @triton.jit
+    def doubling16(A, INV: tl.constexpr):
+        """``(I + A)^-1`` of a strictly lower 16 x 16 ``A`` by doubling the blocks it inverts: ``X = I -
+        D`` inverts ``I + D``, ``D`` = ``A``'s 2 x 2 diagonal blocks; with ``X`` the inverse on ``s x s``
+        diagonal blocks and ``E`` = ``A``'s lower-left ``s x s`` block inside each ``2s x 2s`` one,
+        ``(I + D + E)^-1 = X - X E X`` exactly (``E X E = 0``): ``s`` = 2, 4, 8, two products each.
+        Every product's factors are inverse entries and ``A``'s: nothing grows, nothing cancels."""
+        r = tl.arange(0, 16)
+        X = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - tl.where(r[:, None] // 2 == r[None, :] // 2, A, 0.0)
+        for s in tl.static_range(1, 4):
+            lo = (r[:, None] >> (s + 1) == r[None, :] >> (s + 1)) & (r[:, None] >> s != r[None, :] >> s)
+            X = X - mm(X, mm(tl.where(lo, A, 0.0), X, INV), INV)
+        return X
+
+    @triton.jit
     def inverse16(A, INV: tl.constexpr):
         """``(I + A)^-1`` of a strictly lower 16 x 16 ``A``: ``INV == "subst"``: forward substitution
-        row by row; else ``(I - A)(I + A^2)(I + A^4)(I + A^8)`` (``A^16 = 0``; the factors commute, all
-        being polynomials in ``A``): six products, no reductions across threads."""
+        row by row; ``"doubling"`` / ``"doubling_tf32"``: :func:`doubling16`; else ``(I - A)(I + A^2)(I +
+        A^4)(I + A^8)`` (``A^16 = 0``; the factors commute, all being polynomials in ``A``): six products,
+        no reductions across threads (``A^8``'s entries reach ~1e3 on correlated keys where the inverse's
+        stay <= 1: they cancel)."""
         if INV == "subst":
             return unit_lower_inverse(A, 16)
+        elif INV == "doubling" or INV == "doubling_tf32":
+            return doubling16(A, INV)
         else:
             r = tl.arange(0, 16)
             A2 = mm(A, A, INV)

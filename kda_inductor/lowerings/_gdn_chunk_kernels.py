@@ -563,7 +563,7 @@ def aot_variants():
     yield AotVariant(wu_kernel, sig(wu_kernel, bf16), dict(pre, BV=64), {"num_warps": 8, "num_stages": 1})
     yield AotVariant(scan_kernel, sig(scan_kernel, bf16), dict(pre, BV=32, HAS_STATE=True),
                      {"num_warps": 8, "num_stages": 1})
-    for inv in ("ieee", "tf32"):  # LaunchConfig.wu_inverse at FAST's 4 warps
+    for inv in ("ieee", "tf32", "doubling", "doubling_tf32"):  # LaunchConfig.wu_inverse at FAST's 4 warps
         yield AotVariant(wu2_kernel, sig(wu2_kernel, v2), dict(KP=128, BV=64, L2NORM=True, DOT="bf16", REGULAR=True,
                                                                INV=inv), {"num_warps": 4, "num_stages": 2})
 

@@ -227,7 +227,7 @@ def aot_variants():
     yield AotVariant(solvewu3_kernel, _aot_signature(solvewu3_kernel, low),  # LaunchConfig.fuse_wu
                      dict(KP=128, BK=64, BV=64, L2NORM=True, DOT="bf16", REGULAR=True, INV="ieee"),
                      {"num_warps": 8, "num_stages": 2})
-    for inv in ("tf32", "subst"):  # LaunchConfig.solve_inverse
+    for inv in ("tf32", "subst", "doubling", "doubling_tf32"):  # LaunchConfig.solve_inverse
         yield AotVariant(solve3_kernel, _aot_signature(solve3_kernel, low),
                          dict(KP=128, L2NORM=True, DOT="bf16", REGULAR=True, INV=inv),
                          {"num_warps": 4, "num_stages": 1})

@@ -335,13 +335,18 @@ def run_profile(plan, *, device, smoke: bool, deadline: float) -> list[dict]:
 def _inverse_configs(fast) -> dict[str, object]:
     """:data:`FAST` with ``wu2``'s inverse by a product of factors (``LaunchConfig.wu_inverse``: no
     reductions across rows in its diagonal blocks); ``tf32`` for its time only (inaccurate on
-    correlated keys with slow decay: the attribute's docstring)."""
+    correlated keys with slow decay: the attribute's docstring); the scan's own stages
+    (``LaunchConfig.scan_stages``)."""
     return {"FAST inv doubling": fast._replace(wu_inverse="doubling"),
             "FAST inv doubling tf32": fast._replace(wu_inverse="doubling_tf32"),
             "FAST inv ieee": fast._replace(wu_inverse="ieee"),
             "FAST inv doubling wu w8": fast._replace(wu_inverse="doubling", warps=8),
             "FAST inv ieee wu w8": fast._replace(wu_inverse="ieee", warps=8), "FAST inv tf32": fast._replace(
-                wu_inverse="tf32")}
+                wu_inverse="tf32"),
+            # the 1-stage NaN split (scan2 alone at 1 stage; all but scan2), then the scan's own stages
+            "FAST scan 1 stage": fast._replace(scan_stages=1), "FAST 1 stage scan 2": fast._replace(
+                num_stages=1, scan_stages=2), "FAST scan 3 stages": fast._replace(scan_stages=3),
+            "FAST scan 4 stages": fast._replace(scan_stages=4)}
 
 
 def sweep_configs(smoke: bool) -> dict[str, object]:

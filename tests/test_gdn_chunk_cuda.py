@@ -54,14 +54,15 @@ CONFIGS = {"default": None, "fp32": mod.LaunchConfig(), "FAST3": mod.FAST3,
            "FAST inv ieee": mod.FAST._replace(wu_inverse="ieee"),
            "FAST inv doubling": mod.FAST._replace(wu_inverse="doubling"),
            "FAST inv doubling tf32": mod.FAST._replace(wu_inverse="doubling_tf32"),
-           "FAST 1 stage": mod.FAST._replace(num_stages=1)}
+           "FAST 1 stage": mod.FAST._replace(num_stages=1), "FAST scan 1 stage": mod.FAST._replace(scan_stages=1),
+           "FAST 1 stage scan 2": mod.FAST._replace(num_stages=1, scan_stages=2)}
 """The op's launches (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`, ``FAST``: three launches,
 bf16 operands and intermediates), the four float32 launches, and ``FAST3`` (v3: the inverse and
 ``w, u`` in two launches; also with the inverse's products in tf32, and the two fused in one launch
 through a CTA barrier), ``FAST`` with ``wu2``'s inverse by a product of factors or doubling blocks
 (``wu_inverse``) and at one pipeline stage (NaN in the H200 sweep at T 16,384, 2026-12-05; the
-interpreter finds no read of unwritten scratch: ``test_scratch_is_written_before_it_is_read``): held
-to the same bounds."""
+interpreter finds no read of unwritten scratch: ``test_scratch_is_written_before_it_is_read``), the
+scan alone or all but the scan (``scan_stages``): held to the same bounds."""
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

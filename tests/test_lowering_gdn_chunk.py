@@ -401,6 +401,15 @@ TOLC = dict(rtol=1e-3, atol=1e-3)
 (``k_i . k_j`` 0.99 on average): 5e-5 on ``o``, 1.6e-4 on the state (the substitution: 3e-7, 1.5e-6)."""
 
 
+@needs_runner
+def test_scan_stages_apart():
+    """``LaunchConfig.scan_stages``: the scan's pipeline stages apart from the other launches' (the
+    interpreter ignores stages: the launch path, varlen and regular)."""
+    cfg = V2._replace(num_stages=1, scan_stages=3)
+    _kernel_vs_op(inputs(760, T=75, Hk=1, Hv=2), config=cfg)
+    _kernel_vs_op(inputs(761, T=75, Hk=1, Hv=2, N=3), cu=[0, 1, 66, 75], config=cfg)
+
+
 def test_unknown_inverse_is_an_error():
     args = _dev(*inputs(730, T=10)[:5])
     with pytest.raises(ValueError, match="expected an inverse"):

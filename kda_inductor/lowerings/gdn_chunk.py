@@ -243,6 +243,11 @@ class LaunchConfig(NamedTuple):
     diagonal blocks by doubling the inverted block, 2 -> 4 -> 8 -> 16 rows, six products, no
     reductions, nothing grows): 7.5e-8 and 1.1e-3 there; for sm_90 at 4 warps 171 / 93 barriers, 304 /
     8 stack bytes. Candidates: ``"doubling"``, ``"doubling_tf32"``, ``"ieee"``; ``"tf32"`` a time only."""
+    scan_stages: int | None = None
+    """With ``v2`` / ``v3``: the scan's pipeline stages (None: :attr:`num_stages`, as before); the other
+    launches keep :attr:`num_stages`. fla tunes its scan's apart (2-4); it also splits the sweep's NaN
+    of ``num_stages=1`` (H200, T 16,384) between ``scan2`` and the others (``wu2``'s code changes with
+    the stages too, ``output2``'s does not)."""
 
 
 FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
@@ -388,7 +393,7 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
         *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
         *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2], *final.stride()[:3],
         KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, REGULAR=regular,
-        num_warps=cfg.scan_warps, num_stages=stages)
+        num_warps=cfg.scan_warps, num_stages=stages if cfg.scan_stages is None else cfg.scan_stages)
     if M:
         _launch_out(q3, k3, gc, rk, hs, vn, o3, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, scale, eps,
                     regular)

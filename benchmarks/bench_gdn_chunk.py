@@ -26,6 +26,8 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
     python benchmarks/bench_gdn_chunk.py --quick --budget 200     # T = 4096 and 16384 (~2-3 min on an H200)
     python benchmarks/bench_gdn_chunk.py --budget 500             # T = 256 ... 65536
     python benchmarks/bench_gdn_chunk.py --sweep --T 16384        # kda's launch configs (LaunchConfig)
+    python benchmarks/bench_gdn_chunk.py --sweep --T 4096,16384 --configs "FAST,FAST inv doubling"   # those rows
+    python benchmarks/gdn_chunk_registers.py                      # no GPU: each config's registers for sm_90
     python benchmarks/bench_gdn_chunk.py --profile --T 4096       # + each kernel's time (torch.profiler)
     python benchmarks/bench_gdn_chunk.py --smoke                  # CPU, tiny: the code paths only
     python benchmarks/bench_gdn_chunk.py --kda --quick --budget 240   # KDA at Kimi Linear's dims (below)
@@ -192,6 +194,13 @@ def kda3(x):
 def kda3_fused(x):
     """``FAST3`` with ``solve3`` and ``wu3`` in one launch (``fuse_wu``, 8 warps): the profile only."""
     return kda(x, L.FAST3._replace(fuse_wu=True, warps=8))
+
+
+def kda_inv(x):
+    """:data:`~kda_inductor.lowerings.gdn_chunk.FAST` with ``wu2``'s inverse by doubling blocks (float32
+    products, ``LaunchConfig.wu_inverse="doubling"``): the profile only (``wu2_kernel``'s time against
+    ``kda``'s)."""
+    return kda(x, L.FAST._replace(wu_inverse="doubling"))
 
 
 def kda2(x):
@@ -378,7 +387,8 @@ def profile_case(T: int, *, device, smoke: bool) -> list[dict]:
 
 
 def profiled_variants(smoke: bool) -> dict[str, Callable]:
-    out: dict[str, Callable] = {"kda": kda, "kda3": kda3, "kda3 fused": kda3_fused, "kda2": kda2}
+    out: dict[str, Callable] = {"kda": kda, "kda inv doubling": kda_inv, "kda3": kda3, "kda3 fused": kda3_fused,
+                                "kda2": kda2}
     fla = None if smoke else fla_chunk()
     if fla is not None:
         out["fla"] = fla
@@ -397,6 +407,23 @@ def run_profile(plan, *, device, smoke: bool, deadline: float) -> list[dict]:
 
 
 # --------------------------------------------------------------------------- the launch sweep
+
+
+def _inverse_configs(fast) -> dict[str, object]:
+    """:data:`FAST` with ``wu2``'s inverse by a product of factors (``LaunchConfig.wu_inverse``: no
+    reductions across rows in its diagonal blocks); ``tf32`` for its time only (inaccurate on
+    correlated keys with slow decay: the attribute's docstring); the scan's own stages
+    (``LaunchConfig.scan_stages``)."""
+    return {"FAST inv doubling": fast._replace(wu_inverse="doubling"),
+            "FAST inv doubling tf32": fast._replace(wu_inverse="doubling_tf32"),
+            "FAST inv ieee": fast._replace(wu_inverse="ieee"),
+            "FAST inv doubling wu w8": fast._replace(wu_inverse="doubling", warps=8),
+            "FAST inv ieee wu w8": fast._replace(wu_inverse="ieee", warps=8), "FAST inv tf32": fast._replace(
+                wu_inverse="tf32"),
+            # the 1-stage NaN split (scan2 alone at 1 stage; all but scan2), then the scan's own stages
+            "FAST scan 1 stage": fast._replace(scan_stages=1), "FAST 1 stage scan 2": fast._replace(
+                num_stages=1, scan_stages=2), "FAST scan 3 stages": fast._replace(scan_stages=3),
+            "FAST scan 4 stages": fast._replace(scan_stages=4)}
 
 
 def sweep_configs(smoke: bool) -> dict[str, object]:
@@ -431,11 +458,29 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
         "FAST3 fused w4": f3._replace(fuse_wu=True), "FAST3 3 stages": f3._replace(num_stages=3),
         "FAST3 1 stage": f3._replace(num_stages=1), "FAST3 out bv32": f3._replace(out_block_v=32),
         "FAST3 scan bv64": f3._replace(scan_block_v=64), "FAST3 wu w2": f3._replace(warps=2),
-        "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2)}
+        "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2),
+        "FAST3 inv subst solve w2": f3._replace(solve_inverse="subst", solve_warps=2),
+        "FAST3 inv doubling": f3._replace(solve_inverse="doubling"),
+        "FAST3 inv doubling tf32": f3._replace(solve_inverse="doubling_tf32")}
+    cfgs_inv = _inverse_configs(fast)
     if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
-        return {"default": base, "FAST": fast, "FAST3": f3, "FAST3 inv subst": cfgs_v3["FAST3 inv subst"]}
-    # FAST and the v3 launches first (the budget may end the sweep), then the rest of v2, the old default
-    return {"FAST": fast, **cfgs_v3, **cfgs_v2, **cfgs}
+        return {"default": base, "FAST": fast, "FAST inv ieee": cfgs_inv["FAST inv ieee"], "FAST3": f3,
+                "FAST3 inv subst": cfgs_v3["FAST3 inv subst"]}
+    # FAST, its inverse variants and the v3 launches first (the budget may end the sweep), then the rest
+    return {"FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v2, **cfgs}
+
+
+def selected_configs(smoke: bool, labels: str | None) -> dict[str, object]:
+    """:func:`sweep_configs`, or only those of the full sweep named in ``labels`` (comma-separated, in
+    that order; ``smoke`` or not)."""
+    if not labels:
+        return sweep_configs(smoke)
+    cfgs = sweep_configs(False)
+    names = [n.strip() for n in labels.split(",") if n.strip()]
+    unknown = [n for n in names if n not in cfgs]
+    if unknown:
+        raise SystemExit(f"--configs: unknown {unknown}; the sweep's: {', '.join(cfgs)}")
+    return {n: cfgs[n] for n in names}
 
 
 def kda_sweep_configs(smoke: bool) -> dict[str, object]:
@@ -459,7 +504,7 @@ def run_sweep(args, device, deadline) -> list[dict]:
     d = (SMOKE_KDA if KDA_MODE else SMOKE) if args.smoke else (KIMI_LINEAR if KDA_MODE else QWEN3_NEXT)
     rows = []
     plan = [int(t) for t in (args.T or ("70" if args.smoke else "16384")).split(",")]
-    configs = kda_sweep_configs(args.smoke) if KDA_MODE else sweep_configs(args.smoke)
+    configs = kda_sweep_configs(args.smoke) if KDA_MODE else selected_configs(args.smoke, args.configs)
     for i, T in enumerate(plan):  # each T an equal share of the budget left (the first T never takes it all)
         until = time.perf_counter() + (deadline - time.perf_counter()) / (len(plan) - i)
         x = (make_kda_inputs if KDA_MODE else make_inputs)(d, T, device)
@@ -505,6 +550,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--stock-max-t", type=int, default=8192, help="stock torch.compile only up to this T")
     p.add_argument("--no-eager", action="store_true")
     p.add_argument("--sweep", action="store_true", help="time kda's launch configs instead")
+    p.add_argument("--configs", default=None,
+                   help="with --sweep: only these launch configs (comma-separated labels, in that order)")
     p.add_argument("--profile", action="store_true",
                    help="each variant's kernels by name (torch.profiler) after the timings (on with --quick)")
     p.add_argument("--no-profile", action="store_true", help="no kernel profile with --quick")

@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -105,8 +106,13 @@ def test_gdn_chunk_smoke(capsys):
     assert all(r[f"{v}_err"] < 3e-2 and r[f"{v}_state_err"] < 3e-2 for r in rows for v in ("kda", "kda3")), rows
     sweep = bench.main(["--smoke", "--sweep"])
     # FAST*: bf16 operands, which the interpreter truncates (twice the rounding error, biased)
-    assert [r["config"] for r in sweep] == ["default", "FAST", "FAST3", "FAST3 inv subst"]
+    assert [r["config"] for r in sweep] == ["default", "FAST", "FAST inv ieee", "FAST3", "FAST3 inv subst"]
     assert all(r["us"] is not None and r["err"] < (3e-2 if r["config"] != "default" else 1e-2) for r in sweep)
+    # --configs: the named rows only, in that order (any of the full sweep's); an unknown label is an error
+    picked = bench.main(["--smoke", "--sweep", "--T", "70", "--configs", "FAST inv tf32,FAST"])
+    assert [r["config"] for r in picked] == ["FAST inv tf32", "FAST"] and all(r["err"] < 3e-2 for r in picked)
+    with pytest.raises(SystemExit, match="unknown"):
+        bench.main(["--smoke", "--sweep", "--configs", "FAST,no such"])
 
 
 def test_gdn_chunk_kda_smoke(capsys):
@@ -704,3 +710,25 @@ def test_hf_generate_parallel_runs_warm_after_cold(tmp_path, monkeypatch):
                                                           ("kda", "cold"), ("kda", "warm")))
     assert all(r["warm_seen"] == (r["cache"] == "warm") for r in records)
     assert max(peak) > 1 and len({s["gpu_lock"] for s, _ in specs}) == 1
+
+
+def test_gdn_chunk_registers():
+    """``benchmarks/gdn_chunk_registers.py``: FAST's three launches recorded from the launcher and
+    compiled for sm_90 as the run time specializes them (no GPU): one line each, with registers, stack
+    bytes and barriers; an unknown label is an error."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    script = BENCHMARKS / "gdn_chunk_registers.py"
+    proc = subprocess.run([sys.executable, str(script), "--configs", "FAST"], capture_output=True, text=True,
+                          env=env, timeout=900, cwd=BENCHMARKS.parent)
+    if proc.returncode == 3:
+        pytest.skip("this Triton cannot compile for CUDA here")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("FAST ")]
+    assert [line.split()[1] for line in lines] == ["wu2_kernel", "scan2_kernel", "output2_kernel"], proc.stdout
+    assert all(re.search(r"4 warps 2 stages: \d+ registers, \d+ B stack, \d+ B shared, \d+ bar.sync", line)
+               for line in lines), proc.stdout
+    bad = subprocess.run([sys.executable, str(script), "--configs", "no such"], capture_output=True, text=True,
+                         env=env, timeout=300, cwd=BENCHMARKS.parent)
+    assert bad.returncode != 0 and "unknown" in bad.stderr + bad.stdout

@@ -268,7 +268,8 @@ blocks adjacent (``V = 20``, ``"K 80 V 20 masked"``: two blocks of 16)."""
 V3F = V3._replace(fuse_wu=True)
 """v3 with ``solve3`` and ``wu3`` in one launch (the inverse through its scratch behind a barrier)."""
 CFG = {"V2": V2, "V3": V3, "V3F": V3F, "FAST": mod.FAST, "FAST3": mod.FAST3,
-       "FAST3F": mod.FAST3._replace(fuse_wu=True)}
+       "FAST3F": mod.FAST3._replace(fuse_wu=True), "FASTI": mod.FAST._replace(wu_inverse="ieee"),
+       "FASTD": mod.FAST._replace(wu_inverse="doubling_tf32")}
 
 
 @needs_runner
@@ -295,11 +296,11 @@ def test_v2_kernels_match_the_cpu_op(case, config):
 
 
 @needs_runner
-@pytest.mark.parametrize("inverse", ["tf32", "subst"])
+@pytest.mark.parametrize("inverse", ["tf32", "subst", "doubling"])
 @pytest.mark.parametrize("case", ["T 130 GQA", "weak decay"])
 def test_v3_inverse_variants(case, inverse):
-    """``LaunchConfig.solve_inverse``: the diagonal blocks by substitution, or the product of factors
-    in tf32 (float32 in the interpreter: here the same function as ``"ieee"``)."""
+    """``LaunchConfig.solve_inverse``: the diagonal blocks by substitution, by doubling blocks, or the
+    product of factors in tf32 (float32 in the interpreter: here the same function as ``"ieee"``)."""
     q, k, v, g, beta, s = inputs(650 + len(case), T=130 if case.startswith("T") else 90, Hk=2, Hv=4,
                                  weak=case == "weak decay")
     _kernel_vs_op((q, k, v, g, beta, s), config=V3._replace(solve_inverse=inverse))
@@ -327,7 +328,7 @@ def _rel(a, b):
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["FAST", "FAST3", "FAST3F"])
+@pytest.mark.parametrize("config", ["FAST", "FAST3", "FAST3F", "FASTI", "FASTD"])
 @pytest.mark.parametrize("case", ["T 100 GQA state", "T 40 no state", "varlen", "T 150 weak decay"])
 def test_fast_bf16_operands_within_their_rounding(case, config):
     """:data:`FAST` on bfloat16 inputs (bf16 operands and intermediates; on CPU the interpreter's
@@ -450,3 +451,89 @@ def test_kda_no_tokens_and_past_k_128():
     q, k, v, g, beta, s = kda_inputs(6, T=3, K=192)
     with pytest.raises(NotImplementedError, match="per key channel .KDA. up to K = 128, got K = 192"):
         mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True)
+
+
+# --------------------------------------------------------------------------- wu2's inverse (LaunchConfig.wu_inverse)
+
+
+@needs_runner
+@pytest.mark.parametrize("inverse", ["ieee", "tf32", "doubling", "doubling_tf32"])
+@pytest.mark.parametrize("case", ["T 130 GQA", "weak decay", "varlen"])
+def test_v2_wu_inverse_by_factors(case, inverse):
+    """``wu2`` with the diagonal blocks of the inverse as a product of factors or by doubling blocks
+    (float32 products here: ``dot="ieee"`` keeps the tf32 ones float32): the op's function to float32
+    rounding; decays near 1 with beta near 1 (the inverse's entries largest), T across chunks with
+    GQA, sequences packed by ``cu_seqlens``."""
+    cfg = V2._replace(wu_inverse=inverse)
+    if case == "varlen":
+        return _kernel_vs_op(inputs(720, T=103, Hk=1, Hv=2, N=4), cu=[0, 1, 70, 70, 103], config=cfg)
+    q, k, v, g, beta, s = inputs(710 + len(case), T=130 if case.startswith("T") else 90, Hk=2, Hv=4,
+                                 weak=case == "weak decay")
+    _kernel_vs_op((q, k, v, g, beta, s), config=cfg)
+
+
+@needs_runner
+@pytest.mark.parametrize("inverse", ["subst", "ieee", "doubling"])
+def test_v2_wu_inverse_on_correlated_keys(inverse):
+    """The hard case for the product of factors: keys 0.9 shared + 0.1 their own (unit-normalized in
+    the kernel: ``k_i . k_j`` ~ 0.99), beta and decays near 1, so ``A``'s powers grow to ~1e3 while
+    the inverse stays <= 1 and the factors cancel (float32 products here; tf32 ones lose it all on a
+    GPU: ``LaunchConfig.wu_inverse``). Against the float32 op: the substitution and the doubling
+    within float32 rounding, the factors within ``TOLC``."""
+    q, k, v, g, beta, s = inputs(750, T=130, Hk=1, Hv=2, K=32, V=32, weak=True)
+    k = 0.9 * k[:, :1] + 0.1 * k
+    _kernel_vs_op((q, k, v, g, beta, s), config=V2._replace(wu_inverse=inverse), tol=TOLC if inverse == "ieee" else TOL)
+
+
+TOLC = dict(rtol=1e-3, atol=1e-3)
+"""The factors' float32 cancellation on :func:`test_v2_wu_inverse_on_correlated_keys`' inputs
+(``k_i . k_j`` 0.99 on average): 5e-5 on ``o``, 1.6e-4 on the state (the substitution: 3e-7, 1.5e-6)."""
+
+
+@needs_runner
+def test_scan_stages_apart():
+    """``LaunchConfig.scan_stages``: the scan's pipeline stages apart from the other launches' (the
+    interpreter ignores stages: the launch path, varlen and regular)."""
+    cfg = V2._replace(num_stages=1, scan_stages=3)
+    _kernel_vs_op(inputs(760, T=75, Hk=1, Hv=2), config=cfg)
+    _kernel_vs_op(inputs(761, T=75, Hk=1, Hv=2, N=3), cu=[0, 1, 66, 75], config=cfg)
+
+
+def test_unknown_inverse_is_an_error():
+    args = _dev(*inputs(730, T=10)[:5])
+    with pytest.raises(ValueError, match="expected an inverse"):
+        mod.chunk_triton(*args, None, None, True, config=V2._replace(wu_inverse="lu"))
+
+
+# --------------------------------------------------------------------------- no read of unwritten scratch
+
+
+@needs_runner
+@pytest.mark.parametrize("config", ["FAST 1 stage", "FAST3", "V2"])
+@pytest.mark.parametrize("case", ["T 100", "varlen"])
+def test_scratch_is_written_before_it_is_read(config, case, monkeypatch):
+    """Every float buffer the launches allocate (``gc``, ``1 / |k|``, ``w``, ``u``, ``v_new``, the
+    per-chunk states, the inverse's scratch, the outputs) starts as NaN: a read of anything no launch
+    wrote (a row past a chunk's end, a chunk the scan skipped, a column block not covered) would carry
+    the NaN into ``o`` or the final state (``NaN * 0`` is NaN). :data:`FAST` at one pipeline stage (NaN
+    on the H200 at T 16,384, 2026-12-05): the interpreter runs one program at a time, so this rules
+    out unwritten reads, not races or a stage-dependent miscompile."""
+    empty, new_empty = torch.empty, torch.Tensor.new_empty
+
+    def nan(t):
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    cfg = {"FAST 1 stage": mod.FAST._replace(num_stages=1), "FAST3": mod.FAST3, "V2": V2}[config]
+    cu = [0, 1, 70, 70, 103] if case == "varlen" else None
+    q, k, v, g, beta, s = inputs(740, T=103 if cu else 100, Hk=1, Hv=2, K=32, V=32, N=4 if cu else None,
+                                 dtype=torch.float32 if config == "V2" else torch.bfloat16)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    want, want_state = op(q, k, v, g, beta, None, s, True, cu_t, 1e-6, torch.float32)
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: nan(empty(*a, **kw)))
+    monkeypatch.setattr(torch.Tensor, "new_empty", lambda self, *a, **kw: nan(new_empty(self, *a, **kw)))
+    got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, *_dev(cu_t), 1e-6, torch.float32,
+                                  dot="ieee" if config == "V2" else "tf32", config=cfg)
+    monkeypatch.undo()
+    assert not got.isnan().any() and not final.isnan().any()
+    bound = 2e-5 if config == "V2" else 2e-2
+    assert _rel(got.cpu(), want) < bound and _rel(final.cpu(), want_state) < bound

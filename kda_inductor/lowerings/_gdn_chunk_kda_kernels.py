@@ -232,7 +232,8 @@ if triton is not None:
         a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3 = _blocks(
             qb, kb, gb, bb, aq_ptr + h64 * sa_h + t0 * sa_t, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t, sa_t,
             scale, eps, KP, L2NORM, DOT)
-        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33)
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
+                                                                    "subst")
         _w_kd(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, kb, gb, gc_ptr + h64 * sc_h + t0 * sc_t,
               kd_ptr + h64 * skd_h + t0 * skd_t, w_ptr + h64 * sw_h + t0 * sw_t, f0, f1, f2, f3, k0, k1, k2, k3,
               L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, BK, DOT)

@@ -45,6 +45,7 @@ BLOCK = 16
 """Rows of the inverse's blocks (``CHUNK // BLOCK`` = 4 diagonal blocks)."""
 
 if triton is not None:
+    from kda_inductor.lowerings._gdn_chunk_inverse import inverse as _inverse
 
     @triton.jit
     def _chunk(c, seq_ptr, start_ptr, len_ptr):
@@ -78,21 +79,6 @@ if triton is not None:
     @triton.jit
     def _vec(base, s_t, r, L):
         return tl.load(base + r * s_t, mask=r < L, other=0.0).to(tl.float32)
-
-    @triton.jit
-    def _unit_lower_inverse(A, BC: tl.constexpr):
-        """``(I + A)^-1`` of a strictly lower ``[BC, BC]`` ``A``, row by row: ``X_i = e_i - sum_j A_ij X_j``."""
-        r = tl.arange(0, BC)
-        X = tl.zeros((BC, BC), tl.float32)
-        for i in tl.static_range(BC):
-            a = tl.sum(tl.where(r[:, None] == i, A, 0.0), 0)
-            xi = tl.where(r == i, 1.0, 0.0) - tl.sum(a[:, None] * X, 0)
-            X = tl.where(r[:, None] == i, xi[None, :], X)
-        return X
-
-    @triton.jit
-    def _mm(a, b):
-        return tl.dot(a, b, input_precision="ieee")
 
     @triton.jit
     def _last(x, r, i):
@@ -156,27 +142,12 @@ if triton is not None:
                + _dot(T33, X3, DOT))
 
     @triton.jit
-    def _inverse(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33):
-        """``(I + A)^-1`` of a chunk from its ten 16 x 16 blocks on and below the diagonal: the diagonal
-        ones by forward substitution, those below by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj``
-        (float32 products)."""
-        T00, T11 = _unit_lower_inverse(A00, 16), _unit_lower_inverse(A11, 16)
-        T22, T33 = _unit_lower_inverse(A22, 16), _unit_lower_inverse(A33, 16)
-        T10 = -_mm(T11, _mm(A10, T00))
-        T21 = -_mm(T22, _mm(A21, T11))
-        T20 = -_mm(T22, _mm(A20, T00) + _mm(A21, T10))
-        T32 = -_mm(T33, _mm(A32, T22))
-        T31 = -_mm(T33, _mm(A31, T11) + _mm(A32, T21))
-        T30 = -_mm(T33, _mm(A30, T00) + _mm(A31, T10) + _mm(A32, T20))
-        return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
-
-    @triton.jit
     def _block_inverse(ab, L, sa_t):
-        """:func:`_inverse` of the chunk's ``A`` stored at ``ab``."""
+        """:func:`~._gdn_chunk_inverse.inverse` (by substitution) of the chunk's ``A`` stored at ``ab``."""
         return _inverse(_block(ab, L, sa_t, 0, 0), _block(ab, L, sa_t, 1, 0), _block(ab, L, sa_t, 1, 1),
                         _block(ab, L, sa_t, 2, 0), _block(ab, L, sa_t, 2, 1), _block(ab, L, sa_t, 2, 2),
                         _block(ab, L, sa_t, 3, 0), _block(ab, L, sa_t, 3, 1), _block(ab, L, sa_t, 3, 2),
-                        _block(ab, L, sa_t, 3, 3))
+                        _block(ab, L, sa_t, 3, 3), "subst")
 
     @triton.jit
     def _store_kd(kdb, gl, X0, X1, X2, X3, c0, c1, c2, c3, r, L, K, skd_t, KP: tl.constexpr):
@@ -431,10 +402,11 @@ if triton is not None:
                    K, V, GROUP, eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sw_t,
                    sw_h, su_t, su_h,
                    KP: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
-                   REGULAR: tl.constexpr):
+                   REGULAR: tl.constexpr, INV: tl.constexpr = "subst"):
         """Program (chunk, head): ``gc`` and (``L2NORM``) the keys' ``1 / |k|`` (``rk``, float32 like
         ``gc``) stored for the next launches, ``A`` by its ten 16 x 16 blocks from the chunk's key rows
-        (in registers), ``Tinv = (I + A)^-1``, ``w = Tinv (beta exp(gc) k)``, ``u = Tinv (beta v)``."""
+        (in registers), ``Tinv = (I + A)^-1`` (``INV``: its diagonal blocks by substitution or a product
+        of factors, :func:`~._gdn_chunk_inverse.inverse`), ``w = Tinv (beta exp(gc) k)``, ``u = Tinv (beta v)``."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         h64, c0, c1, c2, c3, b0, b1, b2, b3, X0, X1, X2, X3 = _chunk_rows(
@@ -445,7 +417,7 @@ if triton is not None:
             _akk(X1, X1, b1, c1, c1, DOT, True), _akk(X2, X0, b2, c2, c0, DOT, False),
             _akk(X2, X1, b2, c2, c1, DOT, False), _akk(X2, X2, b2, c2, c2, DOT, True),
             _akk(X3, X0, b3, c3, c0, DOT, False), _akk(X3, X1, b3, c3, c1, DOT, False),
-            _akk(X3, X2, b3, c3, c2, DOT, False), _akk(X3, X3, b3, c3, c3, DOT, True))
+            _akk(X3, X2, b3, c3, c2, DOT, False), _akk(X3, X3, b3, c3, c3, DOT, True), INV)
         _wu_store(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, b0, b1, b2, b3, c0, c1, c2, c3,
                   w_ptr, v_ptr, u_ptr, h64, t0, L, K, V, sw_t, sw_h, sv_t, sv_h, sv_v, su_t, su_h, KP, BV, DOT)
 
@@ -542,8 +514,7 @@ if triton is not None:
         _store(_tile(o_ptr + h64 * so_h + t0 * so_t, L, V, so_t, 1, 0, j * BV, 64, BV), o)
 
     # shared with the v3 kernels (:mod:`~kda_inductor.lowerings._gdn_chunk_kernels3`)
-    chunk2, chunk_rows, dot, load, store, tile, unit_lower_inverse, vec = (
-        _chunk2, _chunk_rows, _dot, _load, _store, _tile, _unit_lower_inverse, _vec)
+    chunk2, chunk_rows, dot, load, store, tile, vec = _chunk2, _chunk_rows, _dot, _load, _store, _tile, _vec
     out_ids, raw, sumsq = _out_ids, _raw, _sumsq
     inverse, seq_range, state_in, ut = _inverse, _seq_range, _state_in, _ut  # and the KDA kernels'
 
@@ -584,7 +555,7 @@ def aot_variants():
     v2 = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "h_ptr", "vn_ptr"), "*bf16")}
     opts4 = {"num_warps": 8, "num_stages": 2}
     yield AotVariant(wu2_kernel, sig(wu2_kernel, v2), dict(KP=128, BV=64, L2NORM=True, DOT="bf16",
-                                                                      REGULAR=True), opts4)
+                                                           REGULAR=True, INV="subst"), opts4)
     yield AotVariant(scan2_kernel, sig(scan2_kernel, v2), dict(KB=64, TWO=True, BV=32, L2NORM=True, HAS_STATE=True,
                                                                DOT="bf16", REGULAR=False), opts4)
     yield AotVariant(output2_kernel, sig(output2_kernel, v2), dict(KB=64, TWO=True, BV=64, L2NORM=True, DOT="bf16",
@@ -593,6 +564,9 @@ def aot_variants():
     yield AotVariant(wu_kernel, sig(wu_kernel, bf16), dict(pre, BV=64), {"num_warps": 8, "num_stages": 1})
     yield AotVariant(scan_kernel, sig(scan_kernel, bf16), dict(pre, BV=32, HAS_STATE=True),
                      {"num_warps": 8, "num_stages": 1})
+    for inv in ("ieee", "tf32", "doubling", "doubling_tf32"):  # LaunchConfig.wu_inverse at FAST's 4 warps
+        yield AotVariant(wu2_kernel, sig(wu2_kernel, v2), dict(KP=128, BV=64, L2NORM=True, DOT="bf16", REGULAR=True,
+                                                               INV=inv), {"num_warps": 4, "num_stages": 2})
 
 
 aot_signature = _aot_signature

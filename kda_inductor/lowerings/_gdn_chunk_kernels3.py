@@ -6,7 +6,7 @@ the inverse run as 64-row tiles (the tensor cores' shape) instead of sixteen-row
    16 x 16 blocks on and below the diagonal from the chunk's key rows, ``Tinv = (I + A)^-1``: each
    diagonal block without a sequential loop (``A`` strictly lower is nilpotent, ``A^16 = 0``, so
    ``(I + A)^-1 = (I - A)(I + A^2)(I + A^4)(I + A^8)``: six 16 x 16 products, no reductions across
-   threads), those below by the merges of :func:`~._gdn_chunk_kernels._inverse`; the ten blocks
+   threads), those below by the merges of :func:`~._gdn_chunk_inverse.inverse`; the ten blocks
    stored in a ``[tokens, heads, 64]`` scratch (row = token; the blocks above the diagonal are
    never written and never read).
 2. :data:`wu3_kernel` (chunk x head): ``Tinv`` as one ``[64, 64]`` tile (lower triangle),
@@ -32,11 +32,11 @@ if triton is not None:
     from kda_inductor.lowerings._gdn_chunk_kernels import load as _load
     from kda_inductor.lowerings._gdn_chunk_kernels import store as _store
     from kda_inductor.lowerings._gdn_chunk_kernels import tile as _tile
-    from kda_inductor.lowerings._gdn_chunk_kernels import unit_lower_inverse as _unit_lower_inverse
     from kda_inductor.lowerings._gdn_chunk_kernels import out_ids as _out_ids
     from kda_inductor.lowerings._gdn_chunk_kernels import raw as _raw
     from kda_inductor.lowerings._gdn_chunk_kernels import sumsq as _sumsq
     from kda_inductor.lowerings._gdn_chunk_kernels import vec as _vec
+    from kda_inductor.lowerings._gdn_chunk_inverse import inverse as _inverse3
 
     @triton.jit
     def _akk3(Xi, Xj, bi, ci, cj, DOT: tl.constexpr, DIAG: tl.constexpr):
@@ -51,43 +51,6 @@ if triton is not None:
             return tl.where(low, a * bi[:, None] * tl.exp(tl.where(low, d, 0.0)), 0.0)
         else:
             return a * bi[:, None] * tl.exp(d)
-
-    @triton.jit
-    def _mm3(a, b, INV: tl.constexpr):
-        """A 16 x 16 product of the inverse: float32 (``ieee``), or tf32 tensor cores (``INV == "tf32"``)."""
-        if INV == "tf32":
-            return tl.dot(a, b, input_precision="tf32")
-        else:
-            return tl.dot(a, b, input_precision="ieee")
-
-    @triton.jit
-    def _inverse16(A, INV: tl.constexpr):
-        """``(I + A)^-1`` of a strictly lower 16 x 16 ``A``: ``INV == "subst"``: forward substitution
-        row by row (v2's); else ``(I - A)(I + A^2)(I + A^4)(I + A^8)`` (``A^16 = 0``; the factors
-        commute, all being polynomials in ``A``): six products, no reductions across threads."""
-        if INV == "subst":
-            return _unit_lower_inverse(A, 16)
-        else:
-            r = tl.arange(0, 16)
-            A2 = _mm3(A, A, INV)
-            A4 = _mm3(A2, A2, INV)
-            X = tl.where(r[:, None] == r[None, :], 1.0, 0.0) - A
-            X = X + _mm3(X, A2, INV)
-            X = X + _mm3(X, A4, INV)
-            return X + _mm3(X, _mm3(A4, A4, INV), INV)
-
-    @triton.jit
-    def _inverse3(A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, INV: tl.constexpr):
-        """The chunk's ``(I + A)^-1`` by blocks: the diagonal ones by :func:`_inverse16`, those below
-        by ``Tinv_ij = -Tinv_ii sum_{j <= m < i} A_im Tinv_mj`` (:func:`_mm3` products)."""
-        T00, T11, T22, T33 = _inverse16(A00, INV), _inverse16(A11, INV), _inverse16(A22, INV), _inverse16(A33, INV)
-        T10 = -_mm3(T11, _mm3(A10, T00, INV), INV)
-        T21 = -_mm3(T22, _mm3(A21, T11, INV), INV)
-        T20 = -_mm3(T22, _mm3(A20, T00, INV) + _mm3(A21, T10, INV), INV)
-        T32 = -_mm3(T33, _mm3(A32, T22, INV), INV)
-        T31 = -_mm3(T33, _mm3(A31, T11, INV) + _mm3(A32, T21, INV), INV)
-        T30 = -_mm3(T33, _mm3(A30, T00, INV) + _mm3(A31, T10, INV) + _mm3(A32, T20, INV), INV)
-        return T00, T10, T11, T20, T21, T22, T30, T31, T32, T33
 
     @triton.jit
     def _put(ab, L, s_t, i, j, X):
@@ -114,8 +77,8 @@ if triton is not None:
                       INV: tl.constexpr = "ieee"):
         """Program (chunk, head): ``gc`` and (``L2NORM``) ``1 / |k|`` stored (float32 ``[tokens,
         heads]``), ``A``'s blocks from the chunk's key rows (``DOT`` products), ``Tinv = (I + A)^-1``
-        (:func:`_inverse3`, ``INV``: its products' precision or ``"subst"``) stored by its ten lower
-        blocks in ``ai`` (``[tokens, heads, 64]``)."""
+        (:func:`~._gdn_chunk_inverse.inverse`, ``INV``: its products' precision or ``"subst"``) stored by
+        its ten lower blocks in ``ai`` (``[tokens, heads, 64]``)."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         _solve(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, h, t0, L, K, GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t,
@@ -264,7 +227,7 @@ def aot_variants():
     yield AotVariant(solvewu3_kernel, _aot_signature(solvewu3_kernel, low),  # LaunchConfig.fuse_wu
                      dict(KP=128, BK=64, BV=64, L2NORM=True, DOT="bf16", REGULAR=True, INV="ieee"),
                      {"num_warps": 8, "num_stages": 2})
-    for inv in ("tf32", "subst"):  # LaunchConfig.solve_inverse
+    for inv in ("tf32", "subst", "doubling", "doubling_tf32"):  # LaunchConfig.solve_inverse
         yield AotVariant(solve3_kernel, _aot_signature(solve3_kernel, low),
                          dict(KP=128, L2NORM=True, DOT="bf16", REGULAR=True, INV=inv),
                          {"num_warps": 4, "num_stages": 1})

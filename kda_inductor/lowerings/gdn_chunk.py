@@ -230,8 +230,26 @@ class LaunchConfig(NamedTuple):
     its grid), instead of ``(chunks, heads, column blocks)``."""
     solve_inverse: str = "ieee"
     """With ``v3``: the inverse's diagonal blocks and merges: ``"ieee"`` (a product of four factors,
-    float32 products), ``"tf32"`` (the same on tf32 tensor cores: the inverse is rounded to
-    bfloat16 by ``lowp`` anyway), ``"subst"`` (v2's row-by-row substitution, float32 merges)."""
+    float32 products), ``"tf32"`` (the same on tf32 tensor cores; its factors cancel on correlated keys
+    with slow decay, far past ``lowp``'s bfloat16 rounding: :attr:`wu_inverse`), ``"subst"`` (v2's
+    row-by-row substitution, float32 merges), ``"doubling"`` / ``"doubling_tf32"`` (:attr:`wu_inverse`)."""
+    wu_inverse: str = "subst"
+    """With ``v2`` (not ``v3``): ``wu2``'s inverse, :attr:`solve_inverse`'s choices; ``"subst"`` (v2's,
+    :data:`FAST`'s). ``"ieee"`` / ``"tf32"`` take the two cross-row reductions a row out of the diagonal
+    blocks (sm_90, Triton 3.9, :data:`FAST`'s ``wu2`` at 4 warps: 465 CTA barriers -> 114 / 99, 80 bytes
+    of stack -> 24 / 0). The product of factors cancels: ``A^8``'s entries reach ~1e3 where the
+    inverse's stay <= 1 (correlated keys, beta and decay near 1). Measured in torch (a 64-token
+    chunk, keys ``0.9 shared + 0.1 own`` unit-normalized, the op's weak-decay inputs), the inverse's
+    relative error: substitution 8.5e-8, ``"ieee"`` 9.3e-5, ``"tf32"`` 0.76 (unusable; ``solve_inverse``
+    likewise). ``"doubling"`` / ``"doubling_tf32"`` (:func:`~._gdn_chunk_inverse.doubling16`: the
+    diagonal blocks by doubling the inverted block, 2 -> 4 -> 8 -> 16 rows, six products, no
+    reductions, nothing grows): 7.5e-8 and 1.1e-3 there; for sm_90 at 4 warps 171 / 93 barriers, 304 /
+    8 stack bytes. Candidates: ``"doubling"``, ``"doubling_tf32"``, ``"ieee"``; ``"tf32"`` a time only."""
+    scan_stages: int | None = None
+    """With ``v2`` / ``v3``: the scan's pipeline stages (None: :attr:`num_stages`, as before); the other
+    launches keep :attr:`num_stages`. fla tunes its scan's apart (2-4); it also splits the sweep's NaN
+    of ``num_stages=1`` (H200, T 16,384) between ``scan2`` and the others (``wu2``'s code changes with
+    the stages too, ``output2``'s does not)."""
     kda_intra_dot: str = ""
     """A decay per key channel (:data:`KDA`): the ``intra`` launch's products (``A``, ``Aqk``, ``w``,
     ``u``) in this precision (``"tf32"``: float32 operands on tf32 tensor cores) instead of the
@@ -244,9 +262,11 @@ FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, 
 (triton 3.6, 2026-12-05, ``benchmarks/results/gdn_chunk.md``, ``--sweep`` at T 16,384, Qwen3-Next's
 dims) 1,583 us against 2,950 at 8 warps and 4,726 for the four float32 launches
 (:class:`LaunchConfig`'s defaults), error 3.33e-3 against fla's 4.07e-3; fla's own kernels take
-1,014 us there, so the op does not replace fla's (``CHUNK_RULE_MEASURED``). The 4 warps spill (ahead
-of time for sm_90 with Triton 3.9, ``scan2`` 336 bytes, ``wu2`` 232) and still run twice as fast as
-the 8 that do not."""
+1,014 us there, so the op does not replace fla's (``CHUNK_RULE_MEASURED``). Ahead of time for sm_90
+(Triton 3.9) with the run-time specialization these dims get (sizes and strides divisible by 16, unit
+strides constant; registers / stack bytes): ``wu2`` 255 / 80 (465 CTA barriers, most of them the
+diagonal blocks' substitution: :attr:`LaunchConfig.wu_inverse`), ``scan2`` 178 / 0, ``output2``
+168 / 0 (without the specialization, 336 and 232 stack bytes for ``scan2`` and ``wu2``)."""
 
 FAST3 = FAST._replace(v3=True, out_v_first=True)
 """:data:`FAST` with :attr:`LaunchConfig.v3` (four launches: ``solve3``, ``wu3``, ``scan2``,
@@ -400,7 +420,7 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
         *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
         *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2], *final.stride()[:3],
         KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, REGULAR=regular,
-        num_warps=cfg.scan_warps, num_stages=stages)
+        num_warps=cfg.scan_warps, num_stages=stages if cfg.scan_stages is None else cfg.scan_stages)
     if M:
         _launch_out(q3, k3, gc, rk, hs, vn, o3, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, scale, eps,
                     regular)
@@ -427,6 +447,15 @@ def _launch_out(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2,
                                   V_FIRST=vf, num_warps=cfg.out_warps, num_stages=cfg.num_stages)
 
 
+def _inverse(name: str, dot: str) -> str:
+    """The inverse's ``INV`` (:attr:`LaunchConfig.solve_inverse`'s choices): ``dot="ieee"`` keeps it
+    float32 throughout (``"tf32"`` becomes ``"ieee"``)."""
+    if name not in ("ieee", "tf32", "subst", "doubling", "doubling_tf32"):
+        raise ValueError(f"gdn_chunk: expected an inverse 'ieee', 'tf32', 'subst', 'doubling' or 'doubling_tf32', "
+                         f"got {name!r}")
+    return {"tf32": "ieee", "doubling_tf32": "doubling"}.get(name, name) if dot == "ieee" else name
+
+
 def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2, eps, regular) -> None:
     """The v2 launches' first step: ``wu2`` (one launch), or with :attr:`LaunchConfig.v3` ``solve3``
     (the inverse, stored in a ``[tokens, heads, 64]`` scratch of ``w``'s dtype) then ``wu3`` (the
@@ -441,10 +470,11 @@ def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2
         kern.wu2_kernel[(M, Hv)](
             k3, v3, g2, b2, gc, rk, w, u, *maps, TS, NT, K, V, group, eps, *k3.stride(), *v3.stride(),
             *g2.stride(), *b2.stride(), *gc.stride(), *w.stride()[:2], *u.stride()[:2], KP=KP, BV=OBV, L2NORM=l2,
-            DOT=dot, REGULAR=regular, num_warps=cfg.warps, num_stages=cfg.num_stages)
+            DOT=dot, REGULAR=regular, INV=_inverse(cfg.wu_inverse, dot), num_warps=cfg.warps,
+            num_stages=cfg.num_stages)
         return
     ai = torch.empty((k3.shape[0], Hv, CHUNK), device=v3.device, dtype=w.dtype)
-    inv = "ieee" if dot == "ieee" and cfg.solve_inverse == "tf32" else cfg.solve_inverse  # ieee: float32 throughout
+    inv = _inverse(cfg.solve_inverse, dot)
     blocks = dict(BK=min(KP, 64), BV=min(vp, 64), L2NORM=l2, DOT=dot, REGULAR=regular)
     if cfg.fuse_wu:
         kern3.solvewu3_kernel[(M, Hv)](

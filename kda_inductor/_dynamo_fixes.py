@@ -288,7 +288,7 @@ def fla_chunk(q, k, v, g=None, beta=None, scale=None, initial_state=None, output
 
 def _substitute_chunk(fn: Callable[..., Any]) -> None:
     """:func:`_substitute` for fla's chunk entry point: in the op's domain (a decay and a beta per
-    head, ``[B, T, HV]``: a per-channel decay has no chunk kernel yet) and with the rule on,
+    head, ``[B, T, HV]``: a per-channel decay is ``chunk_kda``'s, not traced yet) and with the rule on,
     :func:`fla_chunk`; else fla's."""
     import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op fla_chunk calls)
 

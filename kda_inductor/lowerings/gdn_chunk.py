@@ -250,6 +250,13 @@ class LaunchConfig(NamedTuple):
     launches keep :attr:`num_stages`. fla tunes its scan's apart (2-4); it also splits the sweep's NaN
     of ``num_stages=1`` (H200, T 16,384) between ``scan2`` and the others (``wu2``'s code changes with
     the stages too, ``output2``'s does not)."""
+    scan4: bool = False
+    """With ``v2`` / ``v3``: :mod:`~kda_inductor.lowerings._gdn_chunk_kernels4`'s ``scan4`` in place of
+    ``scan2`` (the same function laid out as fla's scan: head dims constexpr, packed scratch, the decay
+    applied before the update and the update as the product's accumulator, a 1-D grid)."""
+    out4: str = ""
+    """With ``v2`` / ``v3``: ``output4`` in place of ``output2`` / ``output3``: ``"group"`` (one program
+    for a key head's GQA group: ``q k^T`` once for its value heads) or ``"head"``; ``""``: off."""
     kda_intra_dot: str = ""
     """A decay per key channel (:data:`KDA`): the ``intra`` launch's products (``A``, ``Aqk``, ``w``,
     ``u``) in this precision (``"tf32"``: float32 operands on tf32 tensor cores) instead of the
@@ -394,6 +401,7 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
     """:attr:`LaunchConfig.v2`'s three launches (``wu2``, ``scan2``, ``output2``); without
     ``cu_seqlens`` the kernels derive each chunk's place from its id (no chunk map)."""
     from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+    from kda_inductor.lowerings import _gdn_chunk_kernels4 as kern4
 
     B, T, Hk, K, Hv, V, N = (meta.batch, meta.tokens, meta.k_heads, meta.k_dim, meta.v_heads, meta.v_dim,
                              meta.sequences)
@@ -415,12 +423,16 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
     stages, group = cfg.num_stages, Hv // Hk
     if M:
         _launch_wu(k3, v3, g2, b2, gc, rk, w, u, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, eps, regular)
-    kern.scan2_kernel[(N, Hv, triton.cdiv(V, BV))](
-        k3, w, u, gc, rk, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, group, eps,
-        *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
-        *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2], *final.stride()[:3],
-        KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, REGULAR=regular,
-        num_warps=cfg.scan_warps, num_stages=stages if cfg.scan_stages is None else cfg.scan_stages)
+    if cfg.scan4:
+        kern4.launch_scan4(k3, w, u, gc, rk, s, final, hs, vn, cu, cu_chunks, TS, NT, meta, cfg, dot, l2, regular)
+    else:
+        kern.scan2_kernel[(N, Hv, triton.cdiv(V, BV))](
+            k3, w, u, gc, rk, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, group, eps,
+            *k3.stride(), *w.stride()[:2], *u.stride()[:2], *gc.stride(),
+            *(s.stride() if s is not None else (0, 0, 0, 0)), *hs.stride()[:3], *vn.stride()[:2],
+            *final.stride()[:3], KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot,
+            REGULAR=regular, num_warps=cfg.scan_warps,
+            num_stages=stages if cfg.scan_stages is None else cfg.scan_stages)
     if M:
         _launch_out(q3, k3, gc, rk, hs, vn, o3, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, scale, eps,
                     regular)
@@ -439,7 +451,11 @@ def _launch_out(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2,
     args = (q3, k3, gc, rk, hs, vn, o3, *maps, TS, NT, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
             *gc.stride(), *hs.stride()[:3], *vn.stride()[:2], *o3.stride()[:2])
     grid = (M * nvb, Hv, 1) if vf else (M, Hv, nvb)
-    if cfg.v3:
+    if cfg.out4:
+        from kda_inductor.lowerings import _gdn_chunk_kernels4 as kern4
+
+        kern4.launch_out4(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2, scale, eps, regular)
+    elif cfg.v3:
         kern3.output3_kernel[grid](*args, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=dot, REGULAR=regular, V_FIRST=vf,
                                    num_warps=cfg.out_warps, num_stages=cfg.num_stages)
     else:

@@ -1,0 +1,240 @@
+"""The v4 scan and output of ``kda::gdn_chunk`` (``LaunchConfig.scan4`` / ``LaunchConfig.out4``, off
+by default): v2's ``scan2`` / ``output2`` functions written the way fla's forward kernels lay out
+their work (``chunk_gated_delta_rule_fwd_kernel_h_blockdim64``, ``chunk_fwd_kernel_o``), so that
+the launch sweep can time the layout apart from the math.
+
+:data:`scan4_kernel` (program = sequence x value head x column block, a 1-D grid with the column
+blocks fastest), sequential over the sequence's chunks, the state as ``K / 64`` register blocks of
+``64 x BV`` (two at most):
+
+* the head dims, the value heads and the group are compile-time constants and our own scratch
+  (``w``, ``u``, ``gc``, ``1 / |k|``, ``v_new``, the per-chunk states, the final state) is read
+  and written at its packed strides, so the only run-time masks are the chunk's rows (the column
+  masks fold away where ``K`` and ``V`` fill the blocks);
+* ``v_new = u - w S`` with the two key blocks' products accumulated in one tile, stored in the
+  products' dtype (bfloat16 under ``lowp``) for the output;
+* the decay as fla applies it: ``S *= exp(gc_last)`` before the update, then ``S += k^T (v_new
+  exp(gc_last - gc) / |k|)`` as the product's accumulator (no separate sum), ``k`` loaded as the
+  ``[64 keys, 64 tokens]`` operand directly (no transposed view of a row tile).
+
+:data:`output4_kernel` (program = chunk x ``GP`` value heads x column block, a 1-D grid with the
+column blocks fastest, then the chunks, then the heads): ``q k^T`` and ``|q|^2`` once from raw
+``q`` / ``k`` (both 64-column key halves at once), then for each of its ``GP`` value heads (``GP``
+= the GQA group: the siblings that read the same key head share the product and the ``q`` / ``k``
+tiles; ``GP = 1``: one head a program) ``o = diag(s exp(gc)) (q S) + causal(diag(s) (q k^T)
+diag(1 / |k|) exp(gc_i - gc_j)) v_new`` (``s = scale / |q|``), the states and ``v_new`` read as
+:data:`scan4_kernel` or v2's ``scan2`` stored them. Rows past a sequence's end: zeros in, never
+stored.
+"""
+
+from __future__ import annotations
+
+from kda_inductor.lowerings._triton import tl, triton
+
+if triton is not None:
+    from kda_inductor.lowerings._gdn_chunk_kernels import chunk2 as _chunk2
+    from kda_inductor.lowerings._gdn_chunk_kernels import seq_range as _seq_range
+    from kda_inductor.lowerings._gdn_chunk_kernels import sumsq as _sumsq
+
+    @triton.jit
+    def _dota(a, b, acc, DOT: tl.constexpr):
+        """``acc + a @ b`` with the product accumulated into ``acc`` (float32): ``DOT`` as
+        :func:`~._gdn_chunk_kernels._dot` (``"bf16"`` operands, ``"bf16emu"`` the interpreter's same
+        roundings, ``"tf32"`` / ``"ieee"`` float32 operands)."""
+        if DOT == "bf16":
+            return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16), acc)
+        elif DOT == "bf16emu":
+            return tl.dot(a.to(tl.bfloat16).to(tl.float32), b.to(tl.bfloat16).to(tl.float32), acc,
+                          input_precision="ieee")
+        else:
+            return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision=DOT)
+
+    @triton.jit
+    def _op(x, DOT: tl.constexpr):
+        """``x`` as a product's operand (bfloat16 for the bf16 paths, else float32)."""
+        if DOT == "bf16" or DOT == "bf16emu":
+            return x.to(tl.bfloat16)
+        else:
+            return x.to(tl.float32)
+
+    @triton.jit
+    def _kT(kb, t, mt, sk_t, sk_k, k0, K: tl.constexpr, KB: tl.constexpr):
+        """Keys ``k0 .. k0 + KB`` of the tokens ``t`` (``mt``: inside the chunk) as a ``[KB, 64]``
+        tile, keys down the rows (the operand of ``k^T x``)."""
+        ok = k0 + tl.arange(0, KB)
+        return tl.load(kb + ok[:, None] * sk_k + t[None, :] * sk_t, mask=(ok[:, None] < K) & mt[None, :], other=0.0)
+
+    @triton.jit
+    def _rows(base, t, mt, s_t, c0, C: tl.constexpr, BC: tl.constexpr):
+        """Columns ``c0 .. c0 + BC`` of the tokens ``t`` in a packed ``[tokens, ...]`` scratch (row
+        stride ``s_t``, unit column stride, ``C`` columns)."""
+        oc = c0 + tl.arange(0, BC)
+        return base + t[:, None] * s_t + oc[None, :], mt[:, None] & (oc[None, :] < C)
+
+    @triton.jit
+    def _state(base, k0, j, K: tl.constexpr, V: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr):
+        """Rows ``k0 .. k0 + KB`` and column block ``j`` of a packed ``[K, V]`` state."""
+        ok, ov = k0 + tl.arange(0, KB), j * BV + tl.arange(0, BV)
+        return base + ok[:, None] * V + ov[None, :], (ok[:, None] < K) & (ov[None, :] < V)
+
+    @triton.jit
+    def _put(bp, x):
+        tl.store(bp[0], x.to(bp[0].dtype.element_ty), mask=bp[1])
+
+    @triton.jit
+    def _get(bp):
+        return tl.load(bp[0], mask=bp[1], other=0.0)
+
+    @triton.jit
+    def _state_load(sb, ss_k, ss_v, k0, j, K: tl.constexpr, V: tl.constexpr, KB: tl.constexpr, BV: tl.constexpr,
+                    HAS_STATE: tl.constexpr):
+        """The initial state's rows ``k0 .. k0 + KB``, column block ``j`` (any strides; zeros without one)."""
+        if HAS_STATE:
+            ok, ov = k0 + tl.arange(0, KB), j * BV + tl.arange(0, BV)
+            return tl.load(sb + ok[:, None] * ss_k + ov[None, :] * ss_v, mask=(ok[:, None] < K) & (ov[None, :] < V),
+                           other=0.0).to(tl.float32)
+        else:
+            return tl.zeros((KB, BV), tl.float32)
+
+    @triton.jit
+    def scan4_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, rk_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, n_tok, n_chk,
+                     sk_t, sk_h, sk_k, ss_n, ss_h, ss_k, ss_v,
+                     K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KB: tl.constexpr,
+                     TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, HAS_STATE: tl.constexpr,
+                     DOT: tl.constexpr, REGULAR: tl.constexpr):
+        """Program (sequence, value head, column block) of a 1-D grid, the column blocks fastest: the
+        state as rows ``0 .. KB`` (``S1``) and ``KB .. 2 KB`` (``S2``, when ``TWO``) through the
+        sequence's chunks: store ``S`` (the chunk's start state); ``v_new = u - w S`` (stored);
+        ``S = exp(gc_last) S + k^T (v_new exp(gc_last - gc) rk)`` as the product's accumulator."""
+        NV = tl.cdiv(V, BV)
+        pid = tl.program_id(0)
+        j, nh = pid % NV, pid // NV
+        n, h = nh // HV, nh % HV
+        n64, h64 = n.to(tl.int64), h.to(tl.int64)
+        ts, te, cs, ce = _seq_range(n, n64, cu_ptr, cuc_ptr, n_tok, n_chk, REGULAR)
+        r = tl.arange(0, 64)
+        sb = s_ptr + n64 * ss_n + h64 * ss_h
+        S1 = _state_load(sb, ss_k, ss_v, 0, j, K, V, KB, BV, HAS_STATE)
+        if TWO:
+            S2 = _state_load(sb, ss_k, ss_v, KB, j, K, V, KB, BV, HAS_STATE)
+        kb = k_ptr + (h // GROUP).to(tl.int64) * sk_h
+        wb, ub, vnb = w_ptr + h64 * K, u_ptr + h64 * V, vn_ptr + h64 * V
+        cb, rb = gc_ptr + h64, rk_ptr + h64
+        for i in range(0, (ce - cs).to(tl.int32)):
+            t0 = ts + i * 64
+            L = tl.minimum(te - t0, 64).to(tl.int32)
+            t, mt = t0 + r, r < L
+            hb = h_ptr + ((cs + i) * HV + h64) * (K * V)
+            _put(_state(hb, 0, j, K, V, KB, BV), S1)
+            b = tl.zeros((64, BV), tl.float32)
+            b = _dota(_get(_rows(wb, t, mt, HV * K, 0, K, KB)), _op(S1, DOT), b, DOT)
+            if TWO:
+                _put(_state(hb, KB, j, K, V, KB, BV), S2)
+                b = _dota(_get(_rows(wb, t, mt, HV * K, KB, K, KB)), _op(S2, DOT), b, DOT)
+            vn = _get(_rows(ub, t, mt, HV * V, j * BV, V, BV)).to(tl.float32) - b
+            _put(_rows(vnb, t, mt, HV * V, j * BV, V, BV), vn)
+            gl = tl.load(cb + (t0 + L - 1) * HV)  # L >= 1: a chunk of the sequence
+            f = tl.exp(tl.where(mt, gl - tl.load(cb + t * HV, mask=mt, other=0.0), 0.0))
+            if L2NORM:
+                f = f * tl.load(rb + t * HV, mask=mt, other=0.0)
+            vs = _op(vn * f[:, None], DOT)
+            decay = tl.exp(gl)
+            S1 = _dota(_kT(kb, t, mt, sk_t, sk_k, 0, K, KB), vs, S1 * decay, DOT)
+            if TWO:
+                S2 = _dota(_kT(kb, t, mt, sk_t, sk_k, KB, K, KB), vs, S2 * decay, DOT)
+        fb = f_ptr + (n64 * HV + h64) * (K * V)
+        _put(_state(fb, 0, j, K, V, KB, BV), S1)
+        if TWO:
+            _put(_state(fb, KB, j, K, V, KB, BV), S2)
+
+    @triton.jit
+    def output4_kernel(q_ptr, k_ptr, gc_ptr, rk_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk,
+                       M, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, so_t, so_h,
+                       K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
+                       KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
+                       DOT: tl.constexpr, REGULAR: tl.constexpr):
+        """Program (chunk, ``GP`` value heads, column block) of a 1-D grid (column blocks fastest, then
+        chunks, then heads): ``q k^T`` and ``|q|^2`` once, then each head's ``o`` (module docstring)."""
+        NV = tl.cdiv(V, BV)
+        pid = tl.program_id(0)
+        j, rest = pid % NV, pid // NV
+        c, hg = rest % M, rest // M
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        r = tl.arange(0, 64)
+        t, mt = t0 + r, r < L
+        h0 = hg * GP
+        hk = (h0 // GROUP).to(tl.int64)
+        qb, kb = q_ptr + hk * sq_h, k_ptr + hk * sk_h
+        oq = tl.arange(0, KB)
+        q1 = tl.load(qb + t[:, None] * sq_t + oq[None, :] * sq_k, mask=mt[:, None] & (oq[None, :] < K), other=0.0)
+        a = _dota(q1, _kT(kb, t, mt, sk_t, sk_k, 0, K, KB), tl.zeros((64, 64), tl.float32), DOT)
+        if L2NORM:
+            nq = _sumsq(q1)
+        if TWO:
+            q2 = tl.load(qb + t[:, None] * sq_t + (KB + oq)[None, :] * sq_k,
+                         mask=mt[:, None] & ((KB + oq)[None, :] < K), other=0.0)
+            a = _dota(q2, _kT(kb, t, mt, sk_t, sk_k, KB, K, KB), a, DOT)
+            if L2NORM:
+                nq += _sumsq(q2)
+        sq = tl.full((64,), 1.0, tl.float32) * scale
+        if L2NORM:
+            sq = sq * tl.math.rsqrt(nq + eps)
+        causal = r[:, None] >= r[None, :]
+        # a chunk id past the last chunk (L = 0) reads chunk 0's state and stores nothing
+        cc = c.to(tl.int64) * (L > 0)
+        for g in range(0, GP):
+            h64 = (h0 + g).to(tl.int64)
+            hb = h_ptr + (cc * HV + h64) * (K * V)
+            o = _dota(q1, _get(_state(hb, 0, j, K, V, KB, BV)), tl.zeros((64, BV), tl.float32), DOT)
+            if TWO:
+                o = _dota(q2, _get(_state(hb, KB, j, K, V, KB, BV)), o, DOT)
+            gc = tl.load(gc_ptr + h64 + t * HV, mask=mt, other=0.0)
+            fa = sq[:, None] * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
+            if L2NORM:
+                fa = fa * tl.load(rk_ptr + h64 + t * HV, mask=mt, other=0.0)[None, :]
+            ag = _op(tl.where(causal, a * fa, 0.0), DOT)
+            o = _dota(ag, _get(_rows(vn_ptr + h64 * V, t, mt, HV * V, j * BV, V, BV)), o * (sq * tl.exp(gc))[:, None],
+                      DOT)
+            ov = j * BV + tl.arange(0, BV)
+            tl.store(o_ptr + h64 * so_h + t[:, None] * so_t + ov[None, :], o.to(o_ptr.dtype.element_ty),
+                     mask=mt[:, None] & (ov[None, :] < V))
+
+
+def _packed(*ts) -> None:
+    for x in ts:  # the v4 kernels index our scratch at its packed strides
+        assert x.is_contiguous(), "gdn_chunk v4: expected packed scratch"
+
+
+def launch_scan4(k3, w, u, gc, rk, s, final, hs, vn, cu, cu_chunks, TS, NT, meta, cfg, dot, l2, regular) -> None:
+    """:attr:`~.gdn_chunk.LaunchConfig.scan4`'s launch in place of v2's ``scan2`` (same scratch,
+    same function): ``scan_block_v`` columns, ``scan_warps``, ``scan_stages`` (else ``num_stages``)."""
+    K, V, Hv, N = meta.k_dim, meta.v_dim, meta.v_heads, meta.sequences
+    _packed(w, u, gc, rk, hs, vn, final)
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    BV = min(max(16, cfg.scan_block_v), vp)
+    scan4_kernel[(N * Hv * triton.cdiv(V, BV),)](
+        k3, w, u, gc, rk, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, *k3.stride(),
+        *(s.stride() if s is not None else (0, 0, 0, 0)), K=K, V=V, HV=Hv, GROUP=Hv // meta.k_heads,
+        KB=min(KP, 64), TWO=KP > 64, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot, REGULAR=regular,
+        num_warps=cfg.scan_warps, num_stages=cfg.num_stages if cfg.scan_stages is None else cfg.scan_stages)
+
+
+def launch_out4(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2, scale, eps, regular) -> None:
+    """:attr:`~.gdn_chunk.LaunchConfig.out4`'s launch in place of v2's ``output2``: ``"group"`` (a
+    program per key head's GQA group, ``q k^T`` shared) or ``"head"`` (a program per value head);
+    ``out_block_v`` columns, ``out_warps``, ``num_stages``."""
+    if cfg.out4 not in ("group", "head"):
+        raise ValueError(f"gdn_chunk: expected out4 '', 'group' or 'head', got {cfg.out4!r}")
+    K, V, Hv = meta.k_dim, meta.v_dim, meta.v_heads
+    group = Hv // meta.k_heads
+    _packed(gc, rk, hs, vn)
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    OBV = min(max(16, cfg.out_block_v), vp)
+    gp = group if cfg.out4 == "group" else 1
+    output4_kernel[(M * (Hv // gp) * triton.cdiv(V, OBV),)](
+        q3, k3, gc, rk, hs, vn, o3, *maps, TS, NT, M, scale, eps, *q3.stride(), *k3.stride(), *o3.stride()[:2],
+        K=K, V=V, HV=Hv, GROUP=group, GP=gp, KB=min(KP, 64), TWO=KP > 64, BV=OBV, L2NORM=l2, DOT=dot,
+        REGULAR=regular, num_warps=cfg.out_warps, num_stages=cfg.num_stages)
+
+
+__all__ = ["launch_out4", "launch_scan4"]

@@ -27,6 +27,7 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
     python benchmarks/bench_gdn_chunk.py --budget 500             # T = 256 ... 65536
     python benchmarks/bench_gdn_chunk.py --sweep --T 16384        # kda's launch configs (LaunchConfig)
     python benchmarks/bench_gdn_chunk.py --sweep --T 4096,16384 --configs "FAST,FAST inv doubling"   # those rows
+    python benchmarks/bench_gdn_chunk.py --sweep --T 4096 --configs "FAST,FAST4" --profile   # + their kernels, fla's
     python benchmarks/gdn_chunk_registers.py                      # no GPU: each config's registers for sm_90
     python benchmarks/bench_gdn_chunk.py --profile --T 4096       # + each kernel's time (torch.profiler)
     python benchmarks/bench_gdn_chunk.py --smoke                  # CPU, tiny: the code paths only
@@ -81,6 +82,7 @@ from _timing import (  # noqa: E402
 )
 
 from kda_inductor.lowerings import gdn_chunk as L  # noqa: E402  (registers kda::gdn_chunk)
+from gdn_chunk_configs import kda_sweep_configs, selected_configs, sweep_configs  # noqa: E402,F401  (the sweep's)
 
 NAME = "gdn_chunk"
 
@@ -358,13 +360,14 @@ def _short(name: str, width: int = 60) -> str:
     return name if len(name) <= width else name[:width - 3] + "..."
 
 
-def profile_case(T: int, *, device, smoke: bool) -> list[dict]:
-    """Each variant's kernels at ``T`` (kda's launches and fla's, by kernel name): one row per kernel,
-    its mean time per call, launches per call and share of the variant's kernel time, then a
-    ``total`` row. On CPU (smoke) the operators' self CPU time: the code path only."""
+def profile_case(T: int, *, device, smoke: bool, variants: dict | None = None) -> list[dict]:
+    """Each variant's kernels at ``T`` (kda's launches and fla's, by kernel name; ``variants``: these
+    instead): one row per kernel, its mean time per call, launches per call and share of the
+    variant's kernel time, then a ``total`` row. On CPU (smoke) the operators' self CPU time: the
+    code path only."""
     d = SMOKE if smoke else QWEN3_NEXT
     x = make_inputs(d, T, device)
-    fns = {name: fn for name, fn in profiled_variants(smoke).items()}
+    fns = variants if variants is not None else profiled_variants(smoke)
     rows = []
     for name, fn in fns.items():
         try:
@@ -395,109 +398,19 @@ def profiled_variants(smoke: bool) -> dict[str, Callable]:
     return out
 
 
-def run_profile(plan, *, device, smoke: bool, deadline: float) -> list[dict]:
+def run_profile(plan, *, device, smoke: bool, deadline: float, variants: dict | None = None) -> list[dict]:
     rows: list[dict] = []
     for T in plan:
         if time.perf_counter() > deadline:
             print(f"time budget spent: no kernel profile at T = {T}", flush=True)
             break
-        rows += profile_case(T, device=device, smoke=smoke)
+        rows += profile_case(T, device=device, smoke=smoke, variants=variants)
     print_table(rows, PROFILE_COLUMNS, title="gdn_chunk: kernels per call (torch.profiler, eager launches)")
     return rows
 
 
 # --------------------------------------------------------------------------- the launch sweep
-
-
-def _inverse_configs(fast) -> dict[str, object]:
-    """:data:`FAST` with ``wu2``'s inverse by a product of factors (``LaunchConfig.wu_inverse``: no
-    reductions across rows in its diagonal blocks); ``tf32`` for its time only (inaccurate on
-    correlated keys with slow decay: the attribute's docstring); the scan's own stages
-    (``LaunchConfig.scan_stages``)."""
-    return {"FAST inv doubling": fast._replace(wu_inverse="doubling"),
-            "FAST inv doubling tf32": fast._replace(wu_inverse="doubling_tf32"),
-            "FAST inv ieee": fast._replace(wu_inverse="ieee"),
-            "FAST inv doubling wu w8": fast._replace(wu_inverse="doubling", warps=8),
-            "FAST inv ieee wu w8": fast._replace(wu_inverse="ieee", warps=8), "FAST inv tf32": fast._replace(
-                wu_inverse="tf32"),
-            # the 1-stage NaN split (scan2 alone at 1 stage; all but scan2), then the scan's own stages
-            "FAST scan 1 stage": fast._replace(scan_stages=1), "FAST 1 stage scan 2": fast._replace(
-                num_stages=1, scan_stages=2), "FAST scan 3 stages": fast._replace(scan_stages=3),
-            "FAST scan 4 stages": fast._replace(scan_stages=4)}
-
-
-def sweep_configs(smoke: bool) -> dict[str, object]:
-    C = L.LaunchConfig
-    base = C()  # the four float32 launches (the default before 2026-12-05)
-    cfgs = {"default": base, "scan bv64": base._replace(scan_block_v=64), "scan bv16": base._replace(scan_block_v=16),
-            "scan w4": base._replace(scan_warps=4), "out bv32": base._replace(out_block_v=32),
-            "2 stages": base._replace(num_stages=2), "bf16 inter": base._replace(inter_dtype=torch.bfloat16),
-            "bf16 inter bv64": base._replace(inter_dtype=torch.bfloat16, scan_block_v=64),
-            "pre kd": base._replace(precompute_kd=True),
-            "pre kd bf16 inter": base._replace(precompute_kd=True, inter_dtype=torch.bfloat16),
-            "pre kd 2 stages": base._replace(precompute_kd=True, num_stages=2)}
-    fast = L.FAST
-    cfgs_v2 = {"FAST": fast, "FAST scan bv64": fast._replace(scan_block_v=64),
-               "FAST scan bv16": fast._replace(scan_block_v=16), "FAST scan w8": fast._replace(scan_warps=8),
-               "FAST 3 stages": fast._replace(num_stages=3), "FAST 1 stage": fast._replace(num_stages=1),
-               "FAST out bv128": fast._replace(out_block_v=128), "FAST out bv32": fast._replace(out_block_v=32),
-               "FAST out w8": fast._replace(out_warps=8), "FAST wu w8": fast._replace(warps=8),
-               "FAST all w8": fast._replace(warps=8, scan_warps=8, out_warps=8),
-               "FAST out bv128 3 stages": fast._replace(out_block_v=128, num_stages=3),
-               "FAST all w2": fast._replace(warps=2, scan_warps=2, out_warps=2),
-               "v2 fp32 tf32": fast._replace(lowp=False), "v2 bf16 inter tf32":
-               fast._replace(lowp=False, inter_dtype=torch.bfloat16)}
-    f3 = L.FAST3
-    cfgs_v3 = {  # most telling first: the budget may end the sweep
-        "FAST3": f3, "FAST3 fused w8": f3._replace(fuse_wu=True, warps=8),
-        "FAST3 inv tf32": f3._replace(solve_inverse="tf32"), "FAST3 inv subst": f3._replace(solve_inverse="subst"),
-        "FAST3 out v last": f3._replace(out_v_first=False), "FAST out v first": fast._replace(out_v_first=True),
-        "FAST3 solve w2": f3._replace(solve_warps=2), "FAST3 solve w8": f3._replace(solve_warps=8),
-        "FAST3 wu w8": f3._replace(warps=8), "FAST3 out bv128 w8": f3._replace(out_block_v=128, out_warps=8),
-        "FAST3 out bv128": f3._replace(out_block_v=128), "FAST3 scan bv16": f3._replace(scan_block_v=16),
-        "FAST3 fused w4": f3._replace(fuse_wu=True), "FAST3 3 stages": f3._replace(num_stages=3),
-        "FAST3 1 stage": f3._replace(num_stages=1), "FAST3 out bv32": f3._replace(out_block_v=32),
-        "FAST3 scan bv64": f3._replace(scan_block_v=64), "FAST3 wu w2": f3._replace(warps=2),
-        "FAST3 inv tf32 solve w2": f3._replace(solve_inverse="tf32", solve_warps=2),
-        "FAST3 inv subst solve w2": f3._replace(solve_inverse="subst", solve_warps=2),
-        "FAST3 inv doubling": f3._replace(solve_inverse="doubling"),
-        "FAST3 inv doubling tf32": f3._replace(solve_inverse="doubling_tf32")}
-    cfgs_inv = _inverse_configs(fast)
-    if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
-        return {"default": base, "FAST": fast, "FAST inv ieee": cfgs_inv["FAST inv ieee"], "FAST3": f3,
-                "FAST3 inv subst": cfgs_v3["FAST3 inv subst"]}
-    # FAST, its inverse variants and the v3 launches first (the budget may end the sweep), then the rest
-    return {"FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v2, **cfgs}
-
-
-def selected_configs(smoke: bool, labels: str | None) -> dict[str, object]:
-    """:func:`sweep_configs`, or only those of the full sweep named in ``labels`` (comma-separated, in
-    that order; ``smoke`` or not)."""
-    if not labels:
-        return sweep_configs(smoke)
-    cfgs = sweep_configs(False)
-    names = [n.strip() for n in labels.split(",") if n.strip()]
-    unknown = [n for n in names if n not in cfgs]
-    if unknown:
-        raise SystemExit(f"--configs: unknown {unknown}; the sweep's: {', '.join(cfgs)}")
-    return {n: cfgs[n] for n in names}
-
-
-def kda_sweep_configs(smoke: bool) -> dict[str, object]:
-    """``--kda --sweep``: :data:`~kda_inductor.lowerings.gdn_chunk.KDA` and one change at a time (the
-    intra launch's products and warps first: its tf32 products spill 968 bytes for sm_90 at 8 warps,
-    bf16 ones 320; at 4 warps 1,264 with bf16)."""
-    k = L.KDA
-    cfgs = {"KDA": k, "KDA intra bf16": k._replace(kda_intra_dot=""),
-            "KDA intra bf16 w4": k._replace(kda_intra_dot="", warps=4), "KDA intra w16": k._replace(warps=16),
-            "KDA intra w4": k._replace(warps=4),
-            "KDA scan w8": k._replace(scan_warps=8), "KDA scan bv64": k._replace(scan_block_v=64),
-            "KDA scan bv16": k._replace(scan_block_v=16), "KDA out bv128": k._replace(out_block_v=128),
-            "KDA out w8": k._replace(out_warps=8), "KDA out v first": k._replace(out_v_first=True),
-            "KDA 1 stage": k._replace(num_stages=1), "KDA 3 stages": k._replace(num_stages=3),
-            "KDA fp32 inter": k._replace(lowp=False)}
-    return {"KDA": k, "KDA intra bf16": cfgs["KDA intra bf16"], "KDA fp32 inter": cfgs["KDA fp32 inter"]} \
-        if smoke else cfgs
+# (its configs: gdn_chunk_configs.py)
 
 
 def run_sweep(args, device, deadline) -> list[dict]:
@@ -571,9 +484,16 @@ def main(argv=None) -> list[dict]:
     profile = (args.profile or args.quick) and not args.no_profile and not args.kda
     if args.sweep:
         rows = run_sweep(args, device, deadline)
-        if profile:
+        if profile:  # with --configs: those configs' kernels (and fla's) instead of the usual variants
+            variants = None
+            if args.configs and not KDA_MODE:
+                variants = {label: (lambda x, cfg=cfg: kda(x, cfg)) for label, cfg in
+                            selected_configs(args.smoke, args.configs).items()}
+                fla = None if args.smoke else fla_chunk()
+                if fla is not None:
+                    variants["fla"] = fla
             run_profile([int(t) for t in args.T.split(",")] if args.T else [70 if args.smoke else 16384],
-                        device=device, smoke=args.smoke, deadline=deadline + 60)
+                        device=device, smoke=args.smoke, deadline=deadline + 60, variants=variants)
         return rows
     if args.T:
         plan = [int(t) for t in args.T.split(",")]

@@ -40,6 +40,7 @@ def record_launches(config, T: int = 256) -> list[tuple]:
     the interpreter's ``DOT = "bf16emu"`` recorded as the GPU's ``"bf16"``)."""
     from kda_inductor.lowerings import _gdn_chunk_kernels as kern
     from kda_inductor.lowerings import _gdn_chunk_kernels3 as kern3
+    from kda_inductor.lowerings import _gdn_chunk_kernels4 as kern4
     from kda_inductor.lowerings import gdn_chunk as L
 
     calls: list[tuple] = []
@@ -52,7 +53,7 @@ def record_launches(config, T: int = 256) -> list[tuple]:
             return lambda *args, **kw: calls.append(
                 (self.fn, args, dict(kw, DOT="bf16") if kw.get("DOT") == "bf16emu" else kw))
 
-    patched = [(m, n, getattr(m, n)) for m in (kern, kern3) for n in dir(m) if n.endswith("_kernel")]
+    patched = [(m, n, getattr(m, n)) for m in (kern, kern3, kern4) for n in dir(m) if n.endswith("_kernel")]
     for m, n, fn in patched:
         setattr(m, n, _Record(fn))
     try:

@@ -106,11 +106,16 @@ def test_gdn_chunk_smoke(capsys):
     assert all(r[f"{v}_err"] < 3e-2 and r[f"{v}_state_err"] < 3e-2 for r in rows for v in ("kda", "kda3")), rows
     sweep = bench.main(["--smoke", "--sweep"])
     # FAST*: bf16 operands, which the interpreter truncates (twice the rounding error, biased)
-    assert [r["config"] for r in sweep] == ["default", "FAST", "FAST inv ieee", "FAST3", "FAST3 inv subst"]
+    assert [r["config"] for r in sweep] == ["default", "FAST", "FAST inv ieee", "FAST3", "FAST3 inv subst",
+                                            "FAST scan4 s3", "FAST out4", "FAST4"]
     assert all(r["us"] is not None and r["err"] < (3e-2 if r["config"] != "default" else 1e-2) for r in sweep)
     # --configs: the named rows only, in that order (any of the full sweep's); an unknown label is an error
     picked = bench.main(["--smoke", "--sweep", "--T", "70", "--configs", "FAST inv tf32,FAST"])
     assert [r["config"] for r in picked] == ["FAST inv tf32", "FAST"] and all(r["err"] < 3e-2 for r in picked)
+    # --profile with --configs: those configs' kernels (the v4 scan and output by name)
+    capsys.readouterr()
+    bench.main(["--smoke", "--sweep", "--T", "70", "--configs", "FAST4", "--profile"])
+    assert "FAST4" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown"):
         bench.main(["--smoke", "--sweep", "--configs", "FAST,no such"])
 

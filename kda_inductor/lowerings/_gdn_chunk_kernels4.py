@@ -148,56 +148,75 @@ if triton is not None:
             _put(_state(fb, KB, j, K, V, KB, BV), S2)
 
     @triton.jit
+    def _q(qb, t, mt, sq_t, sq_k, k0, K: tl.constexpr, KB: tl.constexpr):
+        """Keys ``k0 .. k0 + KB`` of the chunk's ``q`` rows (raw, as stored)."""
+        oq = k0 + tl.arange(0, KB)
+        return tl.load(qb + t[:, None] * sq_t + oq[None, :] * sq_k, mask=mt[:, None] & (oq[None, :] < K), other=0.0)
+
+    @triton.jit
+    def _head_tail(a, o, sq, h64, t, mt, j, gc_ptr, rk_ptr, vn_ptr, o_ptr, so_t, so_h, V: tl.constexpr,
+                   HV: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                   SQ_LAST: tl.constexpr):
+        """Value head ``h64``'s ``o = diag(s) (diag(exp(gc)) (q S) + causal((q k^T) diag(rk) exp(gc_i -
+        gc_j)) v_new)`` from ``a = q k^T`` and ``o = q S`` (raw ``q`` / ``k``; ``sq = s``), stored.
+        ``SQ_LAST``: ``s`` on the sum's rows (the group's loop: 141 registers for sm_90 at 64 columns and
+        4 warps, 182 folded), else folded into both terms (a head a program: 182, 248 on the rows)."""
+        r = tl.arange(0, 64)
+        causal = r[:, None] >= r[None, :]
+        gc = tl.load(gc_ptr + h64 + t * HV, mask=mt, other=0.0)
+        fa = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
+        if not SQ_LAST:
+            fa = sq[:, None] * fa
+        if L2NORM:
+            fa = fa * tl.load(rk_ptr + h64 + t * HV, mask=mt, other=0.0)[None, :]
+        ag = _op(tl.where(causal, a * fa, 0.0), DOT)
+        o = o * tl.exp(gc)[:, None] if SQ_LAST else o * (sq * tl.exp(gc))[:, None]
+        o = _dota(ag, _get(_rows(vn_ptr + h64 * V, t, mt, HV * V, j * BV, V, BV)), o, DOT)
+        if SQ_LAST:
+            o = o * sq[:, None]
+        ov = j * BV + tl.arange(0, BV)
+        tl.store(o_ptr + h64 * so_h + t[:, None] * so_t + ov[None, :], o.to(o_ptr.dtype.element_ty),
+                 mask=mt[:, None] & (ov[None, :] < V))
+
+    @triton.jit
     def output4_kernel(q_ptr, k_ptr, gc_ptr, rk_ptr, h_ptr, vn_ptr, o_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk,
                        M, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, so_t, so_h,
                        K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, GP: tl.constexpr,
                        KB: tl.constexpr, TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
                        DOT: tl.constexpr, REGULAR: tl.constexpr):
         """Program (chunk, ``GP`` value heads, column block) of a 1-D grid (column blocks fastest, then
-        chunks, then heads): ``q k^T`` and ``|q|^2`` once, then each head's ``o`` (module docstring)."""
+        chunks, then heads): ``q k^T`` and ``|q|^2`` once, then each head's ``o`` (module docstring).
+        (``q k^T`` and ``q S`` in one pass over the key halves, as fla's, took 244 registers for sm_90
+        at ``GP = 1``, 64 columns, 4 warps, against 182 this way.)"""
         NV = tl.cdiv(V, BV)
         pid = tl.program_id(0)
         j, rest = pid % NV, pid // NV
         c, hg = rest % M, rest // M
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
-        r = tl.arange(0, 64)
-        t, mt = t0 + r, r < L
+        t, mt = t0 + tl.arange(0, 64), tl.arange(0, 64) < L
         h0 = hg * GP
         hk = (h0 // GROUP).to(tl.int64)
         qb, kb = q_ptr + hk * sq_h, k_ptr + hk * sk_h
-        oq = tl.arange(0, KB)
-        q1 = tl.load(qb + t[:, None] * sq_t + oq[None, :] * sq_k, mask=mt[:, None] & (oq[None, :] < K), other=0.0)
+        # a chunk id past the last chunk (L = 0) reads chunk 0's state and stores nothing
+        cc = c.to(tl.int64) * (L > 0)
+        q1 = _q(qb, t, mt, sq_t, sq_k, 0, K, KB)
         a = _dota(q1, _kT(kb, t, mt, sk_t, sk_k, 0, K, KB), tl.zeros((64, 64), tl.float32), DOT)
-        if L2NORM:
-            nq = _sumsq(q1)
+        nq = _sumsq(q1)
         if TWO:
-            q2 = tl.load(qb + t[:, None] * sq_t + (KB + oq)[None, :] * sq_k,
-                         mask=mt[:, None] & ((KB + oq)[None, :] < K), other=0.0)
+            q2 = _q(qb, t, mt, sq_t, sq_k, KB, K, KB)
             a = _dota(q2, _kT(kb, t, mt, sk_t, sk_k, KB, K, KB), a, DOT)
-            if L2NORM:
-                nq += _sumsq(q2)
+            nq += _sumsq(q2)
         sq = tl.full((64,), 1.0, tl.float32) * scale
         if L2NORM:
             sq = sq * tl.math.rsqrt(nq + eps)
-        causal = r[:, None] >= r[None, :]
-        # a chunk id past the last chunk (L = 0) reads chunk 0's state and stores nothing
-        cc = c.to(tl.int64) * (L > 0)
         for g in range(0, GP):
             h64 = (h0 + g).to(tl.int64)
             hb = h_ptr + (cc * HV + h64) * (K * V)
             o = _dota(q1, _get(_state(hb, 0, j, K, V, KB, BV)), tl.zeros((64, BV), tl.float32), DOT)
             if TWO:
                 o = _dota(q2, _get(_state(hb, KB, j, K, V, KB, BV)), o, DOT)
-            gc = tl.load(gc_ptr + h64 + t * HV, mask=mt, other=0.0)
-            fa = sq[:, None] * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
-            if L2NORM:
-                fa = fa * tl.load(rk_ptr + h64 + t * HV, mask=mt, other=0.0)[None, :]
-            ag = _op(tl.where(causal, a * fa, 0.0), DOT)
-            o = _dota(ag, _get(_rows(vn_ptr + h64 * V, t, mt, HV * V, j * BV, V, BV)), o * (sq * tl.exp(gc))[:, None],
-                      DOT)
-            ov = j * BV + tl.arange(0, BV)
-            tl.store(o_ptr + h64 * so_h + t[:, None] * so_t + ov[None, :], o.to(o_ptr.dtype.element_ty),
-                     mask=mt[:, None] & (ov[None, :] < V))
+            _head_tail(a, o, sq, h64, t, mt, j, gc_ptr, rk_ptr, vn_ptr, o_ptr, so_t, so_h, V, HV, BV, L2NORM, DOT,
+                       GP > 1)
 
 
 def _packed(*ts) -> None:

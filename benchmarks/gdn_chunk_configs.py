@@ -68,7 +68,8 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
     if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
         return {"default": base, "FAST": fast, "FAST inv ieee": cfgs_inv["FAST inv ieee"], "FAST3": f3,
                 "FAST3 inv subst": cfgs_v3["FAST3 inv subst"], "FAST scan4 s3": cfgs_v4["FAST scan4 s3"],
-                "FAST out4": cfgs_v4["FAST out4"], "FAST4": cfgs_v4["FAST4"]}
+                "FAST out4": cfgs_v4["FAST out4"], "FAST4": cfgs_v4["FAST4"],
+                "FAST scanout4 bv16": cfgs_v4["FAST scanout4 bv16"]}
     # FAST, its inverse variants and the v3 launches first (the budget may end the sweep), then the rest
     return {"FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v4, **cfgs_v2, **cfgs}
 
@@ -76,7 +77,8 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
 def _v4_configs(fast, f3) -> dict[str, object]:
     """``LaunchConfig.scan4`` (v2's scan laid out as fla's) at fla's Hopper choices (BV 32 / 64, 2 / 4
     warps, 2-4 stages) and ``LaunchConfig.out4`` (the output with q k^T shared by a GQA group, or a
-    program per head; fla's 64 x 4 warps and 128 x 8 warps tiles), then both with v3's ``wu``."""
+    program per head; fla's 64 x 4 warps and 128 x 8 warps tiles), then both with v3's ``wu``, then the
+    scan with the output fused (``LaunchConfig.scan4_out``) at the tiles that do not spill for sm_90."""
     s4 = fast._replace(scan4=True)
     return {"FAST scan4": s4, "FAST scan4 s3": s4._replace(scan_stages=3), "FAST scan4 s4": s4._replace(scan_stages=4),
             "FAST scan4 bv64": s4._replace(scan_block_v=64),
@@ -88,7 +90,13 @@ def _v4_configs(fast, f3) -> dict[str, object]:
             "FAST out4 head bv128 w8": fast._replace(out4="head", out_block_v=128, out_warps=8),
             "FAST out4 bv32": fast._replace(out4="group", out_block_v=32),
             "FAST4": f3._replace(scan4=True, scan_stages=3, out4="group"),
-            "FAST4 s2": f3._replace(scan4=True, out4="group")}
+            "FAST4 s2": f3._replace(scan4=True, out4="group"),
+            # the scan with the output fused (scan4_out): no per-chunk states or v_new stored, no output launch
+            "FAST scanout4 bv16": fast._replace(scan4_out=True, scan_block_v=16),
+            "FAST scanout4 bv16 w8 s3": fast._replace(scan4_out=True, scan_block_v=16, scan_warps=8, scan_stages=3),
+            "FAST scanout4 w8 s3": fast._replace(scan4_out=True, scan_warps=8, scan_stages=3),
+            "FAST4 fused": f3._replace(scan4_out=True, scan_block_v=16),
+            "FAST4 fused w8 s3": f3._replace(scan4_out=True, scan_block_v=16, scan_warps=8, scan_stages=3)}
 
 
 def selected_configs(smoke: bool, labels: str | None) -> dict[str, object]:

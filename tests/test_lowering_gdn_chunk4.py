@@ -1,4 +1,5 @@
-"""``kda::gdn_chunk``'s v4 scan and output (``LaunchConfig.scan4``, ``LaunchConfig.out4``:
+"""``kda::gdn_chunk``'s v4 scan and output (``LaunchConfig.scan4``, ``LaunchConfig.out4``, and both
+in one launch, ``LaunchConfig.scan4_out``:
 :mod:`kda_inductor.lowerings._gdn_chunk_kernels4`, off by default) under the interpreter on CPU (the
 GPU under ``.ci/gpu tests``) against the CPU op (the float32 token loop) and a float64 einsum loop.
 Tolerances as ``tests/test_lowering_gdn_chunk.py``'s (float32 products: 2e-5; bf16 operands: 2e-2
@@ -17,14 +18,16 @@ S4 = V2._replace(scan4=True)
 """v2 with ``scan4`` (16 columns a program: ``V = 20`` takes two blocks, the last masked)."""
 CFG = {"S4": S4, "O4": V2._replace(out4="group"), "O4H": V2._replace(out4="head"),
        "V4": V3._replace(scan4=True, out4="group"), "S4BV32": S4._replace(scan_block_v=32, scan_stages=3),
-       "O4BV32": V2._replace(out4="group", out_block_v=32)}
+       "O4BV32": V2._replace(out4="group", out_block_v=32), "SO": V2._replace(scan4_out=True),
+       "SOBV32": V2._replace(scan4_out=True, scan_block_v=32)}
 FAST = {"FAST scan4": mod.FAST._replace(scan4=True, scan_stages=3), "FAST out4": mod.FAST._replace(out4="group"),
         "FAST out4 head": mod.FAST._replace(out4="head"),
-        "FAST4": mod.FAST3._replace(scan4=True, scan_stages=3, out4="group")}
+        "FAST4": mod.FAST3._replace(scan4=True, scan_stages=3, out4="group"),
+        "FAST scanout4": mod.FAST._replace(scan4_out=True, scan_block_v=16)}
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["S4", "O4", "O4H", "V4"])
+@pytest.mark.parametrize("config", ["S4", "O4", "O4H", "V4", "SO"])
 @pytest.mark.parametrize("case", ["T 1", "T 37 GQA", "T 130 GQA", "no state", "no l2norm", "K 80 V 20 masked",
                                   "batch 3", "weak decay", "group 4"])
 def test_v4_kernels_match_the_cpu_op(case, config):
@@ -47,7 +50,7 @@ def test_v4_kernels_match_the_cpu_op(case, config):
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["S4", "O4", "V4"])
+@pytest.mark.parametrize("config", ["S4", "O4", "V4", "SO"])
 @pytest.mark.parametrize("state", [True, False])
 def test_v4_kernels_varlen(state, config):
     """Sequences of lengths 1, 69, 0 and 33 packed along T with GQA: chunks restart at each one (the
@@ -56,7 +59,7 @@ def test_v4_kernels_varlen(state, config):
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["S4BV32", "O4BV32"])
+@pytest.mark.parametrize("config", ["S4BV32", "O4BV32", "SOBV32"])
 def test_v4_column_blocks(config):
     """V = 40 in blocks of 32 (the second masked: 8 of 32 columns), varlen with GQA."""
     _kernel_vs_op(inputs(940, T=75, V=40), config=CFG[config])
@@ -64,13 +67,14 @@ def test_v4_column_blocks(config):
 
 
 @needs_runner
-def test_v4_is_the_float64_loop():
+@pytest.mark.parametrize("config", ["V4", "SO"])
+def test_v4_is_the_float64_loop(config):
     """Against the float64 einsum loop (independent of the CPU op), a state, GQA, T across a chunk."""
     q, k, v, g, beta, s = inputs(950, T=100, Hk=2, Hv=4)
     want, want_state = einsum_reference(q, k, v, g, beta, s, 0.3, True)
     out = torch.full(want.shape, float("nan"), dtype=torch.float32, device=DEVICE)
     got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), 0.3, *_dev(s), True, out=out, dot="ieee",
-                                  config=CFG["V4"])
+                                  config=CFG[config])
     torch.testing.assert_close(got.cpu(), want.float(), rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(final.cpu(), want_state.float(), rtol=2e-5, atol=2e-5)
 
@@ -96,7 +100,7 @@ def test_v4_bf16_operands_within_their_rounding(case, config):
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["S4", "V4"])
+@pytest.mark.parametrize("config", ["S4", "V4", "SO"])
 def test_v4_no_tokens(config):
     """T = 0: no chunk launch (the output's grid is empty); the final state is the initial state."""
     q, k, v, g, beta, s = inputs(5, T=0, B=2, dtype=torch.bfloat16)

@@ -148,6 +148,76 @@ if triton is not None:
             _put(_state(fb, KB, j, K, V, KB, BV), S2)
 
     @triton.jit
+    def scanout4_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, rk_ptr, s_ptr, f_ptr, o_ptr, cu_ptr, cuc_ptr, n_tok, n_chk,
+                        scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, ss_n, ss_h, ss_k, ss_v, so_t, so_h,
+                        K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KB: tl.constexpr,
+                        TWO: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr, HAS_STATE: tl.constexpr,
+                        DOT: tl.constexpr, REGULAR: tl.constexpr):
+        """:data:`scan4_kernel` with the output fused (``LaunchConfig.scan4_out``): each chunk's ``o``
+        from the state in registers, ``o = diag(s exp(gc)) (q S) + causal(diag(s) (q k^T) diag(rk)
+        exp(gc_i - gc_j)) v_new``, ``q k^T`` from the key tile the update reads; the per-chunk states
+        and ``v_new`` are never stored (no output launch: their bytes, the most of the scan's and the
+        output's, never move). The output's products are off the sequential path."""
+        NV = tl.cdiv(V, BV)
+        pid = tl.program_id(0)
+        j, nh = pid % NV, pid // NV
+        n, h = nh // HV, nh % HV
+        n64, h64 = n.to(tl.int64), h.to(tl.int64)
+        ts, te, cs, ce = _seq_range(n, n64, cu_ptr, cuc_ptr, n_tok, n_chk, REGULAR)
+        r = tl.arange(0, 64)
+        causal = r[:, None] >= r[None, :]
+        sb = s_ptr + n64 * ss_n + h64 * ss_h
+        S1 = _state_load(sb, ss_k, ss_v, 0, j, K, V, KB, BV, HAS_STATE)
+        if TWO:
+            S2 = _state_load(sb, ss_k, ss_v, KB, j, K, V, KB, BV, HAS_STATE)
+        hk = (h // GROUP).to(tl.int64)
+        qb, kb = q_ptr + hk * sq_h, k_ptr + hk * sk_h
+        wb, ub, ob = w_ptr + h64 * K, u_ptr + h64 * V, o_ptr + h64 * so_h
+        cb, rb = gc_ptr + h64, rk_ptr + h64
+        ov = j * BV + tl.arange(0, BV)
+        for i in range(0, (ce - cs).to(tl.int32)):
+            t0 = ts + i * 64
+            L = tl.minimum(te - t0, 64).to(tl.int32)
+            t, mt = t0 + r, r < L
+            S1b = _op(S1, DOT)
+            b = _dota(_get(_rows(wb, t, mt, HV * K, 0, K, KB)), S1b, tl.zeros((64, BV), tl.float32), DOT)
+            q1, k1 = _q(qb, t, mt, sq_t, sq_k, 0, K, KB), _kT(kb, t, mt, sk_t, sk_k, 0, K, KB)
+            oq = _dota(q1, S1b, tl.zeros((64, BV), tl.float32), DOT)
+            a = _dota(q1, k1, tl.zeros((64, 64), tl.float32), DOT)
+            nq = _sumsq(q1)
+            if TWO:
+                S2b = _op(S2, DOT)
+                b = _dota(_get(_rows(wb, t, mt, HV * K, KB, K, KB)), S2b, b, DOT)
+                q2, k2 = _q(qb, t, mt, sq_t, sq_k, KB, K, KB), _kT(kb, t, mt, sk_t, sk_k, KB, K, KB)
+                oq = _dota(q2, S2b, oq, DOT)
+                a = _dota(q2, k2, a, DOT)
+                nq += _sumsq(q2)
+            vn = _get(_rows(ub, t, mt, HV * V, j * BV, V, BV)).to(tl.float32) - b
+            gl = tl.load(cb + (t0 + L - 1) * HV)  # L >= 1: a chunk of the sequence
+            gc = tl.load(cb + t * HV, mask=mt, other=0.0)
+            f = tl.exp(tl.where(mt, gl - gc, 0.0))
+            fa = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
+            if L2NORM:
+                rk = tl.load(rb + t * HV, mask=mt, other=0.0)
+                f = f * rk
+                fa = fa * rk[None, :]
+            vs = _op(vn * f[:, None], DOT)
+            decay = tl.exp(gl)
+            S1 = _dota(k1, vs, S1 * decay, DOT)
+            if TWO:
+                S2 = _dota(k2, vs, S2 * decay, DOT)
+            sq = tl.full((64,), 1.0, tl.float32) * scale
+            if L2NORM:
+                sq = sq * tl.math.rsqrt(nq + eps)
+            o = _dota(_op(tl.where(causal, a * fa, 0.0), DOT), vn, oq * tl.exp(gc)[:, None], DOT) * sq[:, None]
+            tl.store(ob + t[:, None] * so_t + ov[None, :], o.to(o_ptr.dtype.element_ty),
+                     mask=mt[:, None] & (ov[None, :] < V))
+        fb = f_ptr + (n64 * HV + h64) * (K * V)
+        _put(_state(fb, 0, j, K, V, KB, BV), S1)
+        if TWO:
+            _put(_state(fb, KB, j, K, V, KB, BV), S2)
+
+    @triton.jit
     def _q(qb, t, mt, sq_t, sq_k, k0, K: tl.constexpr, KB: tl.constexpr):
         """Keys ``k0 .. k0 + KB`` of the chunk's ``q`` rows (raw, as stored)."""
         oq = k0 + tl.arange(0, KB)
@@ -238,6 +308,22 @@ def launch_scan4(k3, w, u, gc, rk, s, final, hs, vn, cu, cu_chunks, TS, NT, meta
         num_warps=cfg.scan_warps, num_stages=cfg.num_stages if cfg.scan_stages is None else cfg.scan_stages)
 
 
+def launch_scanout4(q3, k3, w, u, gc, rk, s, final, o3, cu, cu_chunks, TS, NT, meta, cfg, dot, l2, scale, eps,
+                    regular) -> None:
+    """:attr:`~.gdn_chunk.LaunchConfig.scan4_out`'s one launch in place of the scan and the output
+    (the scan's ``scan_block_v`` / ``scan_warps`` / ``scan_stages``)."""
+    K, V, Hv, N = meta.k_dim, meta.v_dim, meta.v_heads, meta.sequences
+    _packed(w, u, gc, rk, final)
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    BV = min(max(16, cfg.scan_block_v), vp)
+    scanout4_kernel[(N * Hv * triton.cdiv(V, BV),)](
+        q3, k3, w, u, gc, rk, s if s is not None else final, final, o3, cu, cu_chunks, TS, NT, scale, eps,
+        *q3.stride(), *k3.stride(), *(s.stride() if s is not None else (0, 0, 0, 0)), *o3.stride()[:2], K=K, V=V,
+        HV=Hv, GROUP=Hv // meta.k_heads, KB=min(KP, 64), TWO=KP > 64, BV=BV, L2NORM=l2, HAS_STATE=s is not None,
+        DOT=dot, REGULAR=regular, num_warps=cfg.scan_warps,
+        num_stages=cfg.num_stages if cfg.scan_stages is None else cfg.scan_stages)
+
+
 def launch_out4(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2, scale, eps, regular) -> None:
     """:attr:`~.gdn_chunk.LaunchConfig.out4`'s launch in place of v2's ``output2``: ``"group"`` (a
     program per key head's GQA group, ``q k^T`` shared) or ``"head"`` (a program per value head);
@@ -256,4 +342,4 @@ def launch_out4(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2,
         REGULAR=regular, num_warps=cfg.out_warps, num_stages=cfg.num_stages)
 
 
-__all__ = ["launch_out4", "launch_scan4"]
+__all__ = ["launch_out4", "launch_scan4", "launch_scanout4"]

@@ -254,6 +254,9 @@ class LaunchConfig(NamedTuple):
     """With ``v2`` / ``v3``: :mod:`~kda_inductor.lowerings._gdn_chunk_kernels4`'s ``scan4`` in place of
     ``scan2`` (the same function laid out as fla's scan: head dims constexpr, packed scratch, the decay
     applied before the update and the update as the product's accumulator, a 1-D grid)."""
+    scan4_out: bool = False
+    """With ``v2`` / ``v3``: ``scanout4`` in place of the scan and the output (``scan4`` with each
+    chunk's output from the state in registers: the per-chunk states and ``v_new`` never stored)."""
     out4: str = ""
     """With ``v2`` / ``v3``: ``output4`` in place of ``output2`` / ``output3``: ``"group"`` (one program
     for a key head's GQA group: ``q k^T`` once for its value heads) or ``"head"``; ``""``: off."""
@@ -415,14 +418,20 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
     if lowp:  # the interpreter's bf16 tl.dot is wrong: the same roundings, float32 products
         dot = "bf16emu" if dev.type == "cpu" else "bf16"
     gc, rk = (torch.empty((Ttot, Hv), device=dev, dtype=torch.float32) for _ in range(2))
-    w, u, vn = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, V, V))
-    hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
+    w, u = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, V))
+    fused = cfg.scan4_out  # no per-chunk states or v_new
+    vn = w if fused else torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
+    hs = w if fused else torch.empty((M, Hv, K, V), device=dev, dtype=inter)
     KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     KB, TWO = min(KP, 64), KP > 64
     BV = min(max(16, cfg.scan_block_v), vp)
     stages, group = cfg.num_stages, Hv // Hk
     if M:
         _launch_wu(k3, v3, g2, b2, gc, rk, w, u, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, eps, regular)
+    if fused:
+        kern4.launch_scanout4(q3, k3, w, u, gc, rk, s, final, o3, cu, cu_chunks, TS, NT, meta, cfg, dot, l2, scale, eps,
+                              regular)
+        return
     if cfg.scan4:
         kern4.launch_scan4(k3, w, u, gc, rk, s, final, hs, vn, cu, cu_chunks, TS, NT, meta, cfg, dot, l2, regular)
     else:

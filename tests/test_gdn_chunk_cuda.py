@@ -55,14 +55,18 @@ CONFIGS = {"default": None, "fp32": mod.LaunchConfig(), "FAST3": mod.FAST3,
            "FAST inv doubling": mod.FAST._replace(wu_inverse="doubling"),
            "FAST inv doubling tf32": mod.FAST._replace(wu_inverse="doubling_tf32"),
            "FAST 1 stage": mod.FAST._replace(num_stages=1), "FAST scan 1 stage": mod.FAST._replace(scan_stages=1),
-           "FAST 1 stage scan 2": mod.FAST._replace(num_stages=1, scan_stages=2)}
+           "FAST 1 stage scan 2": mod.FAST._replace(num_stages=1, scan_stages=2),
+           "FAST4": mod.FAST3._replace(scan4=True, scan_stages=3, out4="group"),
+           "FAST4 fused": mod.FAST3._replace(scan4_out=True, scan_block_v=16),
+           "FAST scanout4 w8 s3": mod.FAST._replace(scan4_out=True, scan_warps=8, scan_stages=3)}
 """The op's launches (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`, ``FAST``: three launches,
 bf16 operands and intermediates), the four float32 launches, and ``FAST3`` (v3: the inverse and
 ``w, u`` in two launches; also with the inverse's products in tf32, and the two fused in one launch
 through a CTA barrier), ``FAST`` with ``wu2``'s inverse by a product of factors or doubling blocks
 (``wu_inverse``) and at one pipeline stage (NaN in the H200 sweep at T 16,384, 2026-12-05; the
 interpreter finds no read of unwritten scratch: ``test_scratch_is_written_before_it_is_read``), the
-scan alone or all but the scan (``scan_stages``): held to the same bounds."""
+scan alone or all but the scan (``scan_stages``), and the v4 scan / output (``scan4``, ``out4``) and
+the scan with the output fused (``scan4_out``): held to the same bounds."""
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))

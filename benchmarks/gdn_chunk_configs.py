@@ -96,7 +96,10 @@ def _v4_configs(fast, f3) -> dict[str, object]:
             "FAST scanout4 bv16 w8 s3": fast._replace(scan4_out=True, scan_block_v=16, scan_warps=8, scan_stages=3),
             "FAST scanout4 w8 s3": fast._replace(scan4_out=True, scan_warps=8, scan_stages=3),
             "FAST4 fused": f3._replace(scan4_out=True, scan_block_v=16),
-            "FAST4 fused w8 s3": f3._replace(scan4_out=True, scan_block_v=16, scan_warps=8, scan_stages=3)}
+            "FAST4 fused w8 s3": f3._replace(scan4_out=True, scan_block_v=16, scan_warps=8, scan_stages=3),
+            # v3's inverse with the key dimension in a loop of 32 columns (solve_bk, fla's kkt_solve shape)
+            "FAST3 solve4": f3._replace(solve_bk=32), "FAST3 solve4 w2": f3._replace(solve_bk=32, solve_warps=2),
+            "FAST4 fused solve w2": f3._replace(scan4_out=True, scan_block_v=16, solve_warps=2)}
 
 
 def selected_configs(smoke: bool, labels: str | None) -> dict[str, object]:

@@ -1,5 +1,6 @@
 """``kda::gdn_chunk``'s v4 scan and output (``LaunchConfig.scan4``, ``LaunchConfig.out4``, and both
-in one launch, ``LaunchConfig.scan4_out``:
+in one launch, ``LaunchConfig.scan4_out``) and v3's inverse with a loop over key blocks
+(``LaunchConfig.solve_bk``:
 :mod:`kda_inductor.lowerings._gdn_chunk_kernels4`, off by default) under the interpreter on CPU (the
 GPU under ``.ci/gpu tests``) against the CPU op (the float32 token loop) and a float64 einsum loop.
 Tolerances as ``tests/test_lowering_gdn_chunk.py``'s (float32 products: 2e-5; bf16 operands: 2e-2
@@ -19,15 +20,17 @@ S4 = V2._replace(scan4=True)
 CFG = {"S4": S4, "O4": V2._replace(out4="group"), "O4H": V2._replace(out4="head"),
        "V4": V3._replace(scan4=True, out4="group"), "S4BV32": S4._replace(scan_block_v=32, scan_stages=3),
        "O4BV32": V2._replace(out4="group", out_block_v=32), "SO": V2._replace(scan4_out=True),
-       "SOBV32": V2._replace(scan4_out=True, scan_block_v=32)}
+       "SOBV32": V2._replace(scan4_out=True, scan_block_v=32), "SV4": V3._replace(solve_bk=16, scan4_out=True),
+       "SV4S": V3._replace(solve_bk=32, solve_inverse="subst")}
 FAST = {"FAST scan4": mod.FAST._replace(scan4=True, scan_stages=3), "FAST out4": mod.FAST._replace(out4="group"),
         "FAST out4 head": mod.FAST._replace(out4="head"),
         "FAST4": mod.FAST3._replace(scan4=True, scan_stages=3, out4="group"),
-        "FAST scanout4": mod.FAST._replace(scan4_out=True, scan_block_v=16)}
+        "FAST scanout4": mod.FAST._replace(scan4_out=True, scan_block_v=16),
+        "FAST3 solve4": mod.FAST3._replace(solve_bk=32, solve_warps=2)}
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["S4", "O4", "O4H", "V4", "SO"])
+@pytest.mark.parametrize("config", ["S4", "O4", "O4H", "V4", "SO", "SV4"])
 @pytest.mark.parametrize("case", ["T 1", "T 37 GQA", "T 130 GQA", "no state", "no l2norm", "K 80 V 20 masked",
                                   "batch 3", "weak decay", "group 4"])
 def test_v4_kernels_match_the_cpu_op(case, config):
@@ -35,7 +38,8 @@ def test_v4_kernels_match_the_cpu_op(case, config):
     (two key heads, four value heads; ``"group 4"``: one key head for four value heads, the whole
     group in one ``output4`` program), no state, raw q / k with a scale, K = 80 (two 64-row state
     blocks, the second masked) with V = 20 (column blocks of 16, the last masked), three sequences
-    as a batch, decays near 1 with beta near 1 (the state carries across chunks)."""
+    as a batch, decays near 1 with beta near 1 (the state carries across chunks). ``SV4``: ``solve4``
+    over 16-column key blocks (one at K = 16, five at K = 80) with the fused scan."""
     kw = dict(T=int(case.split()[1]) if case.startswith("T ") else 90, Hk=2, Hv=4, state=case != "no state",
               B=3 if case == "batch 3" else 1, weak=case == "weak decay")
     if case.startswith("K 80"):
@@ -50,7 +54,7 @@ def test_v4_kernels_match_the_cpu_op(case, config):
 
 
 @needs_runner
-@pytest.mark.parametrize("config", ["S4", "O4", "V4", "SO"])
+@pytest.mark.parametrize("config", ["S4", "O4", "V4", "SO", "SV4S"])
 @pytest.mark.parametrize("state", [True, False])
 def test_v4_kernels_varlen(state, config):
     """Sequences of lengths 1, 69, 0 and 33 packed along T with GQA: chunks restart at each one (the

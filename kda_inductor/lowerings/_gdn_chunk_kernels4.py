@@ -35,6 +35,9 @@ if triton is not None:
     from kda_inductor.lowerings._gdn_chunk_kernels import chunk2 as _chunk2
     from kda_inductor.lowerings._gdn_chunk_kernels import seq_range as _seq_range
     from kda_inductor.lowerings._gdn_chunk_kernels import sumsq as _sumsq
+    from kda_inductor.lowerings._gdn_chunk_kernels import _gc16, raw as _raw, tile as _tile, vec as _vec
+    from kda_inductor.lowerings._gdn_chunk_kernels3 import _put_lower
+    from kda_inductor.lowerings._gdn_chunk_inverse import inverse as _inverse
 
     @triton.jit
     def _dota(a, b, acc, DOT: tl.constexpr):
@@ -287,6 +290,80 @@ if triton is not None:
                 o = _dota(q2, _get(_state(hb, KB, j, K, V, KB, BV)), o, DOT)
             _head_tail(a, o, sq, h64, t, mt, j, gc_ptr, rk_ptr, vn_ptr, o_ptr, so_t, so_h, V, HV, BV, L2NORM, DOT,
                        GP > 1)
+
+
+    @triton.jit
+    def _blk(a, ri, rj, bi, ci, cj, DIAG: tl.constexpr):
+        """Block ``(i, j)`` of ``A`` from ``a = k_i . k_j`` (raw keys): ``beta_i a rk_i rk_j exp(gc_i -
+        gc_j)`` (``ri`` / ``rj`` the rows' ``1 / |k|``, ones without l2norm), strictly lower on the diagonal."""
+        a = a * (bi * ri)[:, None] * rj[None, :]
+        d = ci[:, None] - cj[None, :]
+        if DIAG:
+            r = tl.arange(0, 16)
+            low = r[:, None] > r[None, :]
+            return tl.where(low, a * tl.exp(tl.where(low, d, 0.0)), 0.0)
+        else:
+            return a * tl.exp(d)
+
+    @triton.jit
+    def _rk16(n, rb, s_t, rows, L, eps, L2NORM: tl.constexpr):
+        """``1 / |k|`` of 16 rows from their sums of squares ``n`` (stored at ``rb``), ones without l2norm."""
+        if L2NORM:
+            rk = tl.math.rsqrt(n + eps)
+            tl.store(rb + rows * s_t, rk, mask=rows < L)
+            return rk
+        else:
+            return tl.full((16,), 1.0, tl.float32)
+
+    @triton.jit
+    def solve4_kernel(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, K,
+                      GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sa_t, sa_h,
+                      KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr,
+                      INV: tl.constexpr, BK: tl.constexpr):
+        """v3's ``solve3_kernel`` (``LaunchConfig.solve_bk``) with the key dimension in a loop of ``BK``
+        columns, as fla's ``kkt_solve``: ``A``'s ten 16 x 16 blocks and the rows' sums of squares
+        accumulated over raw key blocks (one ``[16, BK]`` block of each row block live, pipelined by
+        the stages), the norms, beta and decay applied to the sums; then the inverse and its store."""
+        c, h = tl.program_id(0), tl.program_id(1)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        r = tl.arange(0, 16)
+        h64 = h.to(tl.int64)
+        gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
+        c0, c1, c2, c3 = _gc16(gb, cb, sg_t, sc_t, r, L)
+        kb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t
+        z = tl.zeros((16, 16), tl.float32)
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = z, z, z, z, z, z, z, z, z, z
+        zv = tl.zeros((16,), tl.float32)
+        n0, n1, n2, n3 = zv, zv, zv, zv
+        for i in range(0, tl.cdiv(K, BK)):
+            x0 = _raw(_tile(kb, L, K, sk_t, sk_k, 0, i * BK, 16, BK))
+            x1 = _raw(_tile(kb, L, K, sk_t, sk_k, 16, i * BK, 16, BK))
+            x2 = _raw(_tile(kb, L, K, sk_t, sk_k, 32, i * BK, 16, BK))
+            x3 = _raw(_tile(kb, L, K, sk_t, sk_k, 48, i * BK, 16, BK))
+            A00 = _dota(x0, tl.trans(x0), A00, DOT)
+            A10 = _dota(x1, tl.trans(x0), A10, DOT)
+            A11 = _dota(x1, tl.trans(x1), A11, DOT)
+            A20 = _dota(x2, tl.trans(x0), A20, DOT)
+            A21 = _dota(x2, tl.trans(x1), A21, DOT)
+            A22 = _dota(x2, tl.trans(x2), A22, DOT)
+            A30 = _dota(x3, tl.trans(x0), A30, DOT)
+            A31 = _dota(x3, tl.trans(x1), A31, DOT)
+            A32 = _dota(x3, tl.trans(x2), A32, DOT)
+            A33 = _dota(x3, tl.trans(x3), A33, DOT)
+            if L2NORM:
+                n0, n1, n2, n3 = n0 + _sumsq(x0), n1 + _sumsq(x1), n2 + _sumsq(x2), n3 + _sumsq(x3)
+        rb = rk_ptr + h64 * sc_h + t0 * sc_t
+        r0, r1 = _rk16(n0, rb, sc_t, r, L, eps, L2NORM), _rk16(n1, rb, sc_t, r + 16, L, eps, L2NORM)
+        r2, r3 = _rk16(n2, rb, sc_t, r + 32, L, eps, L2NORM), _rk16(n3, rb, sc_t, r + 48, L, eps, L2NORM)
+        b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
+            _vec(bb, sb_t, r + 48, L)
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(
+            _blk(A00, r0, r0, b0, c0, c0, True), _blk(A10, r1, r0, b1, c1, c0, False),
+            _blk(A11, r1, r1, b1, c1, c1, True), _blk(A20, r2, r0, b2, c2, c0, False),
+            _blk(A21, r2, r1, b2, c2, c1, False), _blk(A22, r2, r2, b2, c2, c2, True),
+            _blk(A30, r3, r0, b3, c3, c0, False), _blk(A31, r3, r1, b3, c3, c1, False),
+            _blk(A32, r3, r2, b3, c3, c2, False), _blk(A33, r3, r3, b3, c3, c3, True), INV)
+        _put_lower(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
 
 
 def _packed(*ts) -> None:

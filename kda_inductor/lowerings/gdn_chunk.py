@@ -254,6 +254,10 @@ class LaunchConfig(NamedTuple):
     """With ``v2`` / ``v3``: :mod:`~kda_inductor.lowerings._gdn_chunk_kernels4`'s ``scan4`` in place of
     ``scan2`` (the same function laid out as fla's scan: head dims constexpr, packed scratch, the decay
     applied before the update and the update as the product's accumulator, a 1-D grid)."""
+    solve_bk: int = 0
+    """With ``v3`` (not ``fuse_wu``): ``solve4`` (``_gdn_chunk_kernels4``) in place of ``solve3``, the key
+    dimension in a loop of this many columns (fla's ``kkt_solve``: 32 / 64), ``solve_warps``,
+    ``num_stages``; 0: ``solve3``."""
     scan4_out: bool = False
     """With ``v2`` / ``v3``: ``scanout4`` in place of the scan and the output (``scan4`` with each
     chunk's output from the state in registers: the per-chunk states and ``v_new`` never stored)."""
@@ -507,10 +511,17 @@ def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2
             *g2.stride(), *b2.stride(), *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], KP=KP,
             INV=inv, **blocks, num_warps=cfg.warps, num_stages=cfg.num_stages)
         return
-    kern3.solve3_kernel[(M, Hv)](
-        k3, g2, b2, gc, rk, ai, *maps, TS, NT, K, group, eps, *k3.stride(), *g2.stride(), *b2.stride(), *gc.stride(),
-        *ai.stride()[:2], KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, INV=inv, num_warps=cfg.solve_warps,
-        num_stages=1)
+    args = (k3, g2, b2, gc, rk, ai, *maps, TS, NT, K, group, eps, *k3.stride(), *g2.stride(), *b2.stride(),
+            *gc.stride(), *ai.stride()[:2])
+    if cfg.solve_bk:
+        from kda_inductor.lowerings import _gdn_chunk_kernels4 as kern4
+
+        kern4.solve4_kernel[(M, Hv)](*args, KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, INV=inv,
+                                     BK=min(max(16, cfg.solve_bk), KP), num_warps=cfg.solve_warps,
+                                     num_stages=cfg.num_stages)
+    else:
+        kern3.solve3_kernel[(M, Hv)](*args, KP=KP, L2NORM=l2, DOT=dot, REGULAR=regular, INV=inv,
+                                     num_warps=cfg.solve_warps, num_stages=1)
     kern3.wu3_kernel[(M, Hv)](
         k3, v3, b2, gc, rk, ai, w, u, *maps, TS, NT, K, V, group, *k3.stride(), *v3.stride(), *b2.stride(),
         *gc.stride(), *ai.stride()[:2], *w.stride()[:2], *u.stride()[:2], **blocks, num_warps=cfg.warps,

@@ -419,4 +419,38 @@ def launch_out4(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2,
         REGULAR=regular, num_warps=cfg.out_warps, num_stages=cfg.num_stages)
 
 
-__all__ = ["launch_out4", "launch_scan4", "launch_scanout4"]
+def _signature(kernel, ptrs: dict) -> dict:
+    """A kernel's runtime argument types for ahead-of-time compiles: ``ptrs`` by name, other pointers
+    float32, ``scale`` / ``eps`` float32, the rest int32 (constexprs, by the kernel's own parameters,
+    left out)."""
+    out = {}
+    for p in kernel.params:
+        if p.is_constexpr:
+            continue
+        n = p.name
+        out[n] = ptrs.get(n, "*fp32" if n.endswith("_ptr") else "fp32" if n in ("scale", "eps") else "i32")
+    return out
+
+
+def aot_variants():
+    """The v4 launches for sm_90 at Qwen3-Next's prefill (K = V = 128, 32 value heads for 16 key heads,
+    bf16 inputs, operands and intermediates, l2norm, a state) as the sweep's rows launch them."""
+    from kda_inductor.lowerings import AotVariant
+
+    maps = {"seq_ptr": "*i32", "start_ptr": "*i64", "len_ptr": "*i32", "cu_ptr": "*i64", "cuc_ptr": "*i64"}
+    bf = {**maps, **dict.fromkeys(("q_ptr", "k_ptr", "w_ptr", "u_ptr", "h_ptr", "vn_ptr", "o_ptr", "b_ptr",
+                                    "ai_ptr"), "*bf16")}
+    dims = dict(K=128, V=128, HV=32, GROUP=2, KB=64, TWO=True, L2NORM=True, DOT="bf16", REGULAR=True)
+    state = dict(dims, HAS_STATE=True)
+    yield AotVariant(scan4_kernel, _signature(scan4_kernel, bf), dict(state, BV=32), {"num_warps": 4, "num_stages": 3})
+    yield AotVariant(scanout4_kernel, _signature(scanout4_kernel, bf), dict(state, BV=16),
+                     {"num_warps": 4, "num_stages": 2})
+    for gp in (2, 1):
+        yield AotVariant(output4_kernel, _signature(output4_kernel, bf), dict(dims, GP=gp, BV=64),
+                         {"num_warps": 4, "num_stages": 2})
+    yield AotVariant(solve4_kernel, _signature(solve4_kernel, bf),
+                     dict(KP=128, L2NORM=True, DOT="bf16", REGULAR=True, INV="ieee", BK=32),
+                     {"num_warps": 4, "num_stages": 2})
+
+
+__all__ = ["aot_variants", "launch_out4", "launch_scan4", "launch_scanout4"]

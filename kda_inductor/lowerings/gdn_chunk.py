@@ -253,14 +253,17 @@ class LaunchConfig(NamedTuple):
     scan4: bool = False
     """With ``v2`` / ``v3``: :mod:`~kda_inductor.lowerings._gdn_chunk_kernels4`'s ``scan4`` in place of
     ``scan2`` (the same function laid out as fla's scan: head dims constexpr, packed scratch, the decay
-    applied before the update and the update as the product's accumulator, a 1-D grid)."""
+    applied before the update and the update as the product's accumulator, a 1-D grid). sm_90 at
+    Qwen3-Next's dims, run-time specialized (``benchmarks/gdn_chunk_registers.py``), 32 columns, 4 warps,
+    2 stages: 118 registers (``scan2`` 178; fla's ``fwd_kernel_h`` 106), 0 stack bytes."""
     solve_bk: int = 0
     """With ``v3`` (not ``fuse_wu``): ``solve4`` (``_gdn_chunk_kernels4``) in place of ``solve3``, the key
     dimension in a loop of this many columns (fla's ``kkt_solve``: 32 / 64), ``solve_warps``,
     ``num_stages``; 0: ``solve3``."""
     scan4_out: bool = False
     """With ``v2`` / ``v3``: ``scanout4`` in place of the scan and the output (``scan4`` with each
-    chunk's output from the state in registers: the per-chunk states and ``v_new`` never stored)."""
+    chunk's output from the state in registers: the per-chunk states and ``v_new`` never stored; no
+    spills for sm_90 at 16 columns and 4 warps, 182 registers, or 8 warps and 3 stages)."""
     out4: str = ""
     """With ``v2`` / ``v3``: ``output4`` in place of ``output2`` / ``output3``: ``"group"`` (one program
     for a key head's GQA group: ``q k^T`` once for its value heads) or ``"head"``; ``""``: off."""

@@ -69,7 +69,7 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
         return {"default": base, "FAST": fast, "FAST inv ieee": cfgs_inv["FAST inv ieee"], "FAST3": f3,
                 "FAST3 inv subst": cfgs_v3["FAST3 inv subst"], "FAST scan4 s3": cfgs_v4["FAST scan4 s3"],
                 "FAST out4": cfgs_v4["FAST out4"], "FAST4": cfgs_v4["FAST4"],
-                "FAST scanout4 bv16": cfgs_v4["FAST scanout4 bv16"]}
+                "FAST scanout4": cfgs_v4["FAST scanout4"]}
     # FAST, its inverse variants and the v3 launches first (the budget may end the sweep), then the rest
     return {"FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v4, **cfgs_v2, **cfgs}
 
@@ -92,14 +92,17 @@ def _v4_configs(fast, f3) -> dict[str, object]:
             "FAST4": f3._replace(scan4=True, scan_stages=3, out4="group"),
             "FAST4 s2": f3._replace(scan4=True, out4="group"),
             # the scan with the output fused (scan4_out): no per-chunk states or v_new stored, no output launch
+            "FAST scanout4": fast._replace(scan4_out=True),
             "FAST scanout4 bv16": fast._replace(scan4_out=True, scan_block_v=16),
+            "FAST scanout4 bv16 s3": fast._replace(scan4_out=True, scan_block_v=16, scan_stages=3),
             "FAST scanout4 bv16 w8 s3": fast._replace(scan4_out=True, scan_block_v=16, scan_warps=8, scan_stages=3),
-            "FAST scanout4 w8 s3": fast._replace(scan4_out=True, scan_warps=8, scan_stages=3),
-            "FAST4 fused": f3._replace(scan4_out=True, scan_block_v=16),
+            "FAST scanout4 w8": fast._replace(scan4_out=True, scan_warps=8),
+            "FAST4 fused": f3._replace(scan4_out=True),
+            "FAST4 fused bv16": f3._replace(scan4_out=True, scan_block_v=16),
             "FAST4 fused w8 s3": f3._replace(scan4_out=True, scan_block_v=16, scan_warps=8, scan_stages=3),
             # v3's inverse with the key dimension in a loop of 32 columns (solve_bk, fla's kkt_solve shape)
             "FAST3 solve4": f3._replace(solve_bk=32), "FAST3 solve4 w2": f3._replace(solve_bk=32, solve_warps=2),
-            "FAST4 fused solve w2": f3._replace(scan4_out=True, scan_block_v=16, solve_warps=2)}
+            "FAST4 fused solve w2": f3._replace(scan4_out=True, solve_warps=2)}
 
 
 def selected_configs(smoke: bool, labels: str | None) -> dict[str, object]:

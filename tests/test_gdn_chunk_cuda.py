@@ -57,8 +57,8 @@ CONFIGS = {"default": None, "fp32": mod.LaunchConfig(), "FAST3": mod.FAST3,
            "FAST 1 stage": mod.FAST._replace(num_stages=1), "FAST scan 1 stage": mod.FAST._replace(scan_stages=1),
            "FAST 1 stage scan 2": mod.FAST._replace(num_stages=1, scan_stages=2),
            "FAST4": mod.FAST3._replace(scan4=True, scan_stages=3, out4="group"),
-           "FAST4 fused": mod.FAST3._replace(scan4_out=True, scan_block_v=16),
-           "FAST scanout4 w8 s3": mod.FAST._replace(scan4_out=True, scan_warps=8, scan_stages=3)}
+           "FAST4 fused": mod.FAST3._replace(scan4_out=True),
+           "FAST scanout4 bv16 w8 s3": mod.FAST._replace(scan4_out=True, scan_block_v=16, scan_warps=8, scan_stages=3)}
 """The op's launches (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`, ``FAST``: three launches,
 bf16 operands and intermediates), the four float32 launches, and ``FAST3`` (v3: the inverse and
 ``w, u`` in two launches; also with the inverse's products in tf32, and the two fused in one launch

@@ -182,37 +182,40 @@ if triton is not None:
             t0 = ts + i * 64
             L = tl.minimum(te - t0, 64).to(tl.int32)
             t, mt = t0 + r, r < L
-            S1b = _op(S1, DOT)
-            b = _dota(_get(_rows(wb, t, mt, HV * K, 0, K, KB)), S1b, tl.zeros((64, BV), tl.float32), DOT)
+            # the output's intra-chunk factor first (off the sequential path), held as the product's operand
             q1, k1 = _q(qb, t, mt, sq_t, sq_k, 0, K, KB), _kT(kb, t, mt, sk_t, sk_k, 0, K, KB)
-            oq = _dota(q1, S1b, tl.zeros((64, BV), tl.float32), DOT)
             a = _dota(q1, k1, tl.zeros((64, 64), tl.float32), DOT)
             nq = _sumsq(q1)
             if TWO:
-                S2b = _op(S2, DOT)
-                b = _dota(_get(_rows(wb, t, mt, HV * K, KB, K, KB)), S2b, b, DOT)
                 q2, k2 = _q(qb, t, mt, sq_t, sq_k, KB, K, KB), _kT(kb, t, mt, sk_t, sk_k, KB, K, KB)
-                oq = _dota(q2, S2b, oq, DOT)
                 a = _dota(q2, k2, a, DOT)
                 nq += _sumsq(q2)
-            vn = _get(_rows(ub, t, mt, HV * V, j * BV, V, BV)).to(tl.float32) - b
             gl = tl.load(cb + (t0 + L - 1) * HV)  # L >= 1: a chunk of the sequence
             gc = tl.load(cb + t * HV, mask=mt, other=0.0)
             f = tl.exp(tl.where(mt, gl - gc, 0.0))
-            fa = tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))
+            sq = tl.full((64,), 1.0, tl.float32) * scale
             if L2NORM:
                 rk = tl.load(rb + t * HV, mask=mt, other=0.0)
                 f = f * rk
-                fa = fa * rk[None, :]
+                sq = sq * tl.math.rsqrt(nq + eps)
+                a = a * rk[None, :]
+            ag = _op(tl.where(causal, a * (sq[:, None] * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))),
+                              0.0), DOT)
+            # the sequential path: v_new = u - w S, S = exp(gc_last) S + k^T (v_new f)
+            S1b = _op(S1, DOT)
+            b = _dota(_get(_rows(wb, t, mt, HV * K, 0, K, KB)), S1b, tl.zeros((64, BV), tl.float32), DOT)
+            oq = _dota(q1, S1b, tl.zeros((64, BV), tl.float32), DOT)
+            if TWO:
+                S2b = _op(S2, DOT)
+                b = _dota(_get(_rows(wb, t, mt, HV * K, KB, K, KB)), S2b, b, DOT)
+                oq = _dota(q2, S2b, oq, DOT)
+            vn = _get(_rows(ub, t, mt, HV * V, j * BV, V, BV)).to(tl.float32) - b
             vs = _op(vn * f[:, None], DOT)
             decay = tl.exp(gl)
             S1 = _dota(k1, vs, S1 * decay, DOT)
             if TWO:
                 S2 = _dota(k2, vs, S2 * decay, DOT)
-            sq = tl.full((64,), 1.0, tl.float32) * scale
-            if L2NORM:
-                sq = sq * tl.math.rsqrt(nq + eps)
-            o = _dota(_op(tl.where(causal, a * fa, 0.0), DOT), vn, oq * tl.exp(gc)[:, None], DOT) * sq[:, None]
+            o = _dota(ag, vn, oq * (sq * tl.exp(gc))[:, None], DOT)
             tl.store(ob + t[:, None] * so_t + ov[None, :], o.to(o_ptr.dtype.element_ty),
                      mask=mt[:, None] & (ov[None, :] < V))
         fb = f_ptr + (n64 * HV + h64) * (K * V)

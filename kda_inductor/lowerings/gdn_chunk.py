@@ -262,8 +262,8 @@ class LaunchConfig(NamedTuple):
     ``num_stages``; 0: ``solve3``."""
     scan4_out: bool = False
     """With ``v2`` / ``v3``: ``scanout4`` in place of the scan and the output (``scan4`` with each
-    chunk's output from the state in registers: the per-chunk states and ``v_new`` never stored; no
-    spills for sm_90 at 16 columns and 4 warps, 182 registers, or 8 warps and 3 stages)."""
+    chunk's output from the state in registers: the per-chunk states and ``v_new`` never stored; for
+    sm_90 at 16 or 32 columns, 4 or 8 warps, 2 stages: 194-204 registers, no spills; 64 columns spill)."""
     out4: str = ""
     """With ``v2`` / ``v3``: ``output4`` in place of ``output2`` / ``output3``: ``"group"`` (one program
     for a key head's GQA group: ``q k^T`` once for its value heads) or ``"head"``; ``""``: off."""

@@ -181,8 +181,9 @@ TORCH_KDA_REFERENCE = "chunk_kimi_delta_attention"
 ``use_kernel_func_from_hub_with_fallback("chunk_kda", "fla")`` in 5.25, ``use_kernel_func_from_hub(
 "chunk_kimi_delta_attention")`` before): ``(query, key, value, g, beta, chunk_size=64,
 initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs)``, ``g`` the
-log decay per key channel ``[B, T, H, K]``, scale ``K ** -0.5``, q / k / v with the same heads,
-output in query's dtype, float32 state. Found as :data:`TORCH_CHUNK_REFERENCE` is."""
+log decay per key channel ``[B, T, H, K]``, scale ``K ** -0.5``, q / k / v with the same heads (or
+one q / k head, which its broadcasts spread over the value heads: the op's GVA), output in query's
+dtype, float32 state; no varlen (transformers' dispatch refuses ``cu_seqlens`` without fla). Found as :data:`TORCH_CHUNK_REFERENCE` is."""
 TORCH_CHUNK_REFERENCES = (TORCH_CHUNK_REFERENCE, TORCH_KDA_REFERENCE)
 
 TORCH_CHUNK_RULE_MEASURED = True
@@ -249,7 +250,7 @@ def _substitute_torch_chunk(fn: Callable[..., Any]) -> None:
 
 def _substitute_torch_kda(fn: Callable[..., Any]) -> None:
     """Rule 3 for one Kimi Linear reference function: in the op's domain (a log decay per key
-    channel, beta per head, q / k / v with the same heads as the reference takes them, ``K <= 128``,
+    channel, beta per head, q / k / v heads the reference takes (equal, or one q / k head), ``K <= 128``,
     ``chunk_size`` 64, keywords it does not read None), forced (:data:`TORCH_KDA_RULE_MEASURED`),
     and with the rule on, :func:`torch_kda_chunk`; else the reference."""
     import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op torch_kda_chunk calls)
@@ -260,8 +261,8 @@ def _substitute_torch_kda(fn: Callable[..., Any]) -> None:
             return "g is not a log decay per key channel [B, T, H, K]"
         if beta is None or beta.dim() != 3:
             return "beta is not one per head [B, T, H]"
-        if q.shape[2] != v.shape[2]:
-            return "query / key heads differ from value heads (the reference takes them equal)"
+        if q.shape[2] != v.shape[2] and q.shape[2] != 1:
+            return "q / k heads neither 1 nor the value heads': the reference's broadcast of them fails"
         if q.shape[-1] > 128:
             return "K > 128: the op's KDA launches take K <= 128"
         return _chunk_size(bound) or _speed(TORCH_KDA_RULE_MEASURED, "Inductor's code for the reference")

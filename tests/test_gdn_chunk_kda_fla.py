@@ -187,3 +187,32 @@ def test_the_real_fla_core_chunk_kda_is_traced_by_identity(monkeypatch):
     ours, graphs, with_op, misses = _compiled(_layer(kda.chunk_kda), args, kda={"force": True})
     assert (graphs, with_op, misses) == (1, 1, [])
     _close(ours, _expected(args))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("with_fla", [True, False], ids=["fla_standin", "torch_reference"])
+def test_transformers_kimi_linear_prefill_is_one_graph(fla, monkeypatch, with_fla):  # noqa: F811
+    """transformers' own Kimi Linear prefill (tiny dims, float32, 3 KDA layers + 1 MLA layer, 70
+    tokens: two chunks), its chunked core dispatched to fla (the stand-in) or to its torch reference
+    (``chunk_kimi_delta_attention``; the stand-in left out): forced, kda_inductor compiles it to one
+    graph with one ``kda::gdn_chunk`` per KDA layer, equal to eager."""
+    pytest.importorskip("transformers.integrations.hub_kernels")
+    from benchmarks import hf_models
+
+    spec = hf_models.BY_NAME["kimi_linear"]
+    modeling = fla_standin.modeling(monkeypatch, spec.module)
+    if not with_fla:
+        hf_models.use_torch_cores(modeling)
+    config = hf_models.config_for(spec, getattr(pytest.importorskip("transformers"), spec.config), tiny=True)
+    torch.manual_seed(0)
+    model = getattr(modeling, spec.model)(config).float().eval()
+    step, _ = hf_models.prefill_case(model, config, tokens=70, device="cpu")
+    _dynamo_fixes.register()  # the reference of the module executed anew (the backend does it at each compile)
+    with torch.inference_mode():
+        expected = step(model.model)
+        torch._dynamo.reset()
+        with graph_caches_off(), observe() as records:
+            ours = step(torch.compile(model.model, backend="kda_inductor", options={"kda": {"force": True}}))
+    assert (len(records), sum(r.before.count(OP) for r in records)) == (1, hf_models.linear_layers(spec))
+    torch.testing.assert_close(ours, expected, rtol=1e-4, atol=1e-4)
+    torch._dynamo.reset()

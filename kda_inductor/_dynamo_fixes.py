@@ -289,8 +289,8 @@ def _substitute_with(fn: Callable[..., Any], ours: Callable[..., Any], why_not: 
 @dataclasses.dataclass(frozen=True)
 class TraceMiss:
     """A call a rule did not trace as its op: the function kept (``fla.ops.kda.chunk.chunk_kda``),
-    the op, why, and the user's source line (``model.py:123``: the innermost frame of the trace
-    outside kda_inductor and transformers' hub-kernel dispatch; None where there is none)."""
+    the op, why, and the user's source line (``/path/model.py:123``: the innermost frame of the
+    trace outside kda_inductor and transformers' hub-kernel dispatch; None where there is none)."""
 
     function: str
     op: str
@@ -305,16 +305,32 @@ class TraceMiss:
 MISSES: collections.deque[TraceMiss] = collections.deque(maxlen=64)
 """The latest misses of the trace rules, newest last (also logged at INFO: ``TORCH_LOGS=kda_inductor``)."""
 _NOT_USER = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
-             os.sep + os.path.join("transformers", "integrations") + os.sep)
+             os.sep + os.path.join("transformers", "integrations") + os.sep,
+             os.sep + os.path.join("kernels", "_internals") + os.sep)
+"""Frames that are not the user's: ours, transformers' hub-kernel dispatch and the ``kernels`` package's
+layer wrappers around it."""
 
 
-def _user_location(tx: Any) -> str | None:
-    while tx is not None:
-        filename = getattr(getattr(tx, "f_code", None), "co_filename", "") or ""
-        if filename and not any(part in os.path.abspath(filename) for part in _NOT_USER):
-            line = getattr(tx, "lineno", None)
-            return f"{filename}:{line}" if line is not None else filename
-        tx = getattr(tx, "parent", None)
+def _user_location() -> str | None:
+    """``file:line`` of the innermost frame of the trace's user stack (what Dynamo records as an FX
+    node's stack trace: ``TracingContext.extract_stack()``) outside :data:`_NOT_USER`."""
+    from torch._guards import TracingContext
+
+    def user(filename: str) -> bool:
+        return bool(filename) and not any(part in os.path.abspath(filename) for part in _NOT_USER)
+
+    for frame in reversed(TracingContext.extract_stack()):
+        if user(frame.filename):
+            return f"{frame.filename}:{frame.lineno}"
+    # every traced frame is a wrapper (a trace that starts in transformers' dispatch, after a graph
+    # break): the live caller of the frame being compiled, outside torch
+    torch_dir = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if user(filename) and not os.path.abspath(filename).startswith(torch_dir):
+            return f"{filename}:{frame.f_lineno}"
+        frame = frame.f_back
     return None
 
 
@@ -323,11 +339,9 @@ def _missed(function: str, op: str, reason: str) -> bool:
     """At trace time: record (:data:`MISSES`) and log that a rule kept ``function`` for ``reason``, at
     the user's source line (the trace's frames). Once per trace and call site: a trace Dynamo
     restarts records it again only if it differs from the last one."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
     from kda_inductor import logs
 
-    miss = TraceMiss(function, op, reason, _user_location(InstructionTranslator.current_tx()))
+    miss = TraceMiss(function, op, reason, _user_location())
     if not MISSES or MISSES[-1] != miss:
         MISSES.append(miss)
         logs.log.info("kda_inductor: %s", miss)

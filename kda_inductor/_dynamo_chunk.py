@@ -13,7 +13,7 @@
   only: not yet measured).
 
 Every call outside the op's domain keeps the function it names, and is a miss with its reason
-(``_dynamo_fixes.MISSES``, logged at INFO). :func:`register` registers them (``_dynamo_fixes.register``
+(``_dynamo_substitute.MISSES``, logged at INFO). :func:`register` registers them (``_dynamo_fixes.register``
 calls it).
 """
 
@@ -27,9 +27,10 @@ from typing import Any
 
 import torch
 
-from kda_inductor import _dynamo_fixes as fixes
+from kda_inductor import _dynamo_substitute as shared
+from kda_inductor.options import TRACE_RULES
 
-CHUNK_RULE = fixes.CHUNK_RULE
+CHUNK_RULE = TRACE_RULES[1]
 OP = "kda::gdn_chunk"
 FLA_CHUNK_ENTRY_POINTS = (
     ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),  # qwen3_next, qwen3_5 prefill
@@ -73,19 +74,19 @@ def register() -> None:
     """Register each rule whose function is imported (never imports fla or transformers)."""
     for module, name in FLA_CHUNK_ENTRY_POINTS:
         fn = getattr(sys.modules.get(module), name, None)
-        if callable(fn) and id(fn) not in fixes._substituted:
+        if callable(fn) and id(fn) not in shared._substituted:
             _substitute_fla(fn, kda=name == "chunk_kda")
     for name, substitute in ((TORCH_CHUNK_REFERENCE, _substitute_torch_chunk),
                              (TORCH_KDA_REFERENCE, _substitute_torch_kda)):
         for fn in torch_chunk_references(name):
-            if id(fn) not in fixes._substituted:
+            if id(fn) not in shared._substituted:
                 substitute(fn)
 
 
 @torch.compiler.assume_constant_result
 def _chunk_rule_on() -> bool:
     """Evaluated once per trace: the trace is for kda_inductor and ``gdn_chunk`` is not disabled."""
-    return fixes._rule_is_on(CHUNK_RULE)
+    return shared.rule_is_on(CHUNK_RULE)
 
 
 @torch.compiler.assume_constant_result
@@ -93,7 +94,7 @@ def _forced() -> bool:
     """``options["kda"]["force"]`` of the trace's compile (evaluated once per trace)."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
-    options = fixes.our_options(InstructionTranslator.current_tx())
+    options = shared.our_options(InstructionTranslator.current_tx())
     return bool(options and options.force)
 
 
@@ -162,10 +163,10 @@ def _substitute_fla(fn: Callable[..., Any], *, kda: bool) -> None:
     import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op)
 
     if kda:
-        fixes._substitute_with(fn, fla_kda_chunk, _kda_why_not, _chunk_rule_on, op=OP, ignored=KDA_IGNORED,
+        shared.substitute_with(fn, fla_kda_chunk, _kda_why_not, _chunk_rule_on, op=OP, ignored=KDA_IGNORED,
                                reasons=FLA_REASONS)
     else:
-        fixes._substitute_with(fn, fla_chunk, _gdn_why_not, _chunk_rule_on, op=OP, reasons=FLA_REASONS)
+        shared.substitute_with(fn, fla_chunk, _gdn_why_not, _chunk_rule_on, op=OP, reasons=FLA_REASONS)
 
 
 # --------------------------------------------------------------------------- rule 3: transformers' torch chunk cores
@@ -183,7 +184,8 @@ TORCH_KDA_REFERENCE = "chunk_kimi_delta_attention"
 initial_state=None, output_final_state=False, use_qk_l2norm_in_kernel=False, **kwargs)``, ``g`` the
 log decay per key channel ``[B, T, H, K]``, scale ``K ** -0.5``, q / k / v with the same heads (or
 one q / k head, which its broadcasts spread over the value heads: the op's GVA), output in query's
-dtype, float32 state; no varlen (transformers' dispatch refuses ``cu_seqlens`` without fla). Found as :data:`TORCH_CHUNK_REFERENCE` is."""
+dtype, float32 state; no varlen (transformers' dispatch refuses ``cu_seqlens`` without fla). Found
+as :data:`TORCH_CHUNK_REFERENCE` is."""
 TORCH_CHUNK_REFERENCES = (TORCH_CHUNK_REFERENCE, TORCH_KDA_REFERENCE)
 
 TORCH_CHUNK_RULE_MEASURED = True
@@ -244,7 +246,7 @@ def _substitute_torch_chunk(fn: Callable[..., Any]) -> None:
         return _chunk_size(bound) or (None if q.device.type == "cuda" else  # the speed rule's device
                                       _speed(False, "Inductor's code for the reference off CUDA"))
 
-    fixes._substitute_with(fn, torch_chunk, why_not, _chunk_rule_on, op=OP, extra_none=True,
+    shared.substitute_with(fn, torch_chunk, why_not, _chunk_rule_on, op=OP, extra_none=True,
                            ignored=("chunk_size",))
 
 
@@ -267,5 +269,5 @@ def _substitute_torch_kda(fn: Callable[..., Any]) -> None:
             return "K > 128: the op's KDA launches take K <= 128"
         return _chunk_size(bound) or _speed(TORCH_KDA_RULE_MEASURED, "Inductor's code for the reference")
 
-    fixes._substitute_with(fn, torch_kda_chunk, why_not, _chunk_rule_on, op=OP, extra_none=True,
+    shared.substitute_with(fn, torch_kda_chunk, why_not, _chunk_rule_on, op=OP, extra_none=True,
                            ignored=("chunk_size",))

@@ -5,9 +5,10 @@ fla-core's Triton kernels need a GPU, and transformers 5.25 sends CPU inputs to 
 anyway (``_PACKAGE_SUPPORTED_DEVICES`` in ``transformers/integrations/hub_kernels.py``). So
 :func:`install` puts a small ``fla`` package in ``sys.modules`` whose
 ``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule``, ``fla.ops.kda.fused_recurrent_kda``,
-``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` and ``fla.ops.kda.chunk_kda`` have fla-core 0.6.0's signatures, compute the recurrence in plain torch (a token loop written here,
-independent of kda_inductor's op) and are wrapped in ``torch.compiler.disable`` as fla keeps its
-kernels out of graphs; and lets transformers dispatch CPU inputs to ``fla``. :func:`modeling` then
+``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` and ``fla.ops.kda.chunk_kda`` have fla-core
+0.6.0's signatures, compute the recurrence in plain torch (a token loop written here, independent
+of kda_inductor's op) and are wrapped in ``torch.compiler.disable`` as fla keeps its kernels out of
+graphs; and lets transformers dispatch CPU inputs to ``fla``. :func:`modeling` then
 executes a transformers modeling file anew (under a private module name), so that its
 ``use_kernel_func_from_hub_with_fallback`` decorators resolve the stand-in, as the installed
 module's did resolve fla-core on the GPU machine. Neither touches transformers' own modules.

@@ -150,6 +150,8 @@ def _kda_why_not(bound: dict) -> str | None:
         return "initial_state is not float32 (fla requires it)"
     if q.shape[-1] > 128:
         return "K > 128: the op's KDA launches take K <= 128"
+    if bound.get("cu_seqlens") is not None and q.shape[0] != 1:
+        return "cu_seqlens with a batch of more than one row (fla raises)"
     if bound.get("chunk_size", 64) not in (32, 64):
         return "chunk_size is not 32 or 64 (fla raises)"
     if bound.get("transpose_state_layout", False):

@@ -52,6 +52,8 @@ def our_options(tx: Any) -> KdaOptions | None:
 
 
 def rule_is_on(rule: str) -> bool:
+    """At trace time: the trace Dynamo runs is for kda_inductor and ``rule`` is not in its
+    ``options["kda"]["disable"]``."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
     options = our_options(InstructionTranslator.current_tx())

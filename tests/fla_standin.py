@@ -96,6 +96,8 @@ def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_sta
         raise NotImplementedError("the stand-in computes what transformers asks for, nothing else")
     if kwargs.get("chunk_size", 64) not in (32, 64):
         raise ValueError("`chunk_size` must be either 32 or 64 for KDA")
+    if cu_seqlens is not None and q.shape[0] != 1:
+        raise ValueError("The batch size is expected to be 1 rather than 2 when using `cu_seqlens`.")
     assert initial_state is None or initial_state.dtype == torch.float32, "initial_state must be in float32."
     assert g.shape == (*v.shape[:3], q.shape[-1]), "g must have shape [B, T, HV, K]"
     if use_gate_in_kernel:

@@ -140,12 +140,14 @@ def test_what_the_op_does_not_cover_keeps_flas_function_with_its_reason(fla, ext
     _close(out, layer(*args), 1e-5)
 
 
-@pytest.mark.parametrize("case", ["wide_keys", "bf16_state", "chunk_size_16", "per_head_decay"])
+@pytest.mark.parametrize("case", ["wide_keys", "bf16_state", "chunk_size_16", "per_head_decay", "varlen_batch_2"])
 def test_outside_the_domain_in_shapes_and_values(fla, case):  # noqa: F811
-    """K > 128 (the op's KDA launches), a state fla refuses, a chunk size fla refuses, a decay per head:
-    fla's function, with fla's answer (its result or its error)."""
-    args = list(_inputs(T=3, k_dim=130 if case == "wide_keys" else K))
+    """K > 128 (the op's KDA launches), a state fla refuses, a chunk size fla refuses, a decay per head,
+    varlen offsets over a batch of two rows: fla's function, with fla's answer (its result or its error)."""
+    args = list(_inputs(T=3, B=2 if case == "varlen_batch_2" else 1, k_dim=130 if case == "wide_keys" else K))
     extra = {"chunk_size": 16} if case == "chunk_size_16" else {}
+    if case == "varlen_batch_2":
+        extra = {"cu_seqlens": torch.tensor([0, 1, 3])}
     if case == "bf16_state":
         args[5] = args[5].bfloat16()
     if case == "per_head_decay":
@@ -160,7 +162,8 @@ def test_outside_the_domain_in_shapes_and_values(fla, case):  # noqa: F811
             _compiled(layer, args, kda={"force": True})
         misses = list(_dynamo_fixes.MISSES)
     expected = {"wide_keys": "K > 128", "bf16_state": "initial_state is not float32",
-                "chunk_size_16": "chunk_size is not 32 or 64", "per_head_decay": "g is not a log decay per key"}
+                "chunk_size_16": "chunk_size is not 32 or 64", "per_head_decay": "g is not a log decay per key",
+                "varlen_batch_2": "cu_seqlens with a batch"}
     assert [m.reason.split(":")[0][:len(expected[case])] for m in misses] == [expected[case]]
 
 

@@ -38,8 +38,9 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
 softplus(x + dt_bias)`` per channel with the model's initial ``A_log`` / ``dt_bias`` ranges):
 ``kda`` (the op, :data:`~kda_inductor.lowerings.gdn_chunk.KDA`'s launches), ``kda fp32`` (the same
 launches with tf32 products and float32 intermediates), ``fla`` (fla-core's ``chunk_kda``, where
-importable) and ``eager`` (transformers' ``chunk_kimi_delta_attention``, its torch reference, up
-to ``--stock-max-t``: its decay mask is ``[T / 64, 64, 64, K]`` floats a head), all against the
+importable), ``stock`` (stock ``torch.compile`` of transformers' ``chunk_kimi_delta_attention``, its
+torch reference: the speed rule of rule 3 for Kimi Linear) and ``eager`` (the same uncompiled), both up
+to ``--stock-max-t`` (its decay mask is ``[T / 64, 64, 64, K]`` floats a head), all against the
 op's float32 token loop (on the GPU: seconds at T = 16,384). Recorded as ``gdn_chunk_kda.{md,json}``.
 
 ``--profile`` (on by default with ``--quick``): after the timings, each variant's kernels by name
@@ -241,12 +242,15 @@ def kda_transformers() -> Callable | None:
 
 
 def kda_variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
-    """``--kda``: the op, its float32-intermediate launches, fla's ``chunk_kda``, transformers' eager."""
+    """``--kda``: the op, its float32-intermediate launches, fla's ``chunk_kda``, transformers' reference
+    compiled by stock Inductor and eager."""
     out: dict[str, Callable] = {"kda": kda, "kda2": lambda x: kda(x, L.KDA._replace(lowp=False))}
     fla = None if smoke else kda_fla()
     if fla is not None:
         out["fla"] = fla
     hf = kda_transformers()
+    if hf is not None and T <= stock_max_t and not smoke:
+        out["stock"] = torch.compile(hf)  # TORCH_KDA_RULE_MEASURED's column (_dynamo_chunk)
     if hf is not None and eager and T <= stock_max_t:
         out["eager"] = hf
     return out

@@ -2,7 +2,9 @@
 (16 q / k heads, 32 v heads, K = V = 128, bf16 inputs) against the float32 token loop (the op's CPU
 spec, run on the GPU) and against fla's ``chunk_gated_delta_rule`` where fla-core is importable;
 varlen with ``cu_seqlens`` on the device; CUDA-graph capture and replay; ``torch.compile`` with the
-op in one graph; exact float32 (``dot="ieee"``) at small dims.
+op in one graph; exact float32 (``dot="ieee"``) at small dims. A decay per key channel (KDA) at Kimi
+Linear's dims likewise, against fla's ``chunk_kda``, and fla's ``chunk_kda`` called in a compiled
+function: traced as the op (``kda_inductor/_dynamo_chunk.py``).
 
 Tolerances: relative norm errors ``|o - ref| / |ref|``. bf16 outputs carry ~2^-9 relative rounding
 (a norm error of ~1.5e-3); the kernels' tf32 products add their ~1e-3 per product: the op must stay
@@ -309,3 +311,49 @@ def test_kda_varlen_exact_products_and_cuda_graph():
         want, want_state = torch.ops.kda.gdn_chunk(*b[:5], None, b[5], True, cu)
     torch.testing.assert_close(out, want, rtol=0, atol=0)
     torch.testing.assert_close(final, want_state, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("varlen", [False, True], ids=["batch", "varlen"])
+def test_fla_chunk_kda_compiled_under_kda_inductor_is_the_op(varlen):
+    """Rule 2 for Kimi Linear's prefill (``kda_inductor/_dynamo_chunk.py``) on fla-core's real
+    ``chunk_kda``: a function calling it, compiled under kda_inductor with ``force`` (the op's KDA
+    launches are not yet timed against fla's), is one graph with one ``kda::gdn_chunk``; its output
+    (bf16, q's dtype as fla's) and final state within 1e-2 of fla eager's and within 1.5x fla's own
+    distance from the float32 loop (+ 1e-3). Unforced, fla's own function runs (a miss, the speed
+    rule), equal to fla eager."""
+    fla = _kda_fla()
+    if fla is None:
+        pytest.skip("fla-core not importable")
+    from kda_inductor import _dynamo_fixes
+    from kda_inductor.pass_manager import graph_caches_off, observe
+
+    _dynamo_fixes.register()  # for fla modules imported since the backend was resolved (as each compile does)
+    q, k, v, g, beta, s = _kda_inputs(1000, seed=21, N=3 if varlen else 1, state=True)
+    cu = torch.tensor([0, 300, 301, 1000], device="cuda") if varlen else None
+
+    def layer(q, k, v, g, beta, s, cu):
+        o, final = fla(q, k, v, g=g * 1.0, beta=beta, initial_state=s, output_final_state=True,
+                       use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+        return o * 2, final
+
+    def compiled(**kda):
+        torch._dynamo.reset()
+        _dynamo_fixes.MISSES.clear()
+        with torch.inference_mode(), graph_caches_off(), observe() as records:
+            out = torch.compile(layer, backend="kda_inductor", options={"kda": kda})(q, k, v, g, beta, s, cu)
+        return out, len(records), sum(r.before.count("torch.ops.kda.gdn_chunk.default") for r in records)
+
+    with torch.inference_mode():
+        fo, fs = layer(q, k, v, g, beta, s, cu)
+        want, want_state = mod.reference(q, k, v, g, beta, None, s, True, cu)
+    (got, final), graphs, ops = compiled(force=True)
+    assert (graphs, ops) == (1, 1) and got.dtype == BF and final.dtype == torch.float32
+    assert _rel(got, fo) < 1e-2 and _rel(final, fs) < 1e-2, (_rel(got, fo), _rel(final, fs))
+    err, serr = _rel(got, 2 * want), _rel(final, want_state)
+    fla_err, fla_serr = _rel(fo, 2 * want), _rel(fs, want_state)
+    print(f"fla chunk_kda compiled ({'varlen' if varlen else 'batch'}): kda {err:.2e} / state {serr:.2e}; "
+          f"fla {fla_err:.2e} / state {fla_serr:.2e}")
+    assert err <= 1.5 * fla_err + 1e-3 and serr <= 1.5 * fla_serr + 1e-3, (err, fla_err, serr, fla_serr)
+    (got, final), _, ops = compiled()
+    assert ops == 0 and [m.reason.split(":")[0] for m in _dynamo_fixes.MISSES] == ["the speed rule"]
+    assert _rel(got, fo) < 1e-3 and _rel(final, fs) < 1e-3

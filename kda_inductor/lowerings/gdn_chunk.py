@@ -1,6 +1,8 @@
 """``kda::gdn_chunk``: the gated delta rule's forward over a prefill (one sequence, a batch, or
 sequences packed along T by ``cu_seqlens``), computed by chunks of 64 tokens, as transformers'
-``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5) and fla's ``chunk_gated_delta_rule``.
+``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5) and fla's ``chunk_gated_delta_rule``; with a
+decay per key channel, as Kimi Linear's ``chunk_kimi_delta_attention`` and fla's ``chunk_kda`` (the
+trace rules that emit it: ``kda_inductor/_dynamo_chunk.py``).
 
 ``kda::gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False,
 cu_seqlens=None, eps=1e-6, out_dtype=None) -> (o, final_state)``. The same function as

@@ -470,8 +470,13 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
     if smoke:  # the old default, FAST and FAST3 (bf16 inputs: bf16emu products under the interpreter)
         return {"default": base, "FAST": fast, "FAST inv ieee": cfgs_inv["FAST inv ieee"], "FAST3": f3,
                 "FAST3 inv subst": cfgs_v3["FAST3 inv subst"]}
-    # FAST, its inverse variants and the v3 launches first (the budget may end the sweep), then the rest
-    return {"FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v2, **cfgs}
+    # the op's default and its next candidates (scan stages: 379 / 1,478 us against FAST's 432 / 1,684 at
+    # T 4,096 / 16,384, H100 2026-12-06), FAST, its inverse variants and the v3 launches (the budget may end
+    # the sweep), then the rest
+    dflt = L.DEFAULT
+    head = {"DEFAULT": dflt, "DEFAULT scan 3 stages": dflt._replace(scan_stages=3),
+            "DEFAULT 3 stages": dflt._replace(num_stages=3), "DEFAULT scan 4 stages": dflt._replace(scan_stages=4)}
+    return {**head, "FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v2, **cfgs}
 
 
 def selected_configs(smoke: bool, labels: str | None) -> dict[str, object]:
@@ -525,9 +530,14 @@ def run_sweep(args, device, deadline) -> list[dict]:
     cols = (("T", "T", ","), ("config", "config", "s"), ("us", "us", ".1f"), ("err", "err", ".2e"),
             ("state_err", "state err", ".2e"), ("note", "note", "s"))
     print_table(rows, cols, title="kda::gdn_chunk launch configs")
-    print(markdown_table(rows, cols), flush=True)
+    table = markdown_table(rows, cols)
+    print(table, flush=True)
     if not args.smoke:
-        write_out_json(f"bench_{NAME}_sweep.json", {"env": environment_info(), "rows": rows})
+        env = environment_info()
+        write_out_json(f"bench_{NAME}_sweep.json", {"env": env, "rows": rows})
+        if not args.no_record:  # the sweep's section in the results (the last sweep's own file on the device)
+            append_markdown(_HERE / "results" / f"{NAME}.md", f"{NAME} benchmark", env, table,
+                            f"launch-config sweep (`--sweep`), {_versions()}")
     return rows
 
 

@@ -280,8 +280,16 @@ first`` separate the two changes; ``--profile``: each kernel's time). Ahead of t
 ``output3`` 255 / 128 (64 columns; 128 at 8 warps: 235 / 0), ``scan2`` 255 / 408; ``wu2`` (FAST)
 255 / 224, ``output2`` 255 / 112."""
 
-DEFAULT = FAST
-"""What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST`."""
+DEFAULT = FAST._replace(wu_inverse="doubling_tf32")
+"""What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST` with
+``wu2``'s diagonal-block inverse by doubling, its products in tf32 (:attr:`LaunchConfig.wu_inverse`).
+Measured (H100, triton 3.6, 2026-12-06 00:09, ``bench_gdn_chunk.py --sweep``, Qwen3-Next's dims,
+``benchmarks/results/gdn_chunk.md``): 352 / 1,391 us at T 4,096 / 16,384 against :data:`FAST`'s 432 /
+1,684 in the same run, the same error against the float32 loop (3.33e-3); the fastest of the sweep's
+eleven launch sets (``FAST scan 3 stages``: 379 / 1,478; ``FAST3``: 382 / 1,527). Every CUDA test of
+``tests/test_gdn_chunk_cuda.py`` for it passed on that H100 (correlated keys with slow decay, T 4,096
+with weak decay and a state, varlen, CUDA-graph replay). Still behind fla's kernels (290 / 1,130 on
+the same GPU, 2026-12-05): ``CHUNK_RULE_MEASURED`` stays off."""
 
 KDA = FAST._replace(warps=8, kda_intra_dot="tf32")
 """The launches of a decay per key channel (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`,

@@ -249,3 +249,39 @@ def test_forced_only(layer):
 def test_can_be_disabled(layer):
     _, _, c = _run(layer, _inputs(layer, "float"), options={"kda": {"disable": [NAME], "force": True}})
     assert c.matches[NAME] == 0
+
+
+# --------------------------------------------------------------------------- transformers' own step
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["qwen3_next", "olmo_hybrid"])
+def test_transformers_decode_step(family):
+    """transformers' decode step (tiny dims: 4 query heads, 2 kv heads; one linear and one full
+    attention layer) of a left-padded batch: its sdpa call gets a materialized mask, so
+    transformers does not ask sdpa for GQA (``use_gqa_in_sdpa``: only without a mask) and
+    repeats K / V (``repeat_kv``); the fold takes the repeats out. (Without padding transformers
+    5.25 passes no mask and ``enable_gqa=True``: no repeat in the graph, nothing to fold.)"""
+    pytest.importorskip("transformers")
+    from benchmarks import hf_models
+
+    built = hf_models.build(hf_models.BY_NAME[family], tiny=True, device="cpu", dtype=torch.float32,
+                            layers=hf_models.SMOKE_LAYERS)
+    if built is None:
+        pytest.skip(f"{family}: not in the installed transformers")
+    model, config = built
+    step, reset = hf_models.decode_case(model, config, batch=2, context=8, device="cpu")
+    padding = torch.ones(2, 9, dtype=torch.long)
+    padding[1, :3] = 0  # the second sequence is 3 tokens shorter, padded on the left
+
+    def run(decoder):
+        return decoder(**step.inputs(), attention_mask=padding).last_hidden_state
+
+    with torch.inference_mode(), fresh_compile():
+        reset()
+        want = run(model.model).clone()
+        c = compile_for_test(model.model)
+        reset()
+        got = run(c)
+    assert c.matches[NAME] == 1
+    removed = [name for r in c.records for name in r.changes.get(NAME, {}).get("removed", [])]
+    assert sum(name.startswith("expand") for name in removed) == 2, removed  # K's and V's repeat
+    assert_close_to_eager(got, want, rtol=1e-4, atol=1e-4)

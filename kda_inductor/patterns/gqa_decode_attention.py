@@ -184,8 +184,8 @@ class GqaDecodeAttention(Rewrite):
         "over heads (`[B, 1, 1, S]`), a per-head mask (`[B, H, 1, S]`, regrouped) or none; not yet measured "
         "on a GPU: forced only"
     )
-    becomes = ("the same sdpa on `q` viewed `[B, Hkv, n_rep, D]` and the un-repeated K / V (torch's own "
-               "backend choice; no `kda::` op)")
+    becomes = ("the same sdpa (torch's own backend choice) on `q` viewed `[B, Hkv, n_rep, D]` and the "
+               "un-repeated K / V: no kernel of ours")
 
     def speed_rule(self, match: FoldMatch) -> str | None:
         if match.device == "cuda" and MEASURED:

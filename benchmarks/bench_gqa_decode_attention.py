@@ -1,6 +1,7 @@
 """GPU benchmark of the ``gqa_decode_attention`` rewrite: a decode step's attention as
 transformers runs it under compile (a left-padded batch's bool mask ``[B, 1, 1, S]``, so
-``repeat_kv`` copies K and V ``n_rep`` times), alone; results in results/gqa_decode_attention.md.
+``repeat_kv`` copies K and V ``n_rep`` times), alone; a GPU run records its table under
+benchmarks/results/ (``finish``).
 
     python benchmarks/bench_gqa_decode_attention.py --budget 420     # every case, ~5-7 min on an H100
     python benchmarks/bench_gqa_decode_attention.py --models qwen3_next --batches 128 --contexts 256

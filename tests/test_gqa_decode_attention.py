@@ -195,14 +195,14 @@ FUSED = {
 }
 
 
-def _traced(fn, n_rep=4):
+def _traced(fn, n_rep=4, mask_shape=(2, 1, 1, 9)):
     from torch.fx.experimental.proxy_tensor import make_fx
 
     from kda_inductor.patterns.gqa_decode_attention import GqaDecodeAttention
 
     g = torch.Generator().manual_seed(1)
     args = (torch.randn(2, 2 * n_rep, 1, 16, generator=g), torch.randn(2, 2, 9, 16, generator=g),
-            torch.randn(2, 2, 9, 16, generator=g), torch.randn(2, 1, 1, 9, generator=g))
+            torch.randn(2, 2, 9, 16, generator=g), torch.randn(*mask_shape, generator=g))
     gm = make_fx(lambda q, k, v, m: fn(q, repeat_kv(k, n_rep), repeat_kv(v, n_rep), m), tracing_mode="fake")(*args)
     rewrite = GqaDecodeAttention()
     return gm, rewrite, rewrite.find(gm.graph), args
@@ -224,6 +224,14 @@ def test_dropout_is_not_folded():
     _, rewrite, matches, _ = _traced(
         lambda q, k, v, m: aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.5, attn_mask=m)[0])
     assert matches == [] and "dropout" in str(rewrite.misses)
+
+
+def test_mask_that_does_not_regroup_is_not_folded():
+    """A mask whose head dim is neither 1 nor H (here Hkv: no valid sdpa broadcast, which the
+    ops' meta kernels do not check) has no per-group form: a miss naming it."""
+    _, rewrite, matches, _ = _traced(FUSED["cpu"], mask_shape=(2, 2, 1, 9))
+    assert matches == [] and [m.stage for m in rewrite.misses] == [Stage.LAYOUT]
+    assert "does not regroup per kv head" in str(rewrite.misses)
 
 
 def test_read_logsumexp_is_not_folded():

@@ -11,7 +11,11 @@ _unsafe_view [B, H, S, D]``, the post-grad form of transformers' ``repeat_kv``, 
 transformers hands the fused op the repeat because its mask is materialized under compile
 (``use_gqa_in_sdpa`` enables GQA only without a mask, and its one-token ``pack_gqa`` path is
 eager only): each decode step copies K and V ``n_rep`` times, the costliest Inductor kernel of
-Qwen3-Next's decode step at 128 sequences (~220 of ~2,000 us on an H100, torch 2.11).
+Qwen3-Next's decode step at 128 sequences (~220 of ~2,000 us on an H100, torch 2.11,
+transformers 5.17). transformers 5.25 on torch 2.13 skips an all-ones mask under compile and
+asks for GQA (no repeat in the graph); a left-padded batch still gets the mask and the repeat.
+A repeat read elsewhere too stays for its other readers (the attention still reads the
+un-repeated K / V).
 
 Must not match (misses at the user's sdpa line): more than one query token (a prefill: the
 fold needs one query row per head; logged at DEBUG, ``Stage.INCIDENTAL``), dropout, ``is_causal``

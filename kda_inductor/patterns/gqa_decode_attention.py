@@ -53,7 +53,19 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
-from kda_inductor.patterns.base import VIEWS, Match, Rewrite, Stage, aten, erase_dead, is_dead, is_op, replace_by_function, val
+from kda_inductor.patterns.base import (
+    VIEWS,
+    Match,
+    Rewrite,
+    Stage,
+    aten,
+    erase_dead,
+    is_dead,
+    is_op,
+    moved,
+    replace_by_function,
+    val,
+)
 
 _OP_NAMES = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu",
@@ -83,7 +95,7 @@ class FoldMatch(Match):
     its arguments."""
 
     op: fx.Node
-    out: fx.Node
+    outs: tuple[fx.Node, ...]
     query: fx.Node
     key: fx.Node
     value: fx.Node
@@ -231,11 +243,13 @@ class GqaDecodeAttention(Rewrite):
         if per_head is None:
             return None
         items = _getitems(op)
-        if set(items) - {0} or 0 not in items or len(items[0]) != 1:
+        if set(items) - {0}:
             return self.miss(op, Stage.REGION, f"outputs {sorted(set(items) - {0})} of {op.target.__name__} "
                              "(its logsumexp) are read: the fold would have to regroup them")
-        out = items[0][0]
-        return FoldMatch(nodes=[op, out, *rk.nodes, *rv.nodes], op=op, out=out, query=a["query"], key=rk.src,
+        if 0 not in items:
+            return None  # the attention's output is not read
+        outs = tuple(items[0])  # one getitem, or several where nothing CSE'd them yet
+        return FoldMatch(nodes=[op, *outs, *rk.nodes, *rv.nodes], op=op, outs=outs, query=a["query"], key=rk.src,
                          value=rv.src, mask=mask, n_rep=rk.n_rep, scale=a.get("scale"), per_head_mask=per_head)
 
     def _per_head(self, op: fx.Node, mask: fx.Node | None, heads) -> bool | None:
@@ -254,27 +268,28 @@ class GqaDecodeAttention(Rewrite):
         return self.miss(op, Stage.LAYOUT, f"the mask's head dim ({shape[1]}) is neither 1 nor the {heads} "
                          "query heads: it does not regroup per kv head")
 
-    def replace(self, graph: fx.Graph, match: FoldMatch) -> None:
+    def replace(self, graph: fx.Graph, match: FoldMatch) -> dict[fx.Node, fx.Node]:
         m = match
-        args = (m.query, m.key, m.value, m.mask, m.n_rep, m.scale, m.per_head_mask)
-        replace_by_function(graph, folded, args, outputs=[m.out], before=m.op, region=m.nodes, origin=m.op)
+        args = (m.query, m.key, m.value, m.mask, m.n_rep, m.scale, m.per_head_mask, len(m.outs))
+        new = replace_by_function(graph, folded, args, outputs=list(m.outs), before=m.op, region=m.nodes, origin=m.op)
         # the fused ops are tagged nondeterministic_seeded (their dropout), which fx reads as
         # impure: erase_dead keeps them, so the old op and its unread outputs go here
         for item in [u for u in m.op.users if not u.users]:
             graph.erase_node(item)
         if not m.op.users:
             graph.erase_node(m.op)
-            erase_dead(graph, m.nodes[2:])
+            erase_dead(graph, [n for n in m.nodes if n is not m.op and n not in m.outs])  # the repeats
+        return moved(list(m.outs), new)
 
 
-def folded(query, key, value, mask, n_rep, scale, per_head_mask):
+def folded(query, key, value, mask, n_rep, scale, per_head_mask, readers=1):
     """The replacement: ``query [B, H, 1, D]`` as ``n_rep`` query rows of each kv head of ``key``
     / ``value [B, Hkv, S, D]`` (head ``h * n_rep + r`` -> kv head ``h``, row ``r``), the output
-    viewed back to ``[B, H, 1, D]``."""
+    viewed back to ``[B, H, 1, D]`` (once for each of the op's ``readers`` of it)."""
     q = query.unflatten(1, (-1, n_rep)).squeeze(3)  # [B, Hkv, n_rep, D]
     if mask is not None:
         mask = mask[(None,) * (4 - mask.dim())]  # [b, h, 1, s]
         if per_head_mask:
             mask = mask.unflatten(1, (-1, n_rep)).squeeze(3)  # [b, Hkv, n_rep, s]
     out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scale)
-    return out.unsqueeze(3).flatten(1, 2)  # [B, H, 1, D]
+    return (out.unsqueeze(3).flatten(1, 2),) * readers  # [B, H, 1, D]

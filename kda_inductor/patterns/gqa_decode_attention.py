@@ -14,7 +14,9 @@ eager only): each decode step copies K and V ``n_rep`` times, the costliest Indu
 Qwen3-Next's decode step at 128 sequences (~220 of ~2,000 us on an H100, torch 2.11,
 transformers 5.17). transformers 5.25 on torch 2.13 skips an all-ones mask under compile and
 asks for GQA (no repeat in the graph); a left-padded batch still gets the mask and the repeat.
-A repeat read elsewhere too stays for its other readers (the attention still reads the
+Kimi Linear's (and DeepSeek's) MLA attention has per-head K / V (``k_pe`` broadcast into a
+per-head key, no repeat of kv heads): nothing to fold there (checked on transformers' tiny
+Kimi Linear decode: no candidate, no miss). A repeat read elsewhere too stays for its other readers (the attention still reads the
 un-repeated K / V).
 
 Must not match (misses at the user's sdpa line): more than one query token (a prefill: the

@@ -51,6 +51,18 @@ def test_gdn_spec_split_smoke(capsys):
     assert "NOT meaningful" in capsys.readouterr().out
 
 
+def test_gqa_decode_attention_smoke(capsys):
+    """The decode attention's checks (against eager, exactly one fold in the kda compile) run on
+    CPU at both models' head ratios (timings are not meaningful); a spent budget skips cases."""
+    bench = _load("bench_gqa_decode_attention")
+    rows = bench.main(["--smoke"])
+    assert [(r["model"], r["B"], r["S"]) for r in rows] == [("qwen3_next", 2, 16), ("qwen3_5", 3, 9)]
+    assert all(r["kda_us"] > 0 and r["stock_us"] > 0 for r in rows)
+    assert "NOT meaningful" in capsys.readouterr().out
+    assert bench.main(["--smoke", "--budget", "0"]) == [{"model": "qwen3_next", "B": 2, "S": 16},
+                                                       {"model": "qwen3_5", "B": 3, "S": 9}]
+
+
 def test_indexer_k_write_smoke(capsys):
     """Eager, stock compile and kda_inductor write the same cache on CPU (timings meaningless)."""
     bench = _load("bench_indexer_k_write")

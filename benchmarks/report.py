@@ -278,22 +278,8 @@ FP8_REWRITE = "gated_norm_quant"
 is kda with it (its speed rule bypassed where the rule declines) against kda without it."""
 
 
-@contextlib.contextmanager
-def rule_bypassed(name: str):
-    """Rewrite ``name`` wherever it matches while the block compiles (its speed rule returns
-    None); every other rewrite keeps its rule."""
-    from kda_inductor.patterns import REWRITES
-
-    cls = REWRITES[name]
-    saved = cls.__dict__.get("speed_rule")
-    cls.speed_rule = lambda self, match: None
-    try:
-        yield
-    finally:
-        if saved is None:
-            del cls.speed_rule
-        else:
-            cls.speed_rule = saved
+rule_bypassed = T.rule_bypassed
+"""(``benchmarks/_timing.py``): the rewrite wherever it matches while the block compiles."""
 
 
 def fp8_variants(s: Settings, model, batch, row: dict) -> dict:

@@ -744,3 +744,24 @@ def test_gdn_chunk_registers():
     bad = subprocess.run([sys.executable, str(script), "--configs", "no such"], capture_output=True, text=True,
                          env=env, timeout=300, cwd=BENCHMARKS.parent)
     assert bad.returncode != 0 and "unknown" in bad.stderr + bad.stdout
+
+
+def test_hf_with_variant_bypasses_one_rule_in_its_process():
+    """``kda@with-<rewrite>``: compiled as kda (its base), with that one rewrite's speed rule
+    bypassed in the worker's process; an unknown name is an error naming the registry's."""
+    from benchmarks import _hf_sched
+    from kda_inductor.patterns import REWRITES
+
+    assert _hf_sched.base_variant("kda@with-gqa_decode_attention@no-cudnn-sdp") == "kda"
+    assert _hf_sched.modified("kda@with-gqa_decode_attention")
+    assert "no rewrite 'nope'" in _hf_sched.apply_modifiers("kda@with-nope")
+    cls, other = REWRITES["gqa_decode_attention"], REWRITES["gdn_chunk" if "gdn_chunk" in REWRITES else "causal_conv1d"]
+    saved, other_rule = cls.__dict__.get("speed_rule"), other.speed_rule
+    try:
+        assert _hf_sched.apply_modifiers("kda@with-gqa_decode_attention") is None
+        assert cls.speed_rule(None, None) is None and other.speed_rule is other_rule
+    finally:
+        if saved is None:
+            del cls.speed_rule
+        else:
+            cls.speed_rule = saved

@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import re
 import threading
 import time
 from typing import Any, Callable, Iterable
@@ -45,6 +46,11 @@ NO_CUDNN_SDP = "@no-cudnn-sdp"
 What it measures: the decode step's costliest Inductor kernel under kda on an H100 (2026-12-05,
 decode 128, 210-232 us) feeds cuDNN attention and is most likely the GQA repeat of K / V that
 cuDNN's op needs (flash reads the KV heads as they are)."""
+WITH = "@with-"
+"""A variant's suffix naming a rewrite, ``kda@with-<rewrite>``: kda with that rewrite's speed rule
+bypassed (it fires wherever it matches, every other rewrite keeping its rule): a forced-only
+rewrite's whole-step A / B, ``kda@with-gqa_decode_attention`` against ``kda``."""
+_WITH = re.compile(r"@with-([a-z0-9_]+)")
 MODIFIERS = (NO_FLA, NO_CUDNN_SDP)
 
 
@@ -66,6 +72,14 @@ def apply_modifiers(variant: str) -> str | None:
         import torch
 
         torch.backends.cuda.enable_cudnn_sdp(False)
+    for name in _WITH.findall(variant):  # a fresh process a compile: the rule stays bypassed in it
+        from kda_inductor import REWRITE_NAMES
+
+        if name not in REWRITE_NAMES:
+            return f"{variant}: no rewrite {name!r} (the registry's: {', '.join(REWRITE_NAMES)})"
+        from benchmarks._timing import bypass_rule
+
+        bypass_rule(name)
     return hide_fla() if NO_FLA in variant else None
 
 
@@ -73,7 +87,7 @@ def base_variant(variant: str) -> str:
     """``variant`` without its :data:`MODIFIERS`."""
     for suffix in MODIFIERS:
         variant = variant.replace(suffix, "")
-    return variant
+    return _WITH.sub("", variant)
 
 
 def modified(variant: str) -> bool:

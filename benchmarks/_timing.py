@@ -22,6 +22,7 @@ smoke runs, whose numbers are not meaningful.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import itertools
 import json
@@ -349,3 +350,30 @@ def finish(name: str, rows: Sequence[dict], columns: Sequence[Column], notes: st
     if record:
         record_results(name, payload, markdown_table(rows, columns), results_dir=results_dir,
                        title=f"{name} benchmark", notes=notes)
+
+
+def bypass_rule(name: str) -> Callable[[], None]:
+    """Rewrite ``name`` wherever it matches (its speed rule returns None) from now on, every other
+    rewrite keeping its rule; returns what puts the rule back."""
+    from kda_inductor.patterns import REWRITES
+
+    cls = REWRITES[name]
+    saved = cls.__dict__.get("speed_rule")
+    cls.speed_rule = lambda self, match: None
+
+    def restore() -> None:
+        if saved is None:
+            del cls.speed_rule
+        else:
+            cls.speed_rule = saved
+    return restore
+
+
+@contextlib.contextmanager
+def rule_bypassed(name: str):
+    """:func:`bypass_rule` while the block compiles."""
+    restore = bypass_rule(name)
+    try:
+        yield
+    finally:
+        restore()

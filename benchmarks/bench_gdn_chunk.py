@@ -39,8 +39,9 @@ inputs large enough (>= 25 MB at T = 256 ... 1.6 GB at 65536) that a call stream
 softplus(x + dt_bias)`` per channel with the model's initial ``A_log`` / ``dt_bias`` ranges):
 ``kda`` (the op, :data:`~kda_inductor.lowerings.gdn_chunk.KDA`'s launches), ``kda fp32`` (the same
 launches with tf32 products and float32 intermediates), ``fla`` (fla-core's ``chunk_kda``, where
-importable) and ``eager`` (transformers' ``chunk_kimi_delta_attention``, its torch reference, up
-to ``--stock-max-t``: its decay mask is ``[T / 64, 64, 64, K]`` floats a head), all against the
+importable), ``stock`` (stock ``torch.compile`` of transformers' ``chunk_kimi_delta_attention``, its
+torch reference: the speed rule of rule 3 for Kimi Linear) and ``eager`` (the same uncompiled), both up
+to ``--stock-max-t`` (its decay mask is ``[T / 64, 64, 64, K]`` floats a head), all against the
 op's float32 token loop (on the GPU: seconds at T = 16,384). Recorded as ``gdn_chunk_kda.{md,json}``.
 
 ``--profile`` (on by default with ``--quick``): after the timings, each variant's kernels by name
@@ -243,12 +244,15 @@ def kda_transformers() -> Callable | None:
 
 
 def kda_variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
-    """``--kda``: the op, its float32-intermediate launches, fla's ``chunk_kda``, transformers' eager."""
+    """``--kda``: the op, its float32-intermediate launches, fla's ``chunk_kda``, transformers' reference
+    compiled by stock Inductor and eager."""
     out: dict[str, Callable] = {"kda": kda, "kda2": lambda x: kda(x, L.KDA._replace(lowp=False))}
     fla = None if smoke else kda_fla()
     if fla is not None:
         out["fla"] = fla
     hf = kda_transformers()
+    if hf is not None and T <= stock_max_t and not smoke:
+        out["stock"] = torch.compile(hf)  # TORCH_KDA_RULE_MEASURED's column (_dynamo_chunk)
     if hf is not None and eager and T <= stock_max_t:
         out["eager"] = hf
     return out
@@ -434,9 +438,14 @@ def run_sweep(args, device, deadline) -> list[dict]:
     cols = (("T", "T", ","), ("config", "config", "s"), ("us", "us", ".1f"), ("err", "err", ".2e"),
             ("state_err", "state err", ".2e"), ("note", "note", "s"))
     print_table(rows, cols, title="kda::gdn_chunk launch configs")
-    print(markdown_table(rows, cols), flush=True)
+    table = markdown_table(rows, cols)
+    print(table, flush=True)
     if not args.smoke:
-        write_out_json(f"bench_{NAME}_sweep.json", {"env": environment_info(), "rows": rows})
+        env = environment_info()
+        write_out_json(f"bench_{NAME}_sweep.json", {"env": env, "rows": rows})
+        if not args.no_record:  # the sweep's section in the results (the last sweep's own file on the device)
+            append_markdown(_HERE / "results" / f"{NAME}.md", f"{NAME} benchmark", env, table,
+                            f"launch-config sweep (`--sweep`), {_versions()}")
     return rows
 
 

@@ -70,8 +70,17 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
                 "FAST3 inv subst": cfgs_v3["FAST3 inv subst"], "FAST scan4 s3": cfgs_v4["FAST scan4 s3"],
                 "FAST out4": cfgs_v4["FAST out4"], "FAST4": cfgs_v4["FAST4"],
                 "FAST scanout4": cfgs_v4["FAST scanout4"]}
-    # FAST, its inverse variants and the v3 launches first (the budget may end the sweep), then the rest
-    return {"FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v4, **cfgs_v2, **cfgs}
+    # the op's default (FAST with wu2's inverse by doubling in tf32: 352 / 1,391 us against FAST's 432 / 1,684
+    # at T 4,096 / 16,384, H100 2026-12-06) and candidates on top of it, FAST, its inverse variants and the
+    # v3 / v4 launches (the budget may end the sweep), then the rest
+    dflt, inv = L.DEFAULT, {"wu_inverse": L.DEFAULT.wu_inverse}
+    head = {"DEFAULT": dflt, "DEFAULT scan 3 stages": dflt._replace(scan_stages=3),
+            "DEFAULT scan4 s3": cfgs_v4["FAST scan4 s3"]._replace(**inv),
+            "DEFAULT out4": cfgs_v4["FAST out4"]._replace(**inv),
+            "DEFAULT scan4 s3 out4": cfgs_v4["FAST scan4 s3"]._replace(out4="group", **inv),
+            "DEFAULT scanout4": cfgs_v4["FAST scanout4"]._replace(**inv),
+            "DEFAULT 3 stages": dflt._replace(num_stages=3), "DEFAULT scan 4 stages": dflt._replace(scan_stages=4)}
+    return {**head, "FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v4, **cfgs_v2, **cfgs}
 
 
 def _v4_configs(fast, f3) -> dict[str, object]:

@@ -16,7 +16,8 @@ Variants (``--variant``): eager, stock, stock+fix (where this torch folds ``is_e
 kda, and kda-no-<rewrite> for every registered rewrite that fired in kda's first compile; any of
 them with ``@no-fla`` (``kda@no-fla``): in a process where fla-core cannot be imported, so
 transformers runs its torch paths (prefill's ``torch_chunk_gated_delta_rule``); with
-``@no-cudnn-sdp``: cuDNN's attention off (``benchmarks/_hf_sched.MODIFIERS``).
+``@no-cudnn-sdp``: cuDNN's attention off (``benchmarks/_hf_sched.MODIFIERS``); ``kda@with-<rewrite>``:
+kda with that rewrite's speed rule bypassed (a forced-only rewrite's whole-step A / B).
 
 Issue 36: a figure a user will quote is the median over separate compiles, cold and warm.
 Every variant is compiled ``--compiles`` times (3), variants alternating round by round (stock,
@@ -1245,7 +1246,8 @@ def _args(argv):
     add("--stage", action="store_true", help=f"the families of `.ci/gpu hf` (the default): {', '.join(STAGE)}")
     add("--variant", default=None, help="comma list: eager, stock, stock+fix, kda, kda-no-<rewrite>, kda-no-* "
                                         "(every rewrite that fired in kda), each also with @no-fla (fla-core "
-                                        "hidden) and / or @no-cudnn-sdp; default all")
+                                        "hidden) and / or @no-cudnn-sdp; kda@with-<rewrite> (its speed rule "
+                                        "bypassed); default all")
     add("--compiles", type=int, default=3, help="compiles per variant (--recipe rounds: the first cold, the others "
                                                 "warm; table: stock's cold compiles)")
     add("--recipe", choices=_hf_sched.RECIPES, default="rounds",

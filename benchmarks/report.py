@@ -278,22 +278,8 @@ FP8_REWRITE = "gated_norm_quant"
 is kda with it (its speed rule bypassed where the rule declines) against kda without it."""
 
 
-@contextlib.contextmanager
-def rule_bypassed(name: str):
-    """Rewrite ``name`` wherever it matches while the block compiles (its speed rule returns
-    None); every other rewrite keeps its rule."""
-    from kda_inductor.patterns import REWRITES
-
-    cls = REWRITES[name]
-    saved = cls.__dict__.get("speed_rule")
-    cls.speed_rule = lambda self, match: None
-    try:
-        yield
-    finally:
-        if saved is None:
-            del cls.speed_rule
-        else:
-            cls.speed_rule = saved
+rule_bypassed = T.rule_bypassed
+"""(``benchmarks/_timing.py``): the rewrite wherever it matches while the block compiles."""
 
 
 def fp8_variants(s: Settings, model, batch, row: dict) -> dict:
@@ -306,9 +292,11 @@ def fp8_variants(s: Settings, model, batch, row: dict) -> dict:
 
     out = {}
     if not row["rewrites"].get(FP8_REWRITE):  # (no Dynamo reset: the compiled variants must stay compiled)
-        with_it = s.compile_kda(model)
-        # the bypass changes no option, so Inductor's FX graph cache would serve the default compile's code
-        # (no gated_norm_quant, our pass not run: the H100 run of 2026-12-05 22:31 failed so): caches off here
+        # The bypass changes no option: compiled as the default compile was (same backend, same options),
+        # Dynamo would reuse that compile's code (its cache entries match by backend and options; the H100
+        # run of 2026-12-06 00:07 failed so), and Inductor's FX graph cache would serve it (the run of
+        # 2026-12-05 22:31): options of its own, and the graph caches off
+        with_it = torch.compile(model, backend="kda_inductor", options={"kda": {"force": bool(s.smoke)}})
         with rule_bypassed(FP8_REWRITE), pass_manager.graph_caches_off(), pass_manager.counted() as row["rewrites_gnq"]:
             HM.run_step(model, batch, with_it)
         if not row["rewrites_gnq"].get(FP8_REWRITE):

@@ -21,8 +21,15 @@ benchmarks against it stay honest.
    polyfill registration (``torch.compiler.substitute_in_graph``) puts the rule in; a constant
    evaluated at trace time (``torch.compiler.assume_constant_result``) says whose trace it is.
 
-3. **transformers' torch chunk core becomes ``kda::gdn_chunk``** (:func:`torch_chunk_references`),
-   with its own speed rule (:data:`TORCH_CHUNK_RULE_MEASURED`): on CUDA (measured), forced elsewhere.
+For prefill, :mod:`kda_inductor._dynamo_chunk` (rule ``gdn_chunk``): fla's ``chunk_gated_delta_rule``
+and ``chunk_kda`` become ``kda::gdn_chunk`` (rule 2's way, forced until measured), and
+
+3. **transformers' torch chunk cores become ``kda::gdn_chunk``** (``torch_chunk_gated_delta_rule``;
+   Kimi Linear's ``chunk_kimi_delta_attention``), each with its own speed rule.
+
+A call a rule leaves to the function it names (outside the op's domain, or by a speed rule) is a
+miss (:class:`TraceMiss`: its reason at the user's source line), kept in :data:`MISSES` and
+logged at INFO (``TORCH_LOGS=kda_inductor``); a rule turned off (not our trace, ``disable``) is not.
 
 :func:`register` registers them with Dynamo (idempotent; nothing at import): when torch resolves
 the backend name (``kda_inductor.backend``'s entry point, before the first trace) and again at
@@ -33,15 +40,16 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import inspect
 import sys
-import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
-from kda_inductor.options import TRACE_RULES, KdaOptions
+from kda_inductor import _dynamo_chunk
+from kda_inductor._dynamo_substitute import (MARK, MISSES, TraceMiss, _substituted, backend_of,  # noqa: F401
+                                             our_options, rule_is_on, substitute_with)
+from kda_inductor.options import TRACE_RULES
 
 RULE, CHUNK_RULE = TRACE_RULES
 """``gdn_recurrent_step`` / ``gdn_chunk``: ``options["kda"]["disable"]`` turns an fla rule off with
@@ -51,58 +59,22 @@ FLA_ENTRY_POINTS = (
     ("fla.ops.kda", "fused_recurrent_kda"),  # kimi_linear
 )
 """fla-core's recurrent entry points transformers dispatches decode to: (module, attribute)."""
-FLA_CHUNK_ENTRY_POINTS = (("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),)  # qwen3_next, qwen3_5 prefill
-"""fla-core's chunked entry points traced as ``kda::gdn_chunk`` (rule :data:`CHUNK_RULE`)."""
-
-MARK = "_kda_inductor_rules"
-"""The attribute that marks a compiler function whose traces these rules apply to: the backend sets
-it on :func:`kda_inductor.backend.kda_inductor` (this module does not import the backend)."""
 
 _every_backend = False
 _exporting_rule: ReadsTheFlag | None = None
-_substituted: dict[int, Callable[..., Any]] = {}
-"""id(fla entry point) -> the entry point (kept alive: Dynamo keys polyfills by id)."""
 
 
 def register() -> None:
-    """Register both rules with Dynamo where this torch has the hooks (feature checks); the fla
-    rule for each entry point whose module is imported (never imports fla). Idempotent."""
+    """Register the rules with Dynamo where this torch has the hooks (feature checks); the fla
+    rules for each entry point whose module is imported (never imports fla), the prefill rules
+    (:mod:`kda_inductor._dynamo_chunk`) likewise. Idempotent."""
     _register_exporting_rule()
     if hasattr(torch.compiler, "substitute_in_graph") and hasattr(torch.compiler, "assume_constant_result"):
-        for entry_points, chunked in ((FLA_ENTRY_POINTS, False), (FLA_CHUNK_ENTRY_POINTS, True)):
-            for module, name in entry_points:
-                fn = getattr(sys.modules.get(module), name, None)
-                if callable(fn) and id(fn) not in _substituted:
-                    _substitute_chunk(fn) if chunked else _substitute(fn)
-        for fn in torch_chunk_references():
-            if id(fn) not in _substituted:
-                _substitute_torch_chunk(fn)
-
-
-# --------------------------------------------------------------------------- whose trace
-
-
-def backend_of(tx: Any) -> tuple[Any, dict[str, Any] | None]:
-    """``(compiler function, torch.compile options)`` of the trace ``tx``: Dynamo keeps the backend
-    as ``tx.output.compiler_fn`` in its debug wrapper (made with ``functools.wraps``: the wrapped
-    object is ``__wrapped__``), around ``torch.compile``'s ``_TorchCompileWrapper`` (the compiler
-    function and its ``kwargs``) when the backend came through ``torch.compile``."""
-    compiler = getattr(getattr(tx, "output", None), "compiler_fn", None)
-    compiler = getattr(compiler, "__wrapped__", compiler)
-    options = (getattr(compiler, "kwargs", None) or {}).get("options")
-    return getattr(compiler, "compiler_fn", compiler), options
-
-
-def our_options(tx: Any) -> KdaOptions | None:
-    """Our options when ``tx`` traces for kda_inductor, else None. Options the backend will refuse
-    count as not ours: the backend reports them, as themselves, when it is called."""
-    compiler, options = backend_of(tx)
-    if getattr(compiler, MARK, False) is not True:
-        return None
-    try:
-        return KdaOptions.parse((options or {}).get("kda"))
-    except (TypeError, ValueError):
-        return None
+        for module, name in FLA_ENTRY_POINTS:
+            fn = getattr(sys.modules.get(module), name, None)
+            if callable(fn) and id(fn) not in _substituted:
+                _substitute(fn)
+        _dynamo_chunk.register()
 
 
 # --------------------------------------------------------------------------- rule 1: is_exporting
@@ -192,182 +164,24 @@ def fla_recurrent_step(q, k, v, g=None, beta=None, scale=None, initial_state=Non
     return out, final if output_final_state else None
 
 
-def _rule_is_on(rule: str) -> bool:
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    options = our_options(InstructionTranslator.current_tx())
-    return options is not None and rule not in options.disable
-
-
 @torch.compiler.assume_constant_result
 def _rule_on() -> bool:
     """Evaluated once per trace, at trace time: the trace is for kda_inductor and the rule is not
     disabled (``options["kda"]["disable"]``)."""
-    return _rule_is_on(RULE)
-
-
-CHUNK_RULE_MEASURED = False
-"""Whether ``kda::gdn_chunk`` was measured faster than fla's chunk kernels (the speed rule of the
-prefill rule): not yet (H200, 2026-12-05: 1,285 us against fla's 270 at T = 4096, ``benchmarks/results/gdn_chunk.md``; the faster ``gdn_chunk.FAST`` path awaits its timing), so the rule applies only with
-``options["kda"]["force"]`` (``docs/dynamo-rules.md``)."""
-
-
-@torch.compiler.assume_constant_result
-def _chunk_rule_on() -> bool:
-    """:func:`_rule_on` of :data:`CHUNK_RULE`, which also needs its speed rule: measured faster
-    than fla's kernels (:data:`CHUNK_RULE_MEASURED`), or ``force``."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    options = our_options(InstructionTranslator.current_tx())
-    return _rule_is_on(CHUNK_RULE) and (CHUNK_RULE_MEASURED or bool(options and options.force))
-
-
-def _same_function(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Another function object with ``fn``'s code, globals, defaults, closure and attributes (fla's
-    ``torch.compiler.disable`` marks among them): Dynamo traces or skips it as it does ``fn``,
-    without the rule substituting it again."""
-    twin = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
-    twin.__kwdefaults__ = fn.__kwdefaults__
-    twin.__qualname__, twin.__module__ = fn.__qualname__, fn.__module__
-    twin.__dict__.update(fn.__dict__)
-    return twin
+    return rule_is_on(RULE)
 
 
 def _substitute(fn: Callable[..., Any]) -> None:
     """Register the rule for one fla recurrent entry point: in our op's domain (a decay and a beta
-    per head given) and with the rule on, :func:`fla_recurrent_step` (:func:`_substitute_with`)."""
+    per head given) and with the rule on, :func:`fla_recurrent_step` (:func:`~kda_inductor._dynamo_substitute.substitute_with`)."""
     import kda_inductor.lowerings.gdn_recurrent_step  # noqa: F401  (registers the op fla_recurrent_step calls)
 
-    def in_domain(bound: dict) -> bool:
+    def why_not(bound: dict) -> str | None:
         beta = bound.get("beta")
-        return (beta is not None and beta.dim() == 3  # one beta per head (not per value channel)
-                and (bound.get("g") is not None or bound.get("gk") is not None))
+        if beta is None or beta.dim() != 3:
+            return "beta is not one per value head [B, T, HV] (per value channel, or absent)"
+        if bound.get("g") is None and bound.get("gk") is None:
+            return "no decay given (g and gk None)"
+        return None
 
-    _substitute_with(fn, fla_recurrent_step, in_domain, _rule_on)
-
-
-def _substitute_with(fn: Callable[..., Any], ours: Callable[..., Any], in_domain: Callable[[dict], bool],
-                     rule_on: Callable[[], bool], *, extra_none: bool = False) -> None:
-    """Register ``ours`` for fla's ``fn`` in traces: its call is bound against fla's own
-    signature; where every argument ``ours`` does not read is at its default (``extra_none``: or
-    a keyword ``fn``'s ``**kwargs`` takes, given as None), ``in_domain(bound)`` holds and
-    ``rule_on()`` (evaluated once per trace), it is ``ours`` on the arguments it reads; else
-    ``fn``'s own function."""
-    reads = tuple(inspect.signature(ours).parameters)
-    params = inspect.signature(fn).parameters.values()
-    names = tuple(p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD))
-    defaults = {p.name: p.default for p in params if p.default is not p.empty}
-    fla = _same_function(fn)
-
-    def traced(*args, **kwargs):
-        bound = {**defaults, **dict(zip(names, args)), **kwargs}
-        others = [n for n in bound if n not in reads]
-        if (len(args) <= len(names) and all(bound[n] is defaults[n] if n in defaults else
-                                            extra_none and n not in names and bound[n] is None for n in others)
-                and in_domain(bound) and rule_on()):
-            return ours(**{n: bound[n] for n in reads if n in bound})
-        return fla(*args, **kwargs)
-
-    traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"
-    torch.compiler.substitute_in_graph(fn)(traced)
-    _substituted[id(fn)] = fn
-
-
-# --------------------------------------------------------------------------- rule 2 for prefill: fla's chunk
-
-
-def fla_chunk(q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False,
-              use_qk_l2norm_in_kernel=False, cu_seqlens=None):
-    """fla's ``chunk_gated_delta_rule`` on the arguments transformers passes, as one
-    ``kda::gdn_chunk``: ``[B, T, H, K]`` q / k (GVA), ``g [B, T, HV]``, ``beta [B, T, HV]``, an
-    ``[N, HV, K, V]`` state read as float32, varlen ``cu_seqlens``; ``(o, final_state or None)``."""
-    state = None if initial_state is None else initial_state.float()
-    out, final = torch.ops.kda.gdn_chunk(q, k, v, g, beta, scale, state, bool(use_qk_l2norm_in_kernel), cu_seqlens)
-    return out, final if output_final_state else None
-
-
-def _substitute_chunk(fn: Callable[..., Any]) -> None:
-    """:func:`_substitute` for fla's chunk entry point: in the op's domain (a decay and a beta per
-    head, ``[B, T, HV]``: a per-channel decay is ``chunk_kda``'s, not traced yet) and with the rule on,
-    :func:`fla_chunk`; else fla's."""
-    import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op fla_chunk calls)
-
-    def in_domain(bound: dict) -> bool:
-        g, beta = bound.get("g"), bound.get("beta")
-        return g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3
-
-    _substitute_with(fn, fla_chunk, in_domain, _chunk_rule_on)
-
-
-# --------------------------------------------------------------------------- rule 3: transformers' torch chunk core
-
-TORCH_CHUNK_REFERENCE = "torch_chunk_gated_delta_rule"
-"""transformers' torch chunked core (Qwen3-Next, Qwen3.5, OLMo-hybrid, ...): what prefill runs
-without fla-core, and under ``torch.export``. Found by name in each imported
-``transformers.models.*`` modeling module, under transformers' hub-kernel wrappers (a plain
-function in 5.17; in 5.2x an ``nn.Module`` whose ``forward`` closes over a ``functools.wraps``
-wrapper of it): the function whose body is the reference, by identity."""
-
-TORCH_CHUNK_RULE_MEASURED = True
-"""Whether ``kda::gdn_chunk`` was measured faster than Inductor's code for the torch reference
-(``benchmarks/bench_gdn_chunk.py``'s ``stock`` column, stock ``torch.compile`` of transformers'
-reference; ``benchmarks/results/gdn_chunk.md``): on CUDA, yes: 36 us against 411 at T = 256 (H100,
-2026-12-05, the op's FAST launches), 1,225 against 4,056 at 4,096 with the op's slower float32
-launches (H200). So rule 3 applies on CUDA; on CPU (not measured) only with ``force``."""
-
-
-def torch_chunk_references() -> list[Callable[..., Any]]:
-    """The plain functions behind every imported modeling module's :data:`TORCH_CHUNK_REFERENCE`
-    (never imports transformers)."""
-    found: dict[int, Callable[..., Any]] = {}
-    for name, module in list(sys.modules.items()):
-        attr = getattr(module, TORCH_CHUNK_REFERENCE, None) if name.startswith("transformers.models.") else None
-        forward = getattr(type(attr), "forward", None) if isinstance(attr, torch.nn.Module) else None
-        cells = [c.cell_contents for c in getattr(forward, "__closure__", None) or ()]
-        for fn in [attr, *cells]:
-            fn = inspect.unwrap(fn) if isinstance(fn, types.FunctionType) else None
-            if fn is not None and fn.__name__ == TORCH_CHUNK_REFERENCE:
-                found[id(fn)] = fn
-    return list(found.values())
-
-
-@torch.compiler.assume_constant_result
-def _torch_chunk_rule_on() -> bool:
-    """:func:`_rule_on` of :data:`CHUNK_RULE` for transformers' torch reference, which needs its
-    own speed rule (:data:`TORCH_CHUNK_RULE_MEASURED`) or ``force``."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    options = our_options(InstructionTranslator.current_tx())
-    return _rule_is_on(CHUNK_RULE) and (TORCH_CHUNK_RULE_MEASURED or bool(options and options.force))
-
-
-@torch.compiler.assume_constant_result
-def _forced() -> bool:
-    """``options["kda"]["force"]`` of the trace's compile (evaluated once per trace)."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    options = our_options(InstructionTranslator.current_tx())
-    return bool(options and options.force)
-
-
-def torch_chunk(query, key, value, g, beta, initial_state=None, output_final_state=False,
-                use_qk_l2norm_in_kernel=False):
-    """transformers' ``torch_chunk_gated_delta_rule`` on the arguments it reads (``chunk_size`` 64),
-    as one ``kda::gdn_chunk``: :func:`fla_chunk` with the reference's scale, ``K ** -0.5``."""
-    return fla_chunk(query, key, value, g, beta, key.shape[-1] ** -0.5, initial_state, output_final_state,
-                     use_qk_l2norm_in_kernel)
-
-
-def _substitute_torch_chunk(fn: Callable[..., Any]) -> None:
-    """Rule 3 for one reference function: in the op's domain (``chunk_size`` 64, keywords it does
-    not read None, a decay and a beta per value head), on CUDA tensors (where it was measured) or
-    forced, and with the rule on, :func:`torch_chunk`; else the reference."""
-    import kda_inductor.lowerings.gdn_chunk  # noqa: F401  (registers the op torch_chunk calls)
-
-    def in_domain(bound: dict) -> bool:
-        g, beta, q = bound.get("g"), bound.get("beta"), bound.get("query")
-        measured_here = q is not None and q.device.type == "cuda"  # the speed rule's device
-        return (g is not None and g.dim() == 3 and beta is not None and beta.dim() == 3
-                and (measured_here or _forced()))
-
-    _substitute_with(fn, torch_chunk, in_domain, _torch_chunk_rule_on, extra_none=True)
+    substitute_with(fn, fla_recurrent_step, why_not, _rule_on, op="kda::gdn_recurrent_step")

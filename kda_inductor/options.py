@@ -16,7 +16,8 @@ from typing import Any
 TRACE_RULES = ("gdn_recurrent_step", "gdn_chunk")
 """Names ``disable`` takes besides the rewrites': the trace rules of :mod:`kda_inductor._dynamo_fixes`
 (``gdn_recurrent_step``: fla's recurrent decode entry points traced as that op; ``gdn_chunk``:
-fla's ``chunk_gated_delta_rule`` traced as ``kda::gdn_chunk``), each named after the op it emits."""
+fla's ``chunk_gated_delta_rule`` and ``chunk_kda`` and transformers' torch chunk references traced as
+``kda::gdn_chunk``), each named after the op it emits."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,10 +4,11 @@
 fla-core's Triton kernels need a GPU, and transformers 5.25 sends CPU inputs to its torch reference
 anyway (``_PACKAGE_SUPPORTED_DEVICES`` in ``transformers/integrations/hub_kernels.py``). So
 :func:`install` puts a small ``fla`` package in ``sys.modules`` whose
-``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule``, ``fla.ops.kda.fused_recurrent_kda``
-and ``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` have fla-core 0.6.0's signatures, compute the recurrence in plain torch (a token loop written here,
-independent of kda_inductor's op) and are wrapped in ``torch.compiler.disable`` as fla keeps its
-kernels out of graphs; and lets transformers dispatch CPU inputs to ``fla``. :func:`modeling` then
+``fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule``, ``fla.ops.kda.fused_recurrent_kda``,
+``fla.ops.gated_delta_rule.chunk_gated_delta_rule`` and ``fla.ops.kda.chunk_kda`` have fla-core
+0.6.0's signatures, compute the recurrence in plain torch (a token loop written here, independent
+of kda_inductor's op) and are wrapped in ``torch.compiler.disable`` as fla keeps its kernels out of
+graphs; and lets transformers dispatch CPU inputs to ``fla``. :func:`modeling` then
 executes a transformers modeling file anew (under a private module name), so that its
 ``use_kernel_func_from_hub_with_fallback`` decorators resolve the stand-in, as the installed
 module's did resolve fla-core on the GPU machine. Neither touches transformers' own modules.
@@ -80,6 +81,42 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None, out
     return o, state if output_final_state else None
 
 
+def chunk_kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+              use_qk_l2norm_in_kernel=False, use_gate_in_kernel=False, use_beta_sigmoid_in_kernel=False,
+              allow_neg_eigval=False, safe_gate=False, lower_bound=None, disable_recompute=False,
+              return_intermediate_states=False, state_v_first=False, cu_seqlens=None, cu_seqlens_cpu=None,
+              cp_context=None, use_graph=False, max_num_seqs=None, **kwargs):
+    """fla-core 0.6.0's chunked KDA entry point (Kimi Linear prefill), its signature and forward result:
+    ``g`` the log decay per key channel ``[B, T, HV, K]`` (with ``use_gate_in_kernel``, the raw gate:
+    ``-exp(A_log) * softplus(g + dt_bias)``), ``beta`` (with ``use_beta_sigmoid_in_kernel``, logits),
+    varlen ``cu_seqlens``; ``chunk_size`` 32 or 64 and keywords it does not name ignored, as fla's;
+    ``o`` in q's dtype. The same token loop; the rest raises."""
+    if (state_v_first or return_intermediate_states or cp_context is not None or use_graph or lower_bound is not None
+            or kwargs.get("transpose_state_layout")):
+        raise NotImplementedError("the stand-in computes what transformers asks for, nothing else")
+    if kwargs.get("chunk_size", 64) not in (32, 64):
+        raise ValueError("`chunk_size` must be either 32 or 64 for KDA")
+    if cu_seqlens is not None and q.shape[0] != 1:
+        raise ValueError("The batch size is expected to be 1 rather than 2 when using `cu_seqlens`.")
+    assert initial_state is None or initial_state.dtype == torch.float32, "initial_state must be in float32."
+    assert g.shape == (*v.shape[:3], q.shape[-1]), "g must have shape [B, T, HV, K]"
+    if use_gate_in_kernel:
+        HV, K = g.shape[-2:]
+        bias = kwargs["dt_bias"].float().view(HV, K) if kwargs.get("dt_bias") is not None else 0.0
+        g = -kwargs["A_log"].float().exp().view(HV, 1) * torch.nn.functional.softplus(g.float() + bias)
+    if use_beta_sigmoid_in_kernel:
+        beta = beta.float().sigmoid() * (2.0 if allow_neg_eigval else 1.0)
+    offsets = [0, q.shape[1]] if cu_seqlens is None else [int(x) for x in cu_seqlens]
+    outs, states = [], []
+    for n, (s, e) in enumerate(zip(offsets[:-1], offsets[1:])):
+        state = None if initial_state is None else initial_state[n:n + 1] if cu_seqlens is not None else initial_state
+        o, state = _recurrence(q[:, s:e], k[:, s:e], v[:, s:e], g[:, s:e], beta[:, s:e], scale, state,
+                               use_qk_l2norm_in_kernel)
+        outs.append(o)
+        states.append(state)
+    return torch.cat(outs, 1).to(q.dtype), torch.cat(states) if output_final_state else None
+
+
 def install(monkeypatch) -> types.SimpleNamespace:
     """The stand-in ``fla`` package in ``sys.modules`` (fresh function objects each time), and
     transformers' dispatch sending CPU inputs to it; undone by ``monkeypatch``."""
@@ -88,6 +125,7 @@ def install(monkeypatch) -> types.SimpleNamespace:
     gdn.fused_recurrent_gated_delta_rule = torch.compiler.disable(fused_recurrent_gated_delta_rule)
     kda.fused_recurrent_kda = torch.compiler.disable(fused_recurrent_kda)
     gdn.chunk_gated_delta_rule = torch.compiler.disable(chunk_gated_delta_rule)
+    kda.chunk_kda = torch.compiler.disable(chunk_kda)
     fla.ops, ops.gated_delta_rule, ops.kda = ops, gdn, kda
     for module in (fla, ops, gdn, kda):
         monkeypatch.setitem(sys.modules, module.__name__, module)
@@ -98,7 +136,7 @@ def install(monkeypatch) -> types.SimpleNamespace:
         if devices is not None:
             monkeypatch.setitem(devices, "fla", (*devices.get("fla", ()), "cpu"))
     return types.SimpleNamespace(gdn=gdn.fused_recurrent_gated_delta_rule, kda=kda.fused_recurrent_kda,
-                                 gdn_chunk=gdn.chunk_gated_delta_rule)
+                                 gdn_chunk=gdn.chunk_gated_delta_rule, kda_chunk=kda.chunk_kda)
 
 
 def modeling(monkeypatch, family_module: str) -> types.ModuleType:

@@ -51,6 +51,18 @@ def test_gdn_spec_split_smoke(capsys):
     assert "NOT meaningful" in capsys.readouterr().out
 
 
+def test_gqa_decode_attention_smoke(capsys):
+    """The decode attention's checks (against eager, exactly one fold in the kda compile) run on
+    CPU at both models' head ratios (timings are not meaningful); a spent budget skips cases."""
+    bench = _load("bench_gqa_decode_attention")
+    rows = bench.main(["--smoke"])
+    assert [(r["model"], r["B"], r["S"]) for r in rows] == [("qwen3_next", 2, 16), ("qwen3_5", 3, 9)]
+    assert all(r["kda_us"] > 0 and r["stock_us"] > 0 for r in rows)
+    assert "NOT meaningful" in capsys.readouterr().out
+    assert bench.main(["--smoke", "--budget", "0"]) == [{"model": "qwen3_next", "B": 2, "S": 16},
+                                                       {"model": "qwen3_5", "B": 3, "S": 9}]
+
+
 def test_indexer_k_write_smoke(capsys):
     """Eager, stock compile and kda_inductor write the same cache on CPU (timings meaningless)."""
     bench = _load("bench_indexer_k_write")
@@ -737,3 +749,24 @@ def test_gdn_chunk_registers():
     bad = subprocess.run([sys.executable, str(script), "--configs", "no such"], capture_output=True, text=True,
                          env=env, timeout=300, cwd=BENCHMARKS.parent)
     assert bad.returncode != 0 and "unknown" in bad.stderr + bad.stdout
+
+
+def test_hf_with_variant_bypasses_one_rule_in_its_process():
+    """``kda@with-<rewrite>``: compiled as kda (its base), with that one rewrite's speed rule
+    bypassed in the worker's process; an unknown name is an error naming the registry's."""
+    from benchmarks import _hf_sched
+    from kda_inductor.patterns import REWRITES
+
+    assert _hf_sched.base_variant("kda@with-gqa_decode_attention@no-cudnn-sdp") == "kda"
+    assert _hf_sched.modified("kda@with-gqa_decode_attention")
+    assert "no rewrite 'nope'" in _hf_sched.apply_modifiers("kda@with-nope")
+    cls, other = REWRITES["gqa_decode_attention"], REWRITES["gdn_chunk" if "gdn_chunk" in REWRITES else "causal_conv1d"]
+    saved, other_rule = cls.__dict__.get("speed_rule"), other.speed_rule
+    try:
+        assert _hf_sched.apply_modifiers("kda@with-gqa_decode_attention") is None
+        assert cls.speed_rule(None, None) is None and other.speed_rule is other_rule
+    finally:
+        if saved is None:
+            del cls.speed_rule
+        else:
+            cls.speed_rule = saved

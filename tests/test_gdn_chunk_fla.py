@@ -2,8 +2,9 @@
 graphs by fla's ``torch.compiler.disable``) is traced as ``kda::gdn_chunk``, by identity
 (``kda_inductor/_dynamo_fixes.py``, rule ``gdn_chunk``), on the fla-core stand-in
 (``tests/fla_standin.py``): stock compile breaks the graph at the call, kda_inductor keeps one graph
-holding the op, equal to eager; ``disable``, a per-channel decay (``chunk_kda``'s, not traced) and fla's
-varlen keywords it does not read keep fla's function."""
+holding the op, equal to eager; ``disable``, a per-channel decay (``chunk_kda``'s domain, traced by its
+own rule: ``tests/test_gdn_chunk_kda_fla.py``) and fla's varlen keywords it does not read keep fla's
+function."""
 
 import pytest
 import torch

@@ -9,7 +9,7 @@ transformers' function."""
 import pytest
 import torch
 
-from kda_inductor import _dynamo_fixes
+from kda_inductor import _dynamo_chunk
 from kda_inductor.pass_manager import graph_caches_off, observe
 
 modeling = pytest.importorskip("transformers.models.qwen3_next.modeling_qwen3_next")
@@ -46,7 +46,7 @@ def _compiled(fn, args, **options):
 
 
 def test_the_reference_is_found_under_transformers_wrappers():
-    found = _dynamo_fixes.torch_chunk_references()
+    found = _dynamo_chunk.torch_chunk_references()
     assert found and all(fn.__name__ == "torch_chunk_gated_delta_rule" for fn in found)
     assert all("chunk_size" in fn.__code__.co_varnames for fn in found)  # the body, not a wrapper
 
@@ -78,7 +78,7 @@ def test_what_keeps_transformers_function(options, extra):
 def test_a_keyword_the_op_does_not_read_keeps_the_reference():
     """Past transformers' wrappers (which drop keywords the function does not name), the plain
     function called with a keyword its ``**kwargs`` takes: None is in the op's domain, else not."""
-    plain = next(fn for fn in _dynamo_fixes.torch_chunk_references() if fn.__module__ == modeling.__name__)
+    plain = next(fn for fn in _dynamo_chunk.torch_chunk_references() if fn.__module__ == modeling.__name__)
     args = _inputs(T=40, seed=2)
     for value, ops in ((None, 1), (1, 0)):
         layer = _layer(plain, extra_keyword=value)

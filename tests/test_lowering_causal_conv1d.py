@@ -393,11 +393,12 @@ def test_launch_config():
     # the register window's guesses where the sweep has not timed the class yet
     tiles = {64: mod.LaunchConfig(16, 256, 1, 1, 8, True), 512: mod.LaunchConfig(32, 512, 2, 1, 8, True),
              4096: mod.LaunchConfig(64, 1024, 4, 1, 8, True)}
-    # what the sweep chose (tune_causal_conv1d.md): from 6144 channels, one warp, two rows a step
-    swept = {(4096, 8192): mod.LaunchConfig(64, 256, 1, 1, 2, True),
-             (16384, 8192): mod.LaunchConfig(64, 128, 1, 1, 2, True),
-             (4096, 12288): mod.LaunchConfig(64, 128, 1, 1, 2, True),
-             (16384, 11520): mod.LaunchConfig(64, 128, 1, 1, 2, True)}
+    # what the second sweep chose (tune_causal_conv1d.md, H100): from 6144 channels, one warp over 128
+    # channels, the streaming window (prefetch, the PTX silu, 4 / 2 steps unrolled)
+    stream_4k, stream_16k = mod.LaunchConfig(32, 128, 1, 1, 2, True, True, True, 4), mod.LaunchConfig(
+        64, 128, 1, 1, 4, True, True, True, 2)
+    swept = {(4096, 8192): stream_4k, (16384, 8192): stream_16k, (4096, 12288): stream_4k,
+             (16384, 11520): stream_16k}
     for (T, C), cfg in swept.items():
         assert mod.launch_config(T, C) == cfg
     assert mod.launch_config(4096, 4096) == mod.launch_config(16384, 4096) == tiles[4096]

@@ -1,6 +1,8 @@
 """``kda::gdn_chunk``: the gated delta rule's forward over a prefill (one sequence, a batch, or
 sequences packed along T by ``cu_seqlens``), computed by chunks of 64 tokens, as transformers'
-``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5) and fla's ``chunk_gated_delta_rule``.
+``torch_chunk_gated_delta_rule`` (Qwen3-Next, Qwen3.5) and fla's ``chunk_gated_delta_rule``; with a
+decay per key channel, as Kimi Linear's ``chunk_kimi_delta_attention`` and fla's ``chunk_kda`` (the
+trace rules that emit it: ``kda_inductor/_dynamo_chunk.py``).
 
 ``kda::gdn_chunk(q, k, v, g, beta, scale=None, initial_state=None, use_qk_l2norm=False,
 cu_seqlens=None, eps=1e-6, out_dtype=None) -> (o, final_state)``. The same function as
@@ -295,8 +297,16 @@ first`` separate the two changes; ``--profile``: each kernel's time). Ahead of t
 ``output3`` 255 / 128 (64 columns; 128 at 8 warps: 235 / 0), ``scan2`` 255 / 408; ``wu2`` (FAST)
 255 / 224, ``output2`` 255 / 112."""
 
-DEFAULT = FAST
-"""What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST`."""
+DEFAULT = FAST._replace(wu_inverse="doubling_tf32")
+"""What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST` with
+``wu2``'s diagonal-block inverse by doubling, its products in tf32 (:attr:`LaunchConfig.wu_inverse`).
+Measured (H100, triton 3.6, 2026-12-06 00:09, ``bench_gdn_chunk.py --sweep``, Qwen3-Next's dims,
+``benchmarks/results/gdn_chunk.md``): 352 / 1,391 us at T 4,096 / 16,384 against :data:`FAST`'s 432 /
+1,684 in the same run, the same error against the float32 loop (3.33e-3); the fastest of the sweep's
+eleven launch sets (``FAST scan 3 stages``: 379 / 1,478; ``FAST3``: 382 / 1,527). Every CUDA test of
+``tests/test_gdn_chunk_cuda.py`` for it passed on that H100 (correlated keys with slow decay, T 4,096
+with weak decay and a state, varlen, CUDA-graph replay). Still behind fla's kernels (290 / 1,130 on
+the same GPU, 2026-12-05): ``CHUNK_RULE_MEASURED`` stays off."""
 
 KDA = FAST._replace(warps=8, kda_intra_dot="tf32")
 """The launches of a decay per key channel (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`,

@@ -14,11 +14,13 @@ from kda_inductor.patterns.gated_norm_quant import GatedNormQuant
 from kda_inductor.patterns.gdn_recurrent_step import GdnRecurrentStep
 from kda_inductor.patterns.gdn_recurrent_step_write_back import GdnRecurrentStepWriteBack
 from kda_inductor.patterns.gdn_spec_split import GdnSpecSplit
+from kda_inductor.patterns.gqa_decode_attention import GqaDecodeAttention
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
 from kda_inductor.patterns.indexer_k_write import IndexerKWrite
 
 REWRITES: dict[str, type[Rewrite]] = ordered(
-    (IndexerKWrite, IndexerKGather, CausalConv1d, GdnRecurrentStep, GdnSpecSplit, GatedNormQuant, GatedNormMerge))
+    (IndexerKWrite, IndexerKGather, CausalConv1d, GdnRecurrentStep, GdnSpecSplit, GatedNormQuant, GatedNormMerge,
+     GqaDecodeAttention))
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 """The only list of rewrites: the pass, the options, ``benchmarks/report.py``, ``.ci/gpu``, the
 spelling corpus, the README's rewrite table and ``docs/rewrites.md`` all read it."""

@@ -25,10 +25,11 @@ ON_CUDA = [
     "hf_qwen3_next_conv_prefill", "hf_qwen3_next_conv_decode", "hf_cached_prefill_padded", "dao_causal_conv1d_update_ref_2d",
     "hf_qwen3_next_recurrent_decode", "hf_qwen3_next_recurrent_verify4", "hf_qwen3_next_5_17_layer_repeat",
     "fla_naive_recurrent_kda_gqa", "einsum_head_major_cache",
+    "hf_padded_decode", "hf_padded_decode_bf16", "falcon_alibi_decode", "interleaved_decode",
 ]
 CUDAGRAPH = ["qwen_gdn_merge_padded", "bailing_kda_merge_4d", "vllm_kimi_norm_4d_padded", "hf_kimi_linear_norm_4d",
              "sglang_set_k_and_s_2d", "flat_indices_then_view_2d", "hf_qwen3_next_conv_decode",
-             "hf_qwen3_next_recurrent_decode"]
+             "hf_qwen3_next_recurrent_decode", "hf_padded_decode_bf16"]
 
 
 def test_names_exist():

@@ -1,0 +1,200 @@
+"""GPU benchmark of the ``gqa_decode_attention`` rewrite: a decode step's attention as
+transformers runs it under compile (a left-padded batch's bool mask ``[B, 1, 1, S]``, so
+``repeat_kv`` copies K and V ``n_rep`` times), alone; a GPU run records its table under
+benchmarks/results/ (``finish``).
+
+    python benchmarks/bench_gqa_decode_attention.py --budget 360     # every case, ~5-7 min on an H100
+    python benchmarks/bench_gqa_decode_attention.py --models qwen3_next --batches 128 --contexts 256
+    python benchmarks/bench_gqa_decode_attention.py --smoke          # CPU, tiny dims: checks only
+
+Per case (model dims: Qwen3-Next H 16 / Hkv 2 / D 256, Qwen3.5 H 16 / Hkv 4 / D 256; batches 32 /
+128; contexts 256 / 4096 keys), CUDA-graph replay medians (``_timing``) of eager, stock
+``torch.compile`` and kda_inductor with the rewrite forced (it is forced only until this
+measures it), the floor (q, the un-repeated K / V, the mask and the output read or written
+once, at the copy bandwidth) and the bytes the repeat moves (``2 x B x H x S x D`` elements
+written, then read by the attention). Each compiled result is checked against eager first
+(bf16: within two bf16 steps of the output's scale; the fold runs the fused kernel on
+``n_rep`` query rows per kv head, which tiles the rows differently) and the kda compile must
+fold exactly one attention. ``--budget`` seconds stops it between cases.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+_HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(_HERE)]
+from _timing import (  # noqa: E402
+    add_ratios,
+    finish,
+    graph_replay_median_us,
+    measure_copy_bandwidth,
+    perf_counter_median_us,
+    progress,
+)
+
+NAME = "gqa_decode_attention"
+MODELS = {"qwen3_next": (16, 2, 256), "qwen3_5": (16, 4, 256)}  # (H, Hkv, D) of the full-attention layers
+SMOKE_DIMS = (4, 2, 16)
+BATCHES, CONTEXTS = (32, 128), (256, 4096)
+FORCED = {"kda": {"force": True}}
+COLUMNS = (("model", "model", ""), ("B", "B", ","), ("S", "S", ","), ("eager_us", "eager us", ".1f"),
+           ("stock_us", "stock us", ".1f"), ("kda_us", "kda us", ".1f"), ("floor_us", "floor us", ".1f"),
+           ("repeat_mb", "repeat MB", ".0f"), ("stock_over_kda", "stock/kda", ".2f"),
+           ("kda_over_floor", "kda/floor", ".2f"))
+
+
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """transformers' ``repeat_kv``: ``[B, Hkv, S, D]`` -> ``[B, Hkv * n_rep, S, D]``."""
+    b, h, s, d = x.shape
+    return x[:, :, None, :, :].expand(b, h, n_rep, s, d).reshape(b, h * n_rep, s, d)
+
+
+def attention(query, key, value, mask):
+    """transformers' sdpa integration with a mask: repeat, attend, ``[B, 1, H, D]`` out."""
+    n_rep = query.shape[1] // key.shape[1]
+    out = F.scaled_dot_product_attention(query, repeat_kv(key, n_rep), repeat_kv(value, n_rep), attn_mask=mask,
+                                         scale=query.shape[-1] ** -0.5)
+    return out.transpose(1, 2).contiguous()
+
+
+def inputs(batch: int, keys: int, dims: tuple[int, int, int], device, dtype=torch.bfloat16):
+    """Query ``[B, H, 1, D]`` (a transposed projection), K / V ``[B, Hkv, S, D]`` and a
+    left-padded batch's bool mask ``[B, 1, 1, S]`` (every other sequence a quarter shorter)."""
+    h, hkv, d = dims
+    g = torch.Generator(device=device).manual_seed(batch * keys)  # on the device: GBs at B 128, S 4096
+    q = torch.randn(batch, 1, h, d, generator=g, device=device).to(dtype).transpose(1, 2)
+    k, v = (torch.randn(batch, hkv, keys, d, generator=g, device=device).to(dtype) for _ in range(2))
+    mask = torch.ones(batch, 1, 1, keys, dtype=torch.bool)
+    mask[1::2, ..., : keys // 4] = False
+    return q, k, v, mask.to(device)
+
+
+def bytes_moved(args) -> int:
+    """What the attention must read and write once: q, the un-repeated K / V, the mask, the output."""
+    q, k, v, mask = args
+    return 2 * q.nbytes + k.nbytes + v.nbytes + mask.nbytes
+
+
+def repeated_bytes(args) -> int:
+    """The repeat's write of K and V at H heads (``2 x B x H x S x D`` elements)."""
+    q, k, _, _ = args
+    return 2 * q.shape[0] * q.shape[1] * k.shape[2] * k.shape[3] * k.element_size()
+
+
+def check(label: str, got, want) -> None:
+    """Within two bf16 steps of the output's largest magnitude (the fold's other tiling of the
+    rows; float32 on CPU: the same bound at float32's step)."""
+    from kda_inductor.testing import assert_close_to_eager
+
+    step = torch.finfo(want.dtype).eps * float(want.float().abs().max())
+    try:
+        assert_close_to_eager(got, want, rtol=0.02, atol=2 * step)
+    except AssertionError as e:
+        raise SystemExit(f"{label}: compiled output differs from eager: {e}") from None
+
+
+def compiled_pair(label: str, args):
+    """``(stock, kda)`` compiled and checked; kda must have folded exactly one attention."""
+    from kda_inductor import pass_manager
+
+    torch._dynamo.reset()  # each case compiled for its own static shapes
+    want = attention(*args)
+    stock = torch.compile(attention, backend="inductor")
+    kda = torch.compile(attention, backend="kda_inductor", options=FORCED)
+    check(f"{label} stock", stock(*args), want)
+    with pass_manager.observe() as records:
+        got = kda(*args)
+    folded = pass_manager.total_matches(records)[NAME]
+    if folded != 1:
+        raise SystemExit(f"{label}: kda folded {folded} attentions, expected 1")
+    check(f"{label} kda", got, want)
+    return stock, kda
+
+
+def run(model: str, batch: int, keys: int, *, smoke: bool, reps: int, bandwidth: float | None, s=None) -> dict:
+    device = "cpu" if smoke else "cuda"
+    dims = SMOKE_DIMS if smoke else MODELS[model]
+    args = inputs(batch, keys, dims, device, dtype=torch.float32 if smoke else torch.bfloat16)
+    label = f"{model} B={batch} S={keys}"
+    stock, kda = compiled_pair(label, args)
+    timer = (s.timer if s is not None else (lambda f: perf_counter_median_us(f, reps)) if smoke
+             else (lambda f: graph_replay_median_us(f, reps=reps, inner=5, calls=5)))
+    row = {"model": model, "B": batch, "S": keys, "eager_us": timer(lambda: attention(*args)),
+           "stock_us": timer(lambda: stock(*args)), "kda_us": timer(lambda: kda(*args)),
+           "repeat_mb": repeated_bytes(args) / 1e6}
+    if bandwidth:
+        row["floor_us"] = bytes_moved(args) / bandwidth * 1e6
+    return add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"), ("kda_over_floor", "kda_us", "floor_us")))
+
+
+def report_row(model: str, batch: int, keys: int, s) -> dict:
+    """One case for ``benchmarks/report.py`` (``s``: its ``Settings``), the rewrite forced."""
+    row = run(model, batch, keys, smoke=s.smoke, reps=s.reps, bandwidth=s.bandwidth, s=s)
+    return {"rewrite": NAME, "shape": model, "T": batch, **{k: v for k, v in row.items() if k not in ("model", "B")}}
+
+
+def report_jobs(s) -> list:
+    """The report's rows: Qwen3-Next's decode attention at 32 and 128 sequences, 256 keys
+    (smoke: tiny dims, 2 sequences, 16 keys)."""
+    if s.smoke:
+        return [lambda: report_row("qwen3_next", 2, 16, s)]
+    return [lambda B=B: report_row("qwen3_next", B, 256, s) for B in BATCHES]
+
+
+def cases(args) -> list[tuple[str, int, int]]:
+    if args.smoke:
+        return [("qwen3_next", 2, 16), ("qwen3_5", 3, 9)]
+    # the short contexts first (the finding's case: 257 keys), so that a spent budget skips the long ones
+    return [(m, b, c) for c in map(int, args.contexts.split(",")) for m in args.models.split(",")
+            for b in map(int, args.batches.split(","))]
+
+
+def main(argv=None) -> list[dict]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default=",".join(MODELS))
+    p.add_argument("--batches", default=",".join(map(str, BATCHES)))
+    p.add_argument("--contexts", default=",".join(map(str, CONTEXTS)))
+    p.add_argument("--reps", type=int, default=None)
+    p.add_argument("--budget", type=float, default=360, help="seconds; the cases after it are skipped")
+    p.add_argument("--no-record", action="store_true")
+    p.add_argument("--smoke", action="store_true", help="tiny CPU run: checks only")
+    args = p.parse_args(argv)
+    if not args.smoke and not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (use --smoke on CPU)")
+    reps = args.reps or (2 if args.smoke else 50)
+    # our pass runs on every graph: the graph caches off (stock and kda compile the same graph)
+    import torch._functorch.config
+
+    torch._inductor.config.fx_graph_cache = False
+    torch._functorch.config.enable_autograd_cache = False
+    import kda_inductor  # noqa: F401  (the backend, when not pip-installed)
+
+    bandwidth = None if args.smoke else measure_copy_bandwidth("cuda")
+    t0 = time.perf_counter()
+    rows = []
+    for model, batch, keys in cases(args):
+        if time.perf_counter() - t0 > args.budget:
+            rows.append({"model": model, "B": batch, "S": keys})
+            print(f"{model} B={batch} S={keys}: skipped, --budget spent", flush=True)
+            continue
+        rows.append(run(model, batch, keys, smoke=args.smoke, reps=reps, bandwidth=bandwidth))
+        progress(rows[-1])
+        if not args.smoke:
+            torch.cuda.empty_cache()
+    notes = ("NOT meaningful (CPU smoke run)" if args.smoke else
+             f"CUDA-graph replay medians, 5 calls per graph, per call; kda with the rewrite forced; copy "
+             f"bandwidth {bandwidth / 1e12:.2f} TB/s; bool mask [B, 1, 1, S] of a left-padded batch")
+    finish(NAME, rows, COLUMNS, notes, smoke=args.smoke, record=not args.no_record,
+           results_dir=_HERE / "results", started=t0)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

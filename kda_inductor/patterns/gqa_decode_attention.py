@@ -1,0 +1,297 @@
+"""``gqa_decode_attention``: a decode step's grouped-query attention without the repeated K / V.
+
+Finds (post-grad graph) a fused sdpa op (``_scaled_dot_product_cudnn_attention``,
+``_scaled_dot_product_flash_attention``, ``_scaled_dot_product_efficient_attention``,
+``_scaled_dot_product_flash_attention_for_cpu``, and XPU's ``..._fused_attention_overrideable``
+where this torch has it) whose query ``[B, H, 1, D]`` has one query token and whose key and
+value are each a repeat of a ``[B, Hkv, S, D]`` tensor, head ``h * n_rep + r`` reading kv head
+``h``: ``unsqueeze(x, 2) -> expand [B, Hkv, n_rep, S, D] -> (clone) -> reshape / view /
+_unsafe_view [B, H, S, D]``, the post-grad form of transformers' ``repeat_kv``, of
+``x[:, :, None].expand(...).reshape(...)`` and of ``x.repeat_interleave(n_rep, dim=1)`` alike.
+transformers hands the fused op the repeat because its mask is materialized under compile
+(``use_gqa_in_sdpa`` enables GQA only without a mask, and its one-token ``pack_gqa`` path is
+eager only): each decode step copies K and V ``n_rep`` times, the costliest Inductor kernel of
+Qwen3-Next's decode step at 128 sequences (~220 of ~2,000 us on an H100, torch 2.11,
+transformers 5.17). transformers 5.25 on torch 2.13 skips an all-ones mask under compile and
+asks for GQA (no repeat in the graph); a left-padded batch still gets the mask and the repeat.
+Kimi Linear's (and DeepSeek's) MLA attention has per-head K / V (``k_pe`` broadcast into a
+per-head key, no repeat of kv heads): nothing to fold there (checked on transformers' tiny
+Kimi Linear decode: no candidate, no miss). A repeat read elsewhere too stays for its other readers (the attention still reads the
+un-repeated K / V).
+
+Must not match (misses at the user's sdpa line): more than one query token (a prefill: the
+fold needs one query row per head; logged at DEBUG, ``Stage.INCIDENTAL``), dropout, ``is_causal``
+(with one query token it means "key 0 only", top-left aligned: folded, row ``r`` would see
+``r + 1`` keys), a key repeated and a value not (or by another count), a mask that does not
+broadcast per group, an extra output (the logsumexp) read. ``x.repeat(1, n_rep, 1, 1)`` (head
+``r * Hkv + h``: tiled, not interleaved) is no repeat of this form and is left alone; so is the
+math backend's decomposed attention (matmul / softmax: no fused op to find).
+
+Speed rule (``speed_rule``): forced only until measured (``MEASURED`` False): the fold removes
+the repeat's write of ``2 x B x H x S x D`` elements and the attention's read of them (the
+attention reads ``B x Hkv x S x D`` once per group instead); ``benchmarks/bench_gqa_decode_attention.py``
+times the region (eager, stock, kda) at Qwen3-Next's and Qwen3.5's dims; the history:
+``docs/speed-rules.md``.
+
+Replacement (:func:`folded`): the same attention with the group folded into the query rows: q
+viewed ``[B, Hkv, n_rep, D]``, k / v un-repeated, the mask ``[.., 1, 1, S]`` left to broadcast
+(or, per head, ``[B, H, 1, S]`` regrouped ``[B, Hkv, n_rep, S]``), the output viewed back to
+``[B, H, 1, D]``. It calls ``F.scaled_dot_product_attention``, traced in the graph's fake mode,
+so torch's own selection (``sdp_utils``) picks the fused backend for the folded shapes (with
+``n_rep`` query rows every backend is legal where it was for one); the scale is the user's (the
+head dim is unchanged). Attention rows are independent, so the result is eager's up to the
+backend's own rounding (a kernel tiles ``n_rep`` rows differently from one). Turn it off with
+``options={"kda": {"disable": ["gqa_decode_attention"]}}``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+import torch.fx as fx
+import torch.nn.functional as F
+from torch.fx.experimental.symbolic_shapes import statically_known_true
+
+from kda_inductor.patterns.base import (
+    VIEWS,
+    Match,
+    Rewrite,
+    Stage,
+    aten,
+    erase_dead,
+    is_dead,
+    is_op,
+    moved,
+    replace_by_function,
+    val,
+)
+
+_OP_NAMES = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
+             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu",
+             "_scaled_dot_product_fused_attention_overrideable")
+SDPA_OPS = tuple(getattr(aten, name).default for name in _OP_NAMES if hasattr(aten, name))
+"""The fused attention ops sdpa lowers to; each returns the attention output first."""
+_MASK_ARGS = ("attn_bias", "attn_mask")  # the mask's name in each op's schema (flash has none)
+
+MEASURED = False
+"""Whether the fold was measured faster than stock Inductor's code on CUDA (its region:
+``benchmarks/bench_gqa_decode_attention.py``; in the step: ``benchmarks/hf_models.py``'s
+``kda-no-gqa_decode_attention``). Until then the rewrite is forced only."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _Repeat:
+    """``node`` is ``src`` [B, Hkv, S, D] with each head repeated ``n_rep`` times in place."""
+
+    src: fx.Node
+    n_rep: int
+    nodes: tuple[fx.Node, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class FoldMatch(Match):
+    """One decode attention: the fused op, its output, the un-repeated K / V and the rest of
+    its arguments."""
+
+    op: fx.Node
+    outs: tuple[fx.Node, ...]
+    query: fx.Node
+    key: fx.Node
+    value: fx.Node
+    mask: fx.Node | None
+    n_rep: int
+    scale: float | None
+    per_head_mask: bool
+
+    @property
+    def anchor(self) -> fx.Node:
+        return self.op
+
+    def repeated_bytes(self) -> int | None:
+        """Bytes the repeats write (K and V, ``B x H x S x D`` each): what the fold saves twice
+        (written, then read by the attention); None for symbolic sizes."""
+        k, q = val(self.key), val(self.query)
+        sizes = (q.shape[0], q.shape[1], k.shape[2], k.shape[3])
+        if not all(isinstance(s, int) for s in sizes):
+            return None
+        b, h, s, d = sizes
+        return 2 * b * h * s * d * k.element_size()
+
+
+def _bound(node: fx.Node) -> dict[str, Any]:
+    """``node``'s arguments by their schema names, defaults filled in."""
+    out, args = {}, list(node.args)
+    for i, a in enumerate(node.target._schema.arguments):
+        if i < len(args) and not a.kwarg_only:
+            out[a.name] = args[i]
+        elif a.name in node.kwargs:
+            out[a.name] = node.kwargs[a.name]
+        else:
+            out[a.name] = a.default_value if a.has_default_value() else None
+    return out
+
+
+def _known(x: Any) -> bool:
+    return bool(statically_known_true(x))
+
+
+def _same_sizes(a, b) -> bool:
+    return len(a) == len(b) and all(_known(x == y) for x, y in zip(a, b))
+
+
+def repeated(node: fx.Node) -> _Repeat | None:
+    """``node`` as a repeat of a ``[B, Hkv, S, D]`` tensor along its heads, head ``h * n_rep
+    + r`` reading head ``h`` (``unsqueeze(2) -> expand -> (clone) -> reshape``), else None."""
+    if not is_op(node, *VIEWS):
+        return None
+    chain = [node]
+    x = node.args[0]
+    if is_op(x, aten.clone):
+        chain.append(x)
+        x = x.args[0]
+    if not is_op(x, aten.expand):
+        return None
+    chain.append(x)
+    ev, inner = val(x), x.args[0]
+    iv, out = val(inner), val(node)
+    if iv is None or ev is None or out is None or iv.dim() != 5 or ev.dim() != 5 or out.dim() != 4:
+        return None
+    n_rep = ev.shape[2]
+    if not (_known(iv.shape[2] == 1) and isinstance(n_rep, int) and n_rep > 1):
+        return None
+    if not (_same_sizes(iv.shape[:2] + iv.shape[3:], ev.shape[:2] + ev.shape[3:])
+            and _same_sizes(out.shape, (ev.shape[0], ev.shape[1] * n_rep, ev.shape[3], ev.shape[4]))):
+        return None
+    src = _unit_dim_source(inner)
+    return None if src is None else _Repeat(src, n_rep, (*chain, inner))
+
+
+def _unit_dim_source(inner: fx.Node) -> fx.Node | None:
+    """The 4-D tensor that ``inner`` [B, Hkv, 1, S, D] is with a unit dim inserted at 2."""
+    if is_op(inner, aten.unsqueeze):
+        src = inner.args[0]
+        return src if inner.args[1] % 5 == 2 and val(src) is not None and val(src).dim() == 4 else None
+    if is_op(inner, *VIEWS):
+        src, iv = inner.args[0], val(inner)
+        sv = val(src)
+        if sv is not None and sv.dim() == 4 and _same_sizes(sv.shape, iv.shape[:2] + iv.shape[3:]):
+            return src
+    return None
+
+
+def _getitems(op: fx.Node) -> dict[int, list[fx.Node]]:
+    """The op's live ``getitem`` users by output index."""
+    items: dict[int, list[fx.Node]] = {}
+    for u in op.users:
+        if u.op == "call_function" and u.target is operator.getitem and not is_dead(u):
+            items.setdefault(u.args[1], []).append(u)
+    return items
+
+
+class GqaDecodeAttention(Rewrite):
+    name = "gqa_decode_attention"
+    finds = ("a decode step's grouped-query attention (one query token) fed a `repeat_kv` of K and V "
+             "(transformers' hybrid models: forced only)")
+    spellings = (
+        "one query token (`q [B, H, 1, D]`) into a fused sdpa op (cuDNN, flash, efficient, CPU flash) whose "
+        "key and value are each `[B, Hkv, S, D]` repeated per head (transformers' `repeat_kv`: `x[:, :, None]"
+        ".expand(...).reshape(...)`, `repeat_interleave(n_rep, dim=1)`), with a float or bool mask broadcast "
+        "over heads (`[B, 1, 1, S]`), a per-head mask (`[B, H, 1, S]`, regrouped) or none; not yet measured "
+        "on a GPU: forced only"
+    )
+    becomes = ("the same sdpa (torch's own backend choice) on `q` viewed `[B, Hkv, n_rep, D]` and the "
+               "un-repeated K / V: no kernel of ours")
+
+    def speed_rule(self, match: FoldMatch) -> str | None:
+        if match.device == "cuda" and MEASURED:
+            return None
+        saved = match.repeated_bytes()
+        size = "" if saved is None else f" (here {saved / 1e6:.1f} MB written, then read)"
+        return (f"not yet measured on {match.device}: forced only; the fold saves the repeat of K and V, "
+                f"2 x B x H x S x D elements written and read back by the attention{size} "
+                "(benchmarks/bench_gqa_decode_attention.py; MEASURED in patterns/gqa_decode_attention.py)")
+
+    def find(self, graph: fx.Graph) -> list[Match]:
+        matches = []
+        for op in graph.nodes:
+            if op.op == "call_function" and op.target in SDPA_OPS:
+                m = self._fold(op)
+                if m is not None:
+                    matches.append(m)
+        return matches
+
+    def _fold(self, op: fx.Node) -> FoldMatch | None:
+        a = _bound(op)
+        rk, rv = repeated(a["key"]), repeated(a["value"])
+        if rk is None and rv is None:
+            return None  # no repeated heads: multi-head attention, nothing to fold
+        if rk is None or rv is None or rk.n_rep != rv.n_rep:
+            return self.miss(op, Stage.PIECES, "only one of key and value is a repeat of its kv heads "
+                             "(or by another count): the fold needs both un-repeated")
+        qv = val(a["query"])
+        if qv is None or qv.dim() != 4 or not _known(qv.shape[1] == val(a["key"]).shape[1]):
+            return self.miss(op, Stage.FORM, "the query is not [B, H, L, D] with the repeated heads")
+        if not _known(qv.shape[2] == 1):
+            return self.miss(op, Stage.INCIDENTAL, f"{qv.shape[2]} query tokens: folding the group into the "
+                             "query rows needs one query token per sequence (decode)")
+        if a.get("dropout_p", 0.0) != 0.0 or a.get("is_causal", False):
+            why = "dropout" if a.get("dropout_p", 0.0) != 0.0 else "is_causal=True (one query token sees key 0 only)"
+            return self.miss(op, Stage.VALUES, f"{why}: the folded rows would attend differently")
+        mask = next((a[n] for n in _MASK_ARGS if a.get(n) is not None), None)
+        per_head = self._per_head(op, mask, qv.shape[1])
+        if per_head is None:
+            return None
+        items = _getitems(op)
+        if set(items) - {0}:
+            return self.miss(op, Stage.REGION, f"outputs {sorted(set(items) - {0})} of {op.target.__name__} "
+                             "(its logsumexp) are read: the fold would have to regroup them")
+        if 0 not in items:
+            return None  # the attention's output is not read
+        outs = tuple(items[0])  # one getitem, or several where nothing CSE'd them yet
+        return FoldMatch(nodes=[op, *outs, *rk.nodes, *rv.nodes], op=op, outs=outs, query=a["query"], key=rk.src,
+                         value=rv.src, mask=mask, n_rep=rk.n_rep, scale=a.get("scale"), per_head_mask=per_head)
+
+    def _per_head(self, op: fx.Node, mask: fx.Node | None, heads) -> bool | None:
+        """Whether ``mask`` has one row per head (regrouped) rather than one for all heads
+        (broadcast); None with a miss where it is neither."""
+        if mask is None:
+            return False
+        mv = val(mask)
+        shape = (1,) * (4 - mv.dim()) + tuple(mv.shape) if mv is not None and mv.dim() <= 4 else None
+        if shape is None or not _known(shape[2] == 1):
+            return self.miss(op, Stage.LAYOUT, "the mask is not [.., heads, 1, S]: it does not broadcast per group")
+        if _known(shape[1] == 1):
+            return False
+        if _known(shape[1] == heads):
+            return True
+        return self.miss(op, Stage.LAYOUT, f"the mask's head dim ({shape[1]}) is neither 1 nor the {heads} "
+                         "query heads: it does not regroup per kv head")
+
+    def replace(self, graph: fx.Graph, match: FoldMatch) -> dict[fx.Node, fx.Node]:
+        m = match
+        args = (m.query, m.key, m.value, m.mask, m.n_rep, m.scale, m.per_head_mask, len(m.outs))
+        new = replace_by_function(graph, folded, args, outputs=list(m.outs), before=m.op, region=m.nodes, origin=m.op)
+        # the fused ops are tagged nondeterministic_seeded (their dropout), which fx reads as
+        # impure: erase_dead keeps them, so the old op and its unread outputs go here
+        for item in [u for u in m.op.users if not u.users]:
+            graph.erase_node(item)
+        if not m.op.users:
+            graph.erase_node(m.op)
+            erase_dead(graph, [n for n in m.nodes if n is not m.op and n not in m.outs])  # the repeats
+        return moved(list(m.outs), new)
+
+
+def folded(query, key, value, mask, n_rep, scale, per_head_mask, readers=1):
+    """The replacement: ``query [B, H, 1, D]`` as ``n_rep`` query rows of each kv head of ``key``
+    / ``value [B, Hkv, S, D]`` (head ``h * n_rep + r`` -> kv head ``h``, row ``r``), the output
+    viewed back to ``[B, H, 1, D]`` (once for each of the op's ``readers`` of it)."""
+    q = query.unflatten(1, (-1, n_rep)).squeeze(3)  # [B, Hkv, n_rep, D]
+    if mask is not None:
+        mask = mask[(None,) * (4 - mask.dim())]  # [b, h, 1, s]
+        if per_head_mask:
+            mask = mask.unflatten(1, (-1, n_rep)).squeeze(3)  # [b, Hkv, n_rep, s]
+    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scale)
+    return (out.unsqueeze(3).flatten(1, 2),) * readers  # [B, H, 1, D]

@@ -317,7 +317,7 @@ if triton is not None:
             return a * tl.exp(d)
 
     @triton.jit
-    def _gc16(gb, cb, sg_t, sc_t, r, L):
+    def gc16(gb, cb, sg_t, sc_t, r, L):
         """The chunk's cumulative decay ``gc`` by its four 16-row blocks, stored at ``cb``."""
         g0, g1, g2, g3 = _vec(gb, sg_t, r, L), _vec(gb, sg_t, r + 16, L), _vec(gb, sg_t, r + 32, L), \
             _vec(gb, sg_t, r + 48, L)
@@ -346,12 +346,12 @@ if triton is not None:
                     sb_h, sc_t, sc_h, KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
                     OPERAND: tl.constexpr):
         """What ``wu2_kernel`` and v3's solve read of head ``h``'s chunk at ``t0``, by four 16-row
-        blocks: ``gc`` (stored, :func:`_gc16`), ``beta`` and the key rows (:func:`_keys_op`, their
+        blocks: ``gc`` (stored, :func:`gc16`), ``beta`` and the key rows (:func:`_keys_op`, their
         ``1 / |k|`` stored when ``L2NORM``). Returns ``(h64, c0..c3, b0..b3, X0..X3)``."""
         r = tl.arange(0, 16)
         h64 = h.to(tl.int64)
         gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
-        c0, c1, c2, c3 = _gc16(gb, cb, sg_t, sc_t, r, L)
+        c0, c1, c2, c3 = gc16(gb, cb, sg_t, sc_t, r, L)
         b0, b1, b2, b3 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L), _vec(bb, sb_t, r + 32, L), \
             _vec(bb, sb_t, r + 48, L)
         kb, rb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t, rk_ptr + h64 * sc_h + t0 * sc_t

@@ -58,7 +58,7 @@ if triton is not None:
         _store(_tile(ab, L, 64, s_t, 1, 16 * i, 16 * j, 16, 16), X)
 
     @triton.jit
-    def _put_lower(ab, L, s_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
+    def put_lower(ab, L, s_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33):
         _put(ab, L, s_t, 0, 0, T00)
         _put(ab, L, s_t, 1, 0, T10)
         _put(ab, L, s_t, 1, 1, T11)
@@ -98,7 +98,7 @@ if triton is not None:
             _akk3(X2, X1, b2, c2, c1, DOT, False), _akk3(X2, X2, b2, c2, c2, DOT, True),
             _akk3(X3, X0, b3, c3, c0, DOT, False), _akk3(X3, X1, b3, c3, c1, DOT, False),
             _akk3(X3, X2, b3, c3, c2, DOT, False), _akk3(X3, X3, b3, c3, c3, DOT, True), INV)
-        _put_lower(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
+        put_lower(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
 
     @triton.jit
     def _tinv(ab, L, s_t):

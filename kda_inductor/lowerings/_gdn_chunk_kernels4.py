@@ -35,8 +35,8 @@ if triton is not None:
     from kda_inductor.lowerings._gdn_chunk_kernels import chunk2 as _chunk2
     from kda_inductor.lowerings._gdn_chunk_kernels import seq_range as _seq_range
     from kda_inductor.lowerings._gdn_chunk_kernels import sumsq as _sumsq
-    from kda_inductor.lowerings._gdn_chunk_kernels import _gc16, raw as _raw, tile as _tile, vec as _vec
-    from kda_inductor.lowerings._gdn_chunk_kernels3 import _put_lower
+    from kda_inductor.lowerings._gdn_chunk_kernels import gc16, raw as _raw, tile as _tile, vec as _vec
+    from kda_inductor.lowerings._gdn_chunk_kernels3 import put_lower
     from kda_inductor.lowerings._gdn_chunk_inverse import inverse as _inverse
 
     @triton.jit
@@ -100,6 +100,57 @@ if triton is not None:
             return tl.zeros((KB, BV), tl.float32)
 
     @triton.jit
+    def _program4(cu_ptr, cuc_ptr, n_tok, n_chk, V: tl.constexpr, HV: tl.constexpr, BV: tl.constexpr,
+                  REGULAR: tl.constexpr):
+        """Program (sequence, value head, column block) of a 1-D grid, the column blocks fastest: ``j``,
+        ``n64``, ``h``, ``h64`` and the sequence's tokens / chunks ``ts, te, cs, ce``."""
+        NV = tl.cdiv(V, BV)
+        pid = tl.program_id(0)
+        j, nh = pid % NV, pid // NV
+        n, h = nh // HV, nh % HV
+        n64, h64 = n.to(tl.int64), h.to(tl.int64)
+        ts, te, cs, ce = _seq_range(n, n64, cu_ptr, cuc_ptr, n_tok, n_chk, REGULAR)
+        return j, n64, h, h64, ts, te, cs, ce
+
+    @triton.jit
+    def _states_in(s_ptr, n64, h64, ss_n, ss_h, ss_k, ss_v, j, K: tl.constexpr, V: tl.constexpr, KB: tl.constexpr,
+                   BV: tl.constexpr, TWO: tl.constexpr, HAS_STATE: tl.constexpr):
+        """The initial state's blocks ``S1`` (rows ``0 .. KB``) and ``S2`` (``KB .. 2 KB``; ``S1`` itself
+        without ``TWO``, never used then)."""
+        sb = s_ptr + n64 * ss_n + h64 * ss_h
+        S1 = _state_load(sb, ss_k, ss_v, 0, j, K, V, KB, BV, HAS_STATE)
+        if TWO:
+            S2 = _state_load(sb, ss_k, ss_v, KB, j, K, V, KB, BV, HAS_STATE)
+        else:
+            S2 = S1
+        return S1, S2
+
+    @triton.jit
+    def _states_out(f_ptr, n64, h64, j, S1, S2, K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr,
+                    KB: tl.constexpr, BV: tl.constexpr, TWO: tl.constexpr):
+        """The final state's blocks stored (``S2`` only with ``TWO``)."""
+        fb = f_ptr + (n64 * HV + h64) * (K * V)
+        _put(_state(fb, 0, j, K, V, KB, BV), S1)
+        if TWO:
+            _put(_state(fb, KB, j, K, V, KB, BV), S2)
+
+    @triton.jit
+    def _chunk_rows(ts, te, i, r):
+        """Chunk ``i`` of a sequence: its first token, its rows ``L``, the tokens and their mask."""
+        t0 = ts + i * 64
+        L = tl.minimum(te - t0, 64).to(tl.int32)
+        return t0, L, t0 + r, r < L
+
+    @triton.jit
+    def _decay_f(cb, rb, t0, L, t, mt, HV: tl.constexpr, L2NORM: tl.constexpr):
+        """The chunk's last ``gc`` and the update's row factors ``exp(gc_last - gc) rk``."""
+        gl = tl.load(cb + (t0 + L - 1) * HV)  # L >= 1: a chunk of the sequence
+        f = tl.exp(tl.where(mt, gl - tl.load(cb + t * HV, mask=mt, other=0.0), 0.0))
+        if L2NORM:
+            f = f * tl.load(rb + t * HV, mask=mt, other=0.0)
+        return gl, f
+
+    @triton.jit
     def scan4_kernel(k_ptr, w_ptr, u_ptr, gc_ptr, rk_ptr, s_ptr, f_ptr, h_ptr, vn_ptr, cu_ptr, cuc_ptr, n_tok, n_chk,
                      sk_t, sk_h, sk_k, ss_n, ss_h, ss_k, ss_v,
                      K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr, GROUP: tl.constexpr, KB: tl.constexpr,
@@ -109,24 +160,14 @@ if triton is not None:
         state as rows ``0 .. KB`` (``S1``) and ``KB .. 2 KB`` (``S2``, when ``TWO``) through the
         sequence's chunks: store ``S`` (the chunk's start state); ``v_new = u - w S`` (stored);
         ``S = exp(gc_last) S + k^T (v_new exp(gc_last - gc) rk)`` as the product's accumulator."""
-        NV = tl.cdiv(V, BV)
-        pid = tl.program_id(0)
-        j, nh = pid % NV, pid // NV
-        n, h = nh // HV, nh % HV
-        n64, h64 = n.to(tl.int64), h.to(tl.int64)
-        ts, te, cs, ce = _seq_range(n, n64, cu_ptr, cuc_ptr, n_tok, n_chk, REGULAR)
+        j, n64, h, h64, ts, te, cs, ce = _program4(cu_ptr, cuc_ptr, n_tok, n_chk, V, HV, BV, REGULAR)
         r = tl.arange(0, 64)
-        sb = s_ptr + n64 * ss_n + h64 * ss_h
-        S1 = _state_load(sb, ss_k, ss_v, 0, j, K, V, KB, BV, HAS_STATE)
-        if TWO:
-            S2 = _state_load(sb, ss_k, ss_v, KB, j, K, V, KB, BV, HAS_STATE)
+        S1, S2 = _states_in(s_ptr, n64, h64, ss_n, ss_h, ss_k, ss_v, j, K, V, KB, BV, TWO, HAS_STATE)
         kb = k_ptr + (h // GROUP).to(tl.int64) * sk_h
         wb, ub, vnb = w_ptr + h64 * K, u_ptr + h64 * V, vn_ptr + h64 * V
         cb, rb = gc_ptr + h64, rk_ptr + h64
         for i in range(0, (ce - cs).to(tl.int32)):
-            t0 = ts + i * 64
-            L = tl.minimum(te - t0, 64).to(tl.int32)
-            t, mt = t0 + r, r < L
+            t0, L, t, mt = _chunk_rows(ts, te, i, r)
             hb = h_ptr + ((cs + i) * HV + h64) * (K * V)
             _put(_state(hb, 0, j, K, V, KB, BV), S1)
             b = tl.zeros((64, BV), tl.float32)
@@ -136,19 +177,13 @@ if triton is not None:
                 b = _dota(_get(_rows(wb, t, mt, HV * K, KB, K, KB)), _op(S2, DOT), b, DOT)
             vn = _get(_rows(ub, t, mt, HV * V, j * BV, V, BV)).to(tl.float32) - b
             _put(_rows(vnb, t, mt, HV * V, j * BV, V, BV), vn)
-            gl = tl.load(cb + (t0 + L - 1) * HV)  # L >= 1: a chunk of the sequence
-            f = tl.exp(tl.where(mt, gl - tl.load(cb + t * HV, mask=mt, other=0.0), 0.0))
-            if L2NORM:
-                f = f * tl.load(rb + t * HV, mask=mt, other=0.0)
+            gl, f = _decay_f(cb, rb, t0, L, t, mt, HV, L2NORM)
             vs = _op(vn * f[:, None], DOT)
             decay = tl.exp(gl)
             S1 = _dota(_kT(kb, t, mt, sk_t, sk_k, 0, K, KB), vs, S1 * decay, DOT)
             if TWO:
                 S2 = _dota(_kT(kb, t, mt, sk_t, sk_k, KB, K, KB), vs, S2 * decay, DOT)
-        fb = f_ptr + (n64 * HV + h64) * (K * V)
-        _put(_state(fb, 0, j, K, V, KB, BV), S1)
-        if TWO:
-            _put(_state(fb, KB, j, K, V, KB, BV), S2)
+        _states_out(f_ptr, n64, h64, j, S1, S2, K, V, HV, KB, BV, TWO)
 
     @triton.jit
     def scanout4_kernel(q_ptr, k_ptr, w_ptr, u_ptr, gc_ptr, rk_ptr, s_ptr, f_ptr, o_ptr, cu_ptr, cuc_ptr, n_tok, n_chk,
@@ -161,67 +196,81 @@ if triton is not None:
         exp(gc_i - gc_j)) v_new``, ``q k^T`` from the key tile the update reads; the per-chunk states
         and ``v_new`` are never stored (no output launch: their bytes, the most of the scan's and the
         output's, never move). The output's products are off the sequential path."""
-        NV = tl.cdiv(V, BV)
-        pid = tl.program_id(0)
-        j, nh = pid % NV, pid // NV
-        n, h = nh // HV, nh % HV
-        n64, h64 = n.to(tl.int64), h.to(tl.int64)
-        ts, te, cs, ce = _seq_range(n, n64, cu_ptr, cuc_ptr, n_tok, n_chk, REGULAR)
+        j, n64, h, h64, ts, te, cs, ce = _program4(cu_ptr, cuc_ptr, n_tok, n_chk, V, HV, BV, REGULAR)
         r = tl.arange(0, 64)
         causal = r[:, None] >= r[None, :]
-        sb = s_ptr + n64 * ss_n + h64 * ss_h
-        S1 = _state_load(sb, ss_k, ss_v, 0, j, K, V, KB, BV, HAS_STATE)
-        if TWO:
-            S2 = _state_load(sb, ss_k, ss_v, KB, j, K, V, KB, BV, HAS_STATE)
+        S1, S2 = _states_in(s_ptr, n64, h64, ss_n, ss_h, ss_k, ss_v, j, K, V, KB, BV, TWO, HAS_STATE)
         hk = (h // GROUP).to(tl.int64)
         qb, kb = q_ptr + hk * sq_h, k_ptr + hk * sk_h
         wb, ub, ob = w_ptr + h64 * K, u_ptr + h64 * V, o_ptr + h64 * so_h
         cb, rb = gc_ptr + h64, rk_ptr + h64
         ov = j * BV + tl.arange(0, BV)
         for i in range(0, (ce - cs).to(tl.int32)):
-            t0 = ts + i * 64
-            L = tl.minimum(te - t0, 64).to(tl.int32)
-            t, mt = t0 + r, r < L
+            t0, L, t, mt = _chunk_rows(ts, te, i, r)
             # the output's intra-chunk factor first (off the sequential path), held as the product's operand
-            q1, k1 = _q(qb, t, mt, sq_t, sq_k, 0, K, KB), _kT(kb, t, mt, sk_t, sk_k, 0, K, KB)
-            a = _dota(q1, k1, tl.zeros((64, 64), tl.float32), DOT)
-            nq = _sumsq(q1)
-            if TWO:
-                q2, k2 = _q(qb, t, mt, sq_t, sq_k, KB, K, KB), _kT(kb, t, mt, sk_t, sk_k, KB, K, KB)
-                a = _dota(q2, k2, a, DOT)
-                nq += _sumsq(q2)
-            gl = tl.load(cb + (t0 + L - 1) * HV)  # L >= 1: a chunk of the sequence
-            gc = tl.load(cb + t * HV, mask=mt, other=0.0)
-            f = tl.exp(tl.where(mt, gl - gc, 0.0))
-            sq = tl.full((64,), 1.0, tl.float32) * scale
-            if L2NORM:
-                rk = tl.load(rb + t * HV, mask=mt, other=0.0)
-                f = f * rk
-                sq = sq * tl.math.rsqrt(nq + eps)
-                a = a * rk[None, :]
-            ag = _op(tl.where(causal, a * (sq[:, None] * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))),
-                              0.0), DOT)
+            q1, k1, q2, k2, a, nq = _qk4(qb, kb, t, mt, sq_t, sq_k, sk_t, sk_k, K, KB, TWO, DOT)
+            ag, sq, f, gl, gc = _intra4(a, nq, causal, cb, rb, t0, L, t, mt, scale, eps, HV, L2NORM, DOT)
             # the sequential path: v_new = u - w S, S = exp(gc_last) S + k^T (v_new f)
-            S1b = _op(S1, DOT)
-            b = _dota(_get(_rows(wb, t, mt, HV * K, 0, K, KB)), S1b, tl.zeros((64, BV), tl.float32), DOT)
-            oq = _dota(q1, S1b, tl.zeros((64, BV), tl.float32), DOT)
-            if TWO:
-                S2b = _op(S2, DOT)
-                b = _dota(_get(_rows(wb, t, mt, HV * K, KB, K, KB)), S2b, b, DOT)
-                oq = _dota(q2, S2b, oq, DOT)
-            vn = _get(_rows(ub, t, mt, HV * V, j * BV, V, BV)).to(tl.float32) - b
-            vs = _op(vn * f[:, None], DOT)
-            decay = tl.exp(gl)
-            S1 = _dota(k1, vs, S1 * decay, DOT)
-            if TWO:
-                S2 = _dota(k2, vs, S2 * decay, DOT)
+            S1, S2, vn, oq = _step4(wb, ub, t, mt, j, S1, S2, q1, k1, q2, k2, f, gl, K, V, HV, KB, BV, TWO, DOT)
             o = _dota(ag, vn, oq * (sq * tl.exp(gc))[:, None], DOT)
             tl.store(ob + t[:, None] * so_t + ov[None, :], o.to(o_ptr.dtype.element_ty),
                      mask=mt[:, None] & (ov[None, :] < V))
-        fb = f_ptr + (n64 * HV + h64) * (K * V)
-        _put(_state(fb, 0, j, K, V, KB, BV), S1)
+        _states_out(f_ptr, n64, h64, j, S1, S2, K, V, HV, KB, BV, TWO)
+
+    @triton.jit
+    def _qk4(qb, kb, t, mt, sq_t, sq_k, sk_t, sk_k, K: tl.constexpr, KB: tl.constexpr, TWO: tl.constexpr,
+             DOT: tl.constexpr):
+        """The chunk's raw ``q`` rows and ``k^T`` columns by key block (the second block is the first
+        without ``TWO``, never used then), ``q k^T`` and ``|q|^2``."""
+        q1, k1 = _q(qb, t, mt, sq_t, sq_k, 0, K, KB), _kT(kb, t, mt, sk_t, sk_k, 0, K, KB)
+        a = _dota(q1, k1, tl.zeros((64, 64), tl.float32), DOT)
+        nq = _sumsq(q1)
         if TWO:
-            _put(_state(fb, KB, j, K, V, KB, BV), S2)
+            q2, k2 = _q(qb, t, mt, sq_t, sq_k, KB, K, KB), _kT(kb, t, mt, sk_t, sk_k, KB, K, KB)
+            a = _dota(q2, k2, a, DOT)
+            nq += _sumsq(q2)
+        else:
+            q2, k2 = q1, k1
+        return q1, k1, q2, k2, a, nq
+
+    @triton.jit
+    def _intra4(a, nq, causal, cb, rb, t0, L, t, mt, scale, eps, HV: tl.constexpr, L2NORM: tl.constexpr,
+                DOT: tl.constexpr):
+        """From ``a = q k^T``: the output's intra-chunk factor ``causal(diag(s) a diag(rk) exp(gc_i -
+        gc_j))`` as the product's operand, ``s = scale / |q|``, the update's row factors ``f``, the
+        chunk's last ``gc`` and its ``gc``."""
+        gl = tl.load(cb + (t0 + L - 1) * HV)  # L >= 1: a chunk of the sequence
+        gc = tl.load(cb + t * HV, mask=mt, other=0.0)
+        f = tl.exp(tl.where(mt, gl - gc, 0.0))
+        sq = tl.full((64,), 1.0, tl.float32) * scale
+        if L2NORM:
+            rk = tl.load(rb + t * HV, mask=mt, other=0.0)
+            f = f * rk
+            sq = sq * tl.math.rsqrt(nq + eps)
+            a = a * rk[None, :]
+        ag = _op(tl.where(causal, a * (sq[:, None] * tl.exp(tl.where(causal, gc[:, None] - gc[None, :], 0.0))),
+                          0.0), DOT)
+        return ag, sq, f, gl, gc
+
+    @triton.jit
+    def _step4(wb, ub, t, mt, j, S1, S2, q1, k1, q2, k2, f, gl, K: tl.constexpr, V: tl.constexpr, HV: tl.constexpr,
+               KB: tl.constexpr, BV: tl.constexpr, TWO: tl.constexpr, DOT: tl.constexpr):
+        """One chunk of the fused scan's sequential path: ``v_new = u - w S``, ``q S`` from the same
+        operands, ``S = exp(gc_last) S + k^T (v_new f)``; returns the states, ``v_new`` and ``q S``."""
+        S1b = _op(S1, DOT)
+        b = _dota(_get(_rows(wb, t, mt, HV * K, 0, K, KB)), S1b, tl.zeros((64, BV), tl.float32), DOT)
+        oq = _dota(q1, S1b, tl.zeros((64, BV), tl.float32), DOT)
+        if TWO:
+            S2b = _op(S2, DOT)
+            b = _dota(_get(_rows(wb, t, mt, HV * K, KB, K, KB)), S2b, b, DOT)
+            oq = _dota(q2, S2b, oq, DOT)
+        vn = _get(_rows(ub, t, mt, HV * V, j * BV, V, BV)).to(tl.float32) - b
+        vs = _op(vn * f[:, None], DOT)
+        decay = tl.exp(gl)
+        S1 = _dota(k1, vs, S1 * decay, DOT)
+        if TWO:
+            S2 = _dota(k2, vs, S2 * decay, DOT)
+        return S1, S2, vn, oq
 
     @triton.jit
     def _q(qb, t, mt, sq_t, sq_k, k0, K: tl.constexpr, KB: tl.constexpr):
@@ -319,21 +368,9 @@ if triton is not None:
             return tl.full((16,), 1.0, tl.float32)
 
     @triton.jit
-    def solve4_kernel(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, K,
-                      GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sa_t, sa_h,
-                      KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr,
-                      INV: tl.constexpr, BK: tl.constexpr):
-        """v3's ``solve3_kernel`` (``LaunchConfig.solve_bk``) with the key dimension in a loop of ``BK``
-        columns, as fla's ``kkt_solve``: ``A``'s ten 16 x 16 blocks and the rows' sums of squares
-        accumulated over raw key blocks (one ``[16, BK]`` block of each row block live, pipelined by
-        the stages), the norms, beta and decay applied to the sums; then the inverse and its store."""
-        c, h = tl.program_id(0), tl.program_id(1)
-        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
-        r = tl.arange(0, 16)
-        h64 = h.to(tl.int64)
-        gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
-        c0, c1, c2, c3 = _gc16(gb, cb, sg_t, sc_t, r, L)
-        kb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t
+    def _kkt4(kb, L, K, sk_t, sk_k, BK: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr):
+        """``A``'s ten 16 x 16 blocks of raw ``k k^T`` and the four row blocks' sums of squares (zeros
+        without l2norm), accumulated over ``BK``-column key blocks."""
         z = tl.zeros((16, 16), tl.float32)
         A00, A10, A11, A20, A21, A22, A30, A31, A32, A33 = z, z, z, z, z, z, z, z, z, z
         zv = tl.zeros((16,), tl.float32)
@@ -355,6 +392,26 @@ if triton is not None:
             A33 = _dota(x3, tl.trans(x3), A33, DOT)
             if L2NORM:
                 n0, n1, n2, n3 = n0 + _sumsq(x0), n1 + _sumsq(x1), n2 + _sumsq(x2), n3 + _sumsq(x3)
+        return A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, n0, n1, n2, n3
+
+    @triton.jit
+    def solve4_kernel(k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, ai_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, K,
+                      GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t, sb_h, sc_t, sc_h, sa_t, sa_h,
+                      KP: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr,
+                      INV: tl.constexpr, BK: tl.constexpr):
+        """v3's ``solve3_kernel`` (``LaunchConfig.solve_bk``) with the key dimension in a loop of ``BK``
+        columns, as fla's ``kkt_solve``: ``A``'s ten 16 x 16 blocks and the rows' sums of squares
+        accumulated over raw key blocks (one ``[16, BK]`` block of each row block live, pipelined by
+        the stages), the norms, beta and decay applied to the sums; then the inverse and its store."""
+        c, h = tl.program_id(0), tl.program_id(1)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        r = tl.arange(0, 16)
+        h64 = h.to(tl.int64)
+        gb, bb, cb = g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t, gc_ptr + h64 * sc_h + t0 * sc_t
+        c0, c1, c2, c3 = gc16(gb, cb, sg_t, sc_t, r, L)
+        kb = k_ptr + (h // GROUP).to(tl.int64) * sk_h + t0 * sk_t
+        A00, A10, A11, A20, A21, A22, A30, A31, A32, A33, n0, n1, n2, n3 = _kkt4(kb, L, K, sk_t, sk_k, BK, L2NORM,
+                                                                                 DOT)
         rb = rk_ptr + h64 * sc_h + t0 * sc_t
         r0, r1 = _rk16(n0, rb, sc_t, r, L, eps, L2NORM), _rk16(n1, rb, sc_t, r + 16, L, eps, L2NORM)
         r2, r3 = _rk16(n2, rb, sc_t, r + 32, L, eps, L2NORM), _rk16(n3, rb, sc_t, r + 48, L, eps, L2NORM)
@@ -366,7 +423,7 @@ if triton is not None:
             _blk(A21, r2, r1, b2, c2, c1, False), _blk(A22, r2, r2, b2, c2, c2, True),
             _blk(A30, r3, r0, b3, c3, c0, False), _blk(A31, r3, r1, b3, c3, c1, False),
             _blk(A32, r3, r2, b3, c3, c2, False), _blk(A33, r3, r3, b3, c3, c3, True), INV)
-        _put_lower(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
+        put_lower(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
 
 
 def _packed(*ts) -> None:

@@ -420,11 +420,9 @@ def _v2_chunks(cu_seqlens, placeholder, B: int, T: int):
 def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, scale, eps) -> None:
     """:attr:`LaunchConfig.v2`'s three launches (``wu2``, ``scan2``, ``output2``); without
     ``cu_seqlens`` the kernels derive each chunk's place from its id (no chunk map)."""
-    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
     from kda_inductor.lowerings import _gdn_chunk_kernels4 as kern4
 
-    B, T, Hk, K, Hv, V, N = (meta.batch, meta.tokens, meta.k_heads, meta.k_dim, meta.v_heads, meta.v_dim,
-                             meta.sequences)
+    B, T, Hk, K, Hv, V = meta.batch, meta.tokens, meta.k_heads, meta.k_dim, meta.v_heads, meta.v_dim
     Ttot, dev = B * T, v.device
     q3, k3, v3 = q.reshape(Ttot, Hk, K), k.reshape(Ttot, Hk, K), v.reshape(Ttot, Hv, V)
     g2, b2, o3 = g.reshape(Ttot, Hv), beta.reshape(Ttot, Hv), o.view(Ttot, Hv, V)
@@ -439,16 +437,29 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
     fused = cfg.scan4_out  # no per-chunk states or v_new
     vn = w if fused else torch.empty((Ttot, Hv, V), device=dev, dtype=inter)
     hs = w if fused else torch.empty((M, Hv, K, V), device=dev, dtype=inter)
-    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
-    KB, TWO = min(KP, 64), KP > 64
-    BV = min(max(16, cfg.scan_block_v), vp)
-    stages, group = cfg.num_stages, Hv // Hk
     if M:
         _launch_wu(k3, v3, g2, b2, gc, rk, w, u, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, eps, regular)
     if fused:
         kern4.launch_scanout4(q3, k3, w, u, gc, rk, s, final, o3, cu, cu_chunks, TS, NT, meta, cfg, dot, l2, scale, eps,
                               regular)
         return
+    _launch_scan(k3, w, u, gc, rk, s, final, hs, vn, cu, cu_chunks, TS, NT, meta, cfg, dot, l2, eps, regular)
+    if M:
+        _launch_out(q3, k3, gc, rk, hs, vn, o3, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, scale, eps,
+                    regular)
+
+
+def _launch_scan(k3, w, u, gc, rk, s, final, hs, vn, cu, cu_chunks, TS, NT, meta, cfg, dot, l2, eps, regular) -> None:
+    """The v2 launches' scan: ``scan4`` (:attr:`LaunchConfig.scan4`, fla's layout) or ``scan2``, a
+    program per (sequence, head, column block)."""
+    from kda_inductor.lowerings import _gdn_chunk_kernels as kern
+    from kda_inductor.lowerings import _gdn_chunk_kernels4 as kern4
+
+    K, V, Hv, N, group = meta.k_dim, meta.v_dim, meta.v_heads, meta.sequences, meta.v_heads // meta.k_heads
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
+    KB, TWO = min(KP, 64), KP > 64
+    BV = min(max(16, cfg.scan_block_v), vp)
+    stages = cfg.num_stages
     if cfg.scan4:
         kern4.launch_scan4(k3, w, u, gc, rk, s, final, hs, vn, cu, cu_chunks, TS, NT, meta, cfg, dot, l2, regular)
     else:
@@ -459,9 +470,6 @@ def _launch_v2(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, sc
             *final.stride()[:3], KB=KB, TWO=TWO, BV=BV, L2NORM=l2, HAS_STATE=s is not None, DOT=dot,
             REGULAR=regular, num_warps=cfg.scan_warps,
             num_stages=stages if cfg.scan_stages is None else cfg.scan_stages)
-    if M:
-        _launch_out(q3, k3, gc, rk, hs, vn, o3, (seq, start, length), TS, NT, M, meta, cfg, dot, l2, scale, eps,
-                    regular)
 
 
 def _launch_out(q3, k3, gc, rk, hs, vn, o3, maps, TS, NT, M, meta, cfg, dot, l2, scale, eps, regular) -> None:
@@ -503,7 +511,6 @@ def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2
     (the inverse, stored in a ``[tokens, heads, 64]`` scratch of ``w``'s dtype) then ``wu3`` (the
     products with it as 64-row tiles)."""
     from kda_inductor.lowerings import _gdn_chunk_kernels as kern
-    from kda_inductor.lowerings import _gdn_chunk_kernels3 as kern3
 
     K, V, Hv, group = meta.k_dim, meta.v_dim, meta.v_heads, meta.v_heads // meta.k_heads
     KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
@@ -515,6 +522,16 @@ def _launch_wu(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2
             DOT=dot, REGULAR=regular, INV=_inverse(cfg.wu_inverse, dot), num_warps=cfg.warps,
             num_stages=cfg.num_stages)
         return
+    _launch_wu3(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2, eps, regular)
+
+
+def _launch_wu3(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l2, eps, regular) -> None:
+    """:attr:`LaunchConfig.v3`'s first step: ``solve3`` (or ``solve4`` with :attr:`LaunchConfig.solve_bk`)
+    then ``wu3``, or both in one launch (``solvewu3``, :attr:`LaunchConfig.fuse_wu`)."""
+    from kda_inductor.lowerings import _gdn_chunk_kernels3 as kern3
+
+    K, V, Hv, group = meta.k_dim, meta.v_dim, meta.v_heads, meta.v_heads // meta.k_heads
+    KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     ai = torch.empty((k3.shape[0], Hv, CHUNK), device=v3.device, dtype=w.dtype)
     inv = _inverse(cfg.solve_inverse, dot)
     blocks = dict(BK=min(KP, 64), BV=min(vp, 64), L2NORM=l2, DOT=dot, REGULAR=regular)

@@ -135,13 +135,6 @@ if triton is not None:
             _put(_state(fb, KB, j, K, V, KB, BV), S2)
 
     @triton.jit
-    def _chunk_rows(ts, te, i, r):
-        """Chunk ``i`` of a sequence: its first token, its rows ``L``, the tokens and their mask."""
-        t0 = ts + i * 64
-        L = tl.minimum(te - t0, 64).to(tl.int32)
-        return t0, L, t0 + r, r < L
-
-    @triton.jit
     def _decay_f(cb, rb, t0, L, t, mt, HV: tl.constexpr, L2NORM: tl.constexpr):
         """The chunk's last ``gc`` and the update's row factors ``exp(gc_last - gc) rk``."""
         gl = tl.load(cb + (t0 + L - 1) * HV)  # L >= 1: a chunk of the sequence
@@ -167,7 +160,9 @@ if triton is not None:
         wb, ub, vnb = w_ptr + h64 * K, u_ptr + h64 * V, vn_ptr + h64 * V
         cb, rb = gc_ptr + h64, rk_ptr + h64
         for i in range(0, (ce - cs).to(tl.int32)):
-            t0, L, t, mt = _chunk_rows(ts, te, i, r)
+            t0 = ts + i * 64
+            L = tl.minimum(te - t0, 64).to(tl.int32)
+            t, mt = t0 + r, r < L
             hb = h_ptr + ((cs + i) * HV + h64) * (K * V)
             _put(_state(hb, 0, j, K, V, KB, BV), S1)
             b = tl.zeros((64, BV), tl.float32)
@@ -206,7 +201,9 @@ if triton is not None:
         cb, rb = gc_ptr + h64, rk_ptr + h64
         ov = j * BV + tl.arange(0, BV)
         for i in range(0, (ce - cs).to(tl.int32)):
-            t0, L, t, mt = _chunk_rows(ts, te, i, r)
+            t0 = ts + i * 64
+            L = tl.minimum(te - t0, 64).to(tl.int32)
+            t, mt = t0 + r, r < L
             # the output's intra-chunk factor first (off the sequential path), held as the product's operand
             q1, k1, q2, k2, a, nq = _qk4(qb, kb, t, mt, sq_t, sq_k, sk_t, sk_k, K, KB, TWO, DOT)
             ag, sq, f, gl, gc = _intra4(a, nq, causal, cb, rb, t0, L, t, mt, scale, eps, HV, L2NORM, DOT)

@@ -218,17 +218,28 @@ def merge_into(sections: list[dict[str, Any]], state: dict[str, Any], env: dict[
 
 def merge_files(paths: Iterable[Path]) -> list[dict[str, Any]]:
     """The sections of several hf_models.json files (the copies several device calls brought
-    back), merged: a section seen in more than one gets every call's records."""
+    back), merged: a section seen in more than one gets every call's records, the calls replayed
+    in the order they started, so that a variant measured again replaces its earlier records
+    whichever file holds the older copy of them (each file also carries the calls before it)."""
     merged: list[Section] = []
+    calls: dict[str, dict[str, tuple]] = {}
     for path in paths:
         for s in load_sections(Path(path)):
-            old = next((m for m in merged if m["id"] == s["id"]), None)
-            if old is None:
-                merged.append(Section(s))
-                continue
+            if not any(m["id"] == s["id"] for m in merged):
+                merged.append(Section(s, calls=[], records=list(_callless(s))))
             for call in s.get("calls", []):
-                old.add(call, [r for r in s["records"] if r.get("call") == call["id"]])
+                calls.setdefault(s["id"], {})[call["id"]] = (call, [r for r in s["records"]
+                                                                      if r.get("call") == call["id"]])
+    for m in merged:
+        for call, records in sorted(calls.get(m["id"], {}).values(), key=lambda cr: str(cr[0].get("started"))):
+            m.add(call, records)
     return merged
+
+
+def _callless(section: dict[str, Any]) -> list[dict[str, Any]]:
+    """The records of ``section`` no call of it claims (legacy rows, hand-kept records)."""
+    ids = {c["id"] for c in section.get("calls", [])}
+    return [r for r in section.get("records", []) if r.get("call") not in ids]
 
 
 def write_markdown(path: Path, title: str, intro: str, section: dict[str, Any], body: str) -> Path:

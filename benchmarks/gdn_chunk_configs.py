@@ -70,16 +70,17 @@ def sweep_configs(smoke: bool) -> dict[str, object]:
                 "FAST3 inv subst": cfgs_v3["FAST3 inv subst"], "FAST scan4 s3": cfgs_v4["FAST scan4 s3"],
                 "FAST out4": cfgs_v4["FAST out4"], "FAST4": cfgs_v4["FAST4"],
                 "FAST scanout4": cfgs_v4["FAST scanout4"]}
-    # the op's default (FAST with wu2's inverse by doubling in tf32: 352 / 1,391 us against FAST's 432 / 1,684
-    # at T 4,096 / 16,384, H100 2026-12-06) and candidates on top of it, FAST, its inverse variants and the
-    # v3 / v4 launches (the budget may end the sweep), then the rest
-    dflt, inv = L.DEFAULT, {"wu_inverse": L.DEFAULT.wu_inverse}
-    head = {"DEFAULT": dflt, "DEFAULT scan 3 stages": dflt._replace(scan_stages=3),
-            "DEFAULT scan4 s3": cfgs_v4["FAST scan4 s3"]._replace(**inv),
-            "DEFAULT out4": cfgs_v4["FAST out4"]._replace(**inv),
-            "DEFAULT scan4 s3 out4": cfgs_v4["FAST scan4 s3"]._replace(out4="group", **inv),
-            "DEFAULT scanout4": cfgs_v4["FAST scanout4"]._replace(**inv),
-            "DEFAULT 3 stages": dflt._replace(num_stages=3), "DEFAULT scan 4 stages": dflt._replace(scan_stages=4)}
+    # the op's default (FAST with wu2's tf32 inverse by doubling, scan4 at 3 stages, out4 per GQA group: 292 /
+    # 1,117 us against the default before it, 357 / 1,391, at T 4,096 / 16,384, H100 2026-12-06) and
+    # candidates on top of it, FAST, its inverse variants and the v3 / v4 launches (the budget may end the
+    # sweep), then the rest
+    dflt = L.DEFAULT
+    before = fast._replace(wu_inverse=dflt.wu_inverse)
+    head = {"DEFAULT": dflt, "DEFAULT before (scan2, output2)": before,
+            "DEFAULT scan4 s4": dflt._replace(scan_stages=4), "DEFAULT scan4 bv64 s3": dflt._replace(scan_block_v=64),
+            "DEFAULT scan4 w2 s3": dflt._replace(scan_warps=2), "DEFAULT out4 bv128 w8":
+            dflt._replace(out_block_v=128, out_warps=8), "DEFAULT 3 stages": dflt._replace(num_stages=3),
+            "DEFAULT scanout4": before._replace(scan4_out=True)}
     return {**head, "FAST": fast, **cfgs_inv, **cfgs_v3, **cfgs_v4, **cfgs_v2, **cfgs}
 
 

@@ -270,6 +270,37 @@ def test_hf_section_refuses_rows_of_another_commit():
     assert [s["commit"] for s in sections] == ["a" * 40, "b" * 40]
 
 
+@pytest.mark.parametrize("order", [(0, 1), (1, 0)])
+def test_hf_merge_keeps_the_newest_call_of_a_variant_in_any_file_order(tmp_path, order):
+    """Two device calls' copies of hf_models.json, each holding the section's older calls: a
+    variant measured again (here: one that failed first) keeps the newer call's records whichever
+    file comes first, and every other variant keeps its own."""
+    import json
+
+    from benchmarks import _hf_record
+
+    env = {"gpu": "H100", "torch": "2.11", "triton": "3.6", "transformers": "5.17", "fla": "0.6.0"}
+    a = {"commit": "a" * 40, "dirty": False, "source": "a" * 40}
+
+    def rec(call, family, us):
+        return {"family": family, "case": "decode128", "variant": "kda", "round": 0, "us": us, "call": call,
+                "source": a["source"], "env": env}
+
+    old = _hf_record.Section.new(a, env)
+    old.add({"id": "c0", "started": "2026-12-05 19:21 UTC"}, [rec("c0", "olmo", None), rec("c0", "kimi", 1.0)])
+    files = []
+    for i, (call, family, us) in enumerate([("c1", "olmo", 2.0), ("c2", "kimi", 3.0)]):
+        s = _hf_record.Section(json.loads(json.dumps(old)))
+        s.add({"id": call, "started": f"2026-12-06 03:2{4 + i} UTC"}, [rec(call, family, us)])
+        files.append(tmp_path / f"{i}.json")
+        _hf_record.save_sections(files[-1], [s])
+    merged = _hf_record.merge_files([files[i] for i in order])
+    assert len(merged) == 1
+    got = {(r["family"], r["call"]): r["us"] for r in merged[0]["records"]}
+    assert got == {("olmo", "c1"): 2.0, ("kimi", "c2"): 3.0}
+    assert [c["id"] for c in merged[0]["calls"]] == ["c0", "c1", "c2"]
+
+
 def test_hf_markdown_section_replaced_in_place(tmp_path):
     """The markdown keeps text outside a section's markers and replaces the section itself."""
     from benchmarks import _hf_record

@@ -58,14 +58,14 @@ CONFIGS = {"default": None, "FAST": mod.FAST, "fp32": mod.LaunchConfig(), "FAST3
            "FAST inv doubling tf32": mod.FAST._replace(wu_inverse="doubling_tf32"),
            "FAST 1 stage": mod.FAST._replace(num_stages=1), "FAST scan 1 stage": mod.FAST._replace(scan_stages=1),
            "FAST 1 stage scan 2": mod.FAST._replace(num_stages=1, scan_stages=2),
-           "default scan 3 stages": mod.DEFAULT._replace(scan_stages=3),
-           "default scan4 s3 out4": mod.DEFAULT._replace(scan4=True, scan_stages=3, out4="group"),
-           "default scanout4": mod.DEFAULT._replace(scan4_out=True),
+           "FAST inv doubling tf32 scan 3 stages": mod.FAST._replace(wu_inverse="doubling_tf32", scan_stages=3),
+           "FAST inv doubling tf32 scanout4": mod.FAST._replace(wu_inverse="doubling_tf32", scan4_out=True),
            "FAST4": mod.FAST3._replace(scan4=True, scan_stages=3, out4="group"),
            "FAST4 fused": mod.FAST3._replace(scan4_out=True),
            "FAST scanout4 bv16 w8 s3": mod.FAST._replace(scan4_out=True, scan_block_v=16, scan_warps=8, scan_stages=3)}
 """The op's launches (:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT`: ``FAST``'s three launches,
-bf16 operands and intermediates, with ``wu2``'s inverse by doubling in tf32), ``FAST`` itself, the four float32 launches, and ``FAST3`` (v3: the inverse and
+bf16 operands and intermediates, ``wu2``'s inverse by doubling in tf32, the scan as fla's at 3 stages,
+the output per GQA group), ``FAST`` itself, the four float32 launches, and ``FAST3`` (v3: the inverse and
 ``w, u`` in two launches; also with the inverse's products in tf32, and the two fused in one launch
 through a CTA barrier), ``FAST`` with ``wu2``'s inverse by a product of factors or doubling blocks
 (``wu_inverse``) and at one pipeline stage (NaN in the H200 sweep at T 16,384, 2026-12-05; the
@@ -83,6 +83,11 @@ def test_op_matches_the_float32_loop_and_fla(T, state, weak, config, request):
         # and a state, and FAST3 fused / inv tf32 failed the bounds without them in one of two runs:
         # why FAST3 is not the default (``gdn_chunk.FAST3``)
         request.applymarker(pytest.mark.xfail(reason="FAST3's error at T 4096 (H100, 2026-12-06)", strict=False))
+    if CONFIGS[config] is not None and CONFIGS[config].scan4_out and T == 1:
+        # measured (H100, 2026-12-06 03:38): scanout4 leaves 0.46-0.51 in the output and 2.4-2.6e-2 in the
+        # final state at T 1 with a state (both of its launches); the interpreter gets the same case right
+        # at small dims, so a GPU-only fault: why scanout4 is off (``LaunchConfig.scan4_out``)
+        request.applymarker(pytest.mark.xfail(reason="scanout4 at T 1 on the GPU (H100, 2026-12-06)", strict=False))
     q, k, v, g, beta, s = _inputs(T, seed=T, state=state, weak=weak)
     cfg = CONFIGS[config]
     with torch.inference_mode():

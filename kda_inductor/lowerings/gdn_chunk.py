@@ -297,16 +297,19 @@ first`` separate the two changes; ``--profile``: each kernel's time). Ahead of t
 ``output3`` 255 / 128 (64 columns; 128 at 8 warps: 235 / 0), ``scan2`` 255 / 408; ``wu2`` (FAST)
 255 / 224, ``output2`` 255 / 112."""
 
-DEFAULT = FAST._replace(wu_inverse="doubling_tf32")
+DEFAULT = FAST._replace(wu_inverse="doubling_tf32", scan4=True, scan_stages=3, out4="group")
 """What :func:`chunk_triton` (and so the op on CUDA) runs without a ``config``: :data:`FAST` with
-``wu2``'s diagonal-block inverse by doubling, its products in tf32 (:attr:`LaunchConfig.wu_inverse`).
-Measured (H100, triton 3.6, 2026-12-06 00:09, ``bench_gdn_chunk.py --sweep``, Qwen3-Next's dims,
-``benchmarks/results/gdn_chunk.md``): 352 / 1,391 us at T 4,096 / 16,384 against :data:`FAST`'s 432 /
-1,684 in the same run, the same error against the float32 loop (3.33e-3); the fastest of the sweep's
-eleven launch sets (``FAST scan 3 stages``: 379 / 1,478; ``FAST3``: 382 / 1,527). Every CUDA test of
-``tests/test_gdn_chunk_cuda.py`` for it passed on that H100 (correlated keys with slow decay, T 4,096
-with weak decay and a state, varlen, CUDA-graph replay). Still behind fla's kernels (290 / 1,130 on
-the same GPU, 2026-12-05): ``CHUNK_RULE_MEASURED`` stays off."""
+``wu2``'s diagonal-block inverse by doubling, its products in tf32 (:attr:`LaunchConfig.wu_inverse`),
+the scan laid out as fla's at 3 stages (:attr:`LaunchConfig.scan4`) and the output sharing ``q k^T``
+over a GQA group (:attr:`LaunchConfig.out4`). Measured (H100, triton 3.6, 2026-12-06 03:34,
+``bench_gdn_chunk.py --sweep``, Qwen3-Next's dims, ``benchmarks/results/gdn_chunk.md``): 292 / 1,117 us
+at T 4,096 / 16,384 against 357 / 1,391 for the default before it (``FAST`` with the tf32 inverse) in
+the same run, the same error against the float32 loop (3.33e-3); the fastest of the run's eight
+launch sets. Every CUDA test of ``tests/test_gdn_chunk_cuda.py`` for it passed on that H100 (T 1 /
+100 / 1,000 / 4,096, weak decay with a state, varlen, CUDA-graph replay, exact float32 products).
+fla's kernels took 344 / 1,333 us in the next call on the same machine (``--quick``, where the
+default before took 355 / 1,404) and 290 / 1,130 on another H100 the day before: the two are not yet
+timed side by side, so ``CHUNK_RULE_MEASURED`` stays off."""
 
 KDA = FAST._replace(warps=8, kda_intra_dot="tf32")
 """The launches of a decay per key channel (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`,

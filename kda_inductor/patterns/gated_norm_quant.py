@@ -30,15 +30,12 @@ divides approximately). The four computations, side by side: ``docs/speed-rules.
 
 Speed rule (``speed_rule``, CUDA only): the op fires where ``MEASURED`` (per :class:`Shape` and
 token count, from ``benchmarks/bench_gated_norm_quant.py``) says it was faster than Inductor's
-code for the same graph, and only between the token counts measured; on CPU never. Measured on an
-H200, on its region: with a static T, faster at 256 and 1024 tokens (3.9 vs 6.0 us, 8.5 vs 15.9);
-with a symbolic T slower from 256 (318 vs 156 us at 16384, whatever the division). That symbolic
-kernel was another launch: the norm search gives a symbolic merge-free norm one row a token, and
-the op ran one norm row and one warp a program; the replacement now passes the quantizer's tokens
-(``_op_norm_arguments``) and the lowering regroups one-row tokens at run time (``regroup``), so a
-symbolic T launches as the static one (``tests/test_gated_norm_quant.py``), not yet timed on the
-GPU. Not yet measured in the whole step either, so ``MEASURED`` holds no verdict and the rewrite
-is forced only (``benchmarks/results/gated_norm_quant.md``; the history: ``docs/speed-rules.md``).
+code for the same graph, and only between the token counts measured; on CPU never. ``MEASURED``
+holds no verdict: the rewrite is forced only. On its region it is faster than stock at every T
+from 256 to 16384, static and symbolic (H100, 2026-12-05: 117.2 against 127.9 us symbolic at
+16384), but in the step it sits in it gains nothing: the FP8 hybrid spec step, 256 tokens, took
+1,328 us with it forced against 1,325 without (H100, 2026-12-06, ``report.py --only model
+--models fp8``; ``benchmarks/results/gated_norm_quant.md``; the history: ``docs/speed-rules.md``).
 
 Replacement (:func:`norm_quant`): ``kda::gated_norm_quant`` over ``gated_norm_merge``'s norm
 arguments and the quantization's constants, its fp8 values and scales viewed as the user's were.
@@ -97,7 +94,8 @@ MEASURED: dict[str, dict[Shape, Measured]] = {
     # measured in the step it sits in (report.py's FP8 hybrid steps, kda against kda-no-gated_norm_quant):
     # until then no verdict here, so the rewrite stays forced only. H100, 2026-12-05 (6136ae3, 21f36a9): on its
     # region now faster at every T, static and symbolic (16384: 117.2 us against 127.9 symbolic, 227.7 static);
-    # the step (report.py's FP8 hybrid step) is still to be timed
+    # the step: a tie (H100, 2026-12-06 03:32, 9aaa3b2: the FP8 spec step 1,328 us forced against 1,325 with the
+    # rule bypassed), so still no verdict: forced only
     "cuda": {
         Shape(merged=False, width=4096, per_token=False): Measured(faster=(), slower=(), symbolic=False),
     },
@@ -174,13 +172,13 @@ class GatedNormQuant(Rewrite):
     name = "gated_norm_quant"
     finds = (
         "a gated RMSNorm (with or without the merge) whose output only feeds vLLM's dynamic fp8 quantization, "
-        "per token group or per token; forced only (measured slower than Inductor's code from 256 tokens)"
+        "per token group or per token; forced only (faster alone, no gain measured in the FP8 step)"
     )
     spellings = ("a gated RMSNorm as `gated_norm_merge` reads it (with or without the merge) whose output only "
                  "feeds a dynamic fp8 e4m3 quantization per token group or per token (vLLM's `QuantFP8` "
                  "`forward_native`: amax, `/ 448`, optional ue8m0 power-of-two scales, the scale floor, the "
-                 "clamp to +-448, the cast); on CUDA left to Inductor where measured slower (T >= 256; static sizes "
-                 "not yet measured): forced only")
+                 "clamp to +-448, the cast); forced only: faster than Inductor's code alone at every measured T, "
+                 "but no faster in the FP8 step it sits in")
     becomes = "`kda::gated_norm_quant` (one Triton kernel: merge + norm + gate + quant, no bf16 output)"
     # it takes the norms whose output only an fp8 quantization reads; gated_norm_merge rewrites the rest
     runs_before = ("gated_norm_merge",)

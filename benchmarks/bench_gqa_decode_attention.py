@@ -170,10 +170,10 @@ def main(argv=None) -> list[dict]:
         raise SystemExit("needs a CUDA GPU (use --smoke on CPU)")
     reps = args.reps or (2 if args.smoke else 50)
     # our pass runs on every graph: the graph caches off (stock and kda compile the same graph)
-    import torch._functorch.config
+    import torch._functorch.config as functorch_config  # (a plain `import torch.x` would make torch local here)
 
     torch._inductor.config.fx_graph_cache = False
-    torch._functorch.config.enable_autograd_cache = False
+    functorch_config.enable_autograd_cache = False
     import kda_inductor  # noqa: F401  (the backend, when not pip-installed)
 
     bandwidth = None if args.smoke else measure_copy_bandwidth("cuda")

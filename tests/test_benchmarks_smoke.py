@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 
@@ -49,6 +50,17 @@ def test_gdn_spec_split_smoke(capsys):
     assert [r["T"] for r in rows] == [24]
     assert all(r["kda_us"] > 0 and r["layer_kda_us"] > 0 for r in rows)
     assert "NOT meaningful" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the check a CPU-only machine takes")
+@pytest.mark.parametrize("name", ["bench_gqa_decode_attention", "bench_gdn_chunk", "bench_causal_conv1d",
+                                  "bench_gdn_recurrent_step", "bench_gated_norm_quant"])
+def test_a_gpu_benchmark_without_a_gpu_says_so(name):
+    """A GPU benchmark run without ``--smoke`` on a machine without CUDA stops with its message
+    before anything else (a stray local import once turned that check into an UnboundLocalError on
+    the device, where it runs past it)."""
+    with pytest.raises(SystemExit, match="GPU"):
+        _load(name).main([])
 
 
 def test_gqa_decode_attention_smoke(capsys):

@@ -26,17 +26,17 @@ if triton is not None:
         return a0 + a1, b0 + b1
 
     @triton.jit
-    def _row(X, rt, t):
+    def row(X, rt, t):
         """Row ``t`` of the register block ``X [TP, N]`` (a ``[N]`` vector)."""
         return tl.sum(tl.where(rt[:, None] == t, X, 0.0), 0)
 
     @triton.jit
-    def _put(X, rt, t, x):
+    def put(X, rt, t, x):
         """``X`` with row ``t`` set to the vector ``x``."""
         return tl.where(rt[:, None] == t, x[None, :], X)
 
     @triton.jit
-    def _at(x, rt, t):
+    def elem(x, rt, t):
         """Element ``t`` of the vector ``x [TP]``."""
         return tl.sum(tl.where(rt == t, x, 0.0), 0)
 
@@ -69,20 +69,20 @@ if triton is not None:
             q = q * scale
         gc = tl.cumsum(g, 0)
         if PER_CHANNEL:
-            return q, k, gc, _row(gc, rt, T - 1)
+            return q, k, gc, row(gc, rt, T - 1)
         else:
-            return q, k, gc, _at(gc, rt, T - 1)
+            return q, k, gc, elem(gc, rt, T - 1)
 
     @triton.jit
     def _decayed(x, gc, rt, t, base, PER_CHANNEL: tl.constexpr):
         """Row ``t`` of ``x [TP, KP]`` times ``exp(base - G_t)`` (per key channel or one number)."""
         if PER_CHANNEL:
-            return _row(x, rt, t) * tl.exp(base - _row(gc, rt, t))
+            return row(x, rt, t) * tl.exp(base - row(gc, rt, t))
         else:
-            return _row(x, rt, t) * tl.exp(base - _at(gc, rt, t))
+            return row(x, rt, t) * tl.exp(base - elem(gc, rt, t))
 
     @triton.jit
-    def _pairs(k, gc, rt, t, kt, qt, gt, PER_CHANNEL: tl.constexpr):
+    def pairs(k, gc, rt, t, kt, qt, gt, PER_CHANNEL: tl.constexpr):
         """Token ``t``'s couplings to the window's tokens ``i`` (``kt``, ``qt``, ``gt``: its ``k``, ``q``,
         ``G``): ``m[i] = k_t . (k_i decayed from i to t)`` for ``i < t`` (what their updates add to the
         state read of ``t``), ``n[i] = q_t . (k_i decayed from i to t)`` for ``i <= t`` (to its output)."""
@@ -106,16 +106,16 @@ if triton is not None:
         d = tl.zeros_like(v)
         o = tl.zeros_like(v)
         for t in tl.static_range(TP):
-            kt, qt = _row(k, rt, t), _row(q, rt, t)
-            gt = _row(gc, rt, t) if PER_CHANNEL else _at(gc, rt, t)
+            kt, qt = row(k, rt, t), row(q, rt, t)
+            gt = row(gc, rt, t) if PER_CHANNEL else elem(gc, rt, t)
             e = tl.exp(gt)  # the decay from the window's start to t
             at, bt = tl.reduce((S * (kt * e)[:, None], S * (qt * e)[:, None]), 0, add2)
-            m, n = _pairs(k, gc, rt, t, kt, qt, gt, PER_CHANNEL)
-            d = _put(d, rt, t, (_row(v, rt, t) - at - tl.sum(d * m[:, None], 0)) * _at(beta, rt, t))
-            o = _put(o, rt, t, bt + tl.sum(d * n[:, None], 0))
+            m, n = pairs(k, gc, rt, t, kt, qt, gt, PER_CHANNEL)
+            d = put(d, rt, t, (row(v, rt, t) - at - tl.sum(d * m[:, None], 0)) * elem(beta, rt, t))
+            o = put(o, rt, t, bt + tl.sum(d * n[:, None], 0))
         S = S * (tl.exp(last)[:, None] if PER_CHANNEL else tl.exp(last))
         for t in tl.static_range(TP):
-            S += _decayed(k, gc, rt, t, last, PER_CHANNEL)[:, None] * _row(d, rt, t)[None, :]
+            S += _decayed(k, gc, rt, t, last, PER_CHANNEL)[:, None] * row(d, rt, t)[None, :]
         return S, o
 
 

@@ -68,6 +68,8 @@ from torch import Tensor
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import check_tensor, definitely
 from kda_inductor.lowerings._gdn_tiles import launch_tiles
+from kda_inductor.lowerings._gdn_window_dot import MIN_ROWS as DOT_MIN_ROWS
+from kda_inductor.lowerings._gdn_window_dot import check_precision as check_dot_precision
 from kda_inductor.lowerings._triton import tl, triton
 
 __all__ = ["MAX_K", "LaunchConfig", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace",
@@ -289,8 +291,7 @@ def _gdn_recurrent_step_inplace_cuda(q, k, v, g, beta, state, scale, use_qk_l2no
 # --------------------------------------------------------------------------------------
 if triton is not None:
     from kda_inductor.lowerings._gdn_token import sequential as _sequential
-    from kda_inductor.lowerings._gdn_window import load_window as _load_window
-    from kda_inductor.lowerings._gdn_window import window as _window
+    from kda_inductor.lowerings._gdn_window_dot import window_tile as _window_tile
 
     @triton.jit
     def _program(V, HV, BV: tl.constexpr):
@@ -311,10 +312,12 @@ if triton is not None:
                    sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, sg_b, sg_t, sg_h, sg_k,
                    sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, ss_v, sf_b, sf_h, sf_k, sf_v,
                    KP: tl.constexpr, BV: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
-                   HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False, TP: tl.constexpr = 0):
+                   HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False, TP: tl.constexpr = 0,
+                   TS: tl.constexpr = 0, DOT: tl.constexpr = ""):
         """Program ``(b, h, j)``: the state tile ``[b, h, :, j * BV : (j + 1) * BV]`` read once
         into registers (zeros without a state), the tokens run through it (``TP`` > 0: the window
-        body, every token's inputs loaded at once, ``TP >= T`` rows; else token by token), written once."""
+        body, every token's inputs loaded at once, ``TP >= T`` rows, ``DOT``: its tile products by
+        ``tl.dot`` at that input precision over ``TS`` live rows; else token by token), written once."""
         b, h, j = _program(V, HV, BV)
         rk = tl.arange(0, KP)
         rv = j * BV + tl.arange(0, BV)
@@ -329,12 +332,8 @@ if triton is not None:
         else:
             S = tl.zeros((KP, BV), tl.float32)
         if TP > 0:
-            rt = tl.arange(0, TP)
-            q, k, v, g, beta = _load_window(q_row, k_row, v_base, g_row, b_row, T, rt, rk, rv, kmask, vmask, sq_t,
-                                            sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
-            S, o = _window(S, q, k, v, g, beta, T, rt, scale, eps, TP, PER_CHANNEL, L2NORM)
-            omask = (rt[:, None] < T) & vmask[None, :]
-            tl.store(o_row + rt[:, None] * HV * V, o.to(o_ptr.dtype.element_ty), mask=omask)
+            S = _window_tile(S, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, V, rk, rv, kmask, vmask, scale, eps,
+                             sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, TP, TS, PER_CHANNEL, L2NORM, DOT)
         else:
             S = _sequential(S, q_row, k_row, v_base + rv * sv_v, g_row, b_row, o_row, T, HV, V, rk, kmask, vmask,
                             scale, eps, sq_t, sk_t, sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL, L2NORM, SCALED)
@@ -367,6 +366,13 @@ class LaunchConfig(NamedTuple):
     lazy: bool = False
     """The persistent body's unrolled tokens with a scalar decay holding the tile as ``S / c`` (one FMA
     an element a token for the update, not two: ``._gdn_tiles._lazy_token``); ignored for KDA."""
+    window_dot: str = ""
+    """The window body's state-tile products on tensor cores (:mod:`._gdn_window_dot`: ``tl.dot`` over the
+    tokens padded to 16 rows, the d-solve by a unit lower-triangular inverse), at this ``input_precision``:
+    ``"ieee"``, ``"tf32x3"`` (float32 within the op's tests' 2e-5 under the interpreter; on the GPU the CUDA
+    test's bound), ``"tf32"`` (one tf32 product: ~1e-3 relative, held only to its own bound in the CUDA test,
+    never a default unmeasured); ``""``: off (the elementwise window). Needs ``window`` and 16 columns at
+    least; untimed: off in the table, timed by the benchmark's ``wdot`` candidates."""
 
 
 class TableRow(NamedTuple):
@@ -439,6 +445,20 @@ def launch_config(batch: int, v_heads: int, k_dim: int, v_dim: int, tokens: int 
     return cfg._replace(block_v=bv, window=cfg.window and int(tokens) <= MAX_WINDOW)
 
 
+def _window_rows(cfg: LaunchConfig, tokens: int, device_type: str) -> tuple[int, int]:
+    """The window body's block rows ``TP`` and its solve's live rows ``TS`` (0, 0: token by token);
+    with ``window_dot`` the precision checked against this Triton and ``TP`` at least 16."""
+    if cfg.window_dot:
+        check_dot_precision(cfg.window_dot, device_type)
+        if not cfg.window or cfg.block_v < DOT_MIN_ROWS:
+            raise ValueError(f"gdn_recurrent_step: LaunchConfig.window_dot needs window=True and block_v >= "
+                             f"{DOT_MIN_ROWS} (tl.dot's least dimension), got {cfg}")
+    if not cfg.window or not 1 < tokens <= MAX_WINDOW:
+        return 0, 0
+    ts = triton.next_power_of_2(int(tokens))
+    return (max(DOT_MIN_ROWS, ts) if cfg.window_dot else ts), ts
+
+
 def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta: StepMeta,
             config: LaunchConfig | None = None):
     """One launch of :data:`_step_kernel` on validated arguments (``state`` None: zeros; ``final``
@@ -449,6 +469,7 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
     cfg = config or launch_config(meta.batch, meta.v_heads, meta.k_dim, meta.v_dim, meta.tokens)
     if cfg.persistent:
         return launch_tiles(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta, cfg)
+    tp, ts = _window_rows(cfg, meta.tokens, v.device.type)
     programs = meta.batch * meta.v_heads * triton.cdiv(meta.v_dim, cfg.block_v)
     if programs == 0:
         return None
@@ -460,7 +481,7 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
         *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),
         KP=max(16, triton.next_power_of_2(meta.k_dim)), BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
         L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, SCALED=bool(cfg.scaled),
-        TP=triton.next_power_of_2(meta.tokens) if cfg.window and 1 < meta.tokens <= MAX_WINDOW else 0,
+        TP=tp, TS=ts, DOT=cfg.window_dot if tp else "",
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         maxnreg=cfg.max_registers or None,

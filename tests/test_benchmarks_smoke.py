@@ -115,6 +115,20 @@ def test_gdn_recurrent_step_smoke(capsys):
     assert "NOT meaningful" in capsys.readouterr().out
 
 
+def test_gdn_recurrent_step_verify_smoke(capsys):
+    """``--verify`` on CPU (T = 2, GDN and KDA) with two tensor-core window candidates (``wdot``): each
+    checked against the float32 reference and timed; the labels round-trip."""
+    bench = _load("bench_gdn_recurrent_step")
+    labels = ["wdot16w1+tf32x3", "wdot32w2+ieee"]
+    assert [bench.config_label(bench.parse_config(c)) for c in labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32"]
+            ] == labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32"]
+    assert bench.parse_config("wdot16w1").window_dot == "tf32x3" and bench.parse_config("win16w1").window_dot == ""
+    rows = bench.main(["--smoke", "--verify", "--candidates", ",".join(labels)])
+    assert [(r["model"], r["T"]) for r in rows] == [("qwen3_next", 2), ("kimi_linear", 2)]
+    assert all("check" not in r and all(r[f"{c}_us"] for c in labels) for r in rows), rows
+    assert "NOT meaningful" in capsys.readouterr().out
+
+
 def test_gdn_chunk_smoke(capsys):
     """kda (its Triton kernels under the interpreter) and eager transformers against the float32
     reference on CPU, T across a chunk; the launch sweep's first configs."""

@@ -111,15 +111,12 @@ if triton is not None:
         """The window through the tile ``S [KP, BV]`` (the module docstring): the new tile and the
         outputs ``o [TD, BV]`` (rows past ``T`` not meaningful)."""
         q, k, gc, last = _keys(q, k, g, T, rt, scale, eps, L2NORM, PER_CHANNEL)
-        if PER_CHANNEL:
-            eg = tl.exp(gc)
-            kd, qd, kl = k * eg, q * eg, k * tl.exp(last[None, :] - gc)
-        else:
-            eg = tl.exp(gc)[:, None]
-            kd, qd, kl = k * eg, q * eg, k * tl.exp(last - gc)[:, None]
-        A = tl.dot(kd, S, input_precision=DOT)
-        B = tl.dot(qd, S, input_precision=DOT)
         M, N = _couplings(q, k, gc, rt, TP, TS, PER_CHANNEL, DOT)
+        # the [TD, KP] blocks in the order that frees them soonest (q, then k and a per-channel G)
+        eg = tl.exp(gc) if PER_CHANNEL else tl.exp(gc)[:, None]
+        B = tl.dot(q * eg, S, input_precision=DOT)
+        A = tl.dot(k * eg, S, input_precision=DOT)
+        kl = k * (tl.exp(last[None, :] - gc) if PER_CHANNEL else tl.exp(last - gc)[:, None])
         inv = _unit_lower_inverse(M * beta[:, None], rt, TS)
         d = tl.dot(inv, (v - A) * beta[:, None], input_precision=DOT)
         o = B + tl.dot(N, d, input_precision=DOT)

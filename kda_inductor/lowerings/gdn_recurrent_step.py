@@ -372,7 +372,11 @@ class LaunchConfig(NamedTuple):
     ``"ieee"``, ``"tf32x3"`` (float32 within the op's tests' 2e-5 under the interpreter; on the GPU the CUDA
     test's bound), ``"tf32"`` (one tf32 product: ~1e-3 relative, held only to its own bound in the CUDA test,
     never a default unmeasured); ``""``: off (the elementwise window). Needs ``window`` and 16 columns at
-    least; untimed: off in the table, timed by the benchmark's ``wdot`` candidates."""
+    least; untimed: off in the table, timed by the benchmark's ``wdot`` candidates. sm_90, Triton 3.9 (ahead
+    of time, 2026-12-06), Qwen3-Next T = 4: every ``[16, 128]`` dot operand is whole in each warp (M = 16
+    rows: the warps split the columns), so few warps spill: registers (stack bytes) tf32x3 16 x 1 255
+    (1,880), 16 x 2 255 (1,040), 16 x 4 255 (552), 64 x 8 255 (264); tf32 16 x 1 255 (768), 32 x 4 255
+    (40), 64 x 4 255 (104), 64 x 8 255 (0); ieee 32 x 4 255 (760); KDA T = 8 tf32x3 32 x 4 255 (264)."""
 
 
 class TableRow(NamedTuple):
@@ -513,7 +517,9 @@ def aot_variants():
     """The launches to compile ahead of time for sm_90: Qwen3-Next's decode (bf16 q / k / v and
     beta, float32 g, K = 128, scalar decay, l2norm, a state) at the table's two T = 1 configs and in
     the ``SCALED`` body, Kimi's per-channel decay, a float32 step without l2norm or state, K = 256,
-    and each window class of the table (scalar and per-channel decay; one without l2norm or state)."""
+    and each window class of the table (scalar and per-channel decay; one without l2norm or state); the
+    tensor-core window (``window_dot``) at T = 4 (tf32x3 16 x 4 and 64 x 8, ieee 32 x 4), 8 (KDA, tf32x3
+    32 x 4) and 2 (tf32 64 x 8)."""
     from kda_inductor.lowerings import AotVariant
 
     names = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "b_ptr", "s_ptr", "f_ptr", "o_ptr")
@@ -523,13 +529,17 @@ def aot_variants():
     bf16 = dict(zip(names, ("*bf16", "*bf16", "*bf16", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16")),
                 **dict.fromkeys(ints, "i32"), scale="fp32", eps="fp32")
     fp32 = {**bf16, **dict.fromkeys(names, "*fp32")}
-    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False, TP=0)
+    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False, TP=0, TS=0, DOT="")
     small = dict(big, BV=16)
     variants = ((bf16, big, 4), (bf16, small, 1), (bf16, dict(small, SCALED=True), 1),
                 (bf16, dict(big, SCALED=True), 4), (bf16, dict(big, PER_CHANNEL=True), 4),
                 (fp32, dict(small, L2NORM=False, HAS_STATE=False), 1), (bf16, dict(big, KP=256, BV=32), 4),
                 *((bf16, dict(big, BV=row.config.block_v, TP=triton.next_power_of_2(row.tokens[1]), PER_CHANNEL=pc),
                    row.config.num_warps) for row in LAUNCH_TABLE if row.config.window for pc in (False, True)),
-                (fp32, dict(small, L2NORM=False, HAS_STATE=False, TP=4), 1))
+                (fp32, dict(small, L2NORM=False, HAS_STATE=False, TP=4), 1),
+                *((bf16, dict(big, BV=bv, TP=16, TS=ts, PER_CHANNEL=pc, DOT=dot), warps)
+                  for bv, warps, ts, pc, dot in ((16, 4, 4, False, "tf32x3"), (64, 8, 4, False, "tf32x3"),
+                                                 (32, 4, 8, True, "tf32x3"), (32, 4, 4, False, "ieee"),
+                                                 (64, 8, 2, False, "tf32"))))
     for types, consts, warps in variants:
         yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1})

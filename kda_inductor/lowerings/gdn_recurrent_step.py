@@ -47,7 +47,9 @@ provisional; no run-time autotuning: CUDA graphs and reproducibility). The windo
 (:mod:`._gdn_window`, the chunk form: every token's q / k / v / g / beta loaded once per tile as
 ``[TP, ...]`` blocks, the tile read by ``T`` independent sums and updated once) is a launch option
 (``LaunchConfig(window=True)``), not in the table: an H100 timed it slower than the token-by-token
-body at T = 4 (:data:`LAUNCH_TABLE`); the persistent body (:mod:`._gdn_tiles`, untimed) is another. For
+body at T = 4 (:data:`LAUNCH_TABLE`); its tile products on tensor cores (:mod:`._gdn_window_dot`,
+``LaunchConfig(window=True, window_dot="tf32x3")``, untimed) and the persistent body (:mod:`._gdn_tiles`,
+untimed) are others. For
 sm_90 (unit strides specialized: 16-byte tile loads and stores) the token-by-token body does not spill:
 K = V = 128, Triton 3.6, 16 columns x 1 warp take 127 registers for T = 1 and 165 for T > 1 (4 / 2
 barriers a token), 64 x 4 125 / 168 (13 / 14); the window body's are with :data:`LAUNCH_TABLE`. The ``SCALED`` body

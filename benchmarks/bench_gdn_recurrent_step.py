@@ -394,7 +394,8 @@ VERIFY_CASES = _FIRST + tuple(c for c in ((model, B, T) for model in ("qwen3_nex
                                           for T in (1, 2, 4, 8) for B in (1, 32, 128)) if c not in _FIRST)
 """The issue's targets first (a spent ``--budget`` drops the last)."""
 CANDIDATES = ("seq16w1,seq16w1r128,seq8w1,seq8w1r96,pst16w1x8s2,pst16w1x12s2r168,pst16w1x12s2r168+lazy,"
-              "pst8w1x16s2r128,wdot16w4+tf32x3,wdot32w4+tf32x3,wdot64w8+tf32x3,wdot32w4+ieee,wdot64w8+tf32")
+              "pst8w1x16s2r128,wdot16w4+tf32x3,wdot32w4+tf32x3,wdot64w8+tf32x3,wdot32w4+ieee,wdot64w8+tf32,"
+              "wdot64w4+tf32x3+tr,wdot64w4+tf32+tr")
 """``--candidates``' default: the token-by-token body at the table's T > 1 launch and at 8 columns (B = 1:
 twice the programs), each also held to fewer registers (``r``: 16 x 1 at 128, 16 programs an SM instead
 of 12, and 8 x 1 at 96, 21: sm_90, Triton 3.9, T = 4, no spills either); the persistent body (``pst``:
@@ -403,7 +404,7 @@ runtime token loop), pipelined in two stages: 16 x 1 with ptxas' registers (177 
 and 8: 8 programs an SM) and held to 168 (12 an SM; a few spilled words), plain and lazy; 8 x 1 held
 to 128 (16 an SM); the window body on tensor cores (``wdot``: ``LaunchConfig.window_dot``, its
 precision the suffix, ``+tf32x3`` when none) at 16 x 4, 32 x 4 and 64 x 8 in tf32x3, 32 x 4 in ieee and
-64 x 8 in tf32 (untimed so far; the fewest spills ahead of time: ``LaunchConfig.window_dot``; 1 or 2
+64 x 8 in tf32, and transposed (``+tr``: sm_90 ``wgmma``) 64 x 4 in tf32x3 and tf32 (untimed so far; the fewest spills ahead of time: ``LaunchConfig.window_dot``; 1 or 2
 warps spill 1-2 KB a thread; ``+tf32`` may fail this benchmark's state check, 1e-4: the check's line
 then says its error)."""
 
@@ -413,18 +414,19 @@ def parse_config(label: str) -> L.LaunchConfig:
     program, warps; for ``pst`` (the persistent body) programs per SM and pipeline stages; ``r128``: at
     most 128 registers a thread; ``+lazy`` (``pst``): the tile held as ``S / c``; ``+loop`` (``pst``): the
     runtime token loop; ``wdot`` the window body on tensor cores, ``+ieee`` / ``+tf32x3`` / ``+tf32`` its
-    ``tl.dot`` precision (default ``tf32x3``)."""
+    ``tl.dot`` precision (default ``tf32x3``), ``+tr`` its products transposed (``dot_transposed``)."""
     import re
 
     got = re.fullmatch(r"(seq|win|wdot|pst)(\d+)w(\d+)(?:x(\d+)s(\d+))?(?:r(\d+))?(\+scaled)?(\+lazy)?(\+loop)?"
-                       r"(\+ieee|\+tf32x3|\+tf32)?", label.strip())
+                       r"(\+ieee|\+tf32x3|\+tf32)?(\+tr)?", label.strip())
     if got is None or (got[1] == "pst") != bool(got[4]) or ((got[8] or got[9]) and got[1] != "pst") or \
-            (got[10] and got[1] != "wdot"):
+            ((got[10] or got[11]) and got[1] != "wdot"):
         raise SystemExit(f"--candidates: {label!r} is not like seq16w1(r128), win32w4, wdot16w1(+ieee, +tf32x3, "
-                         "+tf32) or pst16w1x8s2(r168) (+scaled, +lazy, +loop)")
+                         "+tf32; +tr) or pst16w1x8s2(r168) (+scaled, +lazy, +loop)")
     dot = (got[10] or "+tf32x3")[1:] if got[1] == "wdot" else ""
     return L.LaunchConfig(int(got[2]), int(got[3]), int(got[5] or 1), bool(got[7]), got[1] in ("win", "wdot"),
-                          int(got[4] or 0), not got[9], int(got[6] or 0), bool(got[8]), window_dot=dot)
+                          int(got[4] or 0), not got[9], int(got[6] or 0), bool(got[8]), window_dot=dot,
+                          dot_transposed=bool(got[11]))
 
 
 def config_label(cfg: L.LaunchConfig) -> str:
@@ -432,7 +434,7 @@ def config_label(cfg: L.LaunchConfig) -> str:
     label = f"{body}{cfg.block_v}w{cfg.num_warps}" + (f"x{cfg.persistent}s{cfg.num_stages}" if cfg.persistent else "")
     label += (f"r{cfg.max_registers}" if cfg.max_registers else "") + ("+scaled" if cfg.scaled else "")
     label += "+lazy" if cfg.persistent and cfg.lazy else ""
-    label += f"+{cfg.window_dot}" if body == "wdot" else ""
+    label += (f"+{cfg.window_dot}" + ("+tr" if cfg.dot_transposed else "")) if body == "wdot" else ""
     return label + ("+loop" if cfg.persistent and not cfg.unroll else "")
 
 

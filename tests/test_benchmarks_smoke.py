@@ -119,7 +119,7 @@ def test_gdn_recurrent_step_verify_smoke(capsys):
     """``--verify`` on CPU (T = 2, GDN and KDA) with two tensor-core window candidates (``wdot``): each
     checked against the float32 reference and timed; the labels round-trip."""
     bench = _load("bench_gdn_recurrent_step")
-    labels = ["wdot16w1+tf32x3", "wdot32w2+ieee"]
+    labels = ["wdot16w1+tf32x3", "wdot32w2+ieee+tr"]
     assert [bench.config_label(bench.parse_config(c)) for c in labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32"]
             ] == labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32"]
     assert bench.parse_config("wdot16w1").window_dot == "tf32x3" and bench.parse_config("win16w1").window_dot == ""

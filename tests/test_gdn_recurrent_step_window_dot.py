@@ -40,8 +40,8 @@ TF32_BOUND = 1e-2
 10-bit mantissas, ~5e-4 each, summed over K = 128 and 8 tokens); provisional until measured."""
 
 
-def wdot(precision="tf32x3", bv=16, warps=1):
-    return mod.LaunchConfig(bv, warps, window=True, window_dot=precision)
+def wdot(precision="tf32x3", bv=16, warps=1, transposed=False):
+    return mod.LaunchConfig(bv, warps, window=True, window_dot=precision, dot_transposed=transposed)
 
 
 def _against_float64(args, got, final, l2=True):
@@ -56,16 +56,16 @@ def _against_float64(args, got, final, l2=True):
 def test_dot_window_matches_the_op_and_float64(T, per_channel):
     """Two key heads over four value heads (head ``h`` reads key head ``h // 2``), K = 12 / V = 20
     (masked rows, two column blocks of 16, the second partial), B = 3 at odd T and 1 at even; in place
-    for a per-channel decay; each precision in turn."""
+    for a per-channel decay; each precision in turn, transposed (``dot_transposed``) at T = 3 and 8."""
     B = 3 if T % 2 else 1
     args = inputs(4000 + 10 * T + per_channel, B=B, T=T, Hk=2, Hv=4, K=12, V=20, per_channel=per_channel)
-    cfg = wdot(FLOAT32_LIKE[(T + per_channel) % len(FLOAT32_LIKE)])
+    cfg = wdot(FLOAT32_LIKE[(T + per_channel) % len(FLOAT32_LIKE)], transposed=T in (3, 8))
     got, final = _kernel_vs_op(args, config=cfg, inplace=per_channel)
     _against_float64(args, got, final)
 
 
 @needs_runner
-@pytest.mark.parametrize("case", ["no state", "no l2norm", "strided bf16", "two warps bv32"])
+@pytest.mark.parametrize("case", ["no state", "no l2norm", "strided bf16", "two warps bv32", "transposed"])
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_dot_window_options(case, per_channel):
     """From a zeros state; without l2norm (g strongly negative: the couplings' decays far from 1);
@@ -80,7 +80,7 @@ def test_dot_window_options(case, per_channel):
     elif case == "strided bf16":
         _kernel_vs_op((q, k, v, g, beta, s), config=wdot(), out_dtype=torch.bfloat16)
     else:
-        cfg = wdot(bv=32, warps=2) if case == "two warps bv32" else wdot()
+        cfg = wdot(bv=32, warps=2) if case == "two warps bv32" else wdot(transposed=case == "transposed")
         got, final = _kernel_vs_op((q, k, v, g, beta, s), config=cfg)
         _against_float64((q, k, v, g, beta, s), got, final)
 
@@ -101,9 +101,11 @@ def test_dot_window_padded_rows_add_nothing_at_eps_zero(per_channel):
 @needs_runner
 @pytest.mark.parametrize("per_channel", [False, True])
 def test_dot_window_at_the_real_dims(per_channel):
-    """K = V = 128 (Qwen3-Next's and Kimi's heads), T = 4, grouped heads, one sequence."""
+    """K = V = 128 (Qwen3-Next's and Kimi's heads), T = 4, grouped heads, one sequence (transposed for
+    a per-channel decay)."""
     args = inputs(4300 + per_channel, B=1, T=4, Hk=1, Hv=2, K=128, V=128, per_channel=per_channel)
-    got, final = _kernel_vs_op(args, config=wdot("ieee", bv=64, warps=4), inplace=not per_channel)
+    cfg = wdot("ieee", bv=64, warps=4, transposed=per_channel)
+    got, final = _kernel_vs_op(args, config=cfg, inplace=not per_channel)
     _against_float64(args, got, final)
 
 
@@ -151,15 +153,16 @@ def _rel(got, want):
 @pytest.mark.parametrize("family", sorted(DIMS))
 @pytest.mark.parametrize("T", [2, 4, 8])
 def test_cuda_dot_window_at_model_dims(T, family, precision):
-    """B = 32 in place at 16 columns x 1 warp and 64 x 4, against the float32 CPU op."""
+    """B = 32 in place at 16 columns x 4 warps, 64 x 8 and 64 x 4 transposed, against the float32 CPU op."""
     args = _cuda_inputs(family, 32, T, seed=4600 + T)
     want, want_state = op(*args, 0.25, True)
-    for cfg in (wdot(precision), wdot(precision, bv=64, warps=4)):
+    for cfg in (wdot(precision, warps=4), wdot(precision, bv=64, warps=8), wdot(precision, 64, 4, True)):
         state = args[-1].cuda().clone()
         out = torch.full(want.shape, float("nan"), dtype=want.dtype, device="cuda")
         mod.step_triton(*(x.cuda() for x in args[:5]), state, 0.25, True, inplace=True, out=out, config=cfg)
         err_o, err_s = _rel(out, want.float()), _rel(state, want_state)
-        print(f"{family} T={T} {precision} {cfg.block_v}x{cfg.num_warps}: out {err_o:.2e} state {err_s:.2e}")
+        print(f"{family} T={T} {precision} {cfg.block_v}x{cfg.num_warps}{' tr' * cfg.dot_transposed}: "
+              f"out {err_o:.2e} state {err_s:.2e}")
         if precision == "tf32":
             assert err_o <= TF32_BOUND and err_s <= TF32_BOUND
         else:

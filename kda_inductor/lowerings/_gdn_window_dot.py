@@ -16,7 +16,9 @@ add nothing to the outputs or the tile). With ``G_t`` the cumulative log decay f
 to ``-inf`` above the diagonal; per key channel the couplings row by row as :func:`._gdn_window.pairs`
 (``e^(G_t - G_i)`` inside the dot, never ``e^-G`` alone, which can overflow)). ``input_precision``:
 ``"ieee"`` (float32 FMAs, not tensor cores), ``"tf32x3"`` (three tf32 products: about float32),
-``"tf32"`` (one: ~1e-3 relative, measured at its own bound; never a default unmeasured).
+``"tf32"`` (one: ~1e-3 relative, measured at its own bound; never a default unmeasured). ``TRANSPOSED``
+(``LaunchConfig.dot_transposed``): the tile's reads and the solve as ``S^T @ Kd^T`` (``[BV, TD]``: the
+tile's columns the dots' M; at 64 columns x 4 warps sm_90 ``wgmma``; the same sums in real arithmetic).
 """
 
 from __future__ import annotations
@@ -106,27 +108,45 @@ if triton is not None:
         return X
 
     @triton.jit
+    def _reads_transposed(S, qd, kd, DOT: tl.constexpr):
+        """``B = qd @ S`` and ``A = kd @ S`` as ``(S^T @ qd^T)^T``: the tile's columns as the dot's M
+        (64 of them make an sm_90 ``wgmma``, whose other operand stays in shared memory)."""
+        St = tl.trans(S)
+        return (tl.trans(tl.dot(St, tl.trans(qd), input_precision=DOT)),
+                tl.trans(tl.dot(St, tl.trans(kd), input_precision=DOT)))
+
+    @triton.jit
     def window_dot(S, q, k, v, g, beta, T, rt, scale, eps, TP: tl.constexpr, TS: tl.constexpr,
-                   PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr):
+                   PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                   TRANSPOSED: tl.constexpr = False):
         """The window through the tile ``S [KP, BV]`` (the module docstring): the new tile and the
         outputs ``o [TD, BV]`` (rows past ``T`` not meaningful)."""
         q, k, gc, last = _keys(q, k, g, T, rt, scale, eps, L2NORM, PER_CHANNEL)
         M, N = _couplings(q, k, gc, rt, TP, TS, PER_CHANNEL, DOT)
         # the [TD, KP] blocks in the order that frees them soonest (q, then k and a per-channel G)
         eg = tl.exp(gc) if PER_CHANNEL else tl.exp(gc)[:, None]
-        B = tl.dot(q * eg, S, input_precision=DOT)
-        A = tl.dot(k * eg, S, input_precision=DOT)
+        if TRANSPOSED:
+            B, A = _reads_transposed(S, q * eg, k * eg, DOT)
+        else:
+            B = tl.dot(q * eg, S, input_precision=DOT)
+            A = tl.dot(k * eg, S, input_precision=DOT)
         kl = k * (tl.exp(last[None, :] - gc) if PER_CHANNEL else tl.exp(last - gc)[:, None])
         inv = _unit_lower_inverse(M * beta[:, None], rt, TS)
-        d = tl.dot(inv, (v - A) * beta[:, None], input_precision=DOT)
-        o = B + tl.dot(N, d, input_precision=DOT)
+        if TRANSPOSED:
+            dt = tl.dot(tl.trans((v - A) * beta[:, None]), tl.trans(inv), input_precision=DOT)
+            o = B + tl.trans(tl.dot(dt, tl.trans(N), input_precision=DOT))
+            d = tl.trans(dt)
+        else:
+            d = tl.dot(inv, (v - A) * beta[:, None], input_precision=DOT)
+            o = B + tl.dot(N, d, input_precision=DOT)
         S = S * (tl.exp(last)[:, None] if PER_CHANNEL else tl.exp(last))
         return S + tl.dot(tl.trans(kl), d, input_precision=DOT), o
 
     @triton.jit
     def window_tile(S, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, V, rk, rv, kmask, vmask, scale, eps,
                     sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, TP: tl.constexpr, TS: tl.constexpr,
-                    PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr):
+                    PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr,
+                    TRANSPOSED: tl.constexpr = False):
         """Every token's inputs loaded once as ``[TP, ...]`` blocks, the window run (``DOT`` ``""``:
         :func:`._gdn_window.window`'s elementwise products; else :func:`window_dot`), the outputs
         stored; returns the new tile."""
@@ -136,7 +156,7 @@ if triton is not None:
         if DOT == "":
             S, o = _window(S, q, k, v, g, beta, T, rt, scale, eps, TP, PER_CHANNEL, L2NORM)
         else:
-            S, o = window_dot(S, q, k, v, g, beta, T, rt, scale, eps, TP, TS, PER_CHANNEL, L2NORM, DOT)
+            S, o = window_dot(S, q, k, v, g, beta, T, rt, scale, eps, TP, TS, PER_CHANNEL, L2NORM, DOT, TRANSPOSED)
         tl.store(o_row + rt[:, None] * HV * V, o.to(o_row.dtype.element_ty), mask=(rt[:, None] < T) & vmask[None, :])
         return S
 

@@ -315,11 +315,12 @@ if triton is not None:
                    sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, ss_v, sf_b, sf_h, sf_k, sf_v,
                    KP: tl.constexpr, BV: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
                    HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False, TP: tl.constexpr = 0,
-                   TS: tl.constexpr = 0, DOT: tl.constexpr = ""):
+                   TS: tl.constexpr = 0, DOT: tl.constexpr = "", DOT_T: tl.constexpr = False):
         """Program ``(b, h, j)``: the state tile ``[b, h, :, j * BV : (j + 1) * BV]`` read once
         into registers (zeros without a state), the tokens run through it (``TP`` > 0: the window
         body, every token's inputs loaded at once, ``TP >= T`` rows, ``DOT``: its tile products by
-        ``tl.dot`` at that input precision over ``TS`` live rows; else token by token), written once."""
+        ``tl.dot`` at that input precision over ``TS`` live rows, ``DOT_T`` transposed; else token by
+        token), written once."""
         b, h, j = _program(V, HV, BV)
         rk = tl.arange(0, KP)
         rv = j * BV + tl.arange(0, BV)
@@ -335,7 +336,8 @@ if triton is not None:
             S = tl.zeros((KP, BV), tl.float32)
         if TP > 0:
             S = _window_tile(S, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, V, rk, rv, kmask, vmask, scale, eps,
-                             sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, TP, TS, PER_CHANNEL, L2NORM, DOT)
+                             sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, TP, TS, PER_CHANNEL, L2NORM, DOT,
+                             DOT_T)
         else:
             S = _sequential(S, q_row, k_row, v_base + rv * sv_v, g_row, b_row, o_row, T, HV, V, rk, kmask, vmask,
                             scale, eps, sq_t, sk_t, sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL, L2NORM, SCALED)
@@ -379,6 +381,10 @@ class LaunchConfig(NamedTuple):
     rows: the warps split the columns), so few warps spill: registers (stack bytes) tf32x3 16 x 1 255
     (1,880), 16 x 2 255 (1,040), 16 x 4 255 (552), 64 x 8 255 (264); tf32 16 x 1 255 (768), 32 x 4 255
     (40), 64 x 4 255 (104), 64 x 8 255 (0); ieee 32 x 4 255 (760); KDA T = 8 tf32x3 32 x 4 255 (264)."""
+    dot_transposed: bool = False
+    """``window_dot``'s reads and solve as ``S^T @ Kd^T`` (the tile's columns the dots' M: at 64 x 4, sm_90
+    ``wgmma`` with the ``[128, 16]`` operand in shared memory). Ahead of time as above: tf32 64 x 4 255 (0),
+    tf32x3 64 x 4 255 (1,000), 64 x 8 255 (1,536), 16 x 4 255 (496), KDA tf32x3 64 x 4 255 (496)."""
 
 
 class TableRow(NamedTuple):
@@ -487,7 +493,7 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
         *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),
         KP=max(16, triton.next_power_of_2(meta.k_dim)), BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
         L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, SCALED=bool(cfg.scaled),
-        TP=tp, TS=ts, DOT=cfg.window_dot if tp else "",
+        TP=tp, TS=ts, DOT=cfg.window_dot if tp else "", DOT_T=bool(tp and cfg.window_dot and cfg.dot_transposed),
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         maxnreg=cfg.max_registers or None,
@@ -521,7 +527,7 @@ def aot_variants():
     the ``SCALED`` body, Kimi's per-channel decay, a float32 step without l2norm or state, K = 256,
     and each window class of the table (scalar and per-channel decay; one without l2norm or state); the
     tensor-core window (``window_dot``) at T = 4 (tf32x3 16 x 4 and 64 x 8, ieee 32 x 4), 8 (KDA, tf32x3
-    32 x 4) and 2 (tf32 64 x 8)."""
+    32 x 4) and 2 (tf32 64 x 8); transposed at T = 4 (tf32x3 64 x 4) and 8 (KDA, tf32 64 x 4)."""
     from kda_inductor.lowerings import AotVariant
 
     names = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "b_ptr", "s_ptr", "f_ptr", "o_ptr")
@@ -531,7 +537,8 @@ def aot_variants():
     bf16 = dict(zip(names, ("*bf16", "*bf16", "*bf16", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16")),
                 **dict.fromkeys(ints, "i32"), scale="fp32", eps="fp32")
     fp32 = {**bf16, **dict.fromkeys(names, "*fp32")}
-    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False, TP=0, TS=0, DOT="")
+    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False, TP=0, TS=0, DOT="",
+               DOT_T=False)
     small = dict(big, BV=16)
     variants = ((bf16, big, 4), (bf16, small, 1), (bf16, dict(small, SCALED=True), 1),
                 (bf16, dict(big, SCALED=True), 4), (bf16, dict(big, PER_CHANNEL=True), 4),
@@ -539,9 +546,11 @@ def aot_variants():
                 *((bf16, dict(big, BV=row.config.block_v, TP=triton.next_power_of_2(row.tokens[1]), PER_CHANNEL=pc),
                    row.config.num_warps) for row in LAUNCH_TABLE if row.config.window for pc in (False, True)),
                 (fp32, dict(small, L2NORM=False, HAS_STATE=False, TP=4), 1),
-                *((bf16, dict(big, BV=bv, TP=16, TS=ts, PER_CHANNEL=pc, DOT=dot), warps)
-                  for bv, warps, ts, pc, dot in ((16, 4, 4, False, "tf32x3"), (64, 8, 4, False, "tf32x3"),
-                                                 (32, 4, 8, True, "tf32x3"), (32, 4, 4, False, "ieee"),
-                                                 (64, 8, 2, False, "tf32"))))
+                *((bf16, dict(big, BV=bv, TP=16, TS=ts, PER_CHANNEL=pc, DOT=dot, DOT_T=tr), warps)
+                  for bv, warps, ts, pc, dot, tr in (
+                      (16, 4, 4, False, "tf32x3", False), (64, 8, 4, False, "tf32x3", False),
+                      (32, 4, 8, True, "tf32x3", False), (32, 4, 4, False, "ieee", False),
+                      (64, 8, 2, False, "tf32", False), (64, 4, 4, False, "tf32x3", True),
+                      (64, 4, 8, True, "tf32", True))))
     for types, consts, warps in variants:
         yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1})

@@ -384,7 +384,8 @@ class LaunchConfig(NamedTuple):
     dot_transposed: bool = False
     """``window_dot``'s reads and solve as ``S^T @ Kd^T`` (the tile's columns the dots' M: at 64 x 4, sm_90
     ``wgmma`` with the ``[128, 16]`` operand in shared memory). Ahead of time as above: tf32 64 x 4 255 (0),
-    tf32x3 64 x 4 255 (1,000), 64 x 8 255 (1,536), 16 x 4 255 (496), KDA tf32x3 64 x 4 255 (496)."""
+    tf32x3 64 x 4 255 (1,096), 64 x 8 255 (1,536), 16 x 4 255 (480), KDA tf32x3 64 x 4 255 (488), KDA T = 8
+    tf32 64 x 4 255 (8)."""
 
 
 class TableRow(NamedTuple):

@@ -72,6 +72,7 @@ from kda_inductor.lowerings import check_tensor, definitely
 from kda_inductor.lowerings._gdn_tiles import launch_tiles
 from kda_inductor.lowerings._gdn_window_dot import MIN_ROWS as DOT_MIN_ROWS
 from kda_inductor.lowerings._gdn_window_dot import check_precision as check_dot_precision
+from kda_inductor.lowerings._gdn_window_dot_ks import key_block
 from kda_inductor.lowerings._triton import tl, triton
 
 __all__ = ["MAX_K", "LaunchConfig", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace",
@@ -294,6 +295,7 @@ def _gdn_recurrent_step_inplace_cuda(q, k, v, g, beta, state, scale, use_qk_l2no
 if triton is not None:
     from kda_inductor.lowerings._gdn_token import sequential as _sequential
     from kda_inductor.lowerings._gdn_window_dot import window_tile as _window_tile
+    from kda_inductor.lowerings._gdn_window_dot_ks import window_step_ks as _window_step_ks
 
     @triton.jit
     def _program(V, HV, BV: tl.constexpr):
@@ -315,12 +317,13 @@ if triton is not None:
                    sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, ss_v, sf_b, sf_h, sf_k, sf_v,
                    KP: tl.constexpr, BV: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
                    HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False, TP: tl.constexpr = 0,
-                   TS: tl.constexpr = 0, DOT: tl.constexpr = "", DOT_T: tl.constexpr = False):
+                   TS: tl.constexpr = 0, DOT: tl.constexpr = "", DOT_T: tl.constexpr = False,
+                   KS: tl.constexpr = 0):
         """Program ``(b, h, j)``: the state tile ``[b, h, :, j * BV : (j + 1) * BV]`` read once
         into registers (zeros without a state), the tokens run through it (``TP`` > 0: the window
         body, every token's inputs loaded at once, ``TP >= T`` rows, ``DOT``: its tile products by
-        ``tl.dot`` at that input precision over ``TS`` live rows, ``DOT_T`` transposed; else token by
-        token), written once."""
+        ``tl.dot`` at that input precision over ``TS`` live rows, ``DOT_T`` transposed, ``KS`` > 0: in
+        key blocks of ``KS`` rows, :mod:`._gdn_window_dot_ks`; else token by token), written once."""
         b, h, j = _program(V, HV, BV)
         rk = tl.arange(0, KP)
         rv = j * BV + tl.arange(0, BV)
@@ -330,18 +333,24 @@ if triton is not None:
         v_base, g_row = v_ptr + b64 * sv_b + h * sv_h, g_ptr + b64 * sg_b + h * sg_h
         b_row, o_row = b_ptr + b64 * sb_b + h * sb_h, o_ptr + (b64 * T * HV + h) * V + rv
         mask = kmask[:, None] & vmask[None, :]
-        if HAS_STATE:
-            S = tl.load(_tile(s_ptr, b, h, rk, rv, ss_b, ss_h, ss_k, ss_v), mask=mask, other=0.0)
+        if KS > 0:
+            _window_step_ks(s_ptr, f_ptr, b64, h, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, K, V, rv, vmask,
+                            scale, eps, sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, ss_b, ss_h, ss_k, ss_v,
+                            sf_b, sf_h, sf_k, sf_v, BV, TP, TS, KS, KP // KS, PER_CHANNEL, L2NORM, HAS_STATE, DOT)
         else:
-            S = tl.zeros((KP, BV), tl.float32)
-        if TP > 0:
-            S = _window_tile(S, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, V, rk, rv, kmask, vmask, scale, eps,
-                             sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, TP, TS, PER_CHANNEL, L2NORM, DOT,
-                             DOT_T)
-        else:
-            S = _sequential(S, q_row, k_row, v_base + rv * sv_v, g_row, b_row, o_row, T, HV, V, rk, kmask, vmask,
-                            scale, eps, sq_t, sk_t, sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL, L2NORM, SCALED)
-        tl.store(_tile(f_ptr, b, h, rk, rv, sf_b, sf_h, sf_k, sf_v), S, mask=mask)
+            if HAS_STATE:
+                S = tl.load(_tile(s_ptr, b, h, rk, rv, ss_b, ss_h, ss_k, ss_v), mask=mask, other=0.0)
+            else:
+                S = tl.zeros((KP, BV), tl.float32)
+            if TP > 0:
+                S = _window_tile(S, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, V, rk, rv, kmask, vmask, scale,
+                                 eps, sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, TP, TS, PER_CHANNEL,
+                                 L2NORM, DOT, DOT_T)
+            else:
+                S = _sequential(S, q_row, k_row, v_base + rv * sv_v, g_row, b_row, o_row, T, HV, V, rk, kmask, vmask,
+                                scale, eps, sq_t, sk_t, sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL, L2NORM,
+                                SCALED)
+            tl.store(_tile(f_ptr, b, h, rk, rv, sf_b, sf_h, sf_k, sf_v), S, mask=mask)
 
     _step_kernel = triton.jit(_step_body)
 
@@ -386,6 +395,11 @@ class LaunchConfig(NamedTuple):
     ``wgmma`` with the ``[128, 16]`` operand in shared memory). Ahead of time as above: tf32 64 x 4 255 (0),
     tf32x3 64 x 4 255 (1,096), 64 x 8 255 (1,536), 16 x 4 255 (480), KDA tf32x3 64 x 4 255 (488), KDA T = 8
     tf32 64 x 4 255 (8)."""
+    dot_key_block: int = 0
+    """``window_dot`` with the key dimension in blocks of this many keys (:mod:`._gdn_window_dot_ks`: the
+    tile as ``KP / KS`` separate register tiles, at most 4 (a smaller block is raised to ``KP / 4``, a larger
+    one lowered to ``KP``), the window's ``[16, KS]`` key blocks read per block, so no dot operand is a whole
+    ``[16, KP]``); a power of two >= 16; 0: off (the whole-K form). Not with ``dot_transposed``. Untimed."""
 
 
 class TableRow(NamedTuple):
@@ -466,6 +480,10 @@ def _window_rows(cfg: LaunchConfig, tokens: int, device_type: str) -> tuple[int,
         if not cfg.window or cfg.block_v < DOT_MIN_ROWS:
             raise ValueError(f"gdn_recurrent_step: LaunchConfig.window_dot needs window=True and block_v >= "
                              f"{DOT_MIN_ROWS} (tl.dot's least dimension), got {cfg}")
+        if cfg.dot_key_block and cfg.dot_transposed:
+            raise ValueError(f"gdn_recurrent_step: LaunchConfig.dot_key_block does not take dot_transposed, got {cfg}")
+    elif cfg.dot_key_block:
+        raise ValueError(f"gdn_recurrent_step: LaunchConfig.dot_key_block needs window_dot, got {cfg}")
     if not cfg.window or not 1 < tokens <= MAX_WINDOW:
         return 0, 0
     ts = triton.next_power_of_2(int(tokens))
@@ -483,6 +501,8 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
     if cfg.persistent:
         return launch_tiles(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta, cfg)
     tp, ts = _window_rows(cfg, meta.tokens, v.device.type)
+    kp = max(16, triton.next_power_of_2(meta.k_dim))
+    ks = key_block(cfg.dot_key_block, kp)  # before the launch: a bad block errs with the state untouched
     programs = meta.batch * meta.v_heads * triton.cdiv(meta.v_dim, cfg.block_v)
     if programs == 0:
         return None
@@ -492,10 +512,10 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
         q, k, v, g, beta, s, final, out, meta.tokens, meta.v_heads, meta.k_dim, meta.v_dim, meta.group,
         float(scale), float(eps), *q.stride(), *k.stride(), *v.stride(), *g_strides, *beta.stride(),
         *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),
-        KP=max(16, triton.next_power_of_2(meta.k_dim)), BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
+        KP=kp, BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
         L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, SCALED=bool(cfg.scaled),
         TP=tp, TS=ts, DOT=cfg.window_dot if tp else "", DOT_T=bool(tp and cfg.window_dot and cfg.dot_transposed),
-        num_warps=cfg.num_warps,
+        KS=ks if tp and cfg.window_dot else 0, num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
         maxnreg=cfg.max_registers or None,
     )
@@ -539,7 +559,7 @@ def aot_variants():
                 **dict.fromkeys(ints, "i32"), scale="fp32", eps="fp32")
     fp32 = {**bf16, **dict.fromkeys(names, "*fp32")}
     big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False, TP=0, TS=0, DOT="",
-               DOT_T=False)
+               DOT_T=False, KS=0)
     small = dict(big, BV=16)
     variants = ((bf16, big, 4), (bf16, small, 1), (bf16, dict(small, SCALED=True), 1),
                 (bf16, dict(big, SCALED=True), 4), (bf16, dict(big, PER_CHANNEL=True), 4),

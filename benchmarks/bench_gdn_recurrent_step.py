@@ -414,19 +414,20 @@ def parse_config(label: str) -> L.LaunchConfig:
     program, warps; for ``pst`` (the persistent body) programs per SM and pipeline stages; ``r128``: at
     most 128 registers a thread; ``+lazy`` (``pst``): the tile held as ``S / c``; ``+loop`` (``pst``): the
     runtime token loop; ``wdot`` the window body on tensor cores, ``+ieee`` / ``+tf32x3`` / ``+tf32`` its
-    ``tl.dot`` precision (default ``tf32x3``), ``+tr`` its products transposed (``dot_transposed``)."""
+    ``tl.dot`` precision (default ``tf32x3``), ``+tr`` its products transposed (``dot_transposed``),
+    ``+ks32`` / ``+ks64`` its keys in blocks of 32 / 64 (``dot_key_block``)."""
     import re
 
     got = re.fullmatch(r"(seq|win|wdot|pst)(\d+)w(\d+)(?:x(\d+)s(\d+))?(?:r(\d+))?(\+scaled)?(\+lazy)?(\+loop)?"
-                       r"(\+ieee|\+tf32x3|\+tf32)?(\+tr)?", label.strip())
+                       r"(\+ieee|\+tf32x3|\+tf32)?(\+tr)?(?:\+ks(\d+))?", label.strip())
     if got is None or (got[1] == "pst") != bool(got[4]) or ((got[8] or got[9]) and got[1] != "pst") or \
-            ((got[10] or got[11]) and got[1] != "wdot"):
+            ((got[10] or got[11] or got[12]) and got[1] != "wdot"):
         raise SystemExit(f"--candidates: {label!r} is not like seq16w1(r128), win32w4, wdot16w1(+ieee, +tf32x3, "
-                         "+tf32; +tr) or pst16w1x8s2(r168) (+scaled, +lazy, +loop)")
+                         "+tf32; +tr; +ks32) or pst16w1x8s2(r168) (+scaled, +lazy, +loop)")
     dot = (got[10] or "+tf32x3")[1:] if got[1] == "wdot" else ""
     return L.LaunchConfig(int(got[2]), int(got[3]), int(got[5] or 1), bool(got[7]), got[1] in ("win", "wdot"),
                           int(got[4] or 0), not got[9], int(got[6] or 0), bool(got[8]), window_dot=dot,
-                          dot_transposed=bool(got[11]))
+                          dot_transposed=bool(got[11]), dot_key_block=int(got[12] or 0))
 
 
 def config_label(cfg: L.LaunchConfig) -> str:
@@ -434,7 +435,8 @@ def config_label(cfg: L.LaunchConfig) -> str:
     label = f"{body}{cfg.block_v}w{cfg.num_warps}" + (f"x{cfg.persistent}s{cfg.num_stages}" if cfg.persistent else "")
     label += (f"r{cfg.max_registers}" if cfg.max_registers else "") + ("+scaled" if cfg.scaled else "")
     label += "+lazy" if cfg.persistent and cfg.lazy else ""
-    label += (f"+{cfg.window_dot}" + ("+tr" if cfg.dot_transposed else "")) if body == "wdot" else ""
+    label += (f"+{cfg.window_dot}" + ("+tr" if cfg.dot_transposed else "")
+              + (f"+ks{cfg.dot_key_block}" if cfg.dot_key_block else "")) if body == "wdot" else ""
     return label + ("+loop" if cfg.persistent and not cfg.unroll else "")
 
 

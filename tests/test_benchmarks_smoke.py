@@ -120,8 +120,10 @@ def test_gdn_recurrent_step_verify_smoke(capsys):
     checked against the float32 reference and timed; the labels round-trip."""
     bench = _load("bench_gdn_recurrent_step")
     labels = ["wdot16w1+tf32x3", "wdot32w2+ieee+tr"]
-    assert [bench.config_label(bench.parse_config(c)) for c in labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32"]
-            ] == labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32"]
+    assert [bench.config_label(bench.parse_config(c)) for c in labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32",
+                                                                     "wdot16w4+ieee+ks32"]
+            ] == labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32", "wdot16w4+ieee+ks32"]
+    assert bench.parse_config("wdot64w8+ks64").dot_key_block == 64 and not bench.parse_config("wdot16w1").dot_key_block
     assert bench.parse_config("wdot16w1").window_dot == "tf32x3" and bench.parse_config("win16w1").window_dot == ""
     rows = bench.main(["--smoke", "--verify", "--candidates", ",".join(labels)])
     assert [(r["model"], r["T"]) for r in rows] == [("qwen3_next", 2), ("kimi_linear", 2)]

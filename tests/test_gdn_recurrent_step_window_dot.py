@@ -40,8 +40,9 @@ TF32_BOUND = 1e-2
 10-bit mantissas, ~5e-4 each, summed over K = 128 and 8 tokens); provisional until measured."""
 
 
-def wdot(precision="tf32x3", bv=16, warps=1, transposed=False):
-    return mod.LaunchConfig(bv, warps, window=True, window_dot=precision, dot_transposed=transposed)
+def wdot(precision="tf32x3", bv=16, warps=1, transposed=False, key_block=0):
+    return mod.LaunchConfig(bv, warps, window=True, window_dot=precision, dot_transposed=transposed,
+                            dot_key_block=key_block)
 
 
 def _against_float64(args, got, final, l2=True):
@@ -132,6 +133,72 @@ def test_dot_window_config_errors():
 def test_dot_window_config_outside_the_window(T):
     """A dot-window launch given one token or more than ``MAX_WINDOW`` runs the token-by-token body."""
     _kernel_vs_op(inputs(4500 + T, B=1, T=T, Hk=1, Hv=2, K=12, V=20), config=wdot())
+
+
+@needs_runner
+@pytest.mark.parametrize("T", [3, 8])
+@pytest.mark.parametrize("per_channel", [False, True])
+@pytest.mark.parametrize("dims", [(12, 20, 32), (48, 20, 16), (128, 128, 32), (128, 128, 64)])
+def test_dot_window_in_key_blocks(dims, per_channel, T):
+    """``dot_key_block``: the tile as ``KP / KS`` register chunks (:mod:`._gdn_window_dot_ks`). K = 12 /
+    V = 20 (KS 32 lowered to KP = 16: one chunk; masked keys, a partial column block; grouped heads, B = 2),
+    K = 48 in four chunks of 16 (the last all past K), K = V = 128 in four chunks of 32 and two of 64 (B = 1);
+    in place for a per-channel decay; against the CPU op and the float64 reference."""
+    K, V, ks = dims
+    small = K < 128
+    args = inputs(4700 + K + ks + 10 * T + per_channel, B=2 if small else 1, T=T, Hk=2 if small else 1, Hv=4 if small
+                  else 2, K=K, V=V, per_channel=per_channel)
+    cfg = wdot(FLOAT32_LIKE[(T + per_channel + ks) % len(FLOAT32_LIKE)], bv=16 if small else 64,
+               warps=1 if small else 4, key_block=ks)
+    got, final = _kernel_vs_op(args, config=cfg, inplace=per_channel)
+    _against_float64(args, got, final)
+
+
+@needs_runner
+@pytest.mark.parametrize("case", ["no state", "no l2norm", "strided bf16", "eps zero"])
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_dot_window_in_key_blocks_options(case, per_channel):
+    """``dot_key_block`` 16 at K = 64 (four chunks): from a zeros state; without l2norm (g strongly
+    negative); head-major strided bf16 inputs into a bf16 output; ``eps = 0`` with l2norm (the padded rows'
+    factors exactly zero, the outputs finite)."""
+    T = 4 if per_channel else 3
+    q, k, v, g, beta, s = inputs(4800 + len(case) + per_channel, B=2, T=T, Hk=1, Hv=2, K=64, V=20,
+                                 per_channel=per_channel, state=case != "no state",
+                                 layout="head-major" if case == "strided bf16" else "token-major",
+                                 dtype=torch.bfloat16 if case == "strided bf16" else torch.float32)
+    cfg = wdot("ieee", key_block=16)
+    if case == "no l2norm":
+        _kernel_vs_op((0.3 * q, 0.3 * k, v, 4 * g, beta, s), scale=1.0, l2=False, config=cfg)
+    elif case == "strided bf16":
+        _kernel_vs_op((q, k, v, g, beta, s), config=cfg, out_dtype=torch.bfloat16)
+    elif case == "eps zero":
+        want, want_state = op(q, k, v, g, beta, s, 0.25, True, 0.0)
+        out = torch.full_like(want, float("nan"))
+        got, final = mod.step_triton(q, k, v, g, beta, s, 0.25, True, 0.0, out=out, config=cfg)
+        torch.testing.assert_close(got, want, **TOL)
+        torch.testing.assert_close(final, want_state, **TOL)
+    else:
+        got, final = _kernel_vs_op((q, k, v, g, beta, s), config=cfg)
+        _against_float64((q, k, v, g, beta, s), got, final)
+
+
+@pytest.mark.skipif(mod.triton is None, reason="needs triton")
+def test_dot_window_key_block_config():
+    """A key block that is not a power of two >= 16, with ``dot_transposed`` or without ``window_dot``:
+    errors before any launch (the state untouched); the block between ``KP / 4`` and ``KP``; off by default."""
+    from kda_inductor.lowerings._gdn_window_dot_ks import key_block
+
+    args = inputs(4900, B=1, T=2, Hk=1, Hv=1, K=16, V=16)
+    for cfg, match in ((wdot(key_block=24), "power of two >= 16"), (wdot(key_block=8), "power of two >= 16"),
+                       (wdot(transposed=True, key_block=32), "does not take dot_transposed"),
+                       (mod.LaunchConfig(16, 1, window=True, dot_key_block=32), "needs window_dot")):
+        state = args[-1].clone()
+        with pytest.raises(ValueError, match=match):
+            mod.step_triton(*args[:5], state, 0.25, True, inplace=True, config=cfg)
+        assert torch.equal(state, args[-1])
+    assert [key_block(ks, 128) for ks in (0, 16, 32, 64, 256)] == [0, 32, 32, 64, 128]
+    assert key_block(32, 16) == 16 and key_block(16, 256) == 64
+    assert mod.LaunchConfig(16, 1).dot_key_block == 0 and not any(r.config.dot_key_block for r in mod.LAUNCH_TABLE)
 
 
 # ------------------------------------------------------------------------------------------ CUDA

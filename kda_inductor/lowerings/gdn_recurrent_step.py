@@ -399,7 +399,14 @@ class LaunchConfig(NamedTuple):
     """``window_dot`` with the key dimension in blocks of this many keys (:mod:`._gdn_window_dot_ks`: the
     tile as ``KP / KS`` separate register tiles, at most 4 (a smaller block is raised to ``KP / 4``, a larger
     one lowered to ``KP``), the window's ``[16, KS]`` key blocks read per block, so no dot operand is a whole
-    ``[16, KP]``); a power of two >= 16; 0: off (the whole-K form). Not with ``dot_transposed``. Untimed."""
+    ``[16, KP]``); a power of two >= 16; 0: off (the whole-K form). Not with ``dot_transposed``. Untimed.
+    Ahead of time as above (sm_90, Triton 3.9, 2026-12-06, Qwen3-Next T = 4 unless named; registers (stack
+    bytes), the whole-K form's on the same commit in brackets): KS 32: ieee 16 x 4 206 (0) [255 (72)], 32 x 4
+    254 (40) [255 (760)], 64 x 8 193 (0) [255 (424)]; tf32x3 16 x 4 255 (112) [255 (552)], 32 x 4 255 (808)
+    [255 (280)], 64 x 8 255 (136) [255 (264)]; tf32 16 x 4 255 (120), 32 x 4 255 (72), 64 x 8 206 (0).
+    KS 64: ieee 16 x 4 255 (128), 32 x 4 255 (144), 64 x 8 255 (88); tf32x3 16 x 4 255 (440), 32 x 4 255
+    (256), 64 x 8 255 (208). T = 8, ieee KS 32 16 x 4 206 (0). KDA (per-channel decay), ieee KS 32: T = 4
+    16 x 4 210 (0); T = 8 16 x 4 255 (224), 32 x 4 255 (96), 64 x 8 255 (80); tf32x3 T = 8 32 x 4 255 (744)."""
 
 
 class TableRow(NamedTuple):
@@ -548,7 +555,8 @@ def aot_variants():
     the ``SCALED`` body, Kimi's per-channel decay, a float32 step without l2norm or state, K = 256,
     and each window class of the table (scalar and per-channel decay; one without l2norm or state); the
     tensor-core window (``window_dot``) at T = 4 (tf32x3 16 x 4 and 64 x 8, ieee 32 x 4), 8 (KDA, tf32x3
-    32 x 4) and 2 (tf32 64 x 8); transposed at T = 4 (tf32x3 64 x 4) and 8 (KDA, tf32 64 x 4)."""
+    32 x 4) and 2 (tf32 64 x 8); transposed at T = 4 (tf32x3 64 x 4) and 8 (KDA, tf32 64 x 4); in key blocks
+    of 32 (``dot_key_block``) at T = 4 (ieee 16 x 4, tf32x3 64 x 8) and 8 (KDA, ieee 32 x 4)."""
     from kda_inductor.lowerings import AotVariant
 
     names = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "b_ptr", "s_ptr", "f_ptr", "o_ptr")
@@ -572,6 +580,9 @@ def aot_variants():
                       (16, 4, 4, False, "tf32x3", False), (64, 8, 4, False, "tf32x3", False),
                       (32, 4, 8, True, "tf32x3", False), (32, 4, 4, False, "ieee", False),
                       (64, 8, 2, False, "tf32", False), (64, 4, 4, False, "tf32x3", True),
-                      (64, 4, 8, True, "tf32", True))))
+                      (64, 4, 8, True, "tf32", True))),
+                *((bf16, dict(big, BV=bv, TP=16, TS=ts, PER_CHANNEL=pc, DOT=dot, KS=32), warps)
+                  for bv, warps, ts, pc, dot in ((16, 4, 4, False, "ieee"), (64, 8, 4, False, "tf32x3"),
+                                                 (32, 4, 8, True, "ieee"))))
     for types, consts, warps in variants:
         yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1})

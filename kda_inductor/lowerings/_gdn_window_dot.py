@@ -80,7 +80,7 @@ if triton is not None:
             return q, k, gc, _at(gc, rt, T - 1)
 
     @triton.jit
-    def _couplings(q, k, gc, rt, TP: tl.constexpr, TS: tl.constexpr, PER_CHANNEL: tl.constexpr,
+    def couplings(q, k, gc, rt, TP: tl.constexpr, TS: tl.constexpr, PER_CHANNEL: tl.constexpr,
                    DOT: tl.constexpr):
         """``M`` (strictly lower) and ``N`` (lower, diagonal included): ``[TD, TD]``, zero past the
         ``TS`` live rows' couplings."""
@@ -98,7 +98,7 @@ if triton is not None:
             return tl.where(rt[None, :] < rt[:, None], kk * r, 0.0), qk * r
 
     @triton.jit
-    def _unit_lower_inverse(L, rt, TS: tl.constexpr):
+    def unit_lower_inverse(L, rt, TS: tl.constexpr):
         """``(I + L)^-1`` for a strictly lower ``L [TD, TD]`` whose rows from ``TS`` on are zero, by
         forward substitution: row ``t`` is ``e_t - sum_{i<t} L[t, i] X[i, :]`` (rows ``i < t`` done)."""
         X = (rt[:, None] == rt[None, :]).to(tl.float32)
@@ -122,7 +122,7 @@ if triton is not None:
         """The window through the tile ``S [KP, BV]`` (the module docstring): the new tile and the
         outputs ``o [TD, BV]`` (rows past ``T`` not meaningful)."""
         q, k, gc, last = _keys(q, k, g, T, rt, scale, eps, L2NORM, PER_CHANNEL)
-        M, N = _couplings(q, k, gc, rt, TP, TS, PER_CHANNEL, DOT)
+        M, N = couplings(q, k, gc, rt, TP, TS, PER_CHANNEL, DOT)
         # the [TD, KP] blocks in the order that frees them soonest (q, then k and a per-channel G)
         eg = tl.exp(gc) if PER_CHANNEL else tl.exp(gc)[:, None]
         if TRANSPOSED:
@@ -131,7 +131,7 @@ if triton is not None:
             B = tl.dot(q * eg, S, input_precision=DOT)
             A = tl.dot(k * eg, S, input_precision=DOT)
         kl = k * (tl.exp(last[None, :] - gc) if PER_CHANNEL else tl.exp(last - gc)[:, None])
-        inv = _unit_lower_inverse(M * beta[:, None], rt, TS)
+        inv = unit_lower_inverse(M * beta[:, None], rt, TS)
         if TRANSPOSED:
             dt = tl.dot(tl.trans((v - A) * beta[:, None]), tl.trans(inv), input_precision=DOT)
             o = B + tl.trans(tl.dot(dt, tl.trans(N), input_precision=DOT))

@@ -10,7 +10,7 @@ arithmetic as the whole-K form, its sums over keys split by chunk::
     S_c' = S_c e^G_last[c] + Kl[:, c]^T @ d
 
 (the l2norm's row sums over all keys first, by one pass over the chunks; ``M_c`` / ``N_c`` the chunk's
-couplings, :func:`._gdn_window_dot._couplings` on its keys: linear in the key sum, so their sum is the
+couplings, :func:`._gdn_window_dot.couplings` on its keys: linear in the key sum, so their sum is the
 whole-K couplings)."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def key_block(dot_key_block: int, kp: int) -> int:
 if triton is not None:
     from kda_inductor.lowerings._gdn_window import elem as _at
     from kda_inductor.lowerings._gdn_window import row as _row
-    from kda_inductor.lowerings._gdn_window_dot import _couplings, _unit_lower_inverse
+    from kda_inductor.lowerings._gdn_window_dot import couplings, unit_lower_inverse
 
     @triton.jit
     def _keys(ptr, s_t, s_k, T, rt, c0, K, KS: tl.constexpr):
@@ -80,7 +80,7 @@ if triton is not None:
         """Chunk ``c0``'s share of ``M``, ``N``, ``A``, ``B``."""
         q, k, gc = _chunk_keys(c0, q_row, k_row, g_row, T, rt, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, qs, ks, gs,
                                KS, PER_CHANNEL)
-        M, N = _couplings(q, k, gc, rt, TP, TS, PER_CHANNEL, DOT)
+        M, N = couplings(q, k, gc, rt, TP, TS, PER_CHANNEL, DOT)
         eg = tl.exp(gc) if PER_CHANNEL else tl.exp(gc)[:, None]
         B = tl.dot(q * eg, S, input_precision=DOT)
         A = tl.dot(k * eg, S, input_precision=DOT)
@@ -123,15 +123,9 @@ if triton is not None:
         tl.store(addr, S, mask=m)
 
     @triton.jit
-    def window_step_ks(s_ptr, f_ptr, b64, h, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, K, V, rv, vmask,
-                       scale, eps, sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, ss_b, ss_h, ss_k, ss_v,
-                       sf_b, sf_h, sf_k, sf_v, BV: tl.constexpr, TP: tl.constexpr, TS: tl.constexpr,
-                       KS: tl.constexpr, NC: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
-                       HAS_STATE: tl.constexpr, DOT: tl.constexpr):
-        """Program ``(b, h, column block)``'s whole step in ``NC`` key blocks of ``KS`` rows: the tile's
-        chunks loaded, the window run (the module docstring), the outputs and the chunks stored."""
-        rt = tl.arange(0, TP)
-        tm = rt < T
+    def _load_chunks(s_ptr, b64, h, rv, K, vmask, ss_b, ss_h, ss_k, ss_v, KS: tl.constexpr, NC: tl.constexpr,
+                     BV: tl.constexpr, HAS_STATE: tl.constexpr):
+        """The tile's ``NC`` chunks ``S1 .. S4`` (past ``NC``: ``S1`` again, unused)."""
         S1 = _load_chunk(s_ptr, b64, h, 0, rv, K, vmask, ss_b, ss_h, ss_k, ss_v, KS, BV, HAS_STATE)
         S2, S3, S4 = S1, S1, S1
         if NC > 1:
@@ -139,12 +133,13 @@ if triton is not None:
         if NC > 2:
             S3 = _load_chunk(s_ptr, b64, h, 2 * KS, rv, K, vmask, ss_b, ss_h, ss_k, ss_v, KS, BV, HAS_STATE)
             S4 = _load_chunk(s_ptr, b64, h, 3 * KS, rv, K, vmask, ss_b, ss_h, ss_k, ss_v, KS, BV, HAS_STATE)
-        qs, ks = _row_scales(q_row, k_row, T, rt, K, sq_t, sq_k, sk_t, sk_k, scale, eps, TP, KS, NC, L2NORM)
-        if PER_CHANNEL:
-            gs = tl.zeros((TP,), tl.float32)
-        else:
-            gs = tl.cumsum(tl.load(g_row + rt * sg_t, mask=tm, other=0.0).to(tl.float32), 0)
-        last = _at(gs, rt, T - 1)
+        return S1, S2, S3, S4
+
+    @triton.jit
+    def _reads(S1, S2, S3, S4, q_row, k_row, g_row, T, rt, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, qs, ks, gs,
+               TP: tl.constexpr, TS: tl.constexpr, KS: tl.constexpr, NC: tl.constexpr, PER_CHANNEL: tl.constexpr,
+               DOT: tl.constexpr):
+        """``M``, ``N``, ``A``, ``B``: every chunk's shares summed."""
         M, N, A, B = _chunk_reads(S1, 0, q_row, k_row, g_row, T, rt, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, qs, ks,
                                   gs, TP, TS, KS, PER_CHANNEL, DOT)
         for c in tl.static_range(1, NC):
@@ -157,27 +152,53 @@ if triton is not None:
             m, n, a, bb = _chunk_reads(Sc, c * KS, q_row, k_row, g_row, T, rt, K, sq_t, sq_k, sk_t, sk_k, sg_t,
                                        sg_k, qs, ks, gs, TP, TS, KS, PER_CHANNEL, DOT)
             M, N, A, B = M + m, N + n, A + a, B + bb
+        return M, N, A, B
+
+    @triton.jit
+    def _update_store(S, d, c0, f_ptr, b64, h, k_row, g_row, T, rt, K, rv, vmask, sk_t, sk_k, sg_t, sg_k, ks, gs,
+                      last, sf_b, sf_h, sf_k, sf_v, KS: tl.constexpr, PER_CHANNEL: tl.constexpr, DOT: tl.constexpr):
+        """Chunk ``c0``'s new rows (:func:`_chunk_update`) stored."""
+        S = _chunk_update(S, d, c0, k_row, g_row, T, rt, K, sk_t, sk_k, sg_t, sg_k, ks, gs, last, KS, PER_CHANNEL,
+                          DOT)
+        _store_chunk(S, f_ptr, b64, h, c0, rv, K, vmask, sf_b, sf_h, sf_k, sf_v, KS)
+
+    @triton.jit
+    def window_step_ks(s_ptr, f_ptr, b64, h, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, K, V, rv, vmask,
+                       scale, eps, sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, ss_b, ss_h, ss_k, ss_v,
+                       sf_b, sf_h, sf_k, sf_v, BV: tl.constexpr, TP: tl.constexpr, TS: tl.constexpr,
+                       KS: tl.constexpr, NC: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
+                       HAS_STATE: tl.constexpr, DOT: tl.constexpr):
+        """Program ``(b, h, column block)``'s whole step in ``NC`` key blocks of ``KS`` rows: the tile's
+        chunks loaded, the window run (the module docstring), the outputs and the chunks stored."""
+        rt = tl.arange(0, TP)
+        tm = rt < T
+        S1, S2, S3, S4 = _load_chunks(s_ptr, b64, h, rv, K, vmask, ss_b, ss_h, ss_k, ss_v, KS, NC, BV, HAS_STATE)
+        qs, ks = _row_scales(q_row, k_row, T, rt, K, sq_t, sq_k, sk_t, sk_k, scale, eps, TP, KS, NC, L2NORM)
+        if PER_CHANNEL:
+            gs = tl.zeros((TP,), tl.float32)
+        else:
+            gs = tl.cumsum(tl.load(g_row + rt * sg_t, mask=tm, other=0.0).to(tl.float32), 0)
+        last = _at(gs, rt, T - 1)
+        M, N, A, B = _reads(S1, S2, S3, S4, q_row, k_row, g_row, T, rt, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, qs,
+                            ks, gs, TP, TS, KS, NC, PER_CHANNEL, DOT)
         v = tl.load(v_base + rt[:, None] * sv_t + rv[None, :] * sv_v, mask=tm[:, None] & vmask[None, :],
                     other=0.0).to(tl.float32)
         beta = tl.load(b_row + rt * sb_t, mask=tm, other=0.0).to(tl.float32)
-        inv = _unit_lower_inverse(M * beta[:, None], rt, TS)
+        inv = unit_lower_inverse(M * beta[:, None], rt, TS)
         d = tl.dot(inv, (v - A) * beta[:, None], input_precision=DOT)
         o = B + tl.dot(N, d, input_precision=DOT)
         tl.store(o_row + rt[:, None] * HV * V, o.to(o_row.dtype.element_ty), mask=tm[:, None] & vmask[None, :])
-        S1 = _chunk_update(S1, d, 0, k_row, g_row, T, rt, K, sk_t, sk_k, sg_t, sg_k, ks, gs, last, KS, PER_CHANNEL,
-                           DOT)
-        _store_chunk(S1, f_ptr, b64, h, 0, rv, K, vmask, sf_b, sf_h, sf_k, sf_v, KS)
-        if NC > 1:
-            S2 = _chunk_update(S2, d, KS, k_row, g_row, T, rt, K, sk_t, sk_k, sg_t, sg_k, ks, gs, last, KS,
-                               PER_CHANNEL, DOT)
-            _store_chunk(S2, f_ptr, b64, h, KS, rv, K, vmask, sf_b, sf_h, sf_k, sf_v, KS)
-        if NC > 2:
-            S3 = _chunk_update(S3, d, 2 * KS, k_row, g_row, T, rt, K, sk_t, sk_k, sg_t, sg_k, ks, gs, last, KS,
-                               PER_CHANNEL, DOT)
-            _store_chunk(S3, f_ptr, b64, h, 2 * KS, rv, K, vmask, sf_b, sf_h, sf_k, sf_v, KS)
-            S4 = _chunk_update(S4, d, 3 * KS, k_row, g_row, T, rt, K, sk_t, sk_k, sg_t, sg_k, ks, gs, last, KS,
-                               PER_CHANNEL, DOT)
-            _store_chunk(S4, f_ptr, b64, h, 3 * KS, rv, K, vmask, sf_b, sf_h, sf_k, sf_v, KS)
+        for c in tl.static_range(NC):
+            if c == 0:
+                Sc = S1
+            elif c == 1:
+                Sc = S2
+            elif c == 2:
+                Sc = S3
+            else:
+                Sc = S4
+            _update_store(Sc, d, c * KS, f_ptr, b64, h, k_row, g_row, T, rt, K, rv, vmask, sk_t, sk_k, sg_t, sg_k,
+                          ks, gs, last, sf_b, sf_h, sf_k, sf_v, KS, PER_CHANNEL, DOT)
 
 
 def aot_variants():

@@ -401,12 +401,14 @@ class LaunchConfig(NamedTuple):
     one lowered to ``KP``), the window's ``[16, KS]`` key blocks read per block, so no dot operand is a whole
     ``[16, KP]``); a power of two >= 16; 0: off (the whole-K form). Not with ``dot_transposed``. Untimed.
     Ahead of time as above (sm_90, Triton 3.9, 2026-12-06, Qwen3-Next T = 4 unless named; registers (stack
-    bytes), the whole-K form's on the same commit in brackets): KS 32: ieee 16 x 4 206 (0) [255 (72)], 32 x 4
-    254 (40) [255 (760)], 64 x 8 193 (0) [255 (424)]; tf32x3 16 x 4 255 (112) [255 (552)], 32 x 4 255 (808)
-    [255 (280)], 64 x 8 255 (136) [255 (264)]; tf32 16 x 4 255 (120), 32 x 4 255 (72), 64 x 8 206 (0).
+    bytes), the whole-K form's in brackets, measured the same day): KS 32: ieee 16 x 4 206 (0) [255 (72)],
+    32 x 4 254 (40) [255 (760)], 64 x 8 193 (0) [255 (424)]; tf32x3 16 x 4 255 (112) [255 (552)], 32 x 4 255
+    (808) [255 (280)], 64 x 8 255 (136) [255 (264)]; tf32 16 x 4 255 (120), 32 x 4 255 (72), 64 x 8 206 (0).
     KS 64: ieee 16 x 4 255 (128), 32 x 4 255 (144), 64 x 8 255 (88); tf32x3 16 x 4 255 (440), 32 x 4 255
-    (256), 64 x 8 255 (208). T = 8, ieee KS 32 16 x 4 206 (0). KDA (per-channel decay), ieee KS 32: T = 4
-    16 x 4 210 (0); T = 8 16 x 4 255 (224), 32 x 4 255 (96), 64 x 8 255 (80); tf32x3 T = 8 32 x 4 255 (744)."""
+    (256), 64 x 8 255 (208). ieee KS 32 at T = 2: 16 x 4 212 (0); T = 8: 16 x 4 206 (0), 64 x 8 196 (0).
+    KDA (per-channel decay), ieee KS 32: T = 4 16 x 4 210 (0); T = 8 16 x 4 255 (224), 32 x 4 255 (96),
+    64 x 8 255 (80); tf32x3 T = 8 32 x 4 255 (744). (tf32x3 splits each operand in three: KS 32 helps it
+    less; spills are no timing: the benchmark's ``+ks32`` candidates time them.)"""
 
 
 class TableRow(NamedTuple):

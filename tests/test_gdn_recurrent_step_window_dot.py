@@ -220,15 +220,17 @@ def _rel(got, want):
 @pytest.mark.parametrize("family", sorted(DIMS))
 @pytest.mark.parametrize("T", [2, 4, 8])
 def test_cuda_dot_window_at_model_dims(T, family, precision):
-    """B = 32 in place at 16 columns x 4 warps, 64 x 8 and 64 x 4 transposed, against the float32 CPU op."""
+    """B = 32 in place at 16 columns x 4 warps, 64 x 8 and 64 x 4 transposed, and 16 x 4 / 64 x 8 in key
+    blocks of 32 (``dot_key_block``), against the float32 CPU op."""
     args = _cuda_inputs(family, 32, T, seed=4600 + T)
     want, want_state = op(*args, 0.25, True)
-    for cfg in (wdot(precision, warps=4), wdot(precision, bv=64, warps=8), wdot(precision, 64, 4, True)):
+    for cfg in (wdot(precision, warps=4), wdot(precision, bv=64, warps=8), wdot(precision, 64, 4, True),
+                wdot(precision, warps=4, key_block=32), wdot(precision, bv=64, warps=8, key_block=32)):
         state = args[-1].cuda().clone()
         out = torch.full(want.shape, float("nan"), dtype=want.dtype, device="cuda")
         mod.step_triton(*(x.cuda() for x in args[:5]), state, 0.25, True, inplace=True, out=out, config=cfg)
         err_o, err_s = _rel(out, want.float()), _rel(state, want_state)
-        print(f"{family} T={T} {precision} {cfg.block_v}x{cfg.num_warps}{' tr' * cfg.dot_transposed}: "
+        print(f"{family} T={T} {precision} {cfg.block_v}x{cfg.num_warps}{' tr' * cfg.dot_transposed}{f' ks{cfg.dot_key_block}' * bool(cfg.dot_key_block)}: "
               f"out {err_o:.2e} state {err_s:.2e}")
         if precision == "tf32":
             assert err_o <= TF32_BOUND and err_s <= TF32_BOUND

@@ -243,12 +243,12 @@ def test_read_logsumexp_is_not_folded():
 
 # --------------------------------------------------------------------------- the speed rule
 def test_forced_only(layer):
-    """Not measured on any device yet: without ``force`` it is left to Inductor, and the miss
+    """Measured on CUDA only: on the CPU, without ``force``, it is left to Inductor, and the miss
     says so with the bytes the fold would save."""
     got, want, c = _run(layer, _inputs(layer, "float"), force=False)
     assert c.matches[NAME] == 0
     (miss,) = _misses(c)
-    assert miss.stage == Stage.SPEED_RULE and "forced only" in str(miss)
+    assert miss.stage == Stage.SPEED_RULE and "forced only" in str(miss) and "CUDA only" in str(miss)
     saved = 2 * 3 * 8 * 12 * 16 * 4  # K and V, B x H x S x D float32 each
     assert f"{saved / 1e6:.1f} MB" in str(miss)
     assert_close_to_eager(got, want)
@@ -293,3 +293,16 @@ def test_transformers_decode_step(family):
     removed = [name for r in c.records for name in r.changes.get(NAME, {}).get("removed", [])]
     assert sum(name.startswith("expand") for name in removed) == 2, removed  # K's and V's repeat
     assert_close_to_eager(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_speed_rule_on_cuda():
+    """The rule is on for CUDA (measured: docs/speed-rules.md) and off elsewhere."""
+    from types import SimpleNamespace
+
+    from kda_inductor.patterns import gqa_decode_attention as mod
+
+    rule = mod.GqaDecodeAttention().speed_rule
+    assert mod.MEASURED is True
+    assert rule(SimpleNamespace(device="cuda")) is None
+    cpu = SimpleNamespace(device="cpu", repeated_bytes=lambda: None)
+    assert "not measured on cpu" in rule(cpu)

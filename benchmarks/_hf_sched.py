@@ -49,7 +49,12 @@ cuDNN's op needs (flash reads the KV heads as they are)."""
 WITH = "@with-"
 """A variant's suffix naming a rewrite, ``kda@with-<rewrite>``: kda with that rewrite's speed rule
 bypassed (it fires wherever it matches, every other rewrite keeping its rule): a forced-only
-rewrite's whole-step A / B, ``kda@with-gqa_decode_attention`` against ``kda``."""
+rewrite's whole-step A / B, ``kda@with-gqa_decode_attention`` against ``kda``. ``@with-gdn_chunk``
+names the prefill Dynamo rules instead (``kda_inductor/_dynamo_chunk.py``): fla's chunk entry points
+traced as ``kda::gdn_chunk`` (``CHUNK_RULE_MEASURED`` / ``KDA_CHUNK_RULE_MEASURED`` set), issue 43's
+"our chunk core against fla's in the prefill step"."""
+DYNAMO_RULES = ("gdn_chunk",)
+"""``@with-`` names that are Dynamo rules, not registry rewrites."""
 _WITH = re.compile(r"@with-([a-z0-9_]+)")
 MODIFIERS = (NO_FLA, NO_CUDNN_SDP)
 
@@ -75,8 +80,14 @@ def apply_modifiers(variant: str) -> str | None:
     for name in _WITH.findall(variant):  # a fresh process a compile: the rule stays bypassed in it
         from kda_inductor import REWRITE_NAMES
 
+        if name == "gdn_chunk":
+            from kda_inductor import _dynamo_chunk
+
+            _dynamo_chunk.CHUNK_RULE_MEASURED = _dynamo_chunk.KDA_CHUNK_RULE_MEASURED = True
+            continue
         if name not in REWRITE_NAMES:
-            return f"{variant}: no rewrite {name!r} (the registry's: {', '.join(REWRITE_NAMES)})"
+            return (f"{variant}: no rewrite {name!r} (the registry's: {', '.join(REWRITE_NAMES)}; "
+                    f"Dynamo rules: {', '.join(DYNAMO_RULES)})")
         from benchmarks._timing import bypass_rule
 
         bypass_rule(name)

@@ -40,9 +40,13 @@ FLA_CHUNK_ENTRY_POINTS = (
 
 CHUNK_RULE_MEASURED = False
 """Whether ``kda::gdn_chunk`` was measured faster than fla's ``chunk_gated_delta_rule`` (the speed rule of
-the prefill rule): not yet (H200, 2026-12-05: 1,285 us against fla's 270 at T = 4096,
-``benchmarks/results/gdn_chunk.md``; the faster ``gdn_chunk.FAST`` path awaits its timing), so the
-rule applies only with ``options["kda"]["force"]`` (``docs/dynamo-rules.md``)."""
+the prefill rule): not faster. Side by side (H100, triton 3.6, 2026-12-06 05:56, commit 8b741ab,
+``bench_gdn_chunk.py --quick``, Qwen3-Next's dims, ``benchmarks/results/gdn_chunk.md``) the op's
+:data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT` took 294.0 / 1,118.5 us at T 4,096 / 16,384 against
+fla's 293.0 / 1,129.6: a tie (1.00x / 1.01x), its error below fla's (3.33e-3 against 4.07e-3). What the
+rule would add is the step's: no graph break at each layer's chunk call, measured as
+``benchmarks/hf_models.py``'s ``kda@with-gdn_chunk`` against ``kda`` (prefill). Until then the rule
+applies only with ``options["kda"]["force"]`` (``docs/dynamo-rules.md``)."""
 KDA_CHUNK_RULE_MEASURED = False
 """Whether the op's launches for a decay per key channel (``gdn_chunk.KDA``) were measured faster
 than fla's ``chunk_kda``: not yet (``benchmarks/bench_gdn_chunk.py --kda``), so forced only."""

@@ -829,3 +829,17 @@ def test_hf_with_variant_bypasses_one_rule_in_its_process():
             del cls.speed_rule
         else:
             cls.speed_rule = saved
+
+
+def test_hf_with_gdn_chunk_turns_the_prefill_dynamo_rules_on(monkeypatch):
+    """``kda@with-gdn_chunk``: fla's chunk entry points traced as the op in that process (the
+    Dynamo rules' ``*_RULE_MEASURED`` set), the rewrites' rules untouched."""
+    from benchmarks import _hf_sched
+    from kda_inductor import _dynamo_chunk
+
+    monkeypatch.setattr(_dynamo_chunk, "CHUNK_RULE_MEASURED", False)
+    monkeypatch.setattr(_dynamo_chunk, "KDA_CHUNK_RULE_MEASURED", False)
+    assert _hf_sched.base_variant("kda@with-gdn_chunk") == "kda"
+    assert _hf_sched.apply_modifiers("kda@with-gdn_chunk") is None
+    assert _dynamo_chunk.CHUNK_RULE_MEASURED is True and _dynamo_chunk.KDA_CHUNK_RULE_MEASURED is True
+    assert "Dynamo rules: gdn_chunk" in _hf_sched.apply_modifiers("kda@with-nope")

@@ -308,8 +308,9 @@ the same run, the same error against the float32 loop (3.33e-3); the fastest of 
 launch sets. Every CUDA test of ``tests/test_gdn_chunk_cuda.py`` for it passed on that H100 (T 1 /
 100 / 1,000 / 4,096, weak decay with a state, varlen, CUDA-graph replay, exact float32 products).
 fla's kernels took 344 / 1,333 us in the next call on the same machine (``--quick``, where the
-default before took 355 / 1,404) and 290 / 1,130 on another H100 the day before: the two are not yet
-timed side by side, so ``CHUNK_RULE_MEASURED`` stays off."""
+default before took 355 / 1,404). Side by side (H100, 2026-12-06 05:56, 8b741ab, ``--quick``): 294.0 /
+1,118.5 us against fla's 293.0 / 1,129.6, a tie, so ``CHUNK_RULE_MEASURED`` stays off until the
+prefill step says otherwise (``hf_models``' ``kda@with-gdn_chunk``)."""
 
 KDA = FAST._replace(warps=8, kda_intra_dot="tf32")
 """The launches of a decay per key channel (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`,

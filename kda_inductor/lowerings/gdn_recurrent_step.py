@@ -48,7 +48,7 @@ provisional; no run-time autotuning: CUDA graphs and reproducibility). The windo
 ``[TP, ...]`` blocks, the tile read by ``T`` independent sums and updated once) is a launch option
 (``LaunchConfig(window=True)``), not in the table: an H100 timed it slower than the token-by-token
 body at T = 4 (:data:`LAUNCH_TABLE`); its tile products on tensor cores (:mod:`._gdn_window_dot`,
-``LaunchConfig(window=True, window_dot="tf32x3")``, untimed) and the persistent body (:mod:`._gdn_tiles`,
+``LaunchConfig(window=True, window_dot="tf32x3")``: 1.6-5.9x slower on an H100) and the persistent body (:mod:`._gdn_tiles`,
 untimed) are others. For
 sm_90 (unit strides specialized: 16-byte tile loads and stores) the token-by-token body does not spill:
 K = V = 128, Triton 3.6, 16 columns x 1 warp take 127 registers for T = 1 and 165 for T > 1 (4 / 2
@@ -389,7 +389,10 @@ class LaunchConfig(NamedTuple):
     of time, 2026-12-06), Qwen3-Next T = 4: every ``[16, 128]`` dot operand is whole in each warp (M = 16
     rows: the warps split the columns), so few warps spill: registers (stack bytes) tf32x3 16 x 1 255
     (1,880), 16 x 2 255 (1,040), 16 x 4 255 (552), 64 x 8 255 (264); tf32 16 x 1 255 (768), 32 x 4 255
-    (40), 64 x 4 255 (104), 64 x 8 255 (0); ieee 32 x 4 255 (760); KDA T = 8 tf32x3 32 x 4 255 (264)."""
+    (40), 64 x 4 255 (104), 64 x 8 255 (0); ieee 32 x 4 255 (760); KDA T = 8 tf32x3 32 x 4 255 (264). Timed on an H100 (2026-12-06, 8b741ab,
+    ``benchmarks/results/gdn_recurrent_step_window_dot.md``): every form 1.6-5.9x slower than the
+    elementwise launch at T 2 / 4 / 8, B 1 / 32 / 128, the single tf32 product off its bound (out up to
+    4.9e-3): off, no table row."""
     dot_transposed: bool = False
     """``window_dot``'s reads and solve as ``S^T @ Kd^T`` (the tile's columns the dots' M: at 64 x 4, sm_90
     ``wgmma`` with the ``[128, 16]`` operand in shared memory). Ahead of time as above: tf32 64 x 4 255 (0),

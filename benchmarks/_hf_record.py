@@ -8,8 +8,9 @@ it, make a section of their own. ``hf_models.md`` shows each section between mar
 from the JSON; text outside the markers (older sections, notes) is kept as written.
 
 The source state (``source_state``):
-- a git checkout: ``git rev-parse HEAD``, and dirty when ``git status`` lists a change outside
-  ``benchmarks/results/`` (what the runs write);
+- a git checkout: ``git rev-parse HEAD``, and dirty when ``git status`` lists a change to a tracked
+  file outside ``benchmarks/results/`` (what the runs write), or an untracked ``.py`` under
+  ``CHECKED_DIRS`` (as for a stamp);
 - no ``.git`` (the device tool sends a copy of the working tree): the stamp that
   ``python -m benchmarks.hf_models --stamp`` wrote next to the checkout (``.hf_stamp.json``: the
   commit and the git blob hash of every file in it), checked file by file against the tree the
@@ -82,10 +83,22 @@ def source_state(root: Path = ROOT) -> dict[str, Any]:
     head = _git(root, "rev-parse", "HEAD") if (root / ".git").exists() else None
     if head:
         status = _git(root, "status", "--porcelain", "--untracked-files=all") or ""
-        changed = [line[3:].split(" -> ")[-1].strip('"') for line in status.splitlines() if line.strip()]
-        changed = [p for p in changed if not p.startswith(RESULTS_PREFIX) and p != STAMP]
+        changed = [p for p in (_status_path(line) for line in status.splitlines() if line.strip()) if p]
         return _state(head.strip(), changed, "git", root)
     return stamped or {"commit": "unknown", "dirty": None, "source": "unknown", "how": "none", "changed": []}
+
+
+def _status_path(line: str) -> str | None:
+    """The path of one ``git status --porcelain`` line that makes the tree dirty, else None: a change
+    to a tracked file (outside ``benchmarks/results/``), or an untracked ``.py`` under ``CHECKED_DIRS``
+    (code a run may import; untracked notes and scripts elsewhere, such as the device tool's carried
+    folders, do not change what the harness measures: the stamp's rule)."""
+    path = line[3:].split(" -> ")[-1].strip('"')
+    if path.startswith(RESULTS_PREFIX) or path == STAMP:
+        return None
+    if line.startswith("??") and not (path.endswith(".py") and path.startswith(CHECKED_DIRS)):
+        return None
+    return path
 
 
 def stamp_changes(files: dict[str, str], root: Path) -> list[str]:

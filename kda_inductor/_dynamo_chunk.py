@@ -3,8 +3,9 @@
 
 * **rule 2 for prefill, fla's chunked entry points** (:data:`FLA_CHUNK_ENTRY_POINTS`, by identity):
   ``chunk_gated_delta_rule`` (a decay per head; Qwen3-Next, Qwen3.5) as :func:`fla_chunk`, and
-  ``chunk_kda`` (a decay per key channel; Kimi Linear) as :func:`fla_kda_chunk`. Forced only until
-  measured faster than fla's kernels (:data:`CHUNK_RULE_MEASURED`, :data:`KDA_CHUNK_RULE_MEASURED`).
+  ``chunk_kda`` (a decay per key channel; Kimi Linear) as :func:`fla_kda_chunk`. The first on CUDA,
+  where measured faster than fla's kernels in the prefill step (:data:`CHUNK_RULE_MEASURED`); the
+  second forced only until measured (:data:`KDA_CHUNK_RULE_MEASURED`).
 * **rule 3, transformers' torch chunk references** (:data:`TORCH_CHUNK_REFERENCES`, found by name
   under transformers' hub-kernel wrappers, then by identity): ``torch_chunk_gated_delta_rule`` as
   :func:`torch_chunk` (on CUDA, where measured; forced elsewhere) and Kimi Linear's
@@ -38,15 +39,18 @@ FLA_CHUNK_ENTRY_POINTS = (
 )
 """fla-core's chunked entry points traced as ``kda::gdn_chunk``: (module, attribute)."""
 
-CHUNK_RULE_MEASURED = False
-"""Whether ``kda::gdn_chunk`` was measured faster than fla's ``chunk_gated_delta_rule`` (the speed rule of
-the prefill rule): not faster. Side by side (H100, triton 3.6, 2026-12-06 05:56, commit 8b741ab,
-``bench_gdn_chunk.py --quick``, Qwen3-Next's dims, ``benchmarks/results/gdn_chunk.md``) the op's
+CHUNK_RULE_MEASURED = True
+"""Whether ``kda::gdn_chunk`` was measured faster than fla's ``chunk_gated_delta_rule`` where the rule
+sits, on CUDA (the speed rule of the prefill rule; off CUDA, forced only: fla runs on GPUs): yes, in the
+step. Alone, side by side (H100, triton 3.6, 2026-12-06 05:56, commit 8b741ab, ``bench_gdn_chunk.py
+--quick``, Qwen3-Next's dims, ``benchmarks/results/gdn_chunk.md``), the op's
 :data:`~kda_inductor.lowerings.gdn_chunk.DEFAULT` took 294.0 / 1,118.5 us at T 4,096 / 16,384 against
-fla's 293.0 / 1,129.6: a tie (1.00x / 1.01x), its error below fla's (3.33e-3 against 4.07e-3). What the
-rule would add is the step's: no graph break at each layer's chunk call, measured as
-``benchmarks/hf_models.py``'s ``kda@with-gdn_chunk`` against ``kda`` (prefill). Until then the rule
-applies only with ``options["kda"]["force"]`` (``docs/dynamo-rules.md``)."""
+fla's 293.0 / 1,129.6 (a tie, its error below fla's: 3.33e-3 against 4.07e-3), and 36 against 49 at 256
+(45b9f1b). In the step (H100, 2026-12-06 07:51, commit d461889, ``hf_models --case prefill --variant
+kda,kda@with-gdn_chunk``, ``benchmarks/results/hf_models.md``), Qwen3-Next prefill 1 x 4096 took
+9,186 us with the rule against 9,689 without (0.948x; two compiles each, cold and warm), ONE graph
+against twelve: no graph break at each layer's chunk call, so the code around it fuses. Not yet
+timed in the step: T 1,024 (where the op's older launches took 113 us against fla's 98) and Qwen3.5."""
 KDA_CHUNK_RULE_MEASURED = False
 """Whether the op's launches for a decay per key channel (``gdn_chunk.KDA``) were measured faster
 than fla's ``chunk_kda``: not yet (``benchmarks/bench_gdn_chunk.py --kda``), so forced only."""
@@ -137,6 +141,8 @@ def _gdn_why_not(bound: dict) -> str | None:
         return "g is not a log decay per head [B, T, HV] (per key channel is chunk_kda's)"
     if beta is None or beta.dim() != 3:
         return "beta is not one per value head [B, T, HV]"
+    if bound["q"].device.type != "cuda":  # the speed rule's device
+        return _speed(False, "fla's chunk_gated_delta_rule off CUDA")
     return _speed(CHUNK_RULE_MEASURED, "fla's chunk_gated_delta_rule")
 
 

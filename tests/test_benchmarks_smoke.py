@@ -383,6 +383,39 @@ def test_hf_stamp_names_the_commit_of_a_tree_without_git(tmp_path):
     assert _hf_record.source_state(tmp_path)["how"] == "git"
 
 
+def test_hf_git_state_counts_tracked_changes_and_untracked_code_only(tmp_path):
+    """A git checkout: an untracked note or script outside the code folders (the device tool's carried
+    ``.dev/``) leaves it clean; a new ``.py`` under ``kda_inductor/`` or a changed tracked file makes it
+    dirty; results never do."""
+    import subprocess
+
+    from benchmarks import _hf_record
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=x", "-c", "user.email=x@x", *args], check=True)
+
+    (tmp_path / "kda_inductor").mkdir()
+    (tmp_path / "kda_inductor/a.py").write_text("x = 1\n")
+    (tmp_path / "README.md").write_text("hi\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-q", "-m", "c")
+    head = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    (tmp_path / ".dev").mkdir()
+    (tmp_path / ".dev/run.sh").write_text("echo\n")
+    (tmp_path / ".dev/tool.py").write_text("y = 1\n")
+    (tmp_path / "benchmarks/results").mkdir(parents=True)
+    (tmp_path / "benchmarks/results/r.json").write_text("{}\n")
+    state = _hf_record.source_state(tmp_path)
+    assert (state["commit"], state["dirty"], state["source"], state["how"]) == (head, False, head, "git")
+    (tmp_path / "kda_inductor/new.py").write_text("z = 2\n")
+    assert _hf_record.source_state(tmp_path)["changed"] == ["kda_inductor/new.py"]
+    (tmp_path / "kda_inductor/new.py").unlink()
+    (tmp_path / "README.md").write_text("changed\n")
+    state = _hf_record.source_state(tmp_path)
+    assert state["dirty"] and state["changed"] == ["README.md"] and state["source"].startswith(head + "+dirty-")
+
+
 def test_hf_legacy_rows_become_sections_of_unknown_commit():
     """The recorded hf_models.json: every section names its commit (or says it is unknown)."""
     from benchmarks import _hf_record, hf_models

@@ -234,6 +234,41 @@ def test_transformers_reference_is_the_op_on_cuda_without_force():
     assert _rel(got.float(), want) < 1e-2 and _rel(final, want_state) < 1e-2
 
 
+def test_fla_chunk_compiled_under_kda_inductor_is_the_op_without_force():
+    """Rule 2's speed rule for prefill (``_dynamo_chunk.CHUNK_RULE_MEASURED``, measured on CUDA in the
+    prefill step): without ``force``, a function calling fla's ``chunk_gated_delta_rule`` as
+    transformers does compiles to ONE graph holding one ``kda::gdn_chunk``, within 1e-2 of fla's own
+    output; ``disable`` keeps fla's function behind its graph break."""
+    fla = _fla()
+    if fla is None:
+        pytest.skip("fla-core is not installed")
+    from kda_inductor.pass_manager import graph_caches_off, observe
+
+    q, k, v, g, beta, s = _inputs(300, seed=13, Hk=2, Hv=4, D=64, state=True)
+
+    def layer(q, k, v, g, beta, s):
+        g = g + 0.0  # work before the call too: fla's function breaks the graph in two
+        o, final = fla(q, k, v, g=g, beta=beta, initial_state=s, output_final_state=True,
+                       use_qk_l2norm_in_kernel=True)
+        return o * 2, final
+
+    def compiled(**kda):
+        torch._dynamo.reset()
+        with graph_caches_off(), observe() as records:
+            out = torch.compile(layer, backend="kda_inductor", options={"kda": kda} if kda else None)(
+                q, k, v, g, beta, s)
+        return out, len(records), sum(r.before.count("torch.ops.kda.gdn_chunk.default") for r in records)
+
+    with torch.inference_mode():
+        fo, fs = layer(q, k, v, g, beta, s)
+        (got, final), graphs, ops = compiled()
+        assert (graphs, ops) == (1, 1) and got.dtype == BF and final.dtype == torch.float32
+        assert _rel(got, fo) < 1e-2 and _rel(final, fs) < 1e-2, (_rel(got, fo), _rel(final, fs))
+        (got, final), graphs, ops = compiled(disable=["gdn_chunk"])
+        assert (graphs, ops) == (2, 0)
+        assert _rel(got, fo) < 1e-3 and _rel(final, fs) < 1e-3
+
+
 # --------------------------------------------------------------------------- a decay per key channel (KDA)
 
 

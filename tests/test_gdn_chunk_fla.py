@@ -11,6 +11,7 @@ import torch
 
 import fla_standin
 
+from kda_inductor import _dynamo_fixes
 from kda_inductor.pass_manager import graph_caches_off, observe
 from tests.test_dynamo_fixes import fla  # noqa: F401  (the stand-in fixture)
 
@@ -53,8 +54,12 @@ def test_fla_prefill_is_one_graph_with_our_op(fla):  # noqa: F811
     expected = layer(*args)
     stock, stock_graphs, _ = _compiled(layer, args, "eager")
     assert stock_graphs == 2  # broken at fla's call
+    _dynamo_fixes.MISSES.clear()
     unforced, graphs, with_op = _compiled(layer, args, "kda_inductor")
-    assert (graphs, with_op) == (2, 0)  # not yet measured faster than fla's kernels: forced only
+    assert (graphs, with_op) == (2, 0)  # measured on CUDA only (fla runs on GPUs): forced off CUDA
+    assert [m.reason for m in _dynamo_fixes.MISSES] == [
+        "the speed rule: kda::gdn_chunk is not yet measured faster than fla's chunk_gated_delta_rule off CUDA "
+        "(options['kda']['force'] applies it)"]
     ours, graphs, with_op = _compiled(layer, args, "kda_inductor", kda={"force": True})
     assert (graphs, with_op) == (1, 1)
     for got in (stock, unforced, ours):

@@ -281,7 +281,7 @@ FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, 
 (triton 3.6, 2026-12-05, ``benchmarks/results/gdn_chunk.md``, ``--sweep`` at T 16,384, Qwen3-Next's
 dims) 1,583 us against 2,950 at 8 warps and 4,726 for the four float32 launches
 (:class:`LaunchConfig`'s defaults), error 3.33e-3 against fla's 4.07e-3; fla's own kernels take
-1,014 us there, so the op does not replace fla's (``CHUNK_RULE_MEASURED``). Ahead of time for sm_90
+1,014 us there (the op's launches since: :data:`DEFAULT`). Ahead of time for sm_90
 (Triton 3.9) with the run-time specialization these dims get (sizes and strides divisible by 16, unit
 strides constant; registers / stack bytes): ``wu2`` 255 / 80 (465 CTA barriers, most of them the
 diagonal blocks' substitution: :attr:`LaunchConfig.wu_inverse`), ``scan2`` 178 / 0, ``output2``
@@ -309,8 +309,9 @@ launch sets. Every CUDA test of ``tests/test_gdn_chunk_cuda.py`` for it passed o
 100 / 1,000 / 4,096, weak decay with a state, varlen, CUDA-graph replay, exact float32 products).
 fla's kernels took 344 / 1,333 us in the next call on the same machine (``--quick``, where the
 default before took 355 / 1,404). Side by side (H100, 2026-12-06 05:56, 8b741ab, ``--quick``): 294.0 /
-1,118.5 us against fla's 293.0 / 1,129.6, a tie, so ``CHUNK_RULE_MEASURED`` stays off until the
-prefill step says otherwise (``hf_models``' ``kda@with-gdn_chunk``)."""
+1,118.5 us against fla's 293.0 / 1,129.6, a tie; in the prefill step (no graph break at each layer's
+chunk call) Qwen3-Next 1 x 4096 took 9,186 us against 9,689 with fla's kernels (H100, d461889,
+``hf_models``' ``kda@with-gdn_chunk``), which turned ``_dynamo_chunk.CHUNK_RULE_MEASURED`` on for CUDA."""
 
 KDA = FAST._replace(warps=8, kda_intra_dot="tf32")
 """The launches of a decay per key channel (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`,

@@ -16,7 +16,7 @@ pass alone, a plain attribute: vLLM resolves the name as
 ``__import__("kda_inductor").__dict__["post_grad_pass"]``) and ``VllmPostGradPass`` (the
 same with options), ``explain`` (with
 ``mode=``/``options=``; ``Explainer`` passes every keyword to fn) and its ``Report``, ``KdaOptions``,
-``REWRITE_NAMES`` and ``__version__``; ``kda_inductor.ops`` (importing it registers every
+``REWRITE_NAMES`` and ``__version__``; ``exporting`` (a context: ``torch.export`` with the trace rules); ``kda_inductor.ops`` (importing it registers every
 ``torch.ops.kda.*`` op, for code that calls them directly); ``kda_inductor.testing`` and the pytest
 plugin for tests; the ``kda-inductor`` command.
 
@@ -47,11 +47,12 @@ _LAZY = {
     "Report": ("kda_inductor._explain", "Report"),
     "GraphReport": ("kda_inductor._explain", "GraphReport"),
     "KdaOptions": ("kda_inductor.options", "KdaOptions"),
+    "exporting": ("kda_inductor._export", "exporting"),
     "REWRITE_NAMES": ("kda_inductor.patterns", "REWRITE_NAMES"),
 }
 
 __all__ = ["Explainer", "GraphReport", "KdaOptions", "REWRITE_NAMES", "Report", "VllmPostGradPass", "__version__", "backend",
-           "explain", "post_grad_pass", "vllm_plugin"]
+           "explain", "exporting", "post_grad_pass", "vllm_plugin"]
 
 
 def __getattr__(name: str) -> Any:

@@ -100,9 +100,7 @@ def _chunk_rule_on() -> bool:
 @torch.compiler.assume_constant_result
 def _forced() -> bool:
     """``options["kda"]["force"]`` of the trace's compile (evaluated once per trace)."""
-    from torch._dynamo.symbolic_convert import InstructionTranslator
-
-    options = shared.our_options(InstructionTranslator.current_tx())
+    options = shared.current_options()
     return bool(options and options.force)
 
 
@@ -216,14 +214,24 @@ def torch_chunk_references(name: str = TORCH_CHUNK_REFERENCE) -> list[Callable[.
     :data:`TORCH_CHUNK_REFERENCES`; never imports transformers)."""
     found: dict[int, Callable[..., Any]] = {}
     for module_name, module in list(sys.modules.items()):
-        attr = getattr(module, name, None) if module_name.startswith("transformers.models.") else None
-        forward = getattr(type(attr), "forward", None) if isinstance(attr, torch.nn.Module) else None
-        cells = [c.cell_contents for c in getattr(forward, "__closure__", None) or ()]
-        for fn in [attr, *cells]:
-            fn = inspect.unwrap(fn) if isinstance(fn, types.FunctionType) else None
-            if fn is not None and fn.__name__ == name:
+        if module_name.startswith("transformers.models."):
+            fn = reference_behind(getattr(module, name, None), name)
+            if fn is not None:
                 found[id(fn)] = fn
     return list(found.values())
+
+
+def reference_behind(attr: Any, name: str) -> Callable[..., Any] | None:
+    """The plain function named ``name`` that a modeling module's attribute ``attr`` is, or wraps
+    (transformers' hub-kernel wrappers: ``functools.wraps``, or an ``nn.Module`` whose ``forward``
+    closes over one), else None."""
+    forward = getattr(type(attr), "forward", None) if isinstance(attr, torch.nn.Module) else None
+    cells = [c.cell_contents for c in getattr(forward, "__closure__", None) or ()]
+    for fn in [attr, *cells]:
+        fn = inspect.unwrap(fn) if isinstance(fn, types.FunctionType) else None
+        if fn is not None and fn.__name__ == name:
+            return fn
+    return None
 
 
 def torch_chunk(query, key, value, g, beta, initial_state=None, output_final_state=False,

@@ -24,6 +24,11 @@ it on :func:`kda_inductor.backend.kda_inductor` (this module does not import the
 
 _substituted: dict[int, Callable[..., Any]] = {}
 """id(fla entry point) -> the entry point (kept alive: Dynamo keys polyfills by id)."""
+_polyfills: dict[int, Callable[..., Any]] = {}
+"""id(substituted function) -> what a trace runs in its place (:func:`substitute_with`'s ``traced``):
+:func:`kda_inductor._export.exporting` puts it where the model looks the function up."""
+_exporting: list[KdaOptions] = []
+"""The options of the active :func:`kda_inductor._export.exporting` contexts, innermost last."""
 
 # --------------------------------------------------------------------------- whose trace
 
@@ -51,12 +56,24 @@ def our_options(tx: Any) -> KdaOptions | None:
         return None
 
 
-def rule_is_on(rule: str) -> bool:
-    """At trace time: the trace Dynamo runs is for kda_inductor and ``rule`` is not in its
-    ``options["kda"]["disable"]``."""
+def current_options() -> KdaOptions | None:
+    """Our options for the code being traced now: those of the kda_inductor compile Dynamo traces
+    for, else (another trace, ``torch.export``'s strict one, or none: its non-strict one) the innermost
+    :func:`kda_inductor._export.exporting` context's, else None."""
     from torch._dynamo.symbolic_convert import InstructionTranslator
 
-    options = our_options(InstructionTranslator.current_tx())
+    try:
+        tx = InstructionTranslator.current_tx()
+    except AttributeError:  # no Dynamo trace on this thread
+        tx = None
+    options = our_options(tx) if tx is not None else None
+    return options if options is not None or not _exporting else _exporting[-1]
+
+
+def rule_is_on(rule: str) -> bool:
+    """At trace time: the trace is for kda_inductor (or inside :func:`kda_inductor._export.exporting`)
+    and ``rule`` is not in its ``options["kda"]["disable"]``."""
+    options = current_options()
     return options is not None and rule not in options.disable
 
 
@@ -110,7 +127,7 @@ def substitute_with(fn: Callable[..., Any], ours: Callable[..., Any], why_not: C
 
     traced.__name__ = traced.__qualname__ = f"kda_inductor_rule_for_{fn.__name__}"
     torch.compiler.substitute_in_graph(fn)(traced)
-    _substituted[id(fn)] = fn
+    _substituted[id(fn)], _polyfills[id(fn)] = fn, traced
 
 
 # --------------------------------------------------------------------------- misses
@@ -149,10 +166,16 @@ def _user_location() -> str | None:
     node's stack trace: ``TracingContext.extract_stack()``) outside :data:`_NOT_USER`; None where
     every traced frame is one of those (a trace that starts in transformers' dispatch, after a graph
     break in its caller)."""
+    import traceback
+
     from torch._guards import TracingContext
 
-    for frame in reversed(TracingContext.extract_stack()):
-        if frame.filename and not any(part in os.path.abspath(frame.filename) for part in _NOT_USER):
+    # outside Dynamo (torch.export's non-strict trace inside kda_inductor._export.exporting): Python's stack
+    stack, not_user = TracingContext.extract_stack(), _NOT_USER
+    if not stack:
+        stack, not_user = traceback.extract_stack(), _NOT_USER + (os.path.dirname(torch.__file__) + os.sep,)
+    for frame in reversed(stack):
+        if frame.filename and not any(part in os.path.abspath(frame.filename) for part in not_user):
             return f"{frame.filename}:{frame.lineno}"
     return None
 

@@ -434,7 +434,7 @@ def test_hf_plan_covers_every_case_within_a_call():
 
     sections = _hf_record.load_sections(hf_models.RESULTS / "hf_models.json")
     fams = [hf_models.BY_NAME[n] for n in hf_models.STAGE]
-    rows, calls = hf_models.plan(sections, fams, list(hf_models.CASES), 3, 480.0, lanes=2)
+    rows, calls = hf_models.plan(sections, fams, list(hf_models.TABLE_CASES), 3, 480.0, lanes=2)
     assert len(rows) == len(fams) * 3 and all(len(call) <= 2 for call in calls)
     jobs = [job for call in calls for lane in call for job in lane]
     for r in rows:
@@ -641,8 +641,8 @@ def test_hf_plan_with_parallel_compiles_needs_fewer_calls():
 
     sections = _hf_record.load_sections(hf_models.RESULTS / "hf_models.json")
     fams = [hf_models.BY_NAME[n] for n in hf_models.STAGE]
-    _, serial = hf_models.plan(sections, fams, list(hf_models.CASES), 3, 480.0, recipe="table", jobs=1)
-    rows, parallel = hf_models.plan(sections, fams, list(hf_models.CASES), 3, 480.0, recipe="table", jobs=6)
+    _, serial = hf_models.plan(sections, fams, list(hf_models.TABLE_CASES), 3, 480.0, recipe="table", jobs=1)
+    rows, parallel = hf_models.plan(sections, fams, list(hf_models.TABLE_CASES), 3, 480.0, recipe="table", jobs=6)
     assert len(parallel) < len(serial)
     lane_s = [sum(float(j.rsplit("(~", 1)[1].split(" ")[0]) for j in lane) for call in parallel for lane in call]
     assert max(lane_s) <= 480.0 + 1
@@ -876,3 +876,15 @@ def test_hf_with_gdn_chunk_turns_the_prefill_dynamo_rules_on(monkeypatch):
     assert _hf_sched.apply_modifiers("kda@with-gdn_chunk") is None
     assert _dynamo_chunk.CHUNK_RULE_MEASURED is True and _dynamo_chunk.KDA_CHUNK_RULE_MEASURED is True
     assert "Dynamo rules: gdn_chunk" in _hf_sched.apply_modifiers("kda@with-nope")
+
+
+def test_hf_prefill1024_is_a_prefill_case_outside_the_table():
+    """``--case prefill1024`` (a speed rule's A / B at another size): a prefill of 1 x 1024 tokens with
+    stock+fix proposed as for the table's prefill, not among the default cases."""
+    from benchmarks import hf_models
+
+    assert hf_models.case_label("prefill1024", smoke=False) == "prefill 1 x 1024"
+    assert "prefill1024" in hf_models.CASES and "prefill1024" not in hf_models.TABLE_CASES
+    family = hf_models.BY_NAME["qwen3_next"]
+    assert hf_models.plan_variants(family, "prefill1024", None) == hf_models.plan_variants(family, "prefill", None)
+    assert hf_models.STOCK_FIX in hf_models.plan_variants(family, "prefill1024", None)

@@ -78,7 +78,9 @@ PREFILL_CANDIDATES = (
     LC(64, 128, 1, 1, 2, True), LC(64, 256, 1, 1, 2, True), LC(64, 1024, 4, 1, 8, True),
 )
 UPDATE_CANDIDATES = (UC(64, 1), UC(128, 1), UC(256, 1), UC(256, 2), UC(512, 2), UC(512, 4), UC(1024, 4),
-                     UC(1024, 8))
+                     UC(1024, 8), UC(64, 1, True), UC(128, 1, True), UC(256, 2, True), UC(512, 4, True))
+"""The update launches timed: channel blocks x warps, and (``tile``) the one-token update through the
+multi-token path (the state read once as a tile)."""
 COLUMNS = (("kind", "kind", "s"), ("C", "C", ","), ("T", "T", ","), ("B", "B", ","), ("config", "config", "s"),
            ("us", "us", ".2f"), ("floor_us", "floor us", ".2f"), ("over_floor", "/floor", ".2f"),
            ("exact", "exact", "s"), ("table", "table's", "s"), ("best", "best", "s"))

@@ -241,6 +241,8 @@ pipelined loop, the streaming window (``_conv_stream.py``; its ``ptx`` division 
 are GPU-only: the interpreter runs the plain silu there, ``tests/test_causal_conv1d_cuda.py``
 checks them on every bf16 value)."""
 UPDATE_CLASSES = {reason.split(":")[1]: cfg for _, cfg, reason in mod.UPDATE_CONFIGS}
+UPDATE_CLASSES.update({f"{name} tile": cfg._replace(tile=True) for name, cfg in list(UPDATE_CLASSES.items())})
+"""Each update class, and the same with ``tile`` (one token through the multi-token path)."""
 
 
 def _poisoned(B, C, T, dtype=torch.bfloat16):
@@ -410,9 +412,9 @@ def test_launch_config():
         assert mod.launch_config(3, C) == mod.LaunchConfig(4, 256, 1, 1, 4, True)
         assert mod.launch_config(1, C) == mod.LaunchConfig(1, 256, 1, 1, 1, True)
     assert mod.launch_config(4096, 40) == mod.LaunchConfig(64, 64, 1, 1, 8, True)
-    assert mod.update_config(1, 8192, 32) == (256, 2)
-    assert mod.update_config(1, 8192, 128) == (128, 1)
-    assert mod.update_config(1, 4096, 2) == (64, 1)
+    assert mod.update_config(1, 8192, 32) == mod.UpdateConfig(256, 2)
+    assert mod.update_config(1, 8192, 128) == mod.UpdateConfig(128, 1)
+    assert mod.update_config(1, 4096, 2) == mod.UpdateConfig(64, 1)
     classes = [(t, c) for t, c, _, _ in mod.PREFILL_CONFIGS]
     assert classes == sorted(classes) and len(set(classes)) == len(classes) == 15
     for t, c, cfg, note in mod.PREFILL_CONFIGS:

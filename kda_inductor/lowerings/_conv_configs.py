@@ -51,10 +51,15 @@ class LaunchConfig(NamedTuple):
 
 
 class UpdateConfig(NamedTuple):
-    """An update launch: ``block_c`` channels of one row per program, every token, ``num_warps``."""
+    """An update launch: ``block_c`` channels of one row per program, every token, ``num_warps``.
+    ``tile``: one token too runs the multi-token path (the state's ``[channels, taps]`` tile read once,
+    its taps picked in registers, the shifted tile written once) instead of the decode path's
+    loads of each tap's column and then the tile. Off by default: not yet timed on a GPU
+    (``benchmarks/tune_causal_conv1d.py``'s update candidates carry both)."""
 
     block_c: int
     num_warps: int
+    tile: bool = False
 
 
 _RESULTS = "benchmarks/results/tune_causal_conv1d.md"
@@ -161,7 +166,7 @@ def fit_update(cfg: UpdateConfig, channels: int) -> UpdateConfig:
     """``cfg`` for ``channels``: the channel block capped at the channels (a power of two), warps
     at 128 channels a warp."""
     block_c = min(cfg.block_c, max(8, next_power_of_2(int(channels))))
-    return UpdateConfig(block_c, max(1, min(cfg.num_warps, block_c // 128)))
+    return cfg._replace(block_c=block_c, num_warps=max(1, min(cfg.num_warps, block_c // 128)))
 
 
 # --------------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ def _launch_update(srcs, w, bias, state, out, activation, act_dtype, meta: ConvM
         *ptrs, state, w, bias if bias is not None else w, out, meta.tokens, meta.state_width, **strides,
         ss_n=state.stride(0), ss_c=state.stride(1), ss_t=state.stride(2), sw_c=w.stride(0), sw_k=w.stride(1),
         **consts, S_P2=next_power_of_2(max(meta.state_width, 1)), CONV=conv,
-        ONE=conv and meta.tokens == 1, S_KIND=KIND[state.dtype],
+        ONE=conv and meta.tokens == 1 and not cfg.tile, S_KIND=KIND[state.dtype],
         SS_C=state.stride(1) if state.stride(2) == 1 or meta.state_width == 1 else 0,
         S_W=meta.state_width if meta.state_width in (1, 2, 4, 8, 16) else 0,
         num_warps=cfg.num_warps,

@@ -3,7 +3,8 @@ layer (tiny dims, float32, prefill of 70 tokens: two chunks, no fla-core) traces
 ``torch_chunk_gated_delta_rule``, as one ``kda::gdn_chunk``, equal to eager; unforced on CPU it is a
 miss at the modeling line (the speed rule); ``disable`` and code outside the context keep the
 reference; the functions are put back on exit, also where a layer holds the reference as an
-attribute (transformers <= 5.17); and the AOTInductor package of the export calls the op."""
+attribute (transformers <= 5.17); Kimi Linear's reference likewise (forced); and the AOTInductor
+package of the export calls the op."""
 
 from __future__ import annotations
 
@@ -81,6 +82,30 @@ class _Bound(torch.nn.Module):
     def forward(self, q, k, v, g, beta):
         out, _ = self.chunk_gated_delta_rule(q, k, v, g=g, beta=beta, use_qk_l2norm_in_kernel=True)
         return out * 2
+
+
+def test_kimi_linears_reference_too():
+    """Kimi Linear's torch chunked KDA core (``chunk_kimi_delta_attention``, forced only) in its
+    layer's export: one op, equal to eager."""
+    import transformers
+
+    from benchmarks import hf_models
+
+    kimi = pytest.importorskip("transformers.models.kimi_linear.modeling_kimi_linear")
+    spec = hf_models.BY_NAME["kimi_linear"]
+    config = hf_models.config_for(spec, getattr(transformers, spec.config), tiny=True)
+    torch.manual_seed(0)
+    layer = kimi.KimiLinearDeltaAttention(config, 0).float().eval()
+    with torch.no_grad():  # the bare layer leaves some parameters as torch.empty made them (the model's init fills them)
+        for param in layer.parameters():
+            param.normal_(0, 0.1)
+    x = torch.randn(1, 70, config.hidden_size)
+    with torch.no_grad():
+        want = layer(x)
+        with kda_inductor.exporting(layer, {"force": True}):
+            ep = torch.export.export(layer, (x,))
+        assert _ops(ep) == 1
+        torch.testing.assert_close(ep.module()(x), want, rtol=1e-5, atol=1e-5)
 
 
 def test_a_layers_own_attribute_is_replaced_and_put_back():

@@ -329,7 +329,8 @@ def report_summary(report) -> dict[str, Any]:
     why), the graph breaks and the frames that fell back to eager, each with its reason."""
     misses = [line.strip() for line in report.misses_text() if line.strip()]
     errors = {name: err for g in report.graphs for name, err in g.errors.items()}
-    return {"matches": dict(report.matches), "misses": misses, "errors": errors,
+    return {"matches": dict(report.matches), "traced": dict(report.traced),
+            "trace_misses": [str(m) for m in report.trace_misses], "misses": misses, "errors": errors,
             "graph_breaks": [f"{b.count}x {b.reason}" for b in report.graph_breaks],
             "eager_frames": [f"{f.name} ({f.location}): {f.reason}" for f in report.eager_frames]}
 
@@ -657,8 +658,11 @@ def _compile_facts(variant: str, report, made: dict, runs: list, observed: list)
     facts: dict[str, Any] = {"graphs": counters["stats"].get("unique_graphs"),
                              "breaks": sum(counters["graph_break"].values()), "caches": _cache_counters()}
     if variant.startswith("kda"):
+        from kda_inductor._explain import traced_ops
+
         facts["pass_runs"] = len(runs)
         facts["matches"] = dict(made)
+        facts["traced"] = traced_ops(observed)
         errors = {name: err for r in observed for name, err in r.errors.items()}
         if errors:
             facts["rewrite_errors"] = errors
@@ -921,7 +925,8 @@ def _summary_row(key: tuple, group: list[dict]) -> dict[str, Any]:
            "error": errors[0][:200] if errors else None}
     row.update(_numerics_cells(ok))
     pass_ran = [r for r in ok if r.get("pass_runs")]
-    row["rewrites"] = ", ".join(f"{k} {v}" for k, v in (pass_ran[0].get("matches") or {}).items() if v) \
+    row["rewrites"] = ", ".join([f"{k} {v}" for k, v in (pass_ran[0].get("matches") or {}).items() if v]
+                                + [f"{k} {v} (traced)" for k, v in (pass_ran[0].get("traced") or {}).items()]) \
         if pass_ran else ("-" if variant.startswith("kda") else "")
     row["top_kernel"] = _top_kernel_text(ok)
     return row

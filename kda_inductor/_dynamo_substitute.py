@@ -154,6 +154,14 @@ class TraceMiss:
 
 MISSES: collections.deque[TraceMiss] = collections.deque(maxlen=64)
 """The latest misses of the trace rules, newest last (also logged at INFO: ``TORCH_LOGS=kda_inductor``)."""
+_appended = [0]
+"""How many misses :data:`MISSES` has received (:func:`misses_since`)."""
+
+
+def misses_since(count: int) -> list[TraceMiss]:
+    """The misses recorded since :data:`_appended` read ``count`` (the latest 64 at most)."""
+    new = _appended[0] - count
+    return list(MISSES)[-new:] if new > 0 else []
 _NOT_USER = (os.path.dirname(os.path.abspath(__file__)) + os.sep,
              os.sep + os.path.join("transformers", "integrations") + os.sep,
              os.sep + os.path.join("kernels", "_internals") + os.sep)
@@ -196,5 +204,6 @@ def _missed(function: str, op: str, reason: str) -> bool:
         if last.location is None:
             MISSES.pop()
     MISSES.append(miss)
+    _appended[0] += 1
     logs.log.info("kda_inductor: %s", miss)
     return True

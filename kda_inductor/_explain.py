@@ -10,7 +10,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, TYPE_CHECKING
 
-from kda_inductor import logs, pass_manager
+from kda_inductor import _dynamo_substitute, logs, pass_manager
 from kda_inductor.diff import records_diff, rewrite_table, short_location, unified
 from kda_inductor.patterns.base import Miss, shown_misses
 from kda_inductor.patterns import REWRITES
@@ -107,6 +107,13 @@ class Report:
     """Why Inductor did not use CUDA graphs (only with ``mode="reduce-overhead"`` etc.)."""
     compiled: Callable[..., Any] | None = dataclasses.field(default=None, repr=False, compare=False)
     """The compiled function ``explain`` ran: call it again (same guards) without compiling again."""
+    traced: dict[str, int] = dataclasses.field(default_factory=dict)
+    """Each trace rule (``docs/dynamo-rules.md``) -> the calls Dynamo traced as its op (in the graphs
+    as they reached our pass: fla's or transformers' functions become ``kda::gdn_chunk`` /
+    ``kda::gdn_recurrent_step`` before any rewrite)."""
+    trace_misses: list[Any] = dataclasses.field(default_factory=list)
+    """The trace rules' misses in this compile (:class:`kda_inductor._dynamo_substitute.TraceMiss`:
+    a function kept, why, at the user's line)."""
 
     @property
     def diff(self) -> str:
@@ -144,9 +151,16 @@ class Report:
                 lines.append(f"  graph {i}: {g.note}")
         skipped = list(dict.fromkeys(g.skipped for g in self.graphs if g.skipped))
         lines += [f"  not rewritten: {why}" for why in skipped]
+        if self.traced:
+            lines += ["", "traced as our ops (trace rules):"]
+            lines += [f"  {name:<{width}}  {count}" for name, count in self.traced.items()]
         misses = self.misses_text()
         if misses:
             lines += ["", "not rewritten (closest candidates):", *misses]
+        if self.trace_misses:
+            lines += ["", "not traced as our ops (trace rules):"]
+            lines += [f"  {m._replace_location(short_location(m.location)) if m.location else m}"
+                      for m in dict.fromkeys(self.trace_misses)]
         return "\n".join(lines) + "\n\n" + self.obstacles()
 
     def misses_text(self) -> list[str]:
@@ -318,6 +332,7 @@ class Explainer:
 
         torch._dynamo.reset()
         skips_before = counters["inductor"]["cudagraph_skips"]
+        misses_before = _dynamo_substitute._appended[0]
         with (
             CompileLogCapture().attached() as capture,
             pass_manager.observe() as records,
@@ -334,7 +349,18 @@ class Explainer:
             skips.append(f"{silent} graph(s) with no CUDA ops (CUDA graphs only apply to CUDA work)")
         graphs = [GraphReport(r) for r in records]
         matches = pass_manager.total_matches(records)
-        return Report(matches, graphs, breaks, frames, skips, compiled)
+        return Report(matches, graphs, breaks, frames, skips, compiled, traced_ops(records),
+                      _dynamo_substitute.misses_since(misses_before))
+
+
+TRACED_OPS = {"gdn_chunk": "torch.ops.kda.gdn_chunk.", "gdn_recurrent_step": "torch.ops.kda.gdn_recurrent_step."}
+"""Each trace rule -> its op as the graph text names it."""
+
+
+def traced_ops(records) -> dict[str, int]:
+    """Each trace rule that fired -> its op's calls in the graphs as they reached our pass."""
+    counts = {name: sum(r.before.count(op) for r in records) for name, op in TRACED_OPS.items()}
+    return {name: n for name, n in counts.items() if n}
 
 
 def explain(fn: Callable[..., Any], /, *args: Any, mode: str | None = None,

@@ -86,3 +86,21 @@ def test_a_keyword_the_op_does_not_read_keeps_the_reference():
         assert with_op == ops
         for got, want in zip(out, layer(*args)):
             torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
+
+
+def test_explain_names_what_the_trace_rules_did():
+    """explain(): the calls traced as the op (``report.traced``, its own table) and, unforced on CPU,
+    the trace rule's miss with its reason at the user's line (this file's call of the reference)."""
+    import kda_inductor
+
+    args = _inputs(T=40, seed=2)
+    report = kda_inductor.explain(_layer(), *args, options={"kda": {"force": True}})
+    assert report.traced == {"gdn_chunk": 1} and not report.trace_misses
+    assert "traced as our ops (trace rules):" in str(report)
+    report = kda_inductor.explain(_layer(), *args)
+    assert report.traced == {}
+    (miss,) = report.trace_misses
+    assert miss.location.startswith(__file__ + ":") and miss.op == "kda::gdn_chunk"
+    assert miss.reason.startswith("the speed rule: kda::gdn_chunk is not yet measured faster")
+    text = str(report)
+    assert "not traced as our ops (trace rules):" in text and "torch_chunk_gated_delta_rule kept" in text

@@ -1294,14 +1294,16 @@ def _families(args) -> list[Family]:
 
 
 def _check_variants(requested: list[str] | None) -> None:
+    from kda_inductor.options import TRACE_RULES
     from kda_inductor.patterns import REWRITE_NAMES
 
     for v in map(_hf_sched.base_variant, requested or ()):
         name = v.removeprefix("kda-no-")
-        if v not in ("eager", "stock", STOCK_FIX, "kda", "kda-no-*") and not (v.startswith("kda-no-")
-                                                                               and name in REWRITE_NAMES):
+        if v not in ("eager", "stock", STOCK_FIX, "kda", "kda-no-*") and not (
+                v.startswith("kda-no-") and (name in REWRITE_NAMES or name in TRACE_RULES)):
             raise SystemExit(f"--variant: unknown {v!r} (eager, stock, {STOCK_FIX}, kda, kda-no-*, "
-                             f"kda-no-<rewrite> with a rewrite of {list(REWRITE_NAMES)})")
+                             f"kda-no-<rewrite> with a rewrite of {list(REWRITE_NAMES)} or a trace rule "
+                             f"of {list(TRACE_RULES)})")
 
 
 def main(argv=None) -> list[dict]:

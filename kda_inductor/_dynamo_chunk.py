@@ -49,11 +49,18 @@ fla's 293.0 / 1,129.6 (a tie, its error below fla's: 3.33e-3 against 4.07e-3), a
 (45b9f1b). In the step (H100, 2026-12-06 07:51, commit d461889, ``hf_models --case prefill --variant
 kda,kda@with-gdn_chunk``, ``benchmarks/results/hf_models.md``), Qwen3-Next prefill 1 x 4096 took
 9,186 us with the rule against 9,689 without (0.948x; two compiles each, cold and warm), ONE graph
-against twelve: no graph break at each layer's chunk call, so the code around it fuses. Not yet
-timed in the step: T 1,024 (where the op's older launches took 113 us against fla's 98) and Qwen3.5."""
+against twelve: no graph break at each layer's chunk call, so the code around it fuses. At 584a967
+(H100, 2026-12-06 10:22, the same file): Qwen3-Next prefill 1 x 1024 2,789 us against 3,004 with the
+rule off (0.928x: no size guard), Qwen3.5 prefill 1 x 4096 13,935 against 14,258 (0.977x), both ONE
+graph against twelve; without fla-core (transformers' torch reference traced, ``kda@no-fla``) Qwen3-Next
+prefill 9,179 against 9,153 with it (1.003x)."""
 KDA_CHUNK_RULE_MEASURED = False
 """Whether the op's launches for a decay per key channel (``gdn_chunk.KDA``) were measured faster
-than fla's ``chunk_kda``: not yet (``benchmarks/bench_gdn_chunk.py --kda``), so forced only."""
+than fla's ``chunk_kda``: no. In the step (H100, 2026-12-06 10:35, 584a967 with the harness's variant
+check, ``hf_models --family kimi_linear --case prefill --variant kda,kda@with-gdn_chunk``,
+``benchmarks/results/hf_models.md``), Kimi Linear prefill 1 x 4096 took 15,767 us with ``chunk_kda``
+traced as the op (one graph) against 11,792 with fla's kernels between graph breaks: 1.337x slower
+(two compiles each, cold and warm within 0.7 %). Forced only until the KDA launches beat fla's."""
 
 FLA_REASONS = {
     "use_gate_in_kernel": "use_gate_in_kernel: fla computes the decay from A_log / dt_bias in its kernel "

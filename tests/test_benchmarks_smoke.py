@@ -888,3 +888,16 @@ def test_hf_prefill1024_is_a_prefill_case_outside_the_table():
     family = hf_models.BY_NAME["qwen3_next"]
     assert hf_models.plan_variants(family, "prefill1024", None) == hf_models.plan_variants(family, "prefill", None)
     assert hf_models.STOCK_FIX in hf_models.plan_variants(family, "prefill1024", None)
+
+
+def test_hf_kda_no_variant_takes_a_trace_rule():
+    """``kda-no-gdn_chunk``: kda with the prefill trace rule disabled (an A / B of a rule on by
+    default), through the same ``disable`` option as a rewrite's; an unknown name is an error
+    naming both lists."""
+    from benchmarks import hf_models
+
+    hf_models._check_variants(["kda", "kda-no-gdn_chunk", "kda-no-causal_conv1d"])
+    assert hf_models._kda_options("kda-no-gdn_chunk", None) == {"kda": {"disable": ["gdn_chunk"]}}
+    assert "kda-no-gdn_chunk" in hf_models.variants_for(["kda", "kda-no-gdn_chunk"], None)
+    with pytest.raises(SystemExit, match="trace rule of"):
+        hf_models._check_variants(["kda-no-nope"])

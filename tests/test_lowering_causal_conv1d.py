@@ -404,16 +404,17 @@ def test_launch_config():
     for (T, C), cfg in swept.items():
         assert mod.launch_config(T, C) == cfg
     assert mod.launch_config(4096, 4096) == mod.launch_config(16384, 4096) == tiles[4096]
-    short = mod.LaunchConfig(16, 128, 4, 1, 8, False)  # the short-T sweep's (2026-12-05 19:07) below 10240 channels
+    # the short-T sweep's (2026-12-05 19:07) below 10240 channels; from 10240 at 64 tokens (2026-12-06 10:41)
+    short = mod.LaunchConfig(16, 128, 4, 1, 8, False)
     for C in (4096, 8192, 11520, 12288):
         assert mod.launch_config(1024, C) == mod.launch_config(512, C) == (short if C < 10240 else tiles[512])
-        assert mod.launch_config(256, C) == (short if C < 10240 else tiles[64])
+        assert mod.launch_config(256, C) == short
         assert mod.launch_config(5, C) == mod.LaunchConfig(8, 256, 1, 1, 8, True)
         assert mod.launch_config(3, C) == mod.LaunchConfig(4, 256, 1, 1, 4, True)
         assert mod.launch_config(1, C) == mod.LaunchConfig(1, 256, 1, 1, 1, True)
     assert mod.launch_config(4096, 40) == mod.LaunchConfig(64, 64, 1, 1, 8, True)
     assert mod.update_config(1, 8192, 32) == mod.UpdateConfig(256, 2)
-    assert mod.update_config(1, 8192, 128) == mod.UpdateConfig(128, 1)
+    assert mod.update_config(1, 8192, 128) == mod.UpdateConfig(128, 1, tile=True)
     assert mod.update_config(1, 4096, 2) == mod.UpdateConfig(64, 1)
     classes = [(t, c) for t, c, _, _ in mod.PREFILL_CONFIGS]
     assert classes == sorted(classes) and len(set(classes)) == len(classes) == 15

@@ -131,7 +131,8 @@ def selected_configs(smoke: bool, labels: str | None) -> dict[str, object]:
 def kda_sweep_configs(smoke: bool) -> dict[str, object]:
     """``--kda --sweep``: :data:`~kda_inductor.lowerings.gdn_chunk.KDA` and one change at a time (the
     intra launch's products and warps first: its tf32 products spill 968 bytes for sm_90 at 8 warps,
-    bf16 ones 320; at 4 warps 1,264 with bf16)."""
+    bf16 ones 320; at 4 warps 1,264 with bf16; ``kda_intra_cols``: ``A`` / ``Aqk`` block by block over
+    key column blocks, 88 bytes at 32 columns, 8 warps)."""
     k = L.KDA
     cfgs = {"KDA": k, "KDA intra bf16": k._replace(kda_intra_dot=""),
             "KDA intra bf16 w4": k._replace(kda_intra_dot="", warps=4), "KDA intra w16": k._replace(warps=16),
@@ -140,6 +141,10 @@ def kda_sweep_configs(smoke: bool) -> dict[str, object]:
             "KDA scan bv16": k._replace(scan_block_v=16), "KDA out bv128": k._replace(out_block_v=128),
             "KDA out w8": k._replace(out_warps=8), "KDA out v first": k._replace(out_v_first=True),
             "KDA 1 stage": k._replace(num_stages=1), "KDA 3 stages": k._replace(num_stages=3),
-            "KDA fp32 inter": k._replace(lowp=False)}
-    return {"KDA": k, "KDA intra bf16": cfgs["KDA intra bf16"], "KDA fp32 inter": cfgs["KDA fp32 inter"]} \
-        if smoke else cfgs
+            "KDA fp32 inter": k._replace(lowp=False),
+            # A / Aqk block by block over 32-column key blocks (sm_90, Triton 3.9: 88 stack bytes at 8 warps)
+            "KDA cols 32": k._replace(kda_intra_cols=32), "KDA cols 16": k._replace(kda_intra_cols=16),
+            "KDA cols 64": k._replace(kda_intra_cols=64), "KDA cols 32 w4": k._replace(kda_intra_cols=32, warps=4),
+            "KDA cols 32 bf16": k._replace(kda_intra_cols=32, kda_intra_dot="")}
+    return {"KDA": k, "KDA intra bf16": cfgs["KDA intra bf16"], "KDA fp32 inter": cfgs["KDA fp32 inter"],
+            "KDA cols 32": cfgs["KDA cols 32"]} if smoke else cfgs

@@ -170,8 +170,10 @@ def test_gdn_chunk_kda_smoke(capsys):
     # bf16 outputs (the interpreter truncates: ~2x 2^-9); kda: bf16 products and intermediates
     assert all(r["kda2_err"] < 1e-2 and r["kda2_state_err"] < 1e-5 and r["eager_err"] < 1e-2 for r in rows), rows
     assert all(r["kda_err"] < 3e-2 and r["kda_state_err"] < 3e-2 and r["kda_us"] for r in rows), rows
+    # kda_cols: A / Aqk over 32-column key blocks, the same roundings as kda's
+    assert all(r["kda_cols_err"] < 3e-2 and r["kda_cols_state_err"] < 3e-2 and r["kda_cols_us"] for r in rows), rows
     sweep = bench.main(["--smoke", "--kda", "--sweep"])
-    assert [r["config"] for r in sweep] == ["KDA", "KDA intra bf16", "KDA fp32 inter"]
+    assert [r["config"] for r in sweep] == ["KDA", "KDA intra bf16", "KDA fp32 inter", "KDA cols 32"]
     assert all(r["us"] is not None and r["err"] < 3e-2 for r in sweep), sweep
 
 

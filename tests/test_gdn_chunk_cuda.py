@@ -295,10 +295,11 @@ def _kda_fla():
 
 
 KDA_CONFIGS = {"default": None, "intra bf16": mod.KDA._replace(kda_intra_dot=""),
-               "fp32 inter": mod.KDA._replace(lowp=False)}
+               "fp32 inter": mod.KDA._replace(lowp=False), "cols 32": mod.KDA._replace(kda_intra_cols=32)}
 """The op's KDA launches (:data:`~kda_inductor.lowerings.gdn_chunk.KDA`: bf16 intermediates, the
 intra launch's products tf32, the others' bf16), the same with bf16 products in the intra launch
-too, and tf32 products with float32 intermediates: held to the same bounds."""
+too, tf32 products with float32 intermediates, and ``A`` / ``Aqk`` over 32-column key blocks
+(``kda_intra_cols``): held to the same bounds."""
 
 
 @pytest.mark.parametrize("config", list(KDA_CONFIGS))

@@ -443,6 +443,20 @@ def test_kda_bf16_operands_within_their_rounding(decay, intra):
 
 
 @needs_runner
+@pytest.mark.parametrize("decay", ["weak", "moderate", "strong", "mixed"])
+@pytest.mark.parametrize("shape", ["T 130 K 32 by 16", "T 37 K 80 by 32", "T 90 K 80 V 20 by 64 varlen"])
+def test_kda_intra_by_column_blocks(shape, decay):
+    """``LaunchConfig.kda_intra_cols``: ``A`` and ``Aqk`` block by block, the key dimension in a loop of
+    16 / 32 / 64 columns (a masked last block at K = 80; two-block and three-block gaps below the
+    diagonal, each column block's decay its own; the diagonal blocks by products or by the loop
+    per column block), against the CPU op."""
+    T, K = int(shape.split()[1]), int(shape.split()[3])
+    V, cols, cu = (20, 64, [0, 5, 5, 90]) if "varlen" in shape else (16, int(shape.split()[-1]), None)
+    args = kda_inputs(1000 + T + K, T=T, Hk=1, Hv=2, K=K, V=V, N=3 if cu else None, decay=decay)
+    _kernel_vs_op(args, cu=cu, config=V2._replace(kda_intra_cols=cols))
+
+
+@needs_runner
 def test_kda_no_tokens_and_past_k_128():
     """T = 0: the initial state back; K = 192 per channel: the kernels refuse (the CUDA op runs the loop)."""
     q, k, v, g, beta, s = kda_inputs(5, T=0, dtype=torch.bfloat16)

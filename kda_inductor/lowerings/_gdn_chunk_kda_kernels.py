@@ -24,7 +24,8 @@ exp(gc_last - gc) = k exp((tot_I - G_I) + sum_{M > I} tot_M)`` likewise. The nor
 ``scale`` are applied to the products (raw keys as operands).
 
 1. :data:`intra_kernel` (chunk x head): ``A`` in registers (row block by row block: its blocks
-   below the diagonal, then the diagonal one), ``Aqk`` stored as its blocks come, ``Tinv``
+   below the diagonal, then the diagonal one; with ``AB`` block by block, each over key column
+   blocks of ``AB``, :func:`_blocks_cols`), ``Aqk`` stored as its blocks come, ``Tinv``
    (:func:`~._gdn_chunk_kernels._inverse`), then by 64 key columns ``gc`` (float32), ``kd = k rk
    exp(gc_last - gc)`` and ``w`` stored (the scan's sequential path then holds no exponential of a
    tile), and ``u``.
@@ -72,10 +73,11 @@ if triton is not None:
         return tl.cumsum(g, 0), tl.sum(g, 0)
 
     @triton.jit
-    def _diag_loop(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP: tl.constexpr):
-        """Diagonal block ``i`` of ``A`` and ``Aqk`` (raw keys, no ``beta`` / norms / scale), column by
-        column: ``exp(G[r] - G[j])`` for rows ``r >= j`` only (no exponent above zero)."""
-        r, cols = tl.arange(0, 16), tl.arange(0, KP)
+    def _diag_loop(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, c0, KP: tl.constexpr):
+        """Diagonal block ``i`` of ``A`` and ``Aqk`` (raw keys, no ``beta`` / norms / scale; the key
+        columns ``c0 .. c0 + KP``), column by column: ``exp(G[r] - G[j])`` for rows ``r >= j`` only (no
+        exponent above zero)."""
+        r, cols = tl.arange(0, 16), c0 + tl.arange(0, KP)
         a = tl.zeros((16, 16), tl.float32)
         aq = tl.zeros((16, 16), tl.float32)
         gj = tl.zeros((KP,), tl.float32)
@@ -92,7 +94,7 @@ if triton is not None:
         return a, aq
 
     @triton.jit
-    def _diag(X, Q, G, tot, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP: tl.constexpr, DOT: tl.constexpr):
+    def _diag(X, Q, G, tot, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, c0, KP: tl.constexpr, DOT: tl.constexpr):
         """Diagonal block ``i`` of ``A`` and ``Aqk`` (raw). Where the block's decay spans at most
         :data:`DIAG_SPAN` in every channel (Kimi's gates nearly always: ~-0.5 a token), as two products
         split before the block's first row, ``(X exp(G)) (k exp(-G))^T`` (the right factor at most
@@ -105,7 +107,7 @@ if triton is not None:
             a = tl.where(r[:, None] > r[None, :], _dot(X * e, Rt, DOT), 0.0)
             aq = tl.where(r[:, None] >= r[None, :], _dot(Q * e, Rt, DOT), 0.0)
         else:
-            a, aq = _diag_loop(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP)
+            a, aq = _diag_loop(X, Q, G, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, c0, KP)
         return a, aq
 
     @triton.jit
@@ -132,7 +134,7 @@ if triton is not None:
     def _on(X, Q, G, tot, rk, sq, f, kb, gb, ab, i, L, K, sk_t, sk_k, sg_t, sg_k, sa_t, KP: tl.constexpr,
             DOT: tl.constexpr):
         """Diagonal block ``i`` (:func:`_diag`): ``A``'s returned, ``Aqk``'s stored, both scaled."""
-        a, aq = _diag(X, Q, G, tot, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, KP, DOT)
+        a, aq = _diag(X, Q, G, tot, kb, gb, i, L, K, sk_t, sk_k, sg_t, sg_k, 0, KP, DOT)
         _store(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * i, 16, 16), aq * sq[:, None] * rk[None, :])
         return a * f[:, None] * rk[None, :]
 
@@ -174,6 +176,89 @@ if triton is not None:
         a32 = _off(X3, Q3, G3, z, R2, k2, s3, f3, ab, L, sa_t, 3, 2, DOT)
         a33 = _on(X3, Q3, G3, t3, k3, s3, f3, kb, gb, ab, 3, L, K, sk_t, sk_k, sg_t, sg_k, sa_t,
                   KP, DOT)
+        return a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3
+
+    @triton.jit
+    def _cols_rows(qb, kb, gb, i, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, c0, AB: tl.constexpr):
+        """Block ``i``'s raw key and query rows in the columns ``c0 .. c0 + AB``, its ``G`` and ``tot`` there."""
+        X = _load(_tile(kb, L, K, sk_t, sk_k, 16 * i, c0, 16, AB))
+        Q = _load(_tile(qb, L, K, sq_t, sq_k, 16 * i, c0, 16, AB))
+        G, tot = _gblock(gb, i, L, K, sg_t, sg_k, c0, AB)
+        return X, Q, G, tot
+
+    @triton.jit
+    def _pair_cols(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, I: tl.constexpr, J: tl.constexpr,
+                   AB: tl.constexpr, DOT: tl.constexpr):
+        """Block ``(I, J)`` (``J <= I``) of ``A`` and ``Aqk``, raw (no norms / ``beta`` / ``scale``), the
+        key dimension in a loop of ``AB`` columns (each column block's decay factors its own): the
+        diagonal by :func:`_diag`, below it ``(X_I exp(G_I + between)) R_J^T`` (:func:`_off`'s)."""
+        a = tl.zeros((16, 16), tl.float32)
+        aq = tl.zeros((16, 16), tl.float32)
+        for c0 in range(0, K, AB):
+            X, Q, G, tot = _cols_rows(qb, kb, gb, I, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, c0, AB)
+            if I == J:
+                da, dq = _diag(X, Q, G, tot, kb, gb, I, L, K, sk_t, sk_k, sg_t, sg_k, c0, AB, DOT)
+            else:
+                Xj = _load(_tile(kb, L, K, sk_t, sk_k, 16 * J, c0, 16, AB))
+                Gj, tj = _gblock(gb, J, L, K, sg_t, sg_k, c0, AB)
+                between = tl.zeros((AB,), tl.float32)
+                for m in tl.static_range(J + 1, I):
+                    between += _gblock(gb, m, L, K, sg_t, sg_k, c0, AB)[1]
+                e = tl.exp(G + between[None, :])
+                Rt = tl.trans(Xj * tl.exp(tj[None, :] - Gj))
+                da, dq = _dot(X * e, Rt, DOT), _dot(Q * e, Rt, DOT)
+            a += da
+            aq += dq
+        return a, aq
+
+    @triton.jit
+    def _norms(qb, kb, L, K, sq_t, sq_k, sk_t, sk_k, i, eps, AB: tl.constexpr, L2NORM: tl.constexpr):
+        """Block ``i``'s keys' ``1 / |k|`` and queries' ``1 / |q|`` (ones without ``L2NORM``), by ``AB`` columns."""
+        n = tl.zeros((16,), tl.float32)
+        m = tl.zeros((16,), tl.float32)
+        if L2NORM:
+            for c0 in range(0, K, AB):
+                n += _sumsq(_load(_tile(kb, L, K, sk_t, sk_k, 16 * i, c0, 16, AB)))
+                m += _sumsq(_load(_tile(qb, L, K, sq_t, sq_k, 16 * i, c0, 16, AB)))
+        return _inv_norm(n, eps, L2NORM), _inv_norm(m, eps, L2NORM)
+
+    @triton.jit
+    def _cols_block(qb, kb, gb, ab, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sa_t, f, sq, rkj,
+                    I: tl.constexpr, J: tl.constexpr, AB: tl.constexpr, DOT: tl.constexpr):
+        """Block ``(I, J)``: ``Aqk``'s scaled and stored, ``A``'s scaled and returned."""
+        a, aq = _pair_cols(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, I, J, AB, DOT)
+        _store(_tile(ab, L, 64, sa_t, 1, 16 * I, 16 * J, 16, 16), aq * sq[:, None] * rkj[None, :])
+        return a * f[:, None] * rkj[None, :]
+
+    @triton.jit
+    def _blocks_cols(qb, kb, gb, bb, ab, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t, sa_t, scale, eps,
+                     AB: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr):
+        """:func:`_blocks` block by block, each block's products over the key dimension in a loop of
+        ``AB`` columns (:func:`_pair_cols`), the norms first: one block's accumulators live at a time
+        (twenty 16 x 16 accumulators at once spill at any column width: sm_90, 4 / 8 warps)."""
+        cols = (L, K, sq_t, sq_k, sk_t, sk_k)
+        k0, s0 = _norms(qb, kb, *cols, 0, eps, AB, L2NORM)
+        k1, s1 = _norms(qb, kb, *cols, 1, eps, AB, L2NORM)
+        k2, s2 = _norms(qb, kb, *cols, 2, eps, AB, L2NORM)
+        k3, s3 = _norms(qb, kb, *cols, 3, eps, AB, L2NORM)
+        s0, s1, s2, s3 = s0 * scale, s1 * scale, s2 * scale, s3 * scale
+        r = tl.arange(0, 16)
+        f0, f1 = _vec(bb, sb_t, r, L) * k0, _vec(bb, sb_t, r + 16, L) * k1
+        f2, f3 = _vec(bb, sb_t, r + 32, L) * k2, _vec(bb, sb_t, r + 48, L) * k3
+        zr = tl.zeros((16, 64), tl.float32)
+        for i in tl.static_range(4):  # Aqk right of each diagonal block
+            _store(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * i + 16, 16, 64), zr)
+        blk = (qb, kb, gb, ab, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sa_t)
+        a00 = _cols_block(*blk, f0, s0, k0, 0, 0, AB, DOT)
+        a10 = _cols_block(*blk, f1, s1, k0, 1, 0, AB, DOT)
+        a11 = _cols_block(*blk, f1, s1, k1, 1, 1, AB, DOT)
+        a20 = _cols_block(*blk, f2, s2, k0, 2, 0, AB, DOT)
+        a21 = _cols_block(*blk, f2, s2, k1, 2, 1, AB, DOT)
+        a22 = _cols_block(*blk, f2, s2, k2, 2, 2, AB, DOT)
+        a30 = _cols_block(*blk, f3, s3, k0, 3, 0, AB, DOT)
+        a31 = _cols_block(*blk, f3, s3, k1, 3, 1, AB, DOT)
+        a32 = _cols_block(*blk, f3, s3, k2, 3, 2, AB, DOT)
+        a33 = _cols_block(*blk, f3, s3, k3, 3, 3, AB, DOT)
         return a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3
 
     @triton.jit
@@ -221,17 +306,23 @@ if triton is not None:
                      len_ptr, n_tok, n_chk, K, V, GROUP, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sv_t, sv_h,
                      sv_v, sg_t, sg_h, sg_k, sb_t, sb_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h, skd_t, skd_h, sa_t, sa_h,
                      KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
-                     DOT: tl.constexpr, REGULAR: tl.constexpr):
+                     DOT: tl.constexpr, REGULAR: tl.constexpr, AB: tl.constexpr = 0):
         """Program (chunk, head): ``gc``, ``Aqk``, ``w``, ``u``, ``kd`` stored (the module docstring;
-        ``A`` / ``Aqk`` from whole key rows, ``KP`` columns; ``gc``, ``kd``, ``w`` by ``BK`` columns)."""
+        ``A`` / ``Aqk`` from whole key rows, ``KP`` columns, or by ``AB`` columns accumulated
+        (:func:`_blocks_cols`; ``AB = 0``: whole rows); ``gc``, ``kd``, ``w`` by ``BK`` columns)."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
         qb, kb, gb = q_ptr + hk * sq_h + t0 * sq_t, k_ptr + hk * sk_h + t0 * sk_t, g_ptr + h64 * sg_h + t0 * sg_t
         bb = b_ptr + h64 * sb_h + t0 * sb_t
-        a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3 = _blocks(
-            qb, kb, gb, bb, aq_ptr + h64 * sa_h + t0 * sa_t, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t, sa_t,
-            scale, eps, KP, L2NORM, DOT)
+        if AB:
+            a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3 = _blocks_cols(
+                qb, kb, gb, bb, aq_ptr + h64 * sa_h + t0 * sa_t, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t,
+                sa_t, scale, eps, AB, L2NORM, DOT)
+        else:
+            a00, a10, a11, a20, a21, a22, a30, a31, a32, a33, k0, k1, k2, k3, f0, f1, f2, f3 = _blocks(
+                qb, kb, gb, bb, aq_ptr + h64 * sa_h + t0 * sa_t, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t,
+                sa_t, scale, eps, KP, L2NORM, DOT)
         T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
                                                                     "subst")
         _w_kd(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, kb, gb, gc_ptr + h64 * sc_h + t0 * sc_t,
@@ -316,17 +407,18 @@ if triton is not None:
 def aot_variants():
     """The KDA launches for sm_90 at Kimi Linear's dims (K = V = 128, bf16 q / k / v / beta, float32
     g, l2norm, a state) as ``gdn_chunk.KDA`` runs them (bf16 intermediates, ``intra``'s products tf32,
-    the others' bf16), ``intra`` with bf16 products (``kda_intra_dot=""``), and the float32
-    intermediates of ``lowp=False`` (tf32 products)."""
+    the others' bf16), ``intra`` with bf16 products (``kda_intra_dot=""``), the float32
+    intermediates of ``lowp=False`` (tf32 products), and ``intra`` over 32-column key blocks
+    (``kda_intra_cols=32``)."""
     from kda_inductor.lowerings import AotVariant
 
     maps = {"seq_ptr": "*i32", "start_ptr": "*i64", "len_ptr": "*i32", "cu_ptr": "*i64", "cuc_ptr": "*i64"}
     bf16 = {**maps, **dict.fromkeys(("q_ptr", "k_ptr", "v_ptr", "b_ptr", "o_ptr"), "*bf16")}
     low = {**bf16, **dict.fromkeys(("w_ptr", "u_ptr", "kd_ptr", "aq_ptr", "h_ptr", "vn_ptr"), "*bf16")}
     opts4, opts8 = {"num_warps": 4, "num_stages": 2}, {"num_warps": 8, "num_stages": 2}
-    for io, dot in ((low, "tf32"), (low, "bf16"), (bf16, "tf32")):
+    for io, dot, ab in ((low, "tf32", 0), (low, "bf16", 0), (bf16, "tf32", 0), (low, "tf32", 32)):
         yield AotVariant(intra_kernel, _aot_signature(intra_kernel, io),
-                         dict(KP=128, BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=True), opts8)
+                         dict(KP=128, BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=True, AB=ab), opts8)
     for io, dot in ((low, "bf16"), (bf16, "tf32")):
         yield AotVariant(scan_kernel, _aot_signature(scan_kernel, io),
                          dict(KB=64, TWO=True, BV=32, HAS_STATE=True, DOT=dot, REGULAR=False), opts4)

@@ -273,6 +273,9 @@ class LaunchConfig(NamedTuple):
     """A decay per key channel (:data:`KDA`): the ``intra`` launch's products (``A``, ``Aqk``, ``w``,
     ``u``) in this precision (``"tf32"``: float32 operands on tf32 tensor cores) instead of the
     launch's (``"bf16"`` with ``lowp``); ``""``: the launch's; ``dot="ieee"`` keeps float32."""
+    kda_intra_cols: int = 0
+    """KDA: ``intra``'s ``A`` / ``Aqk`` block by block over this many key columns (0: whole key rows, which
+    spill at K = 128; sm_90 at 32 columns, 8 warps: 88 stack bytes against 960). Not yet timed on a GPU."""
 
 
 FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,
@@ -591,7 +594,8 @@ def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
             q3, k3, v3, g3, b2, gc, w, u, kd, aq, *maps, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
             *v3.stride(), *g3.stride(), *b2.stride(), *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2],
             *kd.stride()[:2], *aq.stride()[:2], KP=KP, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=idot, REGULAR=regular,
-            num_warps=cfg.warps, num_stages=cfg.num_stages)
+            AB=min(KP, max(16, cfg.kda_intra_cols)) if cfg.kda_intra_cols else 0, num_warps=cfg.warps,
+            num_stages=cfg.num_stages)
     kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
         w, u, kd, gc, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, *w.stride()[:2],
         *u.stride()[:2], *kd.stride()[:2], *gc.stride()[:2], *(s.stride() if s is not None else (0, 0, 0, 0)),

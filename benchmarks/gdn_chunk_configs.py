@@ -145,6 +145,9 @@ def kda_sweep_configs(smoke: bool) -> dict[str, object]:
             # A / Aqk block by block over 32-column key blocks (sm_90, Triton 3.9: 88 stack bytes at 8 warps)
             "KDA cols 32": k._replace(kda_intra_cols=32), "KDA cols 16": k._replace(kda_intra_cols=16),
             "KDA cols 64": k._replace(kda_intra_cols=64), "KDA cols 32 w4": k._replace(kda_intra_cols=32, warps=4),
-            "KDA cols 32 bf16": k._replace(kda_intra_cols=32, kda_intra_dot="")}
+            "KDA cols 32 bf16": k._replace(kda_intra_cols=32, kda_intra_dot=""),
+            # the inverse's diagonal blocks by doubling (the GDN default's) instead of the substitution
+            "KDA cols 32 inv doubling": k._replace(kda_intra_cols=32, wu_inverse="doubling"),
+            "KDA cols 32 inv doubling_tf32": k._replace(kda_intra_cols=32, wu_inverse="doubling_tf32")}
     return {"KDA": k, "KDA intra bf16": cfgs["KDA intra bf16"], "KDA fp32 inter": cfgs["KDA fp32 inter"],
             "KDA cols 32": cfgs["KDA cols 32"]} if smoke else cfgs

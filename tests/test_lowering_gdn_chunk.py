@@ -457,6 +457,20 @@ def test_kda_intra_by_column_blocks(shape, decay):
 
 
 @needs_runner
+@pytest.mark.parametrize("inverse", ["doubling", "ieee"])
+@pytest.mark.parametrize("decay", ["weak", "mixed"])
+def test_kda_intra_inverse_choices(decay, inverse):
+    """The KDA ``intra`` launch takes ``wu_inverse`` as ``wu2`` does (its diagonal blocks by doubling or a
+    product of factors instead of the substitution; float32 products here), with and without
+    ``kda_intra_cols``: the op's function to float32 rounding."""
+    args = kda_inputs(1100 + len(decay), T=130, Hk=1, Hv=2, K=32, V=16, decay=decay)
+    for cols in (0, 16):
+        _kernel_vs_op(args, config=V2._replace(kda_intra_cols=cols, wu_inverse=inverse))
+    with pytest.raises(ValueError, match="expected an inverse"):
+        _kernel_vs_op(args, config=V2._replace(wu_inverse="nope"))
+
+
+@needs_runner
 def test_kda_no_tokens_and_past_k_128():
     """T = 0: the initial state back; K = 192 per channel: the kernels refuse (the CUDA op runs the loop)."""
     q, k, v, g, beta, s = kda_inputs(5, T=0, dtype=torch.bfloat16)

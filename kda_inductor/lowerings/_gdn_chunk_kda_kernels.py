@@ -306,10 +306,12 @@ if triton is not None:
                      len_ptr, n_tok, n_chk, K, V, GROUP, scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sv_t, sv_h,
                      sv_v, sg_t, sg_h, sg_k, sb_t, sb_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h, skd_t, skd_h, sa_t, sa_h,
                      KP: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, L2NORM: tl.constexpr,
-                     DOT: tl.constexpr, REGULAR: tl.constexpr, AB: tl.constexpr = 0):
+                     DOT: tl.constexpr, REGULAR: tl.constexpr, AB: tl.constexpr = 0,
+                     INV: tl.constexpr = "subst"):
         """Program (chunk, head): ``gc``, ``Aqk``, ``w``, ``u``, ``kd`` stored (the module docstring;
         ``A`` / ``Aqk`` from whole key rows, ``KP`` columns, or by ``AB`` columns accumulated
-        (:func:`_blocks_cols`; ``AB = 0``: whole rows); ``gc``, ``kd``, ``w`` by ``BK`` columns)."""
+        (:func:`_blocks_cols`; ``AB = 0``: whole rows); ``gc``, ``kd``, ``w`` by ``BK`` columns; ``INV``:
+        the inverse's diagonal blocks, :func:`~._gdn_chunk_inverse.inverse16`'s choices)."""
         c, h = tl.program_id(0), tl.program_id(1)
         _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
         h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
@@ -324,7 +326,7 @@ if triton is not None:
                 qb, kb, gb, bb, aq_ptr + h64 * sa_h + t0 * sa_t, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, sb_t,
                 sa_t, scale, eps, KP, L2NORM, DOT)
         T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(a00, a10, a11, a20, a21, a22, a30, a31, a32, a33,
-                                                                    "subst")
+                                                                    INV)
         _w_kd(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, kb, gb, gc_ptr + h64 * sc_h + t0 * sc_t,
               kd_ptr + h64 * skd_h + t0 * skd_t, w_ptr + h64 * sw_h + t0 * sw_t, f0, f1, f2, f3, k0, k1, k2, k3,
               L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, BK, DOT)

@@ -236,7 +236,7 @@ class LaunchConfig(NamedTuple):
     with slow decay, far past ``lowp``'s bfloat16 rounding: :attr:`wu_inverse`), ``"subst"`` (v2's
     row-by-row substitution, float32 merges), ``"doubling"`` / ``"doubling_tf32"`` (:attr:`wu_inverse`)."""
     wu_inverse: str = "subst"
-    """With ``v2`` (not ``v3``): ``wu2``'s inverse, :attr:`solve_inverse`'s choices; ``"subst"`` (v2's,
+    """With ``v2`` (not ``v3``) and for KDA's ``intra``: the inverse, :attr:`solve_inverse`'s choices; ``"subst"`` (v2's,
     :data:`FAST`'s). ``"ieee"`` / ``"tf32"`` take the two cross-row reductions a row out of the diagonal
     blocks (sm_90, Triton 3.9, :data:`FAST`'s ``wu2`` at 4 warps: 465 CTA barriers -> 114 / 99, 80 bytes
     of stack -> 24 / 0). The product of factors cancels: ``A^8``'s entries reach ~1e3 where the
@@ -594,8 +594,8 @@ def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
             q3, k3, v3, g3, b2, gc, w, u, kd, aq, *maps, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
             *v3.stride(), *g3.stride(), *b2.stride(), *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2],
             *kd.stride()[:2], *aq.stride()[:2], KP=KP, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=idot, REGULAR=regular,
-            AB=min(KP, max(16, cfg.kda_intra_cols)) if cfg.kda_intra_cols else 0, num_warps=cfg.warps,
-            num_stages=cfg.num_stages)
+            AB=min(KP, max(16, cfg.kda_intra_cols)) if cfg.kda_intra_cols else 0, INV=_inverse(cfg.wu_inverse, idot),
+            num_warps=cfg.warps, num_stages=cfg.num_stages)
     kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
         w, u, kd, gc, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, *w.stride()[:2],
         *u.stride()[:2], *kd.stride()[:2], *gc.stride()[:2], *(s.stride() if s is not None else (0, 0, 0, 0)),

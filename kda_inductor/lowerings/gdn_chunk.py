@@ -236,7 +236,7 @@ class LaunchConfig(NamedTuple):
     with slow decay, far past ``lowp``'s bfloat16 rounding: :attr:`wu_inverse`), ``"subst"`` (v2's
     row-by-row substitution, float32 merges), ``"doubling"`` / ``"doubling_tf32"`` (:attr:`wu_inverse`)."""
     wu_inverse: str = "subst"
-    """With ``v2`` (not ``v3``) and for KDA's ``intra``: the inverse, :attr:`solve_inverse`'s choices; ``"subst"`` (v2's,
+    """With ``v2`` (not ``v3``), and KDA's ``intra``: the inverse, :attr:`solve_inverse`'s choices; ``"subst"`` (v2's,
     :data:`FAST`'s). ``"ieee"`` / ``"tf32"`` take the two cross-row reductions a row out of the diagonal
     blocks (sm_90, Triton 3.9, :data:`FAST`'s ``wu2`` at 4 warps: 465 CTA barriers -> 114 / 99, 80 bytes
     of stack -> 24 / 0). The product of factors cancels: ``A^8``'s entries reach ~1e3 where the
@@ -583,12 +583,11 @@ def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
     if lowp:  # the interpreter's bf16 tl.dot is wrong: the same roundings, float32 products
         dot = "bf16emu" if dev.type == "cpu" else "bf16"
     idot = dot if dot == "ieee" or not cfg.kda_intra_dot else cfg.kda_intra_dot
-    gc = torch.empty((Ttot, Hv, K), device=dev, dtype=torch.float32)
-    w, kd, u, vn, aq = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, K, V, V, CHUNK))
+    gc, maps = torch.empty((Ttot, Hv, K), device=dev, dtype=torch.float32), (seq, start, length, TS, NT)
     hs = torch.empty((M, Hv, K, V), device=dev, dtype=inter)
+    w, kd, u, vn, aq = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, K, V, V, CHUNK))
     KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     BV, OBV, group = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp), Hv // Hk
-    maps = (seq, start, length, TS, NT)
     if M:
         kern.intra_kernel[(M, Hv)](
             q3, k3, v3, g3, b2, gc, w, u, kd, aq, *maps, K, V, group, scale, eps, *q3.stride(), *k3.stride(),

@@ -472,6 +472,48 @@ def test_hf_table_recipe_gives_stock_cold_compiles_on_fresh_caches(tmp_path, mon
     assert stock["compiles"] == "3" and stock["spread"] is not None
 
 
+def test_hf_compile_limit_records_a_compile_too_slow_to_wait_for(tmp_path, monkeypatch):
+    """``--compile-limit``: each compile's process gets at most that long; one killed at it is a
+    failed row naming the limit (not the budget), the plan counts that variant at the limit, and
+    the bar takes the case as measured where stock+fix compiled (a stock no user would wait for)."""
+    from benchmarks import _hf_record, hf_models
+    from kda_inductor import _dynamo_fixes
+
+    calls, real = [], _fake_compile([])
+
+    def fake(settings, spec, env, timeout):
+        calls.append((spec["variant"], timeout))
+        if spec["variant"] == "stock":
+            return {"error": f"killed after {timeout:.0f} s (the run's budget + grace)"}
+        record = real(settings, spec, env, timeout)
+        return {**record, "us": 50.0} if spec["variant"] == "kda" else record
+
+    monkeypatch.setattr(hf_models, "compile_once", fake)
+    monkeypatch.setattr(_dynamo_fixes, "torch_folds_is_exporting", lambda: True)  # stock+fix runs
+    records = hf_models.main(["--smoke", "--family", "qwen3_next", "--case", "prefill", "--recipe", "table",
+                              "--variant", "stock,stock+fix,kda", "--compile-limit", "7", "--budget", "900",
+                              "--results-dir", str(tmp_path), "--cache-root", str(tmp_path / "c")])
+    assert all(t == 7 for _, t in calls) and [v for v, _ in calls].count("stock") == 3
+    stock = [r for r in records if r["variant"] == "stock"]
+    assert all(r["compile_limit_s"] == 7 and "--compile-limit 7 s" in r["error"] for r in stock)
+    row = next(r for r in hf_models.summarize(records) if r["variant"] == "stock")
+    assert row["us"] is None and row["compiles"] == "0 (+3 failed)" and "--compile-limit" in row["error"]
+    (section,) = _hf_record.load_sections(tmp_path / "hf_models.json")
+    problems = hf_models.check_section(section)
+    assert problems == ["0 families with decode and prefill measured (none); the table needs 4 "
+                        "(measured at all: qwen3_next)"], problems  # the prefill case counted, kda not above
+    fam = [hf_models.BY_NAME["qwen3_next"]]
+    rows, _ = hf_models.plan([section], fam, ["prefill"], 3, 480.0, recipe="table", jobs=1,
+                             variants=["stock", "stock+fix"])
+    per = rows[0]["per_variant_s"]  # stock+fix at its recorded 1 s a compile, stock at the limit
+    assert per["stock"] - per["stock+fix"] == pytest.approx(3 * (7 - 1.0))
+    # without the limit a killed compile is the budget's, and says so
+    calls.clear()
+    records = hf_models.main(["--smoke", "--family", "qwen3_next", "--case", "prefill", "--variant", "stock",
+                              "--compiles", "1", "--no-record", "--cache-root", str(tmp_path / "d")])
+    assert "budget" in records[0]["error"] and "compile_limit_s" not in records[0]
+
+
 def test_hf_no_fla_variants_run_as_their_base_with_fla_hidden(tmp_path, monkeypatch):
     """``kda@no-fla``: compiled as kda is (cold, then warm on its own cache), ranked after it, its
     ratio to kda reported; ``hide_fla`` leaves an installed fla unimportable in that process."""

@@ -837,6 +837,9 @@ def run_compiles(settings: RunSettings, cases: list[tuple[str, str]], requested:
             if job.variant != "kda" or job.round != 0 or (job.family, job.case) in fired or not record.get("pass_runs"):
                 return []
             names = [k for k, v in (record.get("matches") or {}).items() if v]
+            if settings.recipe == "table":  # the table's one: the rewrite that matters most there
+                names = [n for n in names if n == TABLE_KEY_REWRITE["prefill" if job.case.startswith("prefill")
+                                                                    else "decode"]]
             fired[(job.family, job.case)] = names
             extra = [v for v in variants_for(requested, dict.fromkeys(names, 1))
                      if v.startswith("kda-no-") and v not in planned[(job.family, job.case)]]
@@ -1118,17 +1121,23 @@ def _recorded(sections: list[dict]) -> dict[tuple, dict[str, Any]]:
     return out
 
 
-def plan_variants(family: Family, case: str, fired: list[str] | None) -> list[str]:
+TABLE_KEY_REWRITE = {"decode": "gdn_recurrent_step", "prefill": "causal_conv1d"}
+"""The rewrite that matters most in each kind of case: the table's one kda-no-<rewrite> (recipe
+``table``; ``rounds`` plans one per rewrite that fired)."""
+
+
+def plan_variants(family: Family, case: str, fired: list[str] | None, recipe: str = "rounds") -> list[str]:
     """The variants proposed for a (family, case): eager, stock, stock+fix for prefill only (the
     fix changes what transformers dispatches for the chunked prefill core; decode keeps the
     reference core either way), kda, and kda-no-<rewrite> by name for the rewrites that fired in
     a recorded kda compile, else for every registered rewrite of ``_assumed_fires()`` (by
-    name, so that a case can be split across calls; one that does not fire runs as kda)."""
+    name, so that a case can be split across calls; one that does not fire runs as kda); under
+    ``recipe`` table only ``TABLE_KEY_REWRITE``'s of those."""
     from kda_inductor.patterns import REWRITE_NAMES
 
     kind = "prefill" if case.startswith("prefill") else "decode"
     names = fired if fired is not None else _assumed_fires().get((family.kind, kind), ())
-    names = [n for n in names if n in REWRITE_NAMES]
+    names = [n for n in names if n in REWRITE_NAMES and (recipe != "table" or n == TABLE_KEY_REWRITE[kind])]
     return ["eager", "stock"] + ([STOCK_FIX] if case.startswith("prefill") else []) + ["kda"] + [f"kda-no-{n}" for n in names]
 
 
@@ -1154,7 +1163,7 @@ def plan(sections: list[dict], families: list[Family], cases: list[str], compile
             kda = rec.get("kda", stock)
             gpu = rec.get("gpu_s", PLAN_GPU_S)
             per = {}
-            names = plan_variants(fam, case, rec.get("fired"))
+            names = plan_variants(fam, case, rec.get("fired"), recipe)
             for v in [n for n in names if variants is None or n in variants] or names:
                 states = _hf_sched.round_states(recipe, compiles, v, "fresh")
                 cold = 0.0 if v == "eager" else (kda if v.startswith("kda") else stock)
@@ -1277,7 +1286,7 @@ def _args(argv):
                                                 "warm; table: stock's cold compiles)")
     add("--recipe", choices=_hf_sched.RECIPES, default="rounds",
         help="rounds: every variant --compiles times; table: stock --compiles cold compiles, kda cold + warm, "
-             "kda-no-<rewrite> cold, eager once (benchmarks/_hf_sched.py)")
+             "kda-no-<the case's key rewrite> cold (TABLE_KEY_REWRITE), eager once (benchmarks/_hf_sched.py)")
     add("--jobs", type=int, default=1, help="compile processes at once (their GPU work one at a time, under a lock)")
     add("--caches", choices=CACHE_MODES, default="fresh", help="see RunSettings")
     add("--in-process", action="store_true", help="compile in this process (dynamo reset between compiles)")

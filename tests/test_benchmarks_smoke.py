@@ -452,15 +452,16 @@ def test_hf_plan_covers_every_case_within_a_call():
 def test_hf_table_recipe_gives_stock_cold_compiles_on_fresh_caches(tmp_path, monkeypatch):
     """``--recipe table``: stock ``--compiles`` times, each on an empty cache of its own (a warm
     compile would repeat the cold one's autotune choice); kda once cold and once warm (reading
-    its cold compile's cache); the kda-no-<rewrite> that fired once, cold; eager once."""
+    its cold compile's cache); the kda-no-<rewrite> of ``TABLE_KEY_REWRITE`` where it fired, once,
+    cold; eager once."""
     from benchmarks import hf_models
 
     calls = []
     monkeypatch.setattr(hf_models, "compile_once", _fake_compile(calls))
     records = hf_models.main(["--smoke", "--family", "qwen3_next", "--case", "decode32", "--recipe", "table",
                               "--results-dir", str(tmp_path), "--cache-root", str(tmp_path / "c")])
-    assert [(v, r, seen) for v, r, seen, _ in calls] == [
-        ("eager", 0, False), ("stock", 0, False), ("kda", 0, False), ("kda-no-causal_conv1d", 0, False),
+    assert [(v, r, seen) for v, r, seen, _ in calls] == [  # causal_conv1d fired: not decode's key rewrite
+        ("eager", 0, False), ("stock", 0, False), ("kda", 0, False),
         ("stock", 1, False), ("kda", 1, True), ("stock", 2, False)]
     stock_dirs = [folder for v, _, _, folder in calls if v == "stock"]
     assert len(set(stock_dirs)) == 3
@@ -581,7 +582,8 @@ def test_hf_parallel_compiles_keep_warm_after_cold_and_record_everything(tmp_pat
 
     keys = [(r["case"], r["variant"], r["round"]) for r in records]
     fix = 3 if _dynamo_fixes.torch_folds_is_exporting() else 0  # stock+fix x3 a case where this torch folds
-    assert len(keys) == len(set(keys)) == 2 * (7 + fix)
+    # kda-no-causal_conv1d in prefill only (the table's key rewrite; decode's is gdn_recurrent_step)
+    assert len(keys) == len(set(keys)) == 6 + 7 + 2 * fix
     assert max(overlap) > 1
     assert {s["gpu_lock"] for s in specs} == {str(tmp_path / "c" / "gpu.lock")}
 
@@ -932,6 +934,20 @@ def test_hf_prefill1024_is_a_prefill_case_outside_the_table():
     family = hf_models.BY_NAME["qwen3_next"]
     assert hf_models.plan_variants(family, "prefill1024", None) == hf_models.plan_variants(family, "prefill", None)
     assert hf_models.STOCK_FIX in hf_models.plan_variants(family, "prefill1024", None)
+
+
+def test_hf_table_recipe_plans_only_the_rewrite_that_matters_most():
+    """``--recipe table``: one kda-no-<rewrite> a case, ``gdn_recurrent_step`` in decode and
+    ``causal_conv1d`` in prefill (what the table reports); ``rounds`` one per rewrite that fired."""
+    from benchmarks import hf_models
+
+    family = hf_models.BY_NAME["qwen3_next"]
+    fired = ["causal_conv1d", "gdn_recurrent_step", "gated_norm_merge"]
+    assert hf_models.plan_variants(family, "decode32", fired, "table") == ["eager", "stock", "kda",
+                                                                          "kda-no-gdn_recurrent_step"]
+    assert hf_models.plan_variants(family, "prefill", None, "table")[-1] == "kda-no-causal_conv1d"
+    assert len(hf_models.plan_variants(family, "decode32", fired)) == 6
+    assert hf_models.plan_variants(family, "decode32", ["gated_norm_merge"], "table") == ["eager", "stock", "kda"]
 
 
 def test_hf_kda_no_variant_takes_a_trace_rule():

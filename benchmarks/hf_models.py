@@ -1143,7 +1143,8 @@ def plan_variants(family: Family, case: str, fired: list[str] | None, recipe: st
 
 def plan(sections: list[dict], families: list[Family], cases: list[str], compiles: int, call_s: float,
          lanes: int = 1, recipe: str = "rounds", jobs: int = 1,
-         variants: list[str] | None = None) -> tuple[list[dict], list[list[list[str]]]]:
+         variants: list[str] | None = None,
+         done: dict[tuple[str, str], set[str]] | None = None) -> tuple[list[dict], list[list[list[str]]]]:
     """Estimated seconds per (family, case) under ``recipe`` (``compiles``), from the recorded
     cold compile times and GPU-lock times (``PLAN_*`` assumptions where none), and a split into
     device calls of ``lanes`` GPUs, each lane at most ``call_s`` seconds (a case longer than that
@@ -1153,7 +1154,8 @@ def plan(sections: list[dict], families: list[Family], cases: list[str], compile
     calls: each a list of lanes, each a list of argument strings run one after the other).
     ``variants`` narrows each case's (``--variant``). A family's first compile in a call holds the
     GPU longer (the largest recorded lock time over the median, added to each case's first
-    variant: a case may open a call)."""
+    variant: a case may open a call). ``done``: the variants a (family, case) needs no more
+    (:func:`measured_at`); a case with nothing left is not planned."""
     recorded = _recorded(sections)
     rows, out_jobs = [], []
     for fam in families:
@@ -1164,7 +1166,11 @@ def plan(sections: list[dict], families: list[Family], cases: list[str], compile
             gpu = rec.get("gpu_s", PLAN_GPU_S)
             per = {}
             names = plan_variants(fam, case, rec.get("fired"), recipe)
-            for v in [n for n in names if variants is None or n in variants] or names:
+            names = [n for n in names if variants is None or n in variants] or names
+            names = [n for n in names if n not in (done or {}).get((fam.name, case), ())]
+            if not names:
+                continue
+            for v in names:
                 states = _hf_sched.round_states(recipe, compiles, v, "fresh")
                 cold = 0.0 if v == "eager" else (kda if v.startswith("kda") else stock)
                 cold = rec.get("limited", {}).get(v, cold)
@@ -1178,6 +1184,25 @@ def plan(sections: list[dict], families: list[Family], cases: list[str], compile
                          "per_variant_s": per})
             out_jobs += _jobs(fam.name, case, per, call_s)
     return rows, _pack(out_jobs, call_s, lanes)
+
+
+def measured_at(sections: list[dict], commit: str, recipe: str, compiles: int) -> dict[tuple[str, str], set[str]]:
+    """The variants of each (family, case) that the section of ``commit`` (a prefix) holds every
+    compile of under ``recipe`` (a row with a time, or one killed at ``--compile-limit``): what a
+    table frozen at that commit needs no more."""
+    found = [s for s in sections if s.get("commit", "").startswith(commit) and s.get("records")]
+    if not found:
+        raise SystemExit(f"--at {commit}: no section of that commit in hf_models.json")
+    count: dict[tuple[str, str, str], int] = {}
+    for r in (r for s in found for r in s["records"]):
+        if r.get("us") is not None or r.get("compile_limit_s"):
+            key = (r["family"], r["case"], r["variant"])
+            count[key] = count.get(key, 0) + 1
+    done: dict[tuple[str, str], set[str]] = {}
+    for (family, case, variant), n in count.items():
+        if n >= len(_hf_sched.round_states(recipe, compiles, variant, "fresh")):
+            done.setdefault((family, case), set()).add(variant)
+    return done
 
 
 def _jobs(family: str, case: str, per: dict[str, float], call_s: float) -> list[tuple[float, str]]:
@@ -1307,6 +1332,8 @@ def _args(argv):
     add("--merge", nargs="+", default=None, metavar="JSON", help="merge hf_models.json copies of several calls")
     add("--plan", action="store_true", help="estimate each (family, case) and propose device calls")
     add("--check", action="store_true", help="the newest GPU section against the table's bar (exit 1 if short)")
+    add("--at", default=None, metavar="COMMIT", help="--plan: only what the section of COMMIT (a table frozen "
+                                                     "there, .ci/table) does not hold yet")
     add("--call-seconds", type=float, default=480.0, help="--plan: seconds of work per device call and lane")
     add("--lanes", type=int, default=1, help="--plan: GPUs per device call (one lane each)")
     add("--worker", default=None, help=argparse.SUPPRESS)
@@ -1355,9 +1382,10 @@ def main(argv=None) -> list[dict]:
             raise SystemExit(1)
         return []
     if args.plan:
-        print_plan(*plan(_hf_record.load_sections(results / "hf_models.json"), _families(args), cases,
-                         args.compiles, args.call_seconds, args.lanes, args.recipe, args.jobs,
-                         args.variant.split(",") if args.variant else None), jobs=args.jobs)
+        sections = _hf_record.load_sections(results / "hf_models.json")
+        done = measured_at(sections, args.at, args.recipe, args.compiles) if args.at else None
+        print_plan(*plan(sections, _families(args), cases, args.compiles, args.call_seconds, args.lanes, args.recipe,
+                         args.jobs, args.variant.split(",") if args.variant else None, done), jobs=args.jobs)
         return []
     return _run(args, cases, results)
 

@@ -24,7 +24,7 @@ from kda_inductor import logs
 from kda_inductor.diff import snapshot
 from kda_inductor.options import KdaOptions
 from kda_inductor.patterns import REWRITES, STAGES
-from kda_inductor.patterns.base import Analyses, Match, Rewrite, Stage, remap, transaction
+from kda_inductor.patterns.base import Analyses, Match, ReplacementRefused, Rewrite, Stage, remap, transaction
 from kda_inductor.record import PassRecord
 
 log = logs.log  # logging.getLogger("kda_inductor"): TORCH_LOGS=kda_inductor / +kda_inductor
@@ -137,14 +137,19 @@ class KdaPostGradPass(CustomGraphPass):
 
     def _replace(self, graph: fx.Graph, rewrite: Rewrite, match: Match, moved: dict[fx.Node, fx.Node]) -> bool:
         """Replace ``match`` in a transaction, unless its speed rule leaves it to Inductor (a
-        ``Stage.SPEED_RULE`` miss, and False); what the replacement stands for goes into ``moved``."""
+        ``Stage.SPEED_RULE`` miss, and False) or it refuses where it would go (a miss at its stage);
+        what the replacement stands for goes into ``moved``."""
         why = None if self.options.force else rewrite.speed_rule(match)
         if why:
             rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}{FORCE_HINT}")
             self.left_to_inductor.add(rewrite.name)
             return False
-        with transaction(graph):
-            moved.update(rewrite.replace(graph, match) or {})
+        try:
+            with transaction(graph):
+                moved.update(rewrite.replace(graph, match) or {})
+        except ReplacementRefused as refused:  # undone by the transaction: a miss, not a failure
+            rewrite.miss(match.anchor, refused.stage, str(refused))
+            return False
         return True
 
     def _failed(self, name: str, exc: Exception, record: PassRecord) -> None:

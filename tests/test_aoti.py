@@ -156,6 +156,38 @@ def test_aoti_gdn_layers_dynamic_tokens_keep_split_and_merge(tmp_path, cls, cfg)
             assert_close_in_range(loaded(*step), layer(*step))
 
 
+class _GatedNorm(torch.nn.Module):
+    """A gated RMSNorm alone: ``gated_norm_merge``'s norm-only form (no sources to merge, an
+    empty ``indices`` list in the op's call)."""
+
+    def forward(self, x, z, w):
+        xf = x.float()
+        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+        return (y * torch.nn.functional.silu(z.float())).to(x.dtype)
+
+
+@needs_aoti
+def test_aoti_leaves_an_op_call_with_an_empty_tensor_list_to_inductor(tmp_path):
+    """AOTInductor's proxy executor gives a custom op None for an empty ``Tensor[]`` argument (the
+    package's call fails): in a package the norm alone (``indices=[]``) is a miss saying so at the
+    user's line, not a failure (``strict``), and the package equals eager; a compile keeps the op."""
+    from kda_inductor.testing import compile_for_test, op_counts
+
+    x, z = torch.randn(8, 128, dtype=torch.bfloat16), torch.randn(8, 128, dtype=torch.bfloat16)
+    w = torch.randn(128)
+    with torch.no_grad():
+        loaded, records = _aoti(torch.export.export(_GatedNorm(), (x, z, w)), tmp_path)
+        assert [r.matches for r in records] == [_counts()]
+        (miss,) = records[0].misses["gated_norm_merge"]
+        assert "AOTInductor cannot pass kda::gated_norm_merge's empty Tensor[] 'indices'" in str(miss)
+        assert "test_aoti.py" in str(miss)  # at the user's line
+        x2, z2 = torch.randn_like(x), torch.randn_like(z)
+        assert torch.equal(loaded(x2, z2, w), _GatedNorm()(x2, z2, w))
+        compiled = compile_for_test(_GatedNorm())
+        compiled(x, z, w)
+    assert op_counts(compiled).after[torch.ops.kda.gated_norm_merge.default] == 1
+
+
 # --------------------------------------------------------------------------- export, dynamic
 
 

@@ -950,6 +950,33 @@ def test_hf_table_recipe_plans_only_the_rewrite_that_matters_most():
     assert hf_models.plan_variants(family, "decode32", ["gated_norm_merge"], "table") == ["eager", "stock", "kda"]
 
 
+def test_hf_plan_at_a_frozen_commit_plans_only_what_its_section_lacks():
+    """``--plan --at COMMIT``: a variant with every compile of the recipe in that commit's section
+    (a time, or killed at ``--compile-limit``) is not planned again; a case with nothing left is
+    dropped; a commit with no section is an error."""
+    from benchmarks import hf_models
+
+    def rec(case, variant, n, **extra):
+        return [{"family": "olmo_hybrid", "case": case, "variant": variant, "us": 1.0, **extra}] * n
+
+    records = (rec("decode32", "eager", 1) + rec("decode32", "stock", 3) + rec("decode32", "kda", 1)
+               + rec("decode128", "eager", 1) + rec("decode128", "stock", 3) + rec("decode128", "kda", 2)
+               + rec("decode128", "kda-no-gdn_recurrent_step", 1)
+               + rec("prefill", "stock", 3, us=None, compile_limit_s=400.0) + rec("prefill", "stock+fix", 2))
+    sections = [{"commit": "abc123" + "0" * 34, "records": records}, {"commit": "f" * 40, "records": rec("prefill", "kda", 2)}]
+    done = hf_models.measured_at(sections, "abc123", "table", 3)
+    assert done == {("olmo_hybrid", "decode32"): {"eager", "stock"},
+                    ("olmo_hybrid", "decode128"): {"eager", "stock", "kda", "kda-no-gdn_recurrent_step"},
+                    ("olmo_hybrid", "prefill"): {"stock"}}
+    rows, _ = hf_models.plan(sections, [hf_models.BY_NAME["olmo_hybrid"]], ["decode32", "decode128", "prefill"], 3,
+                             480.0, recipe="table", jobs=6, done=done)
+    planned = {r["case"]: list(r["per_variant_s"]) for r in rows}
+    assert planned == {"decode32": ["kda", "kda-no-gdn_recurrent_step"],
+                       "prefill": ["eager", "stock+fix", "kda", "kda-no-causal_conv1d"]}
+    with pytest.raises(SystemExit, match="no section"):
+        hf_models.measured_at(sections, "0123", "table", 3)
+
+
 def test_hf_kda_no_variant_takes_a_trace_rule():
     """``kda-no-gdn_chunk``: kda with the prefill trace rule disabled (an A / B of a rule on by
     default), through the same ``disable`` option as a rewrite's; an unknown name is an error

@@ -198,6 +198,39 @@ def transaction(graph: fx.Graph) -> Iterator[None]:
         raise
 
 
+class ReplacementRefused(Exception):
+    """Raised inside a rewrite's ``replace`` where the replacement cannot run where it would go:
+    the pass undoes it (:func:`transaction`) and records a miss at ``stage`` with the message, no
+    failure and no warning."""
+
+    def __init__(self, reason: str, stage: Stage = Stage.VALIDATED) -> None:
+        super().__init__(reason)
+        self.stage = stage
+
+
+def aot_refusal(gm: fx.GraphModule) -> str | None:
+    """Why ``gm`` (a traced replacement) cannot go into an AOTInductor package, else None: a call
+    of one of our ops with an empty ``Tensor[]`` argument (AOTInductor's proxy executor, which runs
+    custom ops in a package, leaves an empty serialized list as None: the call fails with "Expected
+    a value of type 'List[Tensor]'", torch 2.13; its fix for int lists, pytorch#194324, left tensor
+    lists out). Only under AOT compilation (``V.aot_compilation``); a compile keeps the op."""
+    from torch._inductor.virtualized import V
+
+    if not getattr(V, "aot_compilation", False):
+        return None
+    for node in gm.graph.nodes:
+        schema = getattr(node.target, "_schema", None) if node.op == "call_function" else None
+        if schema is None or not schema.name.startswith("kda::"):
+            continue
+        given = dict(zip((a.name for a in schema.arguments), node.args)) | dict(node.kwargs)
+        for arg in schema.arguments:
+            value = given.get(arg.name)
+            if isinstance(value, (list, tuple)) and not value and str(arg.type) == "List[Tensor]":
+                return (f"AOTInductor cannot pass {schema.name}'s empty Tensor[] {arg.name!r} (its proxy executor "
+                        f"gives the op None): left to Inductor in a package")
+    return None
+
+
 # --------------------------------------------------------------------------- replacing by a function
 
 
@@ -217,8 +250,12 @@ def replace_by_function(graph: fx.Graph, fn: Callable[..., Any], args: Iterable[
     is erased. Returns the new output nodes.
 
     Everything is inserted before any user is rerouted, so :func:`transaction` can undo a
-    failure; rerouting comes last."""
+    failure; rerouting comes last. A replacement an AOTInductor package cannot run
+    (:func:`aot_refusal`) raises :class:`ReplacementRefused` before anything is inserted."""
     inputs, gm = _trace(graph, fn, list(args))
+    refused = aot_refusal(gm)
+    if refused:
+        raise ReplacementRefused(refused)
     outputs = list(outputs)
     with graph.inserting_before(before):
         made, results = _insert(graph, gm, inputs)

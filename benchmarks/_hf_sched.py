@@ -51,8 +51,9 @@ WITH = "@with-"
 bypassed (it fires wherever it matches, every other rewrite keeping its rule): a forced-only
 rewrite's whole-step A / B, ``kda@with-gqa_decode_attention`` against ``kda``. ``@with-gdn_chunk``
 names the prefill Dynamo rules instead (``kda_inductor/_dynamo_chunk.py``): fla's chunk entry points
-traced as ``kda::gdn_chunk`` (``CHUNK_RULE_MEASURED`` / ``KDA_CHUNK_RULE_MEASURED`` set), issue 43's
-"our chunk core against fla's in the prefill step"."""
+and transformers' torch chunk references traced as ``kda::gdn_chunk`` (every ``*_RULE_MEASURED`` there
+set), issue 43's "our chunk core against fla's in the prefill step"; with ``@no-fla``, against
+Inductor's code for the torch reference (Kimi Linear's, forced only until measured)."""
 DYNAMO_RULES = ("gdn_chunk",)
 """``@with-`` names that are Dynamo rules, not registry rewrites."""
 _WITH = re.compile(r"@with-([a-z0-9_]+)")
@@ -83,7 +84,9 @@ def apply_modifiers(variant: str) -> str | None:
         if name == "gdn_chunk":
             from kda_inductor import _dynamo_chunk
 
-            _dynamo_chunk.CHUNK_RULE_MEASURED = _dynamo_chunk.KDA_CHUNK_RULE_MEASURED = True
+            for flag in ("CHUNK_RULE_MEASURED", "KDA_CHUNK_RULE_MEASURED", "TORCH_CHUNK_RULE_MEASURED",
+                         "TORCH_KDA_RULE_MEASURED"):
+                setattr(_dynamo_chunk, flag, True)
             continue
         if name not in REWRITE_NAMES:
             return (f"{variant}: no rewrite {name!r} (the registry's: {', '.join(REWRITE_NAMES)}; "

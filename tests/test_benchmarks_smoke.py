@@ -911,16 +911,18 @@ def test_hf_with_variant_bypasses_one_rule_in_its_process():
 
 
 def test_hf_with_gdn_chunk_turns_the_prefill_dynamo_rules_on(monkeypatch):
-    """``kda@with-gdn_chunk``: fla's chunk entry points traced as the op in that process (the
-    Dynamo rules' ``*_RULE_MEASURED`` set), the rewrites' rules untouched."""
+    """``kda@with-gdn_chunk``: fla's chunk entry points and transformers' torch references traced as
+    the op in that process (the Dynamo rules' ``*_RULE_MEASURED`` set), the rewrites' rules untouched."""
     from benchmarks import _hf_sched
     from kda_inductor import _dynamo_chunk
 
-    monkeypatch.setattr(_dynamo_chunk, "CHUNK_RULE_MEASURED", False)
-    monkeypatch.setattr(_dynamo_chunk, "KDA_CHUNK_RULE_MEASURED", False)
+    flags = ("CHUNK_RULE_MEASURED", "KDA_CHUNK_RULE_MEASURED", "TORCH_CHUNK_RULE_MEASURED", "TORCH_KDA_RULE_MEASURED")
+    for flag in flags:
+        monkeypatch.setattr(_dynamo_chunk, flag, False)
     assert _hf_sched.base_variant("kda@with-gdn_chunk") == "kda"
+    assert _hf_sched.base_variant("kda@no-fla@with-gdn_chunk") == "kda"
     assert _hf_sched.apply_modifiers("kda@with-gdn_chunk") is None
-    assert _dynamo_chunk.CHUNK_RULE_MEASURED is True and _dynamo_chunk.KDA_CHUNK_RULE_MEASURED is True
+    assert all(getattr(_dynamo_chunk, flag) is True for flag in flags)
     assert "Dynamo rules: gdn_chunk" in _hf_sched.apply_modifiers("kda@with-nope")
 
 

@@ -63,6 +63,7 @@ import copy
 import dataclasses
 import importlib
 import os
+import re
 import statistics
 import sys
 import threading
@@ -728,8 +729,10 @@ def _cache_env(settings: RunSettings, family: str, case: str, variant: str, roun
     folder = Path(settings.cache_root) / family / case / variant.replace("+", "_")
     if settings.caches in ("each-fresh", "disable") or (state == "cold" and round_ > 0):
         folder = folder / f"c{round_}"
-    if state != "warm" and folder.exists():
-        shutil.rmtree(folder)
+    if state != "warm" and folder.exists():  # set aside first: a killed compile's workers may still write in it
+        aside = folder.with_name(f"{folder.name}.old{os.getpid()}.{time.monotonic_ns()}")
+        folder.rename(aside)
+        shutil.rmtree(aside, ignore_errors=True)
     folder.mkdir(parents=True, exist_ok=True)
     triton = Path(settings.cache_root) / "triton" if settings.caches == "fresh-inductor" else folder / "triton"
     env = {"TORCHINDUCTOR_CACHE_DIR": str(folder / "inductor"), "TRITON_CACHE_DIR": str(triton)}
@@ -932,7 +935,8 @@ def _summary_row(key: tuple, group: list[dict]) -> dict[str, Any]:
            "cold_us": cold[0] if cold else None, "warm_us": _median(warm),
            "replay_spread": max((r.get("replay_spread") or 0.0 for r in ok), default=None) if ok else None,
            "compile_s": _compile_text(ok), "caches": " ".join(_cache_letter(r) for r in ok) or "-",
-           "error": errors[0][:200] if errors else None}
+           "error": errors[0][:200] if errors else None,
+           "limited_s": min((limited_s(r) for r in group if limited_s(r)), default=None)}
     row.update(_numerics_cells(ok))
     pass_ran = [r for r in ok if r.get("pass_runs")]
     row["rewrites"] = ", ".join([f"{k} {v}" for k, v in (pass_ran[0].get("matches") or {}).items() if v]
@@ -1105,8 +1109,8 @@ def _recorded(sections: list[dict]) -> dict[tuple, dict[str, Any]]:
                 if v:
                     rec[kind] = v
         for r in s.get("records", []):
-            if r.get("compile_limit_s"):  # killed at --compile-limit: at least that long
-                out.setdefault((r["family"], r["case"]), {}).setdefault("limited", {})[r["variant"]] = r["compile_limit_s"]
+            if limited_s(r):  # killed at a limit: at least that long
+                out.setdefault((r["family"], r["case"]), {}).setdefault("limited", {})[r["variant"]] = limited_s(r)
             if r.get("gpu_s"):
                 out.setdefault((r["family"], r["case"]), {}).setdefault("gpu_all", []).append(r["gpu_s"])
             if r.get("cache") == "cold" and r.get("compile_s") and r.get("variant") != "eager":
@@ -1177,6 +1181,8 @@ def plan(sections: list[dict], families: list[Family], cases: list[str], compile
                 n_cold, n_warm = states.count("cold"), states.count("warm")
                 process_s = len(states) * PLAN_OVERHEAD_S + cold * (n_cold + PLAN_WARM_SHARE * n_warm)
                 per[v] = max(process_s / max(jobs, 1), len(states) * gpu) if jobs > 1 else process_s
+                if v in rec.get("limited", {}):  # never compiles in time: the call's end kills it at the latest
+                    per[v] = min(per[v], call_s)
             per[next(iter(per))] += rec.get("first_gpu_s", 0.0)
             total = sum(per.values())
             rows.append({"family": fam.name, "case": case, "recorded": "stock" in rec, "stock_cold_s": stock,
@@ -1184,6 +1190,21 @@ def plan(sections: list[dict], families: list[Family], cases: list[str], compile
                          "per_variant_s": per})
             out_jobs += _jobs(fam.name, case, per, call_s)
     return rows, _pack(out_jobs, call_s, lanes)
+
+
+LIMITED_AT_S = 300.0
+"""A compile killed after at least this many seconds (by ``--compile-limit``, or by a run's
+budget + grace set to be that limit, as ``.ci/table``'s background item for a harness before
+``--compile-limit``) did not compile in a time a user waits: measured, as failed. A compile
+killed sooner by a call's budget was cut short and is measured again."""
+
+
+def limited_s(record: dict[str, Any]) -> float | None:
+    """The seconds ``record``'s compile ran before a limit killed it (see ``LIMITED_AT_S``), or None."""
+    if record.get("compile_limit_s"):
+        return float(record["compile_limit_s"])
+    found = re.match(r"killed after (\d+) s", str(record.get("error") or ""))
+    return float(found.group(1)) if found and float(found.group(1)) >= LIMITED_AT_S else None
 
 
 def measured_at(sections: list[dict], commit: str, recipe: str, compiles: int) -> dict[tuple[str, str], set[str]]:
@@ -1195,7 +1216,7 @@ def measured_at(sections: list[dict], commit: str, recipe: str, compiles: int) -
         raise SystemExit(f"--at {commit}: no section of that commit in hf_models.json")
     count: dict[tuple[str, str, str], int] = {}
     for r in (r for s in found for r in s["records"]):
-        if r.get("us") is not None or r.get("compile_limit_s"):
+        if r.get("us") is not None or limited_s(r):
             key = (r["family"], r["case"], r["variant"])
             count[key] = count.get(key, 0) + 1
     done: dict[tuple[str, str], set[str]] = {}
@@ -1269,7 +1290,7 @@ def check_section(section: dict[str, Any]) -> list[str]:
     for r in rows:
         if r["variant"] == "kda" and r["us"] is not None:
             other = {x["variant"]: x for x in rows if (x["family"], x["case"]) == (r["family"], r["case"])}
-            stock_limited = "--compile-limit" in str((other.get("stock") or {}).get("error") or "")
+            stock_limited = bool((other.get("stock") or {}).get("limited_s"))
             if stock_limited and STOCK_FIX in other and other[STOCK_FIX]["us"] is not None and r["case"] in TABLE_CASES:
                 measured.setdefault(r["family"], set()).add("prefill" if r["case"] == "prefill" else "decode")
             if "stock" in other and other["stock"]["us"] is not None:

@@ -979,6 +979,27 @@ def test_hf_plan_at_a_frozen_commit_plans_only_what_its_section_lacks():
         hf_models.measured_at(sections, "0123", "table", 3)
 
 
+def test_hf_a_compile_killed_past_the_limit_by_a_budget_counts_as_limited():
+    """A harness before ``--compile-limit`` records a compile no user waits for through its budget
+    + grace (``.ci/table``'s background item): killed after ``LIMITED_AT_S`` or more it is measured
+    (as failed, at that many seconds) for the plan and the bar; killed sooner, a call ran out of
+    time and the variant is planned again."""
+    from benchmarks import hf_models
+
+    def rec(variant, n, kill=None):
+        extra = {"us": None, "error": f"killed after {kill} s (the run's budget + grace)"} if kill else {"us": 1.0}
+        return [{"family": "kimi_linear", "case": "prefill", "variant": variant, **extra}] * n
+
+    assert hf_models.limited_s(rec("stock", 1, 500)[0]) == 500.0
+    assert hf_models.limited_s(rec("stock", 1, 167)[0]) is None and hf_models.limited_s(rec("stock", 1)[0]) is None
+    sections = [{"commit": "a" * 40, "records": rec("stock", 3, 500) + rec("stock+fix", 3)}]
+    assert hf_models.measured_at(sections, "aaa", "table", 3) == {("kimi_linear", "prefill"): {"stock", "stock+fix"}}
+    sections = [{"commit": "a" * 40, "records": rec("stock", 3, 167) + rec("stock+fix", 3)}]
+    assert hf_models.measured_at(sections, "aaa", "table", 3) == {("kimi_linear", "prefill"): {"stock+fix"}}
+    row = next(r for r in hf_models.summarize(rec("stock", 3, 500)) if r["variant"] == "stock")
+    assert row["limited_s"] == 500.0 and row["compiles"] == "0 (+3 failed)"
+
+
 def test_hf_kda_no_variant_takes_a_trace_rule():
     """``kda-no-gdn_chunk``: kda with the prefill trace rule disabled (an A / B of a rule on by
     default), through the same ``disable`` option as a rewrite's; an unknown name is an error

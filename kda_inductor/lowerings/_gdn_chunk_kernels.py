@@ -307,7 +307,12 @@ if triton is not None:
     @triton.jit
     def _akk(Xi, Xj, bi, ci, cj, DOT: tl.constexpr, DIAG: tl.constexpr):
         """Block ``(i, j)`` of ``A``: ``beta_i (k_i . k_j) exp(gc_i - gc_j)`` (strictly lower on the diagonal)."""
-        a = _dot(Xi * bi[:, None], tl.trans(Xj), DOT)
+        return decay_block(_dot(Xi * bi[:, None], tl.trans(Xj), DOT), ci, cj, DIAG)
+
+    @triton.jit
+    def decay_block(a, ci, cj, DIAG: tl.constexpr):
+        """The 16 x 16 block ``a`` times ``exp(gc_i - gc_j)``; on the diagonal (``DIAG``) strictly
+        lower, the exponent masked before ``exp`` (never overflowing above the diagonal)."""
         d = ci[:, None] - cj[None, :]
         if DIAG:
             r = tl.arange(0, 16)

@@ -33,6 +33,7 @@ from kda_inductor.lowerings._triton import tl, triton
 
 if triton is not None:
     from kda_inductor.lowerings._gdn_chunk_kernels import chunk2 as _chunk2
+    from kda_inductor.lowerings._gdn_chunk_kernels import decay_block as _decay_block
     from kda_inductor.lowerings._gdn_chunk_kernels import seq_range as _seq_range
     from kda_inductor.lowerings._gdn_chunk_kernels import sumsq as _sumsq
     from kda_inductor.lowerings._gdn_chunk_kernels import gc16, raw as _raw, tile as _tile, vec as _vec
@@ -345,14 +346,7 @@ if triton is not None:
     def _blk(a, ri, rj, bi, ci, cj, DIAG: tl.constexpr):
         """Block ``(i, j)`` of ``A`` from ``a = k_i . k_j`` (raw keys): ``beta_i a rk_i rk_j exp(gc_i -
         gc_j)`` (``ri`` / ``rj`` the rows' ``1 / |k|``, ones without l2norm), strictly lower on the diagonal."""
-        a = a * (bi * ri)[:, None] * rj[None, :]
-        d = ci[:, None] - cj[None, :]
-        if DIAG:
-            r = tl.arange(0, 16)
-            low = r[:, None] > r[None, :]
-            return tl.where(low, a * tl.exp(tl.where(low, d, 0.0)), 0.0)
-        else:
-            return a * tl.exp(d)
+        return _decay_block(a * (bi * ri)[:, None] * rj[None, :], ci, cj, DIAG)
 
     @triton.jit
     def _rk16(n, rb, s_t, rows, L, eps, L2NORM: tl.constexpr):

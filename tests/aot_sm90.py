@@ -70,13 +70,21 @@ def instructions(ptx: str) -> str:
 
 
 def compare(a: Path, b: Path) -> None:
-    """Per lowering module: the variants in each directory and how many of those in both are identical."""
-    fa, fb = {p.name for p in a.glob("*.ptx")}, {p.name for p in b.glob("*.ptx")}
-    for module in sorted({n.split(".")[0] for n in fa | fb}):
-        both = sorted(n for n in fa & fb if n.split(".")[0] == module)
-        same = sum((a / n).read_text() == (b / n).read_text() for n in both)
-        count_a, count_b = (sum(n.split(".")[0] == module for n in f) for f in (fa, fb))
-        print(f"{module}: {count_a} / {count_b} variants, {same} of {len(both)} compared identical")
+    """Per lowering module: the variants in each directory and how many of the first's have a
+    byte-identical twin among the second's (by content: a variant added or removed between two
+    checkouts shifts the numbering of the others)."""
+    def by_module(d: Path) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for p in sorted(d.glob("*.ptx")):
+            out.setdefault(p.name.split(".")[0], []).append(p.read_text())
+        return out
+
+    ma, mb = by_module(a), by_module(b)
+    for module in sorted(ma.keys() | mb.keys()):
+        va, vb = ma.get(module, []), set(mb.get(module, []))
+        same = sum(text in vb for text in va)
+        print(f"{module}: {len(va)} / {len(mb.get(module, []))} variants, {same} of the first's {len(va)} identical "
+              "in the second")
 
 
 def main() -> None:

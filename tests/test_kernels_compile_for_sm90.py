@@ -24,3 +24,21 @@ def test_kernels_compile_for_sm90():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     # every lowering declares its launches (aot_variants()); all of them must compile
     assert re.search(r"compiled (\d+) of \1 kernel variants for sm_90", proc.stdout), proc.stdout
+
+
+def test_ptx_compare_matches_variants_by_content(tmp_path):
+    """``aot_sm90.py --compare``: a variant inserted between two checkouts shifts the numbering of
+    the others; they still count as identical (their text has a twin), a changed one does not."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    for i, text in enumerate(["k0", "k1", "k2"]):
+        (a / f"mod.{i}.ptx").write_text(text)
+    for i, text in enumerate(["k0", "new", "k1", "k2 changed"]):
+        (b / f"mod.{i}.ptx").write_text(text)
+    (a / "other.0.ptx").write_text("x")
+    script = Path(__file__).with_name("aot_sm90.py")
+    proc = subprocess.run([sys.executable, str(script), "--compare", str(a), str(b)], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "mod: 3 / 4 variants, 2 of the first's 3 identical in the second" in proc.stdout, proc.stdout
+    assert "other: 1 / 0 variants, 0 of the first's 1 identical in the second" in proc.stdout, proc.stdout

@@ -275,7 +275,8 @@ class LaunchConfig(NamedTuple):
     launch's (``"bf16"`` with ``lowp``); ``""``: the launch's; ``dot="ieee"`` keeps float32."""
     kda_intra_cols: int = 0
     """KDA: ``intra``'s ``A`` / ``Aqk`` block by block over this many key columns (0: whole key rows, which
-    spill at K = 128; sm_90 at 32 columns, 8 warps: 88 stack bytes against 960). Not yet timed on a GPU."""
+    spill at K = 128; sm_90 at 32 columns, 8 warps: 88 stack bytes against 960 with Triton 3.9, 0 against
+    528-536 with the device's 3.6). Not yet timed on a GPU."""
 
 
 FAST = LaunchConfig(scan_block_v=32, scan_warps=4, out_block_v=64, out_warps=4, warps=4, num_stages=2, v2=True,

@@ -166,7 +166,13 @@ COLUMNS = [("family", "family", ""), ("case", "case", ""), ("variant", "variant"
            ("cold_graphs", "graphs (cold)", ""), ("error", "error", "")]
 
 
-def section_markdown(section: dict[str, Any], spec: dict[str, Any]) -> str:
+GPU_SPEC = {"prompt": 32, "new_tokens": 128, "reps": 3}
+"""What a GPU run measures unless told otherwise (a call records its own: ``call["spec"]``)."""
+
+
+def section_markdown(section: dict[str, Any], spec: dict[str, Any] | None = None) -> str:
+    """The section's page: its calls, what one generate was (``spec``, else its newest call's), the table."""
+    spec = spec or next((c["spec"] for c in reversed(section.get("calls", [])) if c.get("spec")), GPU_SPEC)
     lines = [_hf_record.heading(section), ""]
     if not section["env"].get("gpu"):
         lines += ["A CPU smoke run (tiny dims, 2 layers): the numbers mean nothing.", ""]
@@ -192,9 +198,13 @@ def main(argv=None) -> list[dict]:
                                                      "lock given back while Dynamo compiles)")
     p.add_argument("--results-dir", default=None)
     p.add_argument("--no-record", action="store_true")
+    p.add_argument("--merge", nargs="+", metavar="JSON", help="merge the hf_generate.json files of several device "
+                   "calls into the first (its .md rendered beside it): a section per commit")
     p.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
+    if args.merge:
+        return merge(args.merge)
     if args.worker:
         spec = json.loads(Path(args.worker).read_text())
         Path(spec["out"]).write_text(json.dumps(run_one(spec), default=str))
@@ -210,10 +220,24 @@ def main(argv=None) -> list[dict]:
                 Path(args.results_dir) if args.results_dir else hf_models.RESULTS)
 
 
+def merge(paths: list[str]) -> list[dict]:
+    """``paths[0]`` and the files after it (each call's copy) merged into ``paths[0]``, rendered in
+    the ``.md`` beside it: the calls of one commit are one section."""
+    target = Path(paths[0])
+    sections = _hf_record.merge_files([Path(p) for p in paths if Path(p).exists()])
+    _hf_record.save_sections(target, sections)
+    for s in sections:
+        if s.get("records"):
+            _hf_record.write_markdown(target.with_suffix(".md"), TITLE, INTRO, s, section_markdown(s))
+    print(f"merged {len(paths)} files: {len(sections)} sections in {target}")
+    return [r for s in sections for r in s.get("records", [])]
+
+
 def _run(args, spec, families, batches, variants, results) -> list[dict]:
     state = _hf_record.source_state()
     env = {**_timing.environment_info(), **_hf_record.env_versions()}
-    call = {"id": _hf_record.call_id(), "started": env["date"], "argv": args.argv}
+    call = {"id": _hf_record.call_id(), "started": env["date"], "argv": args.argv,
+            "spec": {k: spec[k] for k in GPU_SPEC}}
     record_to = None if args.no_record or (args.smoke and not args.results_dir) else results
     sections = _hf_record.load_sections(record_to / "hf_generate.json") if record_to else []
     budget = hf_models.Budget(args.budget, 150.0)
@@ -242,7 +266,7 @@ def _run(args, spec, families, batches, variants, results) -> list[dict]:
             if record_to is not None:
                 s = _hf_record.merge_into(sections, state, env, call, records)
                 _hf_record.save_sections(record_to / "hf_generate.json", sections)
-                _hf_record.write_markdown(record_to / "hf_generate.md", TITLE, INTRO, s, section_markdown(s, spec))
+                _hf_record.write_markdown(record_to / "hf_generate.md", TITLE, INTRO, s, section_markdown(s))
         return []
 
     todo = []

@@ -799,6 +799,33 @@ def test_hf_generate_smoke_cold_and_warm(tmp_path):
     assert "<!-- hf-section" in (tmp_path / "hf_generate.md").read_text()
 
 
+def test_hf_generate_merge_joins_the_calls_of_one_commit(tmp_path):
+    """Two device calls' copies of hf_generate.json (one family each, the same commit) merge into one
+    section of the target, rendered with what a generate was in those calls (their spec)."""
+    from benchmarks import _hf_record, hf_generate
+
+    state = {"source": "abc1234", "commit": "abc1234" + "0" * 33, "dirty": False}
+    env = {"date": "2026-12-07 10:00 UTC", "gpu": "NVIDIA H100 80GB HBM3", "torch": "2.11", "triton": "3.6"}
+    files = []
+    for i, fam in enumerate(("qwen3_next", "kimi_linear")):
+        call = {"id": f"c{i}", "started": f"2026-12-07 10:0{i} UTC", "argv": ["--family", fam],
+                "spec": {"prompt": 32, "new_tokens": 64, "reps": 3}}
+        records = [{"family": fam, "case": "batch 1", "variant": v, "cache": "cold", "tokens_per_s": tps,
+                    "call": call["id"], "source": "abc1234", "env": env} for v, tps in (("stock", 100.0), ("kda", 125.0))]
+        sections: list = []
+        _hf_record.merge_into(sections, state, env, call, records)
+        path = tmp_path / f"call{i}" / "hf_generate.json"
+        _hf_record.save_sections(path, sections)
+        files.append(str(path))
+    target = tmp_path / "results" / "hf_generate.json"
+    merged = hf_generate.main(["--merge", str(target), *files])
+    assert sorted({r["family"] for r in merged}) == ["kimi_linear", "qwen3_next"]
+    sections = _hf_record.load_sections(target)
+    assert len(sections) == 1 and len(sections[0]["calls"]) == 2
+    md = (tmp_path / "results" / "hf_generate.md").read_text()
+    assert "64 new greedy tokens" in md and md.count("| 1.250 |") == 2, md
+
+
 def json_tokens(record):
     return str(record["tokens"])
 

@@ -11,7 +11,10 @@ files from two checkouts (``diff -r``) show whether a refactoring changed any ke
 ``python tests/aot_sm90.py --compare DIR_A DIR_B`` prints, per module, how many are identical.
 ``python tests/aot_sm90.py --registers [MODULE]`` also prints each variant's registers a thread and
 stack bytes (spills; Triton's ``cuobjdump -res-usage``), only ``MODULE``'s when named (e.g.
-``_gdn_chunk_kda_kernels``).
+``_gdn_chunk_kda_kernels``). ``--as-launched`` compiles each variant as the launcher specializes
+it from the values of its ``launch`` (Triton's rule: an int equal to 1 is a constant, one divisible
+by 16 is known to be; pointers 16-byte aligned): registers and spills of that launch. Without it, strides stay runtime ``i32``, so
+the PTX of two checkouts compares as it always has.
 """
 
 from __future__ import annotations
@@ -30,16 +33,29 @@ except ImportError:  # pragma: no cover
 
 
 def compile_variants(fn, types: dict, consts: dict, options: dict, ptx: Path | None = None,
-                     registers: bool = False) -> int:
+                     registers: bool = False, launch: dict | None = None) -> int:
+    """Compile one variant; ``launch`` (the as-launched compile): its integers' values at a launch."""
     names = fn.arg_names
-    sig = {n: types.get(n, "constexpr") for n in names}
-    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()})
+    sig, consts, aligned = specialize(names, types, consts, launch)
+    src = ASTSource(fn=fn, signature=sig, constexprs={(names.index(k),): v for k, v in consts.items()}, attrs=aligned)
     k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     if ptx is not None:
         ptx.write_text(instructions(k.asm["ptx"]))
     if registers:
         print(f"  {fn.__name__} {options} {consts}: {usage(k.asm['cubin'])}", flush=True)
     return len(k.asm["cubin"])
+
+
+def specialize(names, types: dict, consts: dict, launch: dict | None) -> tuple[dict, dict, dict]:
+    """(signature, constexprs, attributes) of a variant; with ``launch`` (its integers' values at a
+    launch) as Triton's launcher specializes it: an int equal to 1 becomes a constant, one divisible
+    by 16 (not 0) and every pointer carry ``tt.divisibility`` 16 (our tensors are allocator-aligned)."""
+    values = {} if launch is None else launch
+    consts = {**consts, **{n: 1 for n, v in values.items() if v == 1}}
+    sig = {n: "constexpr" if n in consts else types.get(n, "constexpr") for n in names}
+    aligned = {(names.index(n),): [["tt.divisibility", 16]] for n in names if launch is not None and (
+        sig[n].startswith("*") or (values.get(n) and values[n] % 16 == 0))}
+    return sig, consts, aligned
 
 
 def usage(cubin: bytes) -> str:
@@ -98,6 +114,7 @@ def main() -> None:
 
     out = Path(sys.argv[sys.argv.index("--ptx") + 1]) if "--ptx" in sys.argv else None
     regs = "--registers" in sys.argv
+    launched = "--as-launched" in sys.argv
     only = sys.argv[sys.argv.index("--registers") + 1:][:1] if regs else []
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -116,7 +133,8 @@ def main() -> None:
         for j, v in enumerate(declared()):
             total += 1
             ptx = None if out is None else out / f"{info.name}.{j}.ptx"
-            n += bool(compile_variants(v.kernel, v.types, v.constexprs, v.options, ptx, regs))
+            launch = (v.launch or {}) if launched else None
+            n += bool(compile_variants(v.kernel, v.types, v.constexprs, v.options, ptx, regs, launch))
         done += n
         per.append(f"{info.name} {n}")
     print(f"compiled {done} of {total} kernel variants for sm_90 ({', '.join(per)})")

@@ -42,3 +42,21 @@ def test_ptx_compare_matches_variants_by_content(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "mod: 3 / 4 variants, 2 of the first's 3 identical in the second" in proc.stdout, proc.stdout
     assert "other: 1 / 0 variants, 0 of the first's 1 identical in the second" in proc.stdout, proc.stdout
+
+
+def test_as_launched_specializes_as_triton_launcher_does():
+    """``--as-launched``: a 1 becomes a constant, a multiple of 16 and every pointer aligned; 0 and
+    other ints stay runtime; without a launch the signature is the declared one (PTX comparisons)."""
+    sys.path.insert(0, str(Path(__file__).parent))
+    try:
+        from aot_sm90 import specialize
+    finally:
+        sys.path.pop(0)
+    names = ["x_ptr", "n", "s0", "s1", "s2", "BLOCK"]
+    types = {"x_ptr": "*bf16", "n": "i32", "s0": "i32", "s1": "i32", "s2": "i32"}
+    sig, consts, attrs = specialize(names, types, {"BLOCK": 64}, {"n": 48, "s0": 1, "s1": 0, "s2": 7})
+    assert sig == {"x_ptr": "*bf16", "n": "i32", "s0": "constexpr", "s1": "i32", "s2": "i32", "BLOCK": "constexpr"}
+    assert consts == {"BLOCK": 64, "s0": 1}
+    assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
+    sig, consts, attrs = specialize(names, types, {"BLOCK": 64}, None)
+    assert sig["s0"] == "i32" and consts == {"BLOCK": 64} and attrs == {}

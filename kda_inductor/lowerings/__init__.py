@@ -47,13 +47,16 @@ def block_for_programs(block: int, programs: Callable[[int], int], target: int) 
 class AotVariant(NamedTuple):
     """One way a lowering launches one of its Triton kernels, for the ahead-of-time sm_90
     compile check (``tests/aot_sm90.py``): the kernel, the types of its runtime arguments
-    (Triton signature strings, e.g. ``"*bf16"``, ``"i32"``), its constexpr values, and the
-    compile options. Each lowering module declares its own in ``aot_variants()``."""
+    (Triton signature strings, e.g. ``"*bf16"``, ``"i32"``), its constexpr values, the
+    compile options, and the integers' values at a representative launch (``aot_sm90.py
+    --as-launched`` specializes them as Triton's launcher does). Each lowering module declares its
+    own in ``aot_variants()``."""
 
     kernel: Any
     types: dict
     constexprs: dict
     options: dict
+    launch: dict | None = None
 
 
 def debug_options(num_warps: int = 4) -> dict:

@@ -52,7 +52,9 @@ body at T = 4 (:data:`LAUNCH_TABLE`); its tile products on tensor cores (:mod:`.
 untimed) are others. For
 sm_90 (unit strides specialized: 16-byte tile loads and stores) the token-by-token body does not spill:
 K = V = 128, Triton 3.6, 16 columns x 1 warp take 127 registers for T = 1 and 165 for T > 1 (4 / 2
-barriers a token), 64 x 4 125 / 168 (13 / 14); the window body's are with :data:`LAUNCH_TABLE`. The ``SCALED`` body
+barriers a token), 64 x 4 125 / 168 (13 / 14) (``tests/aot_sm90.py --as-launched --registers gdn_recurrent_step``,
+2026-12-06, Triton 3.6: T = 1 16 x 1 126, 64 x 4 124, no spills; its strides as plain ints: 248 / 255 with 536 stack
+bytes); the window body's are with :data:`LAUNCH_TABLE`. The ``SCALED`` body
 (:func:`._gdn_token._update_scaled`, a launch option the sweep times) has two fewer conversions a token.
 
 Every argument is checked by :func:`validate` (also the pattern's check), each bad one an error
@@ -590,4 +592,17 @@ def aot_variants():
                   for bv, warps, ts, pc, dot in ((16, 4, 4, False, "ieee"), (64, 8, 4, False, "tf32x3"),
                                                  (32, 4, 8, True, "ieee"))))
     for types, consts, warps in variants:
-        yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1})
+        yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1},
+                         _aot_launch(consts["TS"] or consts["TP"] or 1, consts["KP"], consts["PER_CHANNEL"]))
+
+
+def _aot_launch(t: int, k: int, per_channel: bool) -> dict:
+    """The integers of a launch on contiguous Qwen3-Next-shaped tensors (32 sequences, 16 q / k heads,
+    32 value heads, V = 128; ``t`` tokens, ``k`` keys) for ``aot_sm90.py --as-launched``."""
+    b, h, hv, v = 32, 16, 32, 128
+    g = (t * hv * k, hv * k, k, 1) if per_channel else (t * hv, hv, 1, 0)
+    return dict(zip(("T", "HV", "K", "V", "GROUP", "sq_b", "sq_t", "sq_h", "sq_k", "sk_b", "sk_t", "sk_h", "sk_k",
+                     "sv_b", "sv_t", "sv_h", "sv_v", "sg_b", "sg_t", "sg_h", "sg_k", "sb_b", "sb_t", "sb_h", "ss_b",
+                     "ss_h", "ss_k", "ss_v", "sf_b", "sf_h", "sf_k", "sf_v"),
+                    (t, hv, k, v, hv // h, t * h * k, h * k, k, 1, t * h * k, h * k, k, 1, t * hv * v, hv * v, v, 1,
+                     *g, t * hv, hv, 1, hv * k * v, k * v, v, 1, hv * k * v, k * v, v, 1)))

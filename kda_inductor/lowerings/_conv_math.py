@@ -61,23 +61,10 @@ if triton is not None:
 
     @triton.jit
     def sel(n: tl.constexpr, a0, a1, a2, a3, a4, a5, a6, a7):
-        """``(a0, .., a7)[n]`` for a constexpr ``n``."""
-        v = a0
-        if n == 1:
-            v = a1
-        if n == 2:
-            v = a2
-        if n == 3:
-            v = a3
-        if n == 4:
-            v = a4
-        if n == 5:
-            v = a5
-        if n == 6:
-            v = a6
-        if n == 7:
-            v = a7
-        return v
+        """``(a0, .., a7)[n]`` for a constexpr ``n`` (chosen at compile time: no select is emitted)."""
+        lo = (a1 if n == 1 else a0) if n < 2 else (a3 if n == 3 else a2)
+        hi = (a5 if n == 5 else a4) if n < 6 else (a7 if n == 7 else a6)
+        return lo if n < 4 else hi
 
     @triton.jit
     def taps(acc, cur, p1, p2, p3, p4, p5, p6, p7, w0, w1, w2, w3, w4, w5, w6, w7, K: tl.constexpr):

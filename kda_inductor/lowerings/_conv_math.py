@@ -99,25 +99,22 @@ if triton is not None:
         return to_w(v, D, W_KIND, HW)
 
     @triton.jit
+    def _back(n: tl.constexpr, xp, t0, T, sx_t, m, K: tl.constexpr, D: tl.constexpr, W_KIND: tl.constexpr,
+              HW: tl.constexpr):
+        """The token ``n`` before ``t0`` (0 past ``K - 1``)."""
+        if K > n:
+            v = xrow(xp, t0 - n, T, sx_t, m, D, W_KIND, HW)
+        else:
+            v = tl.zeros(m.shape, tl.float32)
+        return v
+
+    @triton.jit
     def halo(xp, t0, T, sx_t, m, K: tl.constexpr, D: tl.constexpr, W_KIND: tl.constexpr, HW: tl.constexpr):
         """The ``K - 1`` tokens before ``t0`` (``p<n>``: ``n`` back; 0 past ``K - 1``)."""
-        p1 = tl.zeros(m.shape, tl.float32)
-        p2, p3, p4, p5, p6, p7 = p1, p1, p1, p1, p1, p1
-        if K > 1:
-            p1 = xrow(xp, t0 - 1, T, sx_t, m, D, W_KIND, HW)
-        if K > 2:
-            p2 = xrow(xp, t0 - 2, T, sx_t, m, D, W_KIND, HW)
-        if K > 3:
-            p3 = xrow(xp, t0 - 3, T, sx_t, m, D, W_KIND, HW)
-        if K > 4:
-            p4 = xrow(xp, t0 - 4, T, sx_t, m, D, W_KIND, HW)
-        if K > 5:
-            p5 = xrow(xp, t0 - 5, T, sx_t, m, D, W_KIND, HW)
-        if K > 6:
-            p6 = xrow(xp, t0 - 6, T, sx_t, m, D, W_KIND, HW)
-        if K > 7:
-            p7 = xrow(xp, t0 - 7, T, sx_t, m, D, W_KIND, HW)
-        return p1, p2, p3, p4, p5, p6, p7
+        return (_back(1, xp, t0, T, sx_t, m, K, D, W_KIND, HW), _back(2, xp, t0, T, sx_t, m, K, D, W_KIND, HW),
+                _back(3, xp, t0, T, sx_t, m, K, D, W_KIND, HW), _back(4, xp, t0, T, sx_t, m, K, D, W_KIND, HW),
+                _back(5, xp, t0, T, sx_t, m, K, D, W_KIND, HW), _back(6, xp, t0, T, sx_t, m, K, D, W_KIND, HW),
+                _back(7, xp, t0, T, sx_t, m, K, D, W_KIND, HW))
 
 
 def aot_variants():

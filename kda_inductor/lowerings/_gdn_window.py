@@ -58,11 +58,16 @@ if triton is not None:
         return q, k, v.to(tl.float32), g, beta
 
     @triton.jit
-    def _window_keys(q, k, g, T, rt, scale, eps, L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr):
-        """The window's keys, every token at once: ``q`` normalized and scaled, ``k`` normalized; ``gc``
-        the cumulative log decay from the window's start (``G_t``: ``[TP]`` or ``[TP, KP]``) and its
-        last value ``G_last``."""
-        if L2NORM:
+    def window_keys(q, k, g, T, rt, scale, eps, L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr,
+                    ZERO_PAST: tl.constexpr):
+        """The window's keys, every token at once: ``q`` normalized and scaled, ``k`` normalized (with
+        ``ZERO_PAST``, rows past ``T`` exactly zero, also at ``eps = 0``: the tensor-core window's padded
+        rows); ``gc`` the cumulative log decay from the window's start (``G_t``: ``[TP]`` or ``[TP, KP]``)
+        and its last value ``G_last``."""
+        if L2NORM and ZERO_PAST:
+            q = q * tl.where(rt < T, tl.math.rsqrt(tl.sum(q * q, 1) + eps) * scale, 0.0)[:, None]
+            k = k * tl.where(rt < T, tl.math.rsqrt(tl.sum(k * k, 1) + eps), 0.0)[:, None]
+        elif L2NORM:
             q = q * (tl.math.rsqrt(tl.sum(q * q, 1) + eps) * scale)[:, None]
             k = k * tl.math.rsqrt(tl.sum(k * k, 1) + eps)[:, None]
         else:
@@ -102,7 +107,7 @@ if triton is not None:
         (of the initial tile: no token waits on another's), ``d_t = (v_t - a_t - sum_{i<t} m_ti d_i)
         beta_t``, ``o_t = b_t + sum_{i<=t} n_ti d_i`` (``[BV]`` vectors); then the tile once: ``S
         e^G_last + sum_t (k_t e^(G_last - G_t)) d_t^T``. The spec's loop, summed in another order."""
-        q, k, gc, last = _window_keys(q, k, g, T, rt, scale, eps, L2NORM, PER_CHANNEL)
+        q, k, gc, last = window_keys(q, k, g, T, rt, scale, eps, L2NORM, PER_CHANNEL, False)
         d = tl.zeros_like(v)
         o = tl.zeros_like(v)
         for t in tl.static_range(TP):

@@ -56,28 +56,12 @@ def check_precision(value: str, device_type: str) -> None:
 
 
 if triton is not None:
-    from kda_inductor.lowerings._gdn_window import elem as _at
     from kda_inductor.lowerings._gdn_window import load_window
     from kda_inductor.lowerings._gdn_window import pairs as _pairs
     from kda_inductor.lowerings._gdn_window import put as _put
     from kda_inductor.lowerings._gdn_window import row as _row
     from kda_inductor.lowerings._gdn_window import window as _window
-
-    @triton.jit
-    def _keys(q, k, g, T, rt, scale, eps, L2NORM: tl.constexpr, PER_CHANNEL: tl.constexpr):
-        """``q`` normalized and scaled, ``k`` normalized (rows past ``T`` exactly zero, also at
-        ``eps = 0``), ``G`` (``[TD]`` or ``[TD, KP]``) and ``G_last``."""
-        tm = rt < T
-        if L2NORM:
-            q = q * tl.where(tm, tl.math.rsqrt(tl.sum(q * q, 1) + eps) * scale, 0.0)[:, None]
-            k = k * tl.where(tm, tl.math.rsqrt(tl.sum(k * k, 1) + eps), 0.0)[:, None]
-        else:
-            q = q * scale
-        gc = tl.cumsum(g, 0)
-        if PER_CHANNEL:
-            return q, k, gc, _row(gc, rt, T - 1)
-        else:
-            return q, k, gc, _at(gc, rt, T - 1)
+    from kda_inductor.lowerings._gdn_window import window_keys
 
     @triton.jit
     def couplings(q, k, gc, rt, TP: tl.constexpr, TS: tl.constexpr, PER_CHANNEL: tl.constexpr,
@@ -121,7 +105,7 @@ if triton is not None:
                    TRANSPOSED: tl.constexpr = False):
         """The window through the tile ``S [KP, BV]`` (the module docstring): the new tile and the
         outputs ``o [TD, BV]`` (rows past ``T`` not meaningful)."""
-        q, k, gc, last = _keys(q, k, g, T, rt, scale, eps, L2NORM, PER_CHANNEL)
+        q, k, gc, last = window_keys(q, k, g, T, rt, scale, eps, L2NORM, PER_CHANNEL, True)
         M, N = couplings(q, k, gc, rt, TP, TS, PER_CHANNEL, DOT)
         # the [TD, KP] blocks in the order that frees them soonest (q, then k and a per-channel G)
         eg = tl.exp(gc) if PER_CHANNEL else tl.exp(gc)[:, None]

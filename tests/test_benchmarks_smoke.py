@@ -680,6 +680,67 @@ def test_gpu_lock_is_free_while_dynamo_compiles_and_taken_when_it_ends(tmp_path)
     lock.release()
 
 
+def test_quiet_lock_times_only_when_no_other_process_compiles(tmp_path):
+    """``QuietLock``: while one process compiles (shared) another's timing (exclusive) waits, and
+    counts the wait; two compiles share it; no path: always free."""
+    import threading
+    import time as _time
+
+    from benchmarks._hf_sched import QuietLock
+
+    path = str(tmp_path / "quiet.lock")
+    a, b, timer = QuietLock(path), QuietLock(path), QuietLock(path)
+    a.shared()
+    b.shared()  # two compiles at once: no wait
+    assert b.waited < 0.2
+    timed = threading.Event()
+
+    def time_it():
+        with timer.exclusive():
+            timed.set()
+
+    t = threading.Thread(target=time_it)
+    t.start()
+    _time.sleep(0.3)
+    a.release()
+    _time.sleep(0.2)
+    assert not timed.is_set()  # b still compiles
+    b.release()
+    t.join(5)
+    assert timed.is_set() and timer.waited >= 0.45 and timer.fd is None
+    free = QuietLock(None)
+    with free.exclusive():
+        assert free.fd is None and free.waited == 0.0
+
+
+def test_outside_compiles_holds_quiet_shared_only_while_compiling(tmp_path):
+    """``outside_compiles(lock, quiet)``: during Dynamo's compile the GPU lock is free and the quiet
+    lock held shared; after it, the GPU lock held and the quiet lock free (never both at once)."""
+    import torch
+
+    from benchmarks._hf_sched import GpuLock, QuietLock, outside_compiles
+
+    lock, quiet = GpuLock(str(tmp_path / "gpu.lock")), QuietLock(str(tmp_path / "quiet.lock"))
+    seen = {}
+
+    def backend(gm, example_inputs):
+        seen["compiling"] = (lock.fd is not None, quiet.fd is not None)
+        return gm.forward
+
+    @torch.compiler.disable
+    def probe(x):
+        seen["running"] = (lock.fd is not None, quiet.fd is not None)
+        return x + 1
+
+    fn = torch.compile(lambda x: probe(x * 2), backend=backend)
+    torch._dynamo.reset()
+    with outside_compiles(lock, quiet):
+        fn(torch.ones(3))
+    assert seen == {"compiling": (False, True), "running": (True, False)}
+    assert quiet.fd is None
+    lock.release()
+
+
 def test_hf_plan_with_parallel_compiles_needs_fewer_calls():
     """``--plan --jobs N``: compiles that overlap need fewer device calls than one at a time, and
     every lane stays within its seconds; the table recipe is planned as it runs."""

@@ -107,13 +107,37 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         graphs = counters["stats"].get("unique_graphs")
         with quiet.exclusive():
             times = [once()[0] for _ in range(spec["reps"])]
+            profiled = where_time_goes(once, device) if spec.get("profile") else None
     lock.release()
     new = out.shape[1] - prompt.shape[1]
     med = statistics.median(times)
     return {"first_s": first_s, "times_s": times, "s": med, "new_tokens": new,
             "tokens_per_s": spec["batch"] * new / med, "graphs_first": graphs,
             "graphs": counters["stats"].get("unique_graphs"), "recompiles": _recompiles(counters),
-            "compiled": hasattr(model, "_compiled_call"), "tokens": out[:, prompt.shape[1]:][:2, :8].tolist()}
+            "compiled": hasattr(model, "_compiled_call"), "tokens": out[:, prompt.shape[1]:][:2, :8].tolist(),
+            **({"profile": profiled} if profiled else {})}
+
+
+def where_time_goes(once, device: str, top: int = 12) -> dict[str, Any]:
+    """One more generate under ``torch.profiler``: its wall time, the GPU's busy time (the kernels'
+    own time, CUDA-graph replays' kernels included where CUPTI sees them), the host's time in
+    operators, and the operators with the most host self time: whether a token's time is the
+    model's step or generate's own loop."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=acts) as prof:
+        wall, _ = once()
+    events = prof.key_averages()
+
+    def dev(e) -> float:  # the attribute's name moved in torch 2.4
+        return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
+
+    ranked = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    return {"wall_s": wall, "gpu_busy_s": sum(dev(e) for e in events) / 1e6,
+            "host_ops_s": sum(e.self_cpu_time_total for e in events) / 1e6,
+            "top_host": [{"op": e.key[:90], "self_ms": round(e.self_cpu_time_total / 1e3, 3), "calls": e.count}
+                         for e in ranked]}
 
 
 def _recompiles(counters) -> int:
@@ -151,6 +175,9 @@ def summarize(records: list[dict]) -> list[dict]:
         row[f"{r['cache']}_first_s"] = r.get("first_s")
         row[f"{r['cache']}_graphs"] = f"{r.get('graphs')} ({r.get('recompiles')} recompiles)" \
             if r.get("graphs") is not None else None
+        prof = r.get("profile")
+        if prof and prof.get("wall_s") and (r["cache"] == "warm" or r["variant"] == "eager"):
+            row["gpu_busy"] = prof["gpu_busy_s"] / prof["wall_s"]
         if r.get("error"):
             row["error"] = r["error"][:160]
     out = list(rows.values())
@@ -166,7 +193,8 @@ COLUMNS = [("family", "family", ""), ("case", "case", ""), ("variant", "variant"
            ("cold_tps", "tokens/s (cold cache)", ".1f"), ("cold_vs_stock", "/ stock", ".3f"),
            ("warm_tps", "tokens/s (warm cache)", ".1f"), ("warm_vs_stock", "/ stock", ".3f"),
            ("cold_first_s", "first generate s (cold)", ".1f"), ("warm_first_s", "first generate s (warm)", ".1f"),
-           ("cold_graphs", "graphs (cold)", ""), ("error", "error", "")]
+           ("cold_graphs", "graphs (cold)", ""),
+           ("gpu_busy", "GPU busy / wall (--profile; warm)", ".2f"), ("error", "error", "")]
 
 
 GPU_SPEC = {"prompt": 32, "new_tokens": 128, "reps": 3}
@@ -199,6 +227,8 @@ def main(argv=None) -> list[dict]:
     p.add_argument("--budget", type=float, default=None, help="seconds after which no new process starts")
     p.add_argument("--jobs", type=int, default=1, help="processes at once (their GPU work one at a time, under a "
                                                      "lock given back while Dynamo compiles)")
+    p.add_argument("--profile", action="store_true", help="one more generate under torch.profiler per process: "
+                   "GPU busy time against wall time, the host's top operators (in the record's 'profile')")
     p.add_argument("--results-dir", default=None)
     p.add_argument("--no-record", action="store_true")
     p.add_argument("--merge", nargs="+", metavar="JSON", help="merge the hf_generate.json files of several device "
@@ -215,7 +245,7 @@ def main(argv=None) -> list[dict]:
     device = "cpu" if args.smoke else "cuda"
     if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("hf_generate: no CUDA device; --smoke for the CPU path")
-    spec = {"smoke": args.smoke, "device": device, "reps": args.reps,
+    spec = {"smoke": args.smoke, "device": device, "reps": args.reps, "profile": args.profile,
             "new_tokens": args.new_tokens or (4 if args.smoke else 128), "prompt": args.prompt or (8 if args.smoke else 32)}
     families = args.family or list(hf_models.STAGE)
     batches = args.batch or ([1, 2] if args.smoke else [1, 32])

@@ -838,10 +838,14 @@ def test_hf_generate_eager_tokens_per_second():
     from benchmarks import hf_generate
 
     r = hf_generate.run_one({"smoke": True, "device": "cpu", "family": "qwen3_next", "batch": 2, "prompt": 4,
-                             "new_tokens": 3, "reps": 1, "variant": "eager"})
+                             "new_tokens": 3, "reps": 1, "variant": "eager", "profile": True})
     assert r["new_tokens"] == 3 and r["tokens_per_s"] == 2 * 3 / r["s"] and not r["compiled"]
+    # --profile: one more generate under the profiler; the host's operators account for part of its wall time
+    prof = r["profile"]
+    assert 0 < prof["host_ops_s"] and prof["gpu_busy_s"] == 0.0 and prof["wall_s"] > 0
+    assert prof["top_host"] and any(op["op"].startswith("aten::") for op in prof["top_host"])
     rows = hf_generate.summarize([{**r, "family": "qwen3_next", "case": "batch 2", "variant": "eager", "cache": "cold"}])
-    assert rows[0]["cold_tps"] == r["tokens_per_s"]
+    assert rows[0]["cold_tps"] == r["tokens_per_s"] and rows[0]["gpu_busy"] == 0.0  # CPU: no GPU time
 
 
 @pytest.mark.slow

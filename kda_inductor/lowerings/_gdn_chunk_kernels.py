@@ -305,20 +305,41 @@ if triton is not None:
         return x
 
     @triton.jit
-    def _akk(Xi, Xj, bi, ci, cj, DOT: tl.constexpr, DIAG: tl.constexpr):
-        """Block ``(i, j)`` of ``A``: ``beta_i (k_i . k_j) exp(gc_i - gc_j)`` (strictly lower on the diagonal)."""
-        return decay_block(_dot(Xi * bi[:, None], tl.trans(Xj), DOT), ci, cj, DIAG)
+    def _akk(Xi, Xj, bi, ci, cj, DOT: tl.constexpr, DIAG: tl.constexpr, BETA_AFTER: tl.constexpr):
+        """Block ``(i, j)`` of ``A``: ``beta_i (k_i . k_j) exp(gc_i - gc_j)`` (strictly lower on the diagonal);
+        ``BETA_AFTER``: beta applied to the product (v3's operands, the keys as ``OPERAND`` keeps them)."""
+        if BETA_AFTER:
+            return decay_block(_dot(Xi, tl.trans(Xj), DOT), ci, cj, DIAG, bi, True)
+        else:
+            return decay_block(_dot(Xi * bi[:, None], tl.trans(Xj), DOT), ci, cj, DIAG, bi, False)
 
     @triton.jit
-    def decay_block(a, ci, cj, DIAG: tl.constexpr):
-        """The 16 x 16 block ``a`` times ``exp(gc_i - gc_j)``; on the diagonal (``DIAG``) strictly
-        lower, the exponent masked before ``exp`` (never overflowing above the diagonal)."""
+    def rows_inverse(X0, X1, X2, X3, b0, b1, b2, b3, c0, c1, c2, c3, DOT: tl.constexpr, BETA_AFTER: tl.constexpr,
+                     INV: tl.constexpr):
+        """``Tinv = (I + A)^-1`` of a chunk from its four 16-row key blocks ``X``, beta and ``gc`` blocks:
+        ``A``'s ten lower blocks (:func:`_akk`), then :func:`~._gdn_chunk_inverse.inverse`."""
+        return _inverse(
+            _akk(X0, X0, b0, c0, c0, DOT, True, BETA_AFTER), _akk(X1, X0, b1, c1, c0, DOT, False, BETA_AFTER),
+            _akk(X1, X1, b1, c1, c1, DOT, True, BETA_AFTER), _akk(X2, X0, b2, c2, c0, DOT, False, BETA_AFTER),
+            _akk(X2, X1, b2, c2, c1, DOT, False, BETA_AFTER), _akk(X2, X2, b2, c2, c2, DOT, True, BETA_AFTER),
+            _akk(X3, X0, b3, c3, c0, DOT, False, BETA_AFTER), _akk(X3, X1, b3, c3, c1, DOT, False, BETA_AFTER),
+            _akk(X3, X2, b3, c3, c2, DOT, False, BETA_AFTER), _akk(X3, X3, b3, c3, c3, DOT, True, BETA_AFTER), INV)
+
+    @triton.jit
+    def decay_block(a, ci, cj, DIAG: tl.constexpr, bi, BETA: tl.constexpr):
+        """The 16 x 16 block ``a`` (``BETA``: times ``bi`` by rows) times ``exp(gc_i - gc_j)``; on the
+        diagonal (``DIAG``) strictly lower, the exponent masked before ``exp`` (never overflowing above
+        the diagonal)."""
         d = ci[:, None] - cj[None, :]
         if DIAG:
             r = tl.arange(0, 16)
             low = r[:, None] > r[None, :]
+            if BETA:
+                a = a * bi[:, None]
             return tl.where(low, a * tl.exp(tl.where(low, d, 0.0)), 0.0)
         else:
+            if BETA:
+                a = a * bi[:, None]
             return a * tl.exp(d)
 
     @triton.jit
@@ -417,12 +438,8 @@ if triton is not None:
         h64, c0, c1, c2, c3, b0, b1, b2, b3, X0, X1, X2, X3 = _chunk_rows(
             k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, h, t0, L, K, GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t, sb_h, sc_t,
             sc_h, KP, L2NORM, DOT, False)
-        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(
-            _akk(X0, X0, b0, c0, c0, DOT, True), _akk(X1, X0, b1, c1, c0, DOT, False),
-            _akk(X1, X1, b1, c1, c1, DOT, True), _akk(X2, X0, b2, c2, c0, DOT, False),
-            _akk(X2, X1, b2, c2, c1, DOT, False), _akk(X2, X2, b2, c2, c2, DOT, True),
-            _akk(X3, X0, b3, c3, c0, DOT, False), _akk(X3, X1, b3, c3, c1, DOT, False),
-            _akk(X3, X2, b3, c3, c2, DOT, False), _akk(X3, X3, b3, c3, c3, DOT, True), INV)
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = rows_inverse(
+            X0, X1, X2, X3, b0, b1, b2, b3, c0, c1, c2, c3, DOT, False, INV)
         _wu_store(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, X0, X1, X2, X3, b0, b1, b2, b3, c0, c1, c2, c3,
                   w_ptr, v_ptr, u_ptr, h64, t0, L, K, V, sw_t, sw_h, sv_t, sv_h, sv_v, su_t, su_h, KP, BV, DOT)
 

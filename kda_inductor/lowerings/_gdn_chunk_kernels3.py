@@ -36,21 +36,7 @@ if triton is not None:
     from kda_inductor.lowerings._gdn_chunk_kernels import raw as _raw
     from kda_inductor.lowerings._gdn_chunk_kernels import sumsq as _sumsq
     from kda_inductor.lowerings._gdn_chunk_kernels import vec as _vec
-    from kda_inductor.lowerings._gdn_chunk_inverse import inverse as _inverse3
-
-    @triton.jit
-    def _akk3(Xi, Xj, bi, ci, cj, DOT: tl.constexpr, DIAG: tl.constexpr):
-        """Block ``(i, j)`` of ``A``: ``(k_i . k_j) beta_i exp(gc_i - gc_j)`` (strictly lower on the
-        diagonal), the factors applied to the product (its operands the keys as
-        :func:`~._gdn_chunk_kernels._chunk_rows` keeps them for v3: ``OPERAND``)."""
-        a = _dot(Xi, tl.trans(Xj), DOT)
-        d = ci[:, None] - cj[None, :]
-        if DIAG:
-            r = tl.arange(0, 16)
-            low = r[:, None] > r[None, :]
-            return tl.where(low, a * bi[:, None] * tl.exp(tl.where(low, d, 0.0)), 0.0)
-        else:
-            return a * bi[:, None] * tl.exp(d)
+    from kda_inductor.lowerings._gdn_chunk_kernels import rows_inverse as _rows_inverse
 
     @triton.jit
     def _put(ab, L, s_t, i, j, X):
@@ -92,12 +78,8 @@ if triton is not None:
         h64, c0, c1, c2, c3, b0, b1, b2, b3, X0, X1, X2, X3 = _chunk_rows(
             k_ptr, g_ptr, b_ptr, gc_ptr, rk_ptr, h, t0, L, K, GROUP, eps, sk_t, sk_h, sk_k, sg_t, sg_h, sb_t, sb_h, sc_t,
             sc_h, KP, L2NORM, DOT, True)
-        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse3(
-            _akk3(X0, X0, b0, c0, c0, DOT, True), _akk3(X1, X0, b1, c1, c0, DOT, False),
-            _akk3(X1, X1, b1, c1, c1, DOT, True), _akk3(X2, X0, b2, c2, c0, DOT, False),
-            _akk3(X2, X1, b2, c2, c1, DOT, False), _akk3(X2, X2, b2, c2, c2, DOT, True),
-            _akk3(X3, X0, b3, c3, c0, DOT, False), _akk3(X3, X1, b3, c3, c1, DOT, False),
-            _akk3(X3, X2, b3, c3, c2, DOT, False), _akk3(X3, X3, b3, c3, c3, DOT, True), INV)
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _rows_inverse(
+            X0, X1, X2, X3, b0, b1, b2, b3, c0, c1, c2, c3, DOT, True, INV)
         put_lower(ai_ptr + h64 * sa_h + t0 * sa_t, L, sa_t, T00, T10, T11, T20, T21, T22, T30, T31, T32, T33)
 
     @triton.jit

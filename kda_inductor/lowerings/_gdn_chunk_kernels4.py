@@ -346,7 +346,7 @@ if triton is not None:
     def _blk(a, ri, rj, bi, ci, cj, DIAG: tl.constexpr):
         """Block ``(i, j)`` of ``A`` from ``a = k_i . k_j`` (raw keys): ``beta_i a rk_i rk_j exp(gc_i -
         gc_j)`` (``ri`` / ``rj`` the rows' ``1 / |k|``, ones without l2norm), strictly lower on the diagonal."""
-        return _decay_block(a * (bi * ri)[:, None] * rj[None, :], ci, cj, DIAG)
+        return _decay_block(a * (bi * ri)[:, None] * rj[None, :], ci, cj, DIAG, bi, False)
 
     @triton.jit
     def _rk16(n, rb, s_t, rows, L, eps, L2NORM: tl.constexpr):

@@ -121,7 +121,7 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
 def where_time_goes(once, device: str, top: int = 12) -> dict[str, Any]:
     """One more generate under ``torch.profiler``: its wall time, the GPU's busy time (the kernels'
     own time, CUDA-graph replays' kernels included where CUPTI sees them), the host's time in
-    operators, and the operators with the most host self time: whether a token's time is the
+    operators, and the operators with the most host self time and the most GPU time: whether a token's time is the
     model's step or generate's own loop."""
     from torch.profiler import ProfilerActivity, profile
 
@@ -134,10 +134,12 @@ def where_time_goes(once, device: str, top: int = 12) -> dict[str, Any]:
         return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
 
     ranked = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
+    on_gpu = sorted((e for e in events if dev(e) > 0), key=lambda e: -dev(e))[:top]
     return {"wall_s": wall, "gpu_busy_s": sum(dev(e) for e in events) / 1e6,
             "host_ops_s": sum(e.self_cpu_time_total for e in events) / 1e6,
             "top_host": [{"op": e.key[:90], "self_ms": round(e.self_cpu_time_total / 1e3, 3), "calls": e.count}
-                         for e in ranked]}
+                         for e in ranked],
+            "top_device": [{"op": e.key[:90], "self_ms": round(dev(e) / 1e3, 3), "calls": e.count} for e in on_gpu]}
 
 
 def _recompiles(counters) -> int:

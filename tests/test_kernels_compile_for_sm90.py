@@ -60,3 +60,25 @@ def test_as_launched_specializes_as_triton_launcher_does():
     assert attrs == {(0,): [["tt.divisibility", 16]], (1,): [["tt.divisibility", 16]]}
     sig, consts, attrs = specialize(names, types, {"BLOCK": 64}, None)
     assert sig["s0"] == "i32" and consts == {"BLOCK": 64} and attrs == {}
+
+
+def test_recorded_launch_takes_the_launchers_integers_without_running_the_kernel():
+    """``recorded_launch``: the runtime ints our launcher passes (strides of the real tensors, not
+    constexprs), the kernel not run (the output keeps its poison), the module's kernel put back."""
+    import torch
+
+    from kda_inductor.lowerings import _conv_kernels, recorded_launch
+    from kda_inductor.lowerings._conv_launch import conv_triton
+
+    kernel = _conv_kernels.prefill_kernel
+    x = torch.randn(2, 40, 24).transpose(1, 2)  # [B, C, T] over token-major memory
+    out = torch.full((2, 40, 24), float("nan")).transpose(1, 2)
+    launch = recorded_launch(_conv_kernels, "prefill_kernel",
+                             lambda: conv_triton(x, torch.randn(24, 4), out=out))
+    assert _conv_kernels.prefill_kernel is kernel
+    assert out.isnan().all()
+    assert launch["T"] == 40 and launch["num_seqs"] == 2
+    assert (launch["sx_b"], launch["sx_t"], launch["sx_c"]) == (960, 24, 1)
+    assert launch["sw_c"] == 4 and launch["sw_k"] == 1
+    assert not set(launch) & {"BLOCK_T", "C", "K", "HAS_STATE"}
+    assert {v.launch is not None for v in _conv_kernels.aot_variants()} == {True}

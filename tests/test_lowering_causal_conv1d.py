@@ -392,9 +392,6 @@ def test_launch_config():
     """The fixed tables: each shape gets its class's config (tokens per row x channels; blocks
     capped at the tokens and the channels, warps at what the tile keeps busy), decode by the
     batch's channels; every class has a note naming where its measurement is recorded."""
-    # the register window's guesses where the sweep has not timed the class yet
-    tiles = {64: mod.LaunchConfig(16, 256, 1, 1, 8, True), 512: mod.LaunchConfig(32, 512, 2, 1, 8, True),
-             4096: mod.LaunchConfig(64, 1024, 4, 1, 8, True)}
     # what the second sweep chose (tune_causal_conv1d.md, H100): from 6144 channels, one warp over 128
     # channels, the streaming window (prefetch, the PTX silu, 4 / 2 steps unrolled)
     stream_4k, stream_16k = mod.LaunchConfig(32, 128, 1, 1, 2, True, True, True, 4), mod.LaunchConfig(
@@ -403,16 +400,18 @@ def test_launch_config():
              (16384, 11520): stream_16k}
     for (T, C), cfg in swept.items():
         assert mod.launch_config(T, C) == cfg
-    assert mod.launch_config(4096, 4096) == mod.launch_config(16384, 4096) == tiles[4096]
+    # untimed widths take their token class's timed launch (the register window's guesses spill as launched)
+    assert mod.launch_config(4096, 4096) == stream_4k and mod.launch_config(16384, 4096) == stream_16k
     # the short-T sweep's (2026-12-05 19:07) below 10240 channels; from 10240 at 64 tokens (2026-12-06 10:41)
     short = mod.LaunchConfig(16, 128, 4, 1, 8, False)
     for C in (4096, 8192, 11520, 12288):
-        assert mod.launch_config(1024, C) == mod.launch_config(512, C) == (short if C < 10240 else tiles[512])
+        assert mod.launch_config(1024, C) == mod.launch_config(512, C) == short
         assert mod.launch_config(256, C) == short
         assert mod.launch_config(5, C) == mod.LaunchConfig(8, 256, 1, 1, 8, True)
         assert mod.launch_config(3, C) == mod.LaunchConfig(4, 256, 1, 1, 4, True)
         assert mod.launch_config(1, C) == mod.LaunchConfig(1, 256, 1, 1, 1, True)
-    assert mod.launch_config(4096, 40) == mod.LaunchConfig(64, 64, 1, 1, 8, True)
+    assert mod.launch_config(4096, 40) == mod.LaunchConfig(32, 64, 1, 1, 2, True, True, True, 4)
+    assert all("provisional" not in note or "spills" in note or t == 1 for t, _, _, note in mod.PREFILL_CONFIGS)
     assert mod.update_config(1, 8192, 32) == mod.UpdateConfig(256, 2)
     assert mod.update_config(1, 8192, 128) == mod.UpdateConfig(128, 1, tile=True)
     assert mod.update_config(1, 4096, 2) == mod.UpdateConfig(64, 1)

@@ -59,6 +59,27 @@ class AotVariant(NamedTuple):
     launch: dict | None = None
 
 
+def recorded_launch(holder: Any, name: str, call: Callable[[], Any]) -> dict:
+    """The runtime integers that ``call()`` passes to the kernel ``holder.<name>`` (a module's
+    ``triton.jit`` function) when it runs our launcher, the kernel itself not run: an
+    :class:`AotVariant`'s ``launch`` taken from the real launcher on CPU tensors of a representative
+    shape instead of written by hand. The last launch wins."""
+    kernel, seen = getattr(holder, name), {}
+    hints = getattr(getattr(kernel, "fn", kernel), "__annotations__", {})  # the interpreter's wrapper too
+    runtime = [n for n in kernel.arg_names if "constexpr" not in str(hints.get(n, ""))]
+
+    class _Recorder:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.update(zip(kernel.arg_names, args), **kw)
+
+    setattr(holder, name, _Recorder())
+    try:
+        call()
+    finally:
+        setattr(holder, name, kernel)
+    return {n: int(seen[n]) for n in runtime if isinstance(seen.get(n), int) and not isinstance(seen[n], bool)}
+
+
 def debug_options(num_warps: int = 4) -> dict:
     """Compile options of our debug-mode kernels (``device_assert``), as launched."""
     return {"num_warps": num_warps, "debug": True, **triton_launch_options()}

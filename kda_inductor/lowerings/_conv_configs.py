@@ -113,13 +113,27 @@ its CUDA tests, every 16-bit value through the PTX division included, passed on 
 4,096 tokens, 16 tokens x 128 channels a program over 4 warps without the register window (3-3.5x
 faster than the window's guess there)."""
 
-PREFILL_CONFIGS = tuple(
-    (t, c, *_MEASURED.get((t, c), (_guess(t), f"provisional: T >= {t}, C >= {c}; measure: {_RESULTS}, "
-                                               f"row T={t} C={at}")))
-    for t in _T_CLASSES for c, at in _C_CLASSES)
+def _provisional(t: int, c: int, at: int) -> tuple[LaunchConfig, str]:
+    """An untimed class's launch: the one the sweep chose for its token class at another width (a
+    program's tile and its registers do not depend on the width; the widest such class), else
+    :func:`_guess`. The guesses from 512 tokens spill as launched for sm_90 (Triton 3.6,
+    ``tests/aot_sm90.py --as-launched --registers _conv_kernels``, 2026-12-07): 64 x 1024 over 4
+    warps 255 registers and 616 stack bytes (904 in Qwen3-Next's cat form), 32 x 512 over 2
+    warps 255 and 184; the measured launches 72-96 registers, none spilled."""
+    timed = [(cc, cfg) for (tt, cc), (cfg, _) in _MEASURED.items() if tt == t]
+    where = f"measure: {_RESULTS}, row T={t} C={at}"
+    if not timed:
+        return _guess(t), f"provisional: T >= {t}, C >= {c}, the register window's guess; {where}"
+    width, cfg = max(timed, key=lambda x: x[0])
+    return cfg, (f"provisional: T >= {t}, C >= {c}, the launch timed for T >= {t} at C >= {width} (the "
+                 f"register window's guess spills as launched); {where}")
+
+
+PREFILL_CONFIGS = tuple((t, c, *(_MEASURED.get((t, c)) or _provisional(t, c, at)))
+                        for t in _T_CLASSES for c, at in _C_CLASSES)
 """``(from tokens per row, from channels, config, note)``, ordered: a shape takes the last row
-both of whose bounds it meets. Rows the sweep has not timed yet keep the register-window guess
-(:func:`_guess`) and say so in their note."""
+both of whose bounds it meets. Rows the sweep has not timed yet take :func:`_provisional`'s launch
+and say so in their note."""
 
 UPDATE_CONFIGS = (
     (1, UpdateConfig(64, 1), f"1.72 us at B 1 x 8192, 1.73 at B 1 x 12288 (128 channels a program: 1.99, "

@@ -337,13 +337,21 @@ class QuietLock:
             self.release()
 
 
+KNOWN_PEAKS_GIB = {"deepseek_v32/decode128": 66.0}
+"""What one process of a (family, case) was seen to hold on the GPU in an earlier run (GiB, the
+context included), claimed before this run has measured its own: DeepSeek-V3.2 decode 128 held
+64.2 GiB on an H100 (2026-12-07, ``.ci/table``, 6 processes at once: two others of it ran out of
+memory); an H100 then admits one such process at a time."""
+
+
 class GpuMemory:
     """The GPU memory ledger of a run's compile processes (``--jobs > 1``), a JSON file beside the
     lock: each live process's claim (pid -> bytes) and the most any compile of a (family, case)
     reserved. A process builds its model on the GPU only once its claim fits beside the live
     ones (it waits, the lock given back, until enough of them end): six processes of 18 GB each
     put an H100's 80 GB out of memory (2026-12-05, kimi_linear decode 128). A (family, case) not
-    yet measured claims ``unknown`` of the card; no path: every claim fits."""
+    yet measured claims :data:`KNOWN_PEAKS_GIB`'s figure, else ``unknown`` of the card; no path: every
+    claim fits."""
 
     def __init__(self, path: str | None, *, unknown: float = 0.3, usable: float = 0.92, poll_s: float = 2.0):
         self.path, self.unknown, self.usable, self.poll_s = path, unknown, usable, poll_s
@@ -373,7 +381,7 @@ class GpuMemory:
         """Claims this process's need for ``key`` if it fits beside the live claims (always when
         none is live)."""
         def change(data: dict) -> bool:
-            need = data["peaks"].get(key, self.unknown * total)
+            need = data["peaks"].get(key) or KNOWN_PEAKS_GIB.get(key, 0) * (1 << 30) or self.unknown * total
             others = sum(b for pid, b in data["claims"].items() if int(pid) != os.getpid())
             if others and others + need > self.usable * total:
                 return False

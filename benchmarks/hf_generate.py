@@ -133,9 +133,11 @@ def where_time_goes(once, device: str, top: int = 12) -> dict[str, Any]:
     def dev(e) -> float:  # the attribute's name moved in torch 2.4
         return float(getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0)) or 0.0)
 
+    # kernels only: an operator's or a compiled graph's row carries its kernels' time again
+    kernels = [e for e in events if dev(e) > 0 and str(getattr(e, "device_type", "")).endswith(("CUDA", "PrivateUse1"))]
     ranked = sorted(events, key=lambda e: -e.self_cpu_time_total)[:top]
-    on_gpu = sorted((e for e in events if dev(e) > 0), key=lambda e: -dev(e))[:top]
-    return {"wall_s": wall, "gpu_busy_s": sum(dev(e) for e in events) / 1e6,
+    on_gpu = sorted(kernels, key=lambda e: -dev(e))[:top]
+    return {"wall_s": wall, "gpu_busy_s": sum(dev(e) for e in kernels) / 1e6,
             "host_ops_s": sum(e.self_cpu_time_total for e in events) / 1e6,
             "top_host": [{"op": e.key[:90], "self_ms": round(e.self_cpu_time_total / 1e3, 3), "calls": e.count}
                          for e in ranked],
@@ -178,7 +180,8 @@ def summarize(records: list[dict]) -> list[dict]:
         row[f"{r['cache']}_graphs"] = f"{r.get('graphs')} ({r.get('recompiles')} recompiles)" \
             if r.get("graphs") is not None else None
         prof = r.get("profile")
-        if prof and prof.get("wall_s") and (r["cache"] == "warm" or r["variant"] == "eager"):
+        shown = r["cache"] == "warm" or r["variant"] == "eager"
+        if prof and prof.get("wall_s") and prof.get("gpu_busy_s") is not None and shown:
             row["gpu_busy"] = prof["gpu_busy_s"] / prof["wall_s"]
         if r.get("error"):
             row["error"] = r["error"][:160]

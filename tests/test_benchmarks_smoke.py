@@ -651,6 +651,13 @@ def test_gpu_memory_admits_a_build_only_beside_claims_it_fits(tmp_path):
         json.dump({"claims": {str(os.getppid()): 70}, "peaks": {"a/decode": 20}}, f)
     assert mem.try_claim("a/decode", total) and not mem.try_claim("b/prefill", total)
     assert GpuMemory(None).try_claim("any", total)
+    # a case seen before (KNOWN_PEAKS_GIB) claims that much, not the unmeasured share: on an 80 GiB
+    # card beside a live 20 GiB claim, DeepSeek-V3.2 decode 128 (66 GiB) waits, an unmeasured case fits
+    gib = 1 << 30
+    with open(path, "w") as f:
+        json.dump({"claims": {str(os.getppid()): 20 * gib}, "peaks": {}}, f)
+    assert not mem.try_claim("deepseek_v32/decode128", 80 * gib)
+    assert GpuMemory(path, unknown=0.3).try_claim("b/prefill", 80 * gib)
 
 
 def test_gpu_lock_is_free_while_dynamo_compiles_and_taken_when_it_ends(tmp_path):

@@ -407,47 +407,19 @@ def aot_variants():
                     PREFETCH=cfg.prefetch, PTX=cfg.ptx, UNROLL=cfg.unroll)
 
     stream = (LaunchConfig(64, 256, 1, 1, 2, True, True, True, 4), LaunchConfig(64, 128, 1, 1, 4, True, True))
-    at = _aot_launches()
     for cfg in dict.fromkeys([cfg for _, _, cfg, _ in PREFILL_CONFIGS] + list(stream)):
         for sources in (plain, QWEN3_NEXT_SOURCES):
             consts = dict(pre, **aot_geometry(sources, cfg.block_c), **tile(cfg))
-            yield AotVariant(prefill_kernel, pre_types, consts, {"num_warps": cfg.num_warps}, at[sources, False])
+            yield AotVariant(prefill_kernel, pre_types, consts, {"num_warps": cfg.num_warps})
     big = dict(pre, **aot_geometry(plain, 128), **tile(PREFILL_CONFIGS[-1][2]))
-    yield AotVariant(prefill_kernel, pre_types, dict(big, HAS_BIAS=True, SILU=False, HAS_STATE=True), {"num_warps": 4},
-                     at[plain, False])
+    yield AotVariant(prefill_kernel, pre_types, dict(big, HAS_BIAS=True, SILU=False, HAS_STATE=True), {"num_warps": 4})
     yield AotVariant(prefill_kernel_checked, pre_types, dict(big, HAS_STATE=True, VARLEN=True, STEPS=4),
-                     debug_options(), at[plain, False])
+                     debug_options())
     up_types = dict(ptrs, **{n: t for n, t in ints.items() if n != "num_seqs"})
     for _, cfg, _ in UPDATE_CONFIGS:
         consts = dict(base, **aot_geometry(plain, cfg.block_c), S_P2=4, SS_C=4, S_W=4, CONV=True, ONE=True, S_KIND=1)
-        yield AotVariant(update_kernel, up_types, consts, {"num_warps": cfg.num_warps}, at[plain, True])
-    yield AotVariant(update_kernel, up_types, dict(consts, ONE=False), {"num_warps": cfg.num_warps}, at[plain, True])
-    yield AotVariant(update_kernel, up_types, dict(consts, CONV=False, ONE=False), {"num_warps": cfg.num_warps},
-                     at[plain, True])
+        yield AotVariant(update_kernel, up_types, consts, {"num_warps": cfg.num_warps})
+    yield AotVariant(update_kernel, up_types, dict(consts, ONE=False), {"num_warps": cfg.num_warps})
+    yield AotVariant(update_kernel, up_types, dict(consts, CONV=False, ONE=False), {"num_warps": cfg.num_warps})
     yield AotVariant(update_kernel, up_types, dict(consts, **aot_geometry(QWEN3_NEXT_SOURCES, 256)),
-                     {"num_warps": 1}, at[QWEN3_NEXT_SOURCES, True])
-
-
-def _aot_launches() -> dict:
-    """``{(sources, update): launch}`` for :func:`aot_variants`, recorded from our launcher on CPU tensors
-    (``recorded_launch``; no kernel runs): the prefill of 4,096 tokens of one sequence and the decode
-    update of 32 sequences (a ``[B, C, 4]`` state), of 8,192 token-major channels or Qwen3-Next's
-    ``cat(q, k, v)`` as views of its ``[B, T, 16, 768]`` projection."""
-    import sys
-
-    import torch
-
-    from kda_inductor.lowerings import recorded_launch
-    from kda_inductor.lowerings._conv_launch import conv_triton
-
-    bf16, out = torch.bfloat16, {}
-    w = torch.empty(8192, 4, dtype=bf16)
-    for update, (b, t) in ((False, (1, 4096)), (True, (32, 1))):
-        proj = torch.empty(b, t, 16, 768, dtype=bf16)
-        state = torch.empty(b, 8192, 4, dtype=bf16) if update else None
-        for sources, x in ((((1, 8192, 0),), torch.empty(b, t, 8192, dtype=bf16).transpose(1, 2)),
-                           (QWEN3_NEXT_SOURCES, [proj[..., :128], proj[..., 128:256], proj[..., 256:512]])):
-            name = "update_kernel" if update else "prefill_kernel"
-            out[sources, update] = recorded_launch(sys.modules[__name__], name, lambda: conv_triton(
-                x, w, initial_state=state, update=update))
-    return out
+                     {"num_warps": 1})

@@ -117,7 +117,7 @@ def _provisional(t: int, c: int, at: int) -> tuple[LaunchConfig, str]:
     """An untimed class's launch: the one the sweep chose for its token class at another width (a
     program's tile and its registers do not depend on the width; the widest such class), else
     :func:`_guess`. The guesses from 512 tokens spill as launched for sm_90 (Triton 3.6,
-    ``tests/aot_sm90.py --as-launched --registers _conv_kernels`` with launch values recorded by
+    ``tests/aot_sm90.py --as-launched --registers _conv_launch`` with launch values recorded by
     ``recorded_launch``, 2026-12-07): 64 x 1024 over 4
     warps 255 registers and 616 stack bytes (904 in Qwen3-Next's cat form), 32 x 512 over 2
     warps 255 and 184; the measured launches 72-96 registers, none spilled."""

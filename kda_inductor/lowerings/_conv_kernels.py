@@ -3,8 +3,8 @@ ops and their arithmetic; ``docs/causal_conv1d.md``, "The kernels", the design):
 (:data:`prefill_kernel`; :data:`prefill_kernel_checked`, the varlen launch in Triton's debug
 mode so that ``cu_seqlens``' device assert traps) and the update (:data:`update_kernel`, decode:
 the state tile read once, the shifted tile written once). Their launches and configs:
-``_conv_launch.py``, ``_conv_configs.py``; :func:`aot_variants` lists what the sm_90 compile
-check builds.
+``_conv_launch.py``, ``_conv_configs.py``; ``_conv_launch.aot_variants`` lists what the sm_90
+compile check builds.
 
 Every sum is aten's: the bias, then one FMA per tap, oldest first, in float32; the silu is
 eager's ``v / (1 + expf(-v))`` with IEEE division; roundings to the conv's and the output's
@@ -388,38 +388,6 @@ if triton is not None:
 
 
 def aot_variants():
-    """The launches to compile ahead of time for sm_90 (K = 4, bf16): every distinct prefill
-    config of ``PREFILL_CONFIGS`` and two of the streaming window (``_conv_stream.py``, with and
-    without its ``ptx``) at 8192 channels and in the Qwen3-Next cat form; with bias,
-    state and no silu; varlen (the checked kernel) with a state; every update config class, and
-    the state shift alone."""
-    from kda_inductor.lowerings import AotVariant, debug_options
-
-    ptrs = {n: "*bf16" for n in ("x0", "x1", "x2", "x3", "w_ptr", "b_ptr", "s_ptr", "y_ptr")}
-    ints = {n: "i32" for n in ("T", "S", "sx_b", "sx_t", "sx_c", "ss_n", "ss_c", "ss_t", "sw_c", "sw_k")}
-    pre_types = dict(ptrs, cu_ptr="*i32", num_seqs="i32", **ints)
-    base = dict(K=4, HAS_BIAS=False, SILU=True, W_KIND=1, ACT_KIND=1, OUT_KIND=1, HW=True, X_UNIT=True)
-    pre = dict(base, HAS_STATE=False, VARLEN=False, STEPS=1)
-    plain = ((1, 8192, 0),)
-
-    def tile(cfg):
-        return dict(BLOCK_T=cfg.block_t, ROWS=cfg.rows, NUM_STAGES=cfg.num_stages, WINDOW=cfg.window,
-                    PREFETCH=cfg.prefetch, PTX=cfg.ptx, UNROLL=cfg.unroll)
-
-    stream = (LaunchConfig(64, 256, 1, 1, 2, True, True, True, 4), LaunchConfig(64, 128, 1, 1, 4, True, True))
-    for cfg in dict.fromkeys([cfg for _, _, cfg, _ in PREFILL_CONFIGS] + list(stream)):
-        for sources in (plain, QWEN3_NEXT_SOURCES):
-            consts = dict(pre, **aot_geometry(sources, cfg.block_c), **tile(cfg))
-            yield AotVariant(prefill_kernel, pre_types, consts, {"num_warps": cfg.num_warps})
-    big = dict(pre, **aot_geometry(plain, 128), **tile(PREFILL_CONFIGS[-1][2]))
-    yield AotVariant(prefill_kernel, pre_types, dict(big, HAS_BIAS=True, SILU=False, HAS_STATE=True), {"num_warps": 4})
-    yield AotVariant(prefill_kernel_checked, pre_types, dict(big, HAS_STATE=True, VARLEN=True, STEPS=4),
-                     debug_options())
-    up_types = dict(ptrs, **{n: t for n, t in ints.items() if n != "num_seqs"})
-    for _, cfg, _ in UPDATE_CONFIGS:
-        consts = dict(base, **aot_geometry(plain, cfg.block_c), S_P2=4, SS_C=4, S_W=4, CONV=True, ONE=True, S_KIND=1)
-        yield AotVariant(update_kernel, up_types, consts, {"num_warps": cfg.num_warps})
-    yield AotVariant(update_kernel, up_types, dict(consts, ONE=False), {"num_warps": cfg.num_warps})
-    yield AotVariant(update_kernel, up_types, dict(consts, CONV=False, ONE=False), {"num_warps": cfg.num_warps})
-    yield AotVariant(update_kernel, up_types, dict(consts, **aot_geometry(QWEN3_NEXT_SOURCES, 256)),
-                     {"num_warps": 1})
+    """None of its own: ``_conv_launch.aot_variants()`` compiles these kernels, with the launch values
+    its launcher passes (an import of the launcher from here would be a cycle)."""
+    return iter(())

@@ -14,10 +14,14 @@ from kda_inductor.lowerings import _conv_kernels as kernels
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import interpreter_checks, triton_launch_options
 from kda_inductor.lowerings._conv_configs import (
+    PREFILL_CONFIGS,
+    QWEN3_NEXT_SOURCES,
+    UPDATE_CONFIGS,
     UPDATE_MAX_T,
     LaunchConfig,
     Source,
     UpdateConfig,
+    aot_geometry,
     geometry,
     head_block,
     launch_config,
@@ -28,7 +32,7 @@ from kda_inductor.lowerings._conv_configs import (
 from kda_inductor.lowerings._conv_validate import KIND, MAX_SOURCES, ConvMeta, cat_sources, validate, validate_sources
 from kda_inductor.lowerings._triton import triton
 
-__all__ = ["conv_triton", "launch"]
+__all__ = ["aot_variants", "conv_triton", "launch"]
 
 
 def _steps(num_seqs: int) -> int:
@@ -128,4 +132,74 @@ def conv_triton(x: Tensor | list[Tensor], weight: Tensor, bias: Tensor | None = 
                    f"strides {out.stride()}")
     launch(x, weight, bias, initial_state, cu_seqlens, out, activation, act_dtype, meta, update=update,
            config=config)
+    return out
+
+
+def aot_variants():
+    """The launches to compile ahead of time for sm_90 (K = 4, bf16): every distinct prefill
+    config of ``PREFILL_CONFIGS`` and two of the streaming window (``_conv_stream.py``, with and
+    without its ``ptx``) at 8192 channels and in the Qwen3-Next cat form; with bias,
+    state and no silu; varlen (the checked kernel) with a state; every update config class, and
+    the state shift alone. Each with the integers our launcher passes at a representative launch
+    (:func:`_aot_launches`), for ``tests/aot_sm90.py --as-launched``."""
+    from kda_inductor.lowerings import AotVariant, debug_options
+
+    ptrs = {n: "*bf16" for n in ("x0", "x1", "x2", "x3", "w_ptr", "b_ptr", "s_ptr", "y_ptr")}
+    ints = {n: "i32" for n in ("T", "S", "sx_b", "sx_t", "sx_c", "ss_n", "ss_c", "ss_t", "sw_c", "sw_k")}
+    pre_types = dict(ptrs, cu_ptr="*i32", num_seqs="i32", **ints)
+    base = dict(K=4, HAS_BIAS=False, SILU=True, W_KIND=1, ACT_KIND=1, OUT_KIND=1, HW=True, X_UNIT=True)
+    pre = dict(base, HAS_STATE=False, VARLEN=False, STEPS=1)
+    plain = ((1, 8192, 0),)
+
+    def tile(cfg):
+        return dict(BLOCK_T=cfg.block_t, ROWS=cfg.rows, NUM_STAGES=cfg.num_stages, WINDOW=cfg.window,
+                    PREFETCH=cfg.prefetch, PTX=cfg.ptx, UNROLL=cfg.unroll)
+
+    at = _aot_launches()
+    stream = (LaunchConfig(64, 256, 1, 1, 2, True, True, True, 4), LaunchConfig(64, 128, 1, 1, 4, True, True))
+    for cfg in dict.fromkeys([cfg for _, _, cfg, _ in PREFILL_CONFIGS] + list(stream)):
+        for sources in (plain, QWEN3_NEXT_SOURCES):
+            consts = dict(pre, **aot_geometry(sources, cfg.block_c), **tile(cfg))
+            yield AotVariant(kernels.prefill_kernel, pre_types, consts, {"num_warps": cfg.num_warps},
+                             at[sources, False])
+    big = dict(pre, **aot_geometry(plain, 128), **tile(PREFILL_CONFIGS[-1][2]))
+    yield AotVariant(kernels.prefill_kernel, pre_types, dict(big, HAS_BIAS=True, SILU=False, HAS_STATE=True),
+                     {"num_warps": 4}, at[plain, False])
+    yield AotVariant(kernels.prefill_kernel_checked, pre_types, dict(big, HAS_STATE=True, VARLEN=True, STEPS=4),
+                     debug_options(), at[plain, False])
+    yield from _aot_updates(dict(ptrs, **{n: t for n, t in ints.items() if n != "num_seqs"}), base, at)
+
+
+def _aot_updates(up_types: dict, base: dict, at: dict):
+    """:func:`aot_variants`' update launches: every update config class, and the state shift alone."""
+    from kda_inductor.lowerings import AotVariant
+
+    plain = ((1, 8192, 0),)
+    for _, cfg, _ in UPDATE_CONFIGS:
+        consts = dict(base, **aot_geometry(plain, cfg.block_c), S_P2=4, SS_C=4, S_W=4, CONV=True, ONE=True, S_KIND=1)
+        yield AotVariant(kernels.update_kernel, up_types, consts, {"num_warps": cfg.num_warps}, at[plain, True])
+    warps = {"num_warps": cfg.num_warps}
+    yield AotVariant(kernels.update_kernel, up_types, dict(consts, ONE=False), warps, at[plain, True])
+    yield AotVariant(kernels.update_kernel, up_types, dict(consts, CONV=False, ONE=False), warps, at[plain, True])
+    yield AotVariant(kernels.update_kernel, up_types, dict(consts, **aot_geometry(QWEN3_NEXT_SOURCES, 256)),
+                     {"num_warps": 1}, at[QWEN3_NEXT_SOURCES, True])
+
+
+def _aot_launches() -> dict:
+    """``{(sources, update): launch}`` for :func:`aot_variants`, recorded from :func:`conv_triton` on CPU
+    tensors (``recorded_launch``; no kernel runs): the prefill of 4,096 tokens of one sequence and the
+    decode update of 32 sequences (a ``[B, C, 4]`` state), of 8,192 token-major channels or Qwen3-Next's
+    ``cat(q, k, v)`` as views of its ``[B, T, 16, 768]`` projection."""
+    from kda_inductor.lowerings import recorded_launch
+
+    bf16, out, plain = torch.bfloat16, {}, ((1, 8192, 0),)
+    w = torch.empty(8192, 4, dtype=bf16)
+    for update, (b, t) in ((False, (1, 4096)), (True, (32, 1))):
+        proj = torch.empty(b, t, 16, 768, dtype=bf16)
+        state = torch.empty(b, 8192, 4, dtype=bf16) if update else None
+        for sources, x in ((plain, torch.empty(b, t, 8192, dtype=bf16).transpose(1, 2)),
+                           (QWEN3_NEXT_SOURCES, [proj[..., :128], proj[..., 128:256], proj[..., 256:512]])):
+            name = "update_kernel" if update else "prefill_kernel"
+            out[sources, update] = recorded_launch(kernels, name, lambda: conv_triton(
+                x, w, initial_state=state, update=update))
     return out

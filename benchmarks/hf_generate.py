@@ -12,7 +12,9 @@ backend and mode (default ``mode="reduce-overhead"``: CUDA graphs); "avoid calli
 
 - eager: ``generate()`` as it comes (the default dynamic cache, nothing compiled);
 - stock: ``cache_implementation="static"``, ``compile_config=CompileConfig(backend="inductor")``;
-- kda: the same with ``CompileConfig(backend="kda_inductor")``.
+- kda: the same with ``CompileConfig(backend="kda_inductor")``; ``kda@with-NAME`` with rewrite NAME
+  on where its speed rule would leave it (``benchmarks/_hf_sched.py``'s modifiers, as ``hf_models``
+  takes them: e.g. ``kda@with-moe_grouped_experts``).
 
 The model is ``benchmarks.hf_models``'s: the released per-layer dims, 4 layers, 16 experts,
 bf16, random weights from the config (no download), a 4096-token vocabulary; prompts of
@@ -62,7 +64,7 @@ def generate_kwargs(variant: str, *, new_tokens: int, smoke: bool) -> dict[str, 
         return kw
     from transformers import CompileConfig
 
-    config = CompileConfig(backend=BACKENDS[variant], **({"mode": "default"} if smoke else {}))
+    config = CompileConfig(backend=BACKENDS[_hf_sched.base_variant(variant)], **({"mode": "default"} if smoke else {}))
     if smoke:  # generate compiles only on accelerators unless told otherwise (a private switch)
         config._compile_all_devices = True
     return {**kw, "cache_implementation": "static", "compile_config": config}
@@ -73,6 +75,9 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     from torch._dynamo.utils import counters
 
     smoke, device = spec["smoke"], spec["device"]
+    refused = _hf_sched.apply_modifiers(spec["variant"])  # kda@with-NAME: a forced-only rewrite on
+    if refused:
+        return {"error": refused}
     family = hf_models.BY_NAME[spec["family"]]
     built = hf_models.build(family, tiny=smoke, device=device,
                             dtype=torch.float32 if smoke else torch.bfloat16,

@@ -1,0 +1,218 @@
+"""moe_grouped_experts: transformers' ``batched_mm`` experts (every selected expert's weights gathered
+per (token, expert) pair, then a batched matrix-vector product) as one grouped GEMM per projection.
+
+Numerics: each output row is one expert's dot products over K in float32, rounded once; on CPU
+torch's grouped GEMM and the bmm sum in the same order here, so the rewrite's result is the same
+compile's without it, bit for bit (``exact``), and eager's within the compile's own rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from kda_inductor.patterns.base import Stage
+from kda_inductor.patterns.moe_grouped_experts import _grouped_mm_refuses
+from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile, op_counts
+
+NAME = "moe_grouped_experts"
+E, H, I, TOPK = 8, 64, 32, 2
+
+
+def batched_linear(x, weight, is_transposed=False):
+    """transformers' ``_batched_linear`` (integrations/moe.py), without the bias."""
+    if is_transposed:
+        return torch.bmm(x.unsqueeze(1), weight).squeeze(1)
+    return torch.bmm(weight, x.unsqueeze(-1)).squeeze(-1)
+
+
+class Experts(nn.Module):
+    """transformers' ``batched_mm_experts_forward`` for a gated MoE (Qwen3-Next's experts), weights
+    ``[E, 2I, H]`` / ``[E, H, I]``, or transposed ``[E, H, 2I]`` / ``[E, I, H]``."""
+
+    def __init__(self, transposed=False, leak=False):
+        super().__init__()
+        self.transposed, self.leak = transposed, leak
+        up, down = ((E, H, 2 * I), (E, I, H)) if transposed else ((E, 2 * I, H), (E, H, I))
+        self.gate_up_proj = nn.Parameter(torch.randn(up) * 0.1)
+        self.down_proj = nn.Parameter(torch.randn(down) * 0.1)
+
+    def forward(self, hidden, top_k_index, top_k_weights):
+        tokens, topk = hidden.shape[0], top_k_index.shape[-1]
+        x = hidden.repeat_interleave(topk, dim=0)
+        ids = top_k_index.reshape(-1)
+        up_w = self.gate_up_proj[ids]
+        gate, up = batched_linear(x, up_w, self.transposed).chunk(2, dim=-1)
+        h = nn.functional.silu(gate) * up
+        out = batched_linear(h, self.down_proj[ids], self.transposed)
+        out = (out * top_k_weights.reshape(-1, 1)).view(tokens, topk, -1).sum(dim=1)
+        return (out, up_w.sum()) if self.leak else out
+
+
+def routing(tokens=5, seed=0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(tokens, H, generator=g).to(dtype)
+    ids = torch.stack([torch.randperm(E, generator=g)[:TOPK] for _ in range(tokens)])
+    weights = torch.softmax(torch.randn(tokens, TOPK, generator=g), -1).to(dtype)
+    return hidden, ids, weights
+
+
+def _run(module, args, **kw):
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(module, **kw)
+        return c(*args), module(*args), c
+
+
+def _misses(c):
+    return [m for r in c.records for m in r.misses.get(NAME, [])]
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["weights_first", "is_transposed"])
+def test_both_projections_become_grouped_gemms(transposed):
+    torch.manual_seed(0)
+    module = Experts(transposed).to(torch.bfloat16).eval()
+    args = routing()
+    got, want, c = _run(module, args)
+    assert c.matches[NAME] == 1  # one match an ids tensor: the up and the down projection
+    counts = op_counts(c)
+    assert counts.before["aten.bmm.default"] == 2 and counts.after["aten.bmm.default"] == 0
+    assert counts.after["aten._grouped_mm.default"] == 2 and counts.after["aten.sort.stable"] == 1
+    assert counts.before["aten.index.Tensor"] == 2 and counts.after["aten.index.Tensor"] == 0
+    assert_close_to_eager(got, want)
+    off, _, _ = _run(module, args, options={"kda": {"disable": [NAME]}})
+    assert_close_to_eager(got, off, exact=True)
+
+
+def test_transformers_qwen3_next_experts():
+    """transformers' own module (its ``batched_mm`` experts, as ``generate()`` switches them)."""
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextSparseMoeBlock
+
+    cfg = transformers.Qwen3NextConfig(hidden_size=H, moe_intermediate_size=I, shared_expert_intermediate_size=I,
+                                       num_experts=E, num_experts_per_tok=TOPK)
+    cfg._experts_implementation = "batched_mm"
+    torch.manual_seed(0)
+    block = Qwen3NextSparseMoeBlock(cfg).to(torch.bfloat16).eval()
+    for p in block.parameters():
+        nn.init.normal_(p, std=0.1)
+    x = torch.randn(3, 2, H, dtype=torch.bfloat16)
+    got, want, c = _run(block, (x,))
+    assert c.matches == {**dict.fromkeys(c.matches, 0), NAME: 1}
+    assert op_counts(c).after["aten._grouped_mm.default"] == 2
+    assert_close_to_eager(got, want)
+    assert not [m for r in c.records for ms in r.misses.values() for m in ms if m.shown]
+
+
+def test_negative_ids_read_as_the_gather_does():
+    torch.manual_seed(0)
+    module = Experts().to(torch.bfloat16).eval()
+    hidden, ids, weights = routing(seed=1)
+    ids = torch.where(ids % 2 == 0, ids - E, ids)  # -E..-1 read experts 0..E-1
+    assert (ids < 0).any()
+    got, want, c = _run(module, (hidden, ids, weights))
+    assert c.matches[NAME] == 1
+    assert_close_to_eager(got, want)
+
+
+def test_an_expert_id_out_of_range_fails_loudly():
+    torch.manual_seed(0)
+    module = Experts().to(torch.bfloat16).eval()
+    hidden, ids, weights = routing(seed=2)
+    ids[1, 0] = E
+    with pytest.raises(IndexError):
+        module(hidden, ids, weights)
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(module)
+        with pytest.raises(RuntimeError, match="expert id outside"):
+            c(hidden, ids, weights)
+    assert c.matches[NAME] == 1
+
+
+def test_tokens_dynamic():
+    """The pairs' count S symbolic (a dynamic batch): the match holds, each size checked."""
+    torch.manual_seed(0)
+    module = Experts().to(torch.bfloat16).eval()
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(module, dynamic=True)
+        for tokens in (5, 9):
+            args = routing(tokens, seed=tokens)
+            assert_close_to_eager(c(*args), module(*args))
+    assert c.matches[NAME] == 1
+
+
+def test_float32_is_left_to_inductor():
+    """torch's grouped GEMM takes bf16 only: float32 experts stay gather + bmm, with the reason."""
+    torch.manual_seed(0)
+    module = Experts().eval()
+    got, want, c = _run(module, routing(dtype=torch.float32))
+    assert c.matches[NAME] == 0
+    misses = _misses(c)
+    assert len(misses) == 2 and all(m.stage == Stage.LAYOUT and "bf16 only" in m.check for m in misses)
+    assert_close_to_eager(got, want)
+
+
+def test_a_gather_read_elsewhere_stays():
+    torch.manual_seed(0)
+    module = Experts(leak=True).to(torch.bfloat16).eval()
+    got, want, c = _run(module, routing())
+    assert c.matches[NAME] == 1  # the down projection alone
+    [miss] = _misses(c)
+    assert miss.stage == Stage.REGION and "read elsewhere" in miss.check
+    assert miss.location and "test_moe_grouped_experts.py" in miss.location
+    assert_close_to_eager(got, want)
+
+
+def test_a_batched_gemm_of_gathered_weights_is_not_a_projection():
+    """``bmm(W[ids], X)`` with X ``[S, K, 2]``: two vectors a pair, not the experts' form: a miss."""
+    w = torch.randn(E, 2 * I, H)
+
+    def f(x, ids):
+        return torch.bmm(w[ids], x)
+
+    x, ids = torch.randn(6, H, 2), torch.randint(0, E, (6,))
+    got, want, c = _run(f, (x, ids))
+    assert c.matches[NAME] == 0
+    [miss] = _misses(c)
+    assert miss.stage == Stage.FORM and "not one vector a pair" in miss.check
+    assert_close_to_eager(got, want)
+
+
+def test_a_plain_bmm_is_not_a_candidate():
+    def f(a, b):
+        return torch.bmm(a, b)
+
+    got, want, c = _run(f, (torch.randn(4, 8, 16), torch.randn(4, 16, 1)))
+    assert c.matches[NAME] == 0 and not _misses(c)
+    assert_close_to_eager(got, want)
+
+
+def test_unforced_on_cpu_is_a_speed_rule_miss():
+    torch.manual_seed(0)
+    module = Experts().to(torch.bfloat16).eval()
+    got, want, c = _run(module, routing(), force=False)
+    assert c.matches[NAME] == 0
+    [miss] = _misses(c)
+    assert miss.stage == Stage.SPEED_RULE and "forced only" in miss.check
+    assert_close_to_eager(got, want)
+
+
+class _Meta:
+    """A tensor's metadata as ``_grouped_mm_refuses`` reads it (CUDA, without a GPU)."""
+
+    def __init__(self, shape, dtype, device="cuda"):
+        self.shape, self.dtype, self.device = shape, dtype, torch.device(device)
+
+    def element_size(self):
+        return torch.empty((), dtype=self.dtype).element_size()
+
+
+@pytest.mark.parametrize("shape,dtype,want", [
+    ((8, 64, 32), torch.bfloat16, None),
+    ((8, 64, 32), torch.float16, "bf16 only"),
+    ((8, 64, 32), torch.float32, "bf16 only"),
+    ((8, 64, 36), torch.bfloat16, "16-byte aligned"),
+])
+def test_what_cuda_grouped_gemm_takes(shape, dtype, want):
+    why = _grouped_mm_refuses(_Meta(shape, dtype), _Meta((5, 32, 1), dtype))
+    assert (why is None) if want is None else (want in why)
+    assert "differ in dtype" in _grouped_mm_refuses(_Meta(shape, torch.bfloat16), _Meta((5, 32, 1), torch.float32))

@@ -1,0 +1,109 @@
+"""moe_grouped_experts on CUDA (skipped without a GPU): transformers' ``batched_mm`` experts at
+Qwen3-Next's expert dims as torch's grouped GEMM, against eager, CUDA-graph safe (no host sync: the
+offsets by ``searchsorted``), no cudagraph skip under ``reduce-overhead``, and the device assert of
+an expert id out of range.
+
+Numerics: cuBLAS' bmm and torch's grouped GEMM sum K in another order, so the rows agree within
+bf16 rounding (a few steps of the output's scale), not bit for bit."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from kda_inductor.testing import (
+    assert_close_to_eager,
+    assert_cudagraph_safe,
+    assert_no_cudagraph_skips,
+    compile_for_test,
+    fresh_compile,
+)
+
+pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
+
+NAME = "moe_grouped_experts"
+HIDDEN, INTER, TOPK = 2048, 512, 10
+
+
+def _layer(experts=64):
+    transformers = pytest.importorskip("transformers")
+    from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextExperts
+
+    cfg = transformers.Qwen3NextConfig(hidden_size=HIDDEN, moe_intermediate_size=INTER, num_experts=experts,
+                                       num_experts_per_tok=TOPK)
+    cfg._experts_implementation = "batched_mm"
+    layer = Qwen3NextExperts(cfg).to(device="cuda", dtype=torch.bfloat16).eval()
+    for p in layer.parameters():
+        torch.nn.init.normal_(p, std=HIDDEN ** -0.5)
+    return layer
+
+
+def _inputs(tokens, experts=64, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(tokens, HIDDEN, generator=g, device="cuda").bfloat16()
+    ids = torch.rand(tokens, experts, generator=g, device="cuda").topk(TOPK, dim=-1).indices
+    w = torch.softmax(torch.randn(tokens, TOPK, generator=g, device="cuda"), -1).bfloat16()
+    return x, ids, w
+
+
+def _close(got, want):
+    step = torch.finfo(torch.bfloat16).eps * float(want.float().abs().max())
+    assert_close_to_eager(got, want, rtol=0.02, atol=4 * step)
+
+
+@pytest.mark.parametrize("tokens", [1, 32])
+def test_grouped_gemm_against_eager_and_graph_safe(tokens):
+    layer, args = _layer(), _inputs(tokens)
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(layer)
+        got = c(*args)
+        assert c.matches[NAME] == 1
+        _close(got, layer(*args))
+        assert_cudagraph_safe(c, *args)
+
+
+def test_not_measured_is_not_rewritten():
+    layer, args = _layer(), _inputs(8)
+    with torch.inference_mode(), fresh_compile():
+        c = compile_for_test(layer, force=False)
+        c(*args)
+    from kda_inductor.patterns.moe_grouped_experts import MEASURED
+
+    assert c.matches[NAME] == (1 if MEASURED.get("cuda") else 0)
+
+
+def test_reduce_overhead_no_cudagraph_skips():
+    layer, args = _layer(), _inputs(4)
+
+    def run():
+        with torch.inference_mode(), fresh_compile():
+            c = compile_for_test(layer, mode="reduce-overhead")
+            for _ in range(3):
+                got = c(*args)
+            assert c.matches[NAME] == 1
+            _close(got, layer(*args))
+
+    assert_no_cudagraph_skips(run)
+
+
+def test_an_expert_id_out_of_range_traps():
+    """A device assert (eager's gather raises too): in a child process, whose CUDA context it kills."""
+    code = textwrap.dedent(f"""
+        import torch
+        from tests.test_moe_grouped_experts_cuda import _layer, _inputs
+        from kda_inductor.testing import compile_for_test, fresh_compile
+        layer, (x, ids, w) = _layer(), _inputs(3)
+        ids[1, 0] = 64
+        with torch.inference_mode(), fresh_compile():
+            c = compile_for_test(layer)
+            c(x, ids, w)
+            torch.cuda.synchronize()
+        print("NO TRAP")
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode != 0 and "NO TRAP" not in r.stdout, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "expert id outside" in r.stderr or "device-side assert" in r.stderr, r.stderr[-2000:]

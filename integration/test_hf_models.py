@@ -1,6 +1,7 @@
 """transformers' own hybrid model families (``benchmarks/hf_models.py``, tiny dims, bf16, CPU):
 each compiles with ``backend="kda_inductor"`` and the rewrites forced, matches eager on a decode
-step (cache of 8 tokens) and a 16-token prefill, and gets exactly the rewrites it should.
+step (cache of 8 tokens) and a 16-token prefill, and gets exactly the rewrites it should; with the
+experts as ``generate()``'s decoding runs them (``batched_mm``), ``moe_grouped_experts`` on each MoE layer.
 
 Where a family's spelling is not rewritten today the test asserts 0 and that ``explain()``'s
 misses name the reason at the transformers source line (``NOT_REWRITTEN``)."""
@@ -125,3 +126,36 @@ if NOT_REWRITTEN:  # defined only while some family's spelling is not rewritten
         misses = [m for r in runs[case][2] for m in r.misses.get("gated_norm_merge", [])]
         where = f"transformers/models/{family.module}/modeling_{family.module}.py"
         assert any(where in (m.location or "") and NOT_REWRITTEN[family.name] in m.check for m in misses), misses
+
+
+def _experts_modules(model) -> int:
+    """The model's MoE experts modules (3-D ``gate_up_proj`` weights): dense layers have none."""
+    return sum(1 for m in model.modules() if getattr(getattr(m, "gate_up_proj", None), "ndim", 0) == 3)
+
+
+@pytest.mark.parametrize("name", [f.name for f in hf_models.FAMILIES])
+def test_generate_decoding_experts(name):
+    """A decode step with the experts as ``generate()`` runs them on GPUs (``batched_mm``, set by
+    ``GenerationMixin._optimize_model_for_decode``): ``moe_grouped_experts`` on every MoE layer, each
+    projection's per-pair weight copy gone, the step as eager's within bf16 rounding."""
+    family = hf_models.BY_NAME[name]
+    built = hf_models.build(family, tiny=True, device="cpu", dtype=torch.bfloat16)  # the grouped GEMM: bf16
+    if built is None:
+        pytest.skip(f"{name}: not in the installed transformers")
+    model, config = built
+    layers = _experts_modules(model)
+    if not layers or not hasattr(model, "set_experts_implementation"):
+        pytest.skip(f"{name}: no MoE experts modules")
+    model.set_experts_implementation("batched_mm")
+    step, reset = hf_models.decode_case(model, config, batch=2, context=8, device="cpu")
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        reset()
+        expected = step(model.model).clone()
+        compiled = compile_for_test(model.model)
+        reset()
+        actual = step(compiled)
+    torch._dynamo.reset()
+    assert pass_manager.total_matches(compiled.records)["moe_grouped_experts"] == layers
+    step_ = torch.finfo(torch.bfloat16).eps * float(expected.float().abs().max())
+    assert_close_to_eager(actual, expected, rtol=0.02, atol=4 * step_)

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from kda_inductor.patterns.base import Stage
+from kda_inductor.patterns import moe_grouped_experts as rule
 from kda_inductor.patterns.moe_grouped_experts import _grouped_mm_refuses
 from kda_inductor.testing import assert_close_to_eager, compile_for_test, fresh_compile, op_counts
 
@@ -126,6 +127,23 @@ def test_an_expert_id_out_of_range_fails_loudly():
         with pytest.raises(RuntimeError, match="expert id outside"):
             c(hidden, ids, weights)
     assert c.matches[NAME] == 1
+
+
+def test_an_out_of_range_pair_is_nan_where_the_assert_does_not_trap():
+    """The replacement's own arithmetic: a pair whose id lies outside ``[-E, E)`` comes out NaN (on CUDA
+    Inductor's assert did not trap on an H100), the other pairs as the gather + bmm give them."""
+    torch.manual_seed(0)
+    w, x = torch.randn(E, 2 * I, H).bfloat16(), torch.randn(6, H, 1).bfloat16()
+    ids = torch.tensor([3, 0, 7, 1, 3, 5])
+    perm, offs, valid = rule.routing(ids, E)
+    bad = valid.clone()
+    bad[2] = False  # as if ids[2] were out of range (eager's assert passed: the ids are in range)
+    got = rule.project(x, w, perm, offs, bad, True)
+    want = torch.bmm(w[ids], x)
+    assert torch.isnan(got[2]).all() and not torch.isnan(got[bad]).any()
+    assert_close_to_eager(got[bad], want[bad], exact=True)
+    with pytest.raises(RuntimeError, match="expert id outside"):
+        rule.routing(torch.tensor([0, E]), E)
 
 
 def test_tokens_dynamic():

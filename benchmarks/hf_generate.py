@@ -105,7 +105,9 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     # the timed generates run with no other process compiling (the quiet lock: they are host-bound)
     lock = _hf_sched.GpuLock(spec.get("gpu_lock"))
     quiet = _hf_sched.QuietLock(spec.get("quiet_lock"))
-    with _hf_sched.outside_compiles(lock, quiet):
+    from kda_inductor import pass_manager
+
+    with _hf_sched.outside_compiles(lock, quiet), pass_manager.observe() as passes:
         waited = lock.waited + quiet.waited
         first_s, out = once()
         first_s -= lock.waited + quiet.waited - waited
@@ -120,6 +122,8 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
             "tokens_per_s": spec["batch"] * new / med, "graphs_first": graphs,
             "graphs": counters["stats"].get("unique_graphs"), "recompiles": _recompiles(counters),
             "compiled": hasattr(model, "_compiled_call"), "tokens": out[:, prompt.shape[1]:][:2, :8].tolist(),
+            # what our pass replaced in the graphs it ran on (none where a warm cache served the code)
+            "pass_graphs": len(passes), "rewrites": {k: n for k, n in pass_manager.total_matches(passes).items() if n},
             **({"profile": profiled} if profiled else {})}
 
 
@@ -307,7 +311,7 @@ def _run(args, spec, families, batches, variants, results) -> list[dict]:
         with guard:
             records.append(r)
             _timing.progress({k: r.get(k) for k in ("family", "case", "variant", "cache", "tokens_per_s",
-                                                    "first_s", "graphs", "recompiles", "error")})
+                                                    "first_s", "graphs", "recompiles", "rewrites", "error")})
             if record_to is not None:
                 s = _hf_record.merge_into(sections, state, env, call, records)
                 _hf_record.save_sections(record_to / "hf_generate.json", sections)

@@ -847,6 +847,7 @@ def test_hf_generate_eager_tokens_per_second():
     r = hf_generate.run_one({"smoke": True, "device": "cpu", "family": "qwen3_next", "batch": 2, "prompt": 4,
                              "new_tokens": 3, "reps": 1, "variant": "eager", "profile": True})
     assert r["new_tokens"] == 3 and r["tokens_per_s"] == 2 * 3 / r["s"] and not r["compiled"]
+    assert r["pass_graphs"] == 0 and r["rewrites"] == {}  # nothing compiled: our pass saw no graph
     # --profile: one more generate under the profiler; the host's operators account for part of its wall time
     prof = r["profile"]
     assert 0 < prof["host_ops_s"] and prof["gpu_busy_s"] == 0.0 and prof["wall_s"] > 0
@@ -867,6 +868,8 @@ def test_hf_generate_smoke_cold_and_warm(tmp_path):
     assert [(r["variant"], r["cache"]) for r in records] == [("eager", "cold"), ("stock", "cold"), ("stock", "warm"),
                                                              ("kda", "cold"), ("kda", "warm")]
     assert all(r["compiled"] for r in records if r["variant"] != "eager")
+    # the record says whether our pass ran: kda's cold compile, not stock, not a warm cache's served code
+    assert [r["pass_graphs"] > 0 for r in records] == [False, False, False, True, False]
     assert len({json_tokens(r) for r in records}) == 1
     assert "<!-- hf-section" in (tmp_path / "hf_generate.md").read_text()
 

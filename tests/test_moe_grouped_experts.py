@@ -84,6 +84,37 @@ def test_both_projections_become_grouped_gemms(transposed):
     assert_close_to_eager(got, off, exact=True)
 
 
+_W = torch.randn(E, 2 * I, H).bfloat16()
+SPELLINGS = {
+    "einsum": lambda x, ids: torch.einsum("snk,sk->sn", _W[ids], x),
+    "matmul": lambda x, ids: (_W[ids] @ x.unsqueeze(-1)).squeeze(-1),  # an expand to its own shape
+    "matmul, transposed": lambda x, ids: torch.matmul(x.unsqueeze(1), _W[ids].transpose(1, 2)).squeeze(1),
+    "index_select": lambda x, ids: torch.bmm(_W.index_select(0, ids), x.unsqueeze(-1)).squeeze(-1),
+    "transposed weights, transposed read": lambda x, ids: torch.bmm(
+        _W.transpose(1, 2).contiguous()[ids].transpose(1, 2), x.unsqueeze(-1)).squeeze(-1),
+}
+
+
+@pytest.mark.parametrize("name", list(SPELLINGS))
+def test_spellings(name):
+    """Other ways to write the per-pair product: each one grouped GEMM, the same bits as without it."""
+    f, x, ids = SPELLINGS[name], torch.randn(6, H).bfloat16(), torch.randint(0, E, (6,))
+    got, want, c = _run(f, (x, ids))
+    assert c.matches[NAME] == 1 and op_counts(c).after["aten._grouped_mm.default"] == 1
+    off, _, _ = _run(f, (x, ids), options={"kda": {"disable": [NAME]}})
+    assert_close_to_eager(got, off, exact=True)
+    assert_close_to_eager(got, want)
+
+
+def test_a_broadcast_reduction_is_not_read():
+    """``(W[ids] * x[:, None]).sum(-1)``: no bmm in the graph (Inductor fuses the gather into its
+    reduction, no copy): not this rewrite's form, and no miss."""
+    f, x, ids = (lambda x, ids: (_W[ids] * x[:, None]).sum(-1)), torch.randn(6, H).bfloat16(), torch.randint(0, E, (6,))
+    got, want, c = _run(f, (x, ids))
+    assert c.matches[NAME] == 0 and not _misses(c)
+    assert_close_to_eager(got, want, rtol=0.02, atol=0.1)
+
+
 def test_transformers_qwen3_next_experts():
     """transformers' own module (its ``batched_mm`` experts, as ``generate()`` switches them)."""
     transformers = pytest.importorskip("transformers")

@@ -16,6 +16,11 @@ spent ~97 % of a step's ~8.3 ms of GPU time there (Inductor's gathers 5.2 ms, th
 the recurrence, 0.13 ms. Every gather by one ids tensor is one match (the up and the down
 projection of a layer share their sort).
 
+Also read: ``@`` / ``matmul`` (an ``expand`` of the gather to its own shape before the bmm),
+``einsum("snk,sk->sn", W[ids], x)``, ``W.index_select(0, ids)`` and the pairs' matrices read transposed
+(``W[ids].transpose(1, 2)``). Not read: ``(W[ids] * x[:, None]).sum(-1)`` (no bmm: Inductor fuses that
+gather into its reduction, no copy to save).
+
 Must not match: a gather read elsewhere too (the copy stays, a miss), ids that are not one index
 tensor of ``[S]`` integers, weights that are not ``[E, rows, cols]`` with static sizes, a bmm whose
 other operand is not the per-pair vector (``[S, K, 1]`` / ``[S, 1, K]``), dtypes that differ, anything
@@ -77,12 +82,14 @@ _INTEGER = (torch.int64, torch.int32)
 @dataclasses.dataclass(frozen=True)
 class Projection:
     """One ``bmm`` of gathered expert weights: its output, the vector operand, the experts' weights
-    (``[E, N, K]`` when ``weights_first``, else ``[E, K, N]``)."""
+    (``[E, N, K]`` when ``weights_first``, else ``[E, K, N]``; the other way round with ``flip``)."""
 
     bmm: fx.Node
     vector: fx.Node
     weight: fx.Node
     weights_first: bool
+    flip: bool  # the bmm reads the pairs' matrices transposed (``W[ids].transpose(1, 2)``)
+    chain: tuple[fx.Node, ...]  # the gather and the views between it and the bmm
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,8 +115,9 @@ class MoeGroupedExperts(Rewrite):
              "every selected expert's weights gathered per (token, expert) pair, then a batched matrix-vector product")
     spellings = (
         "`bmm(W[ids], x.unsqueeze(-1))` with W `[E, N, K]` (transformers' `_batched_linear`) or "
-        "`bmm(x.unsqueeze(1), W[ids])` with W `[E, K, N]` (`is_transposed`), ids `[S]` integers (a flattened "
-        "top-k), several projections by one ids tensor as one match; bf16; on CUDA at every size (measured 1.1-69x "
+        "`bmm(x.unsqueeze(1), W[ids])` with W `[E, K, N]` (`is_transposed`), also as `@` / `matmul`, "
+        "`einsum(\"snk,sk->sn\")`, `W.index_select(0, ids)` and `W[ids].transpose(1, 2)`; ids `[S]` integers (a "
+        "flattened top-k), several projections by one ids tensor as one match; bf16; on CUDA at every size (measured 1.1-69x "
         "alone, 1.22x generate() at batch 1), CPU forced only"
     )
     becomes = ("the pairs sorted by expert and one `torch._grouped_mm` per projection (each used expert's weights "
@@ -131,7 +139,7 @@ class MoeGroupedExperts(Rewrite):
                 p = self._projection(node)
                 if p is not None:
                     by_ids.setdefault((p[0], val(p[1].weight).shape[0]), []).append(p[1])
-        return [GroupedMatch(nodes=[n for p in ps for n in (p.bmm, p.bmm.args[0 if p.weights_first else 1])],
+        return [GroupedMatch(nodes=[n for p in ps for n in (p.bmm, *p.chain)],
                              ids=ids, projections=tuple(ps)) for (ids, _), ps in by_ids.items()]
 
     def _projection(self, bmm: fx.Node) -> tuple[fx.Node, Projection] | None:
@@ -141,14 +149,14 @@ class MoeGroupedExperts(Rewrite):
         if gathered is None:
             return None  # a bmm of anything else
         weights_first = first is not None
-        gather, weight, ids = gathered
+        chain, weight, ids, flip = gathered
         wv, iv, vec = val(weight), val(ids), val(b if weights_first else a)
         if wv is None or iv is None or vec is None or wv.dim() != 3 or iv.dim() != 1 or iv.dtype not in _INTEGER:
             return self.miss(bmm, Stage.FORM, "the gathered weights are not [E, rows, cols] indexed by one "
                              "[S] integer tensor of expert ids")
         if not _static(wv.shape):
             return self.miss(bmm, Stage.FORM, f"the experts' weights have symbolic sizes {tuple(wv.shape)}")
-        k = wv.shape[2] if weights_first else wv.shape[1]
+        k = wv.shape[1 if weights_first == flip else 2]  # the products' inner dim, as the bmm reads W[id]
         want = (iv.shape[0], k, 1) if weights_first else (iv.shape[0], 1, k)
         if vec.dim() != 3 or not all(statically_known_true(x == y) for x, y in zip(vec.shape, want)):
             return self.miss(bmm, Stage.FORM, f"the other operand {tuple(vec.shape)} is not one vector a pair "
@@ -156,9 +164,9 @@ class MoeGroupedExperts(Rewrite):
         why = _grouped_mm_refuses(wv, vec)
         if why:
             return self.miss(bmm, Stage.LAYOUT, why)
-        if len(gather.users) != 1:
+        if any(len(n.users) != 1 for n in chain):
             return self.miss(bmm, Stage.REGION, "the gathered weights are read elsewhere too: the copy would stay")
-        return ids, Projection(bmm, b if weights_first else a, weight, weights_first)
+        return ids, Projection(bmm, b if weights_first else a, weight, weights_first, flip, tuple(chain))
 
     def replace(self, graph: fx.Graph, match: GroupedMatch) -> dict[fx.Node, fx.Node]:
         ps, old, new = match.projections, [], []
@@ -167,20 +175,31 @@ class MoeGroupedExperts(Rewrite):
                                                 outputs=[None, None, None], before=first, origin=first)
         for p in ps:
             old.append(p.bmm)
-            new += replace_by_function(graph, project, (p.vector, p.weight, perm, offs, valid, p.weights_first),
+            new += replace_by_function(graph, project, (p.vector, p.weight, perm, offs, valid, p.weights_first, p.flip),
                                        outputs=[p.bmm], before=p.bmm, origin=p.bmm)
         erase_dead(graph, match.nodes)
         return moved(old, new)
 
 
-def _gather(node) -> tuple[fx.Node, fx.Node, fx.Node] | None:
-    """``(gather, W, ids)`` where ``node`` is ``W[ids]`` (``aten.index.Tensor(W, [ids])``), else None."""
+def _gather(node) -> tuple[list[fx.Node], fx.Node, fx.Node, bool] | None:
+    """``(chain, W, ids, flip)`` where ``node`` is ``W[ids]`` (``aten.index.Tensor(W, [ids])``), through
+    what ``@`` / ``matmul`` put between it and the bmm (an ``expand`` to its own shape, a
+    ``transpose(1, 2)``: ``flip``, the pairs' matrices read transposed); ``chain``: those nodes, the gather
+    last. Else None."""
+    chain, flip = [], False
+    if is_op(node, aten.expand) and val(node) is not None and val(node.args[0]) is not None \
+            and tuple(val(node).shape) == tuple(val(node.args[0]).shape):
+        chain.append(node)
+        node = node.args[0]
+    if is_op(node, aten.permute) and list(node.args[1]) == [0, 2, 1]:
+        chain.append(node)
+        node, flip = node.args[0], True
     if not is_op(node, aten.index) or len(node.args) < 2:
         return None
     indices = node.args[1]
     if not isinstance(indices, (list, tuple)) or len(indices) != 1 or not isinstance(indices[0], fx.Node):
         return None
-    return node, node.args[0], indices[0]
+    return [*chain, node], node.args[0], indices[0], flip
 
 
 def _grouped_mm_refuses(weight, vector) -> str | None:
@@ -213,10 +232,11 @@ def routing(ids, experts: int):
     return perm, torch.searchsorted(order, bounds, right=True, out_int32=True), valid
 
 
-def project(vector, weight, perm, offs, valid, weights_first: bool):
+def project(vector, weight, perm, offs, valid, weights_first: bool, flip: bool = False):
     """One projection's replacement: ``bmm(weight[ids], vector)`` (``weights_first``; else
-    ``bmm(vector, weight[ids])``) as a grouped GEMM of the sorted pairs, rows back in pair order (NaN
-    where the pair's id is out of range)."""
+    ``bmm(vector, weight[ids])``; ``flip``: of ``weight[ids].transpose(1, 2)``) as a grouped GEMM of the
+    sorted pairs, rows back in pair order (NaN where the pair's id is out of range)."""
+    weight = weight.transpose(-2, -1) if flip else weight
     rows = vector.squeeze(-1) if weights_first else vector.squeeze(1)  # [S, K]
     # a gather along rows (aten.gather), not rows[perm]: no index of ours for the spec split to look at
     rows = rows.gather(0, perm[:, None].expand(-1, rows.shape[1]))

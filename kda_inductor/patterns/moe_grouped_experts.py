@@ -8,7 +8,7 @@ then one batched matrix-vector product a pair, ``bmm(W[ids], x.unsqueeze(-1))`` 
 with transposed weights (``is_transposed``, W ``[E, K, N]``) ``bmm(x.unsqueeze(1), W[ids])``
 (``[S, 1, N]``). transformers' ``generate()`` switches every ``grouped_mm`` experts implementation
 to this one for the decoding steps on GPUs (``GenerationMixin._optimize_model_for_decode``), so a
-compiled generate of Qwen3-Next / Qwen3.5 / Kimi Linear / DeepSeek-V3.2 decodes through it: the
+compiled generate of Qwen3-Next / Qwen3.5-MoE / Kimi Linear / DeepSeek-V3.2 decodes through it: the
 gather writes ``S x N x K`` weight elements a projection (a [S, 2I, H] copy of the experts' weights
 for S = tokens x top-k pairs) and the bmm reads them back. On an H100 (torch 2.11, transformers
 5.17, 2026-12-07, ``benchmarks/hf_generate.py --profile``), Qwen3-Next's generate at 32 sequences
@@ -39,13 +39,13 @@ stock's, and the same variant alone, profiled, ran 14,951 tokens/s with the grou
 to be re-timed side by side). No measured size is slower, so symbolic token counts keep the rule; the
 history: ``docs/speed-rules.md``.
 
-Replacement (:func:`routing` once an ids tensor, :func:`project` a projection): the pairs sorted by expert id (stable), each expert's rows offset by
-``searchsorted`` (no host sync: CUDA-graph safe), ``torch._grouped_mm`` (``F.grouped_mm`` where this
+Replacement (:func:`routing` once an ids tensor, :func:`project` a projection): the pairs sorted by
+expert id (stable), each expert's rows offset by ``searchsorted`` (no host sync: CUDA-graph safe), ``torch._grouped_mm`` (``F.grouped_mm`` where this
 torch has it) of the sorted rows with the weights, the rows put back in pair order. Negative ids read
 ``W[id + E]`` as the gather does; an id outside ``[-E, E)`` fails an assert where the device checks them
 (on CPU; eager's gather raises) and its pair's rows come out NaN (on CUDA Inductor's assert did not trap on
-an H100, torch 2.11: the NaN is what a user sees), never rows the GEMM left unwritten. Each output row is one expert's dot products over K in float32,
-rounded once to the dtype: the gather + bmm's value up to the GEMM's summation order (bit-exact on CPU
+an H100, torch 2.11: the NaN is what a user sees), never rows the GEMM left unwritten. Each output row is
+one expert's dot products over K in float32, rounded once to the dtype: the gather + bmm's value up to the GEMM's summation order (bit-exact on CPU
 here, within bf16 rounding on CUDA where cuBLAS and CUTLASS tile K differently). No kernel of ours:
 torch's grouped GEMM (Inductor's lowering of ``aten._grouped_mm``). Turn it off with
 ``options={"kda": {"disable": ["moe_grouped_experts"]}}``.

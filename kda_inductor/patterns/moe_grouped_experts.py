@@ -39,16 +39,16 @@ stock's, and the same variant alone, profiled, ran 14,951 tokens/s with the grou
 to be re-timed side by side). No measured size is slower, so symbolic token counts keep the rule; the
 history: ``docs/speed-rules.md``.
 
-Replacement (:func:`routing` once an ids tensor, :func:`project` a projection): the pairs sorted by
-expert id (stable), each expert's rows offset by ``searchsorted`` (no host sync: CUDA-graph safe), ``torch._grouped_mm`` (``F.grouped_mm`` where this
-torch has it) of the sorted rows with the weights, the rows put back in pair order. Negative ids read
-``W[id + E]`` as the gather does; an id outside ``[-E, E)`` fails an assert where the device checks them
-(on CPU; eager's gather raises) and its pair's rows come out NaN (on CUDA Inductor's assert did not trap on
-an H100, torch 2.11: the NaN is what a user sees), never rows the GEMM left unwritten. Each output row is
-one expert's dot products over K in float32, rounded once to the dtype: the gather + bmm's value up to the GEMM's summation order (bit-exact on CPU
-here, within bf16 rounding on CUDA where cuBLAS and CUTLASS tile K differently). No kernel of ours:
-torch's grouped GEMM (Inductor's lowering of ``aten._grouped_mm``). Turn it off with
-``options={"kda": {"disable": ["moe_grouped_experts"]}}``.
+Replacement (:func:`routing` once an ids tensor, :func:`project` a projection): the pairs sorted by expert id
+(stable), each expert's rows offset by ``searchsorted`` (no host sync: CUDA-graph safe), ``torch._grouped_mm``
+(``F.grouped_mm`` where this torch has it) of the sorted rows with the weights, the rows put back in pair
+order. Negative ids read ``W[id + E]`` as the gather does; an id outside ``[-E, E)`` fails an assert where the
+device checks them (on CPU; eager's gather raises) and its pair's rows come out NaN (on CUDA Inductor's assert
+did not trap on an H100, torch 2.11: the NaN is what a user sees), never rows the GEMM left unwritten. Each
+output row is one expert's dot products over K in float32, rounded once to the dtype: the gather + bmm's value
+up to the GEMM's summation order (bit-exact on CPU here, within bf16 rounding on CUDA where cuBLAS and CUTLASS
+tile K differently). No kernel of ours: torch's grouped GEMM (Inductor's lowering of ``aten._grouped_mm``).
+Turn it off with ``options={"kda": {"disable": ["moe_grouped_experts"]}}``.
 """
 
 from __future__ import annotations
@@ -117,7 +117,8 @@ class MoeGroupedExperts(Rewrite):
         "`bmm(W[ids], x.unsqueeze(-1))` with W `[E, N, K]` (transformers' `_batched_linear`) or "
         "`bmm(x.unsqueeze(1), W[ids])` with W `[E, K, N]` (`is_transposed`), also as `@` / `matmul`, "
         "`einsum(\"snk,sk->sn\")`, `W.index_select(0, ids)` and `W[ids].transpose(1, 2)`; ids `[S]` integers (a "
-        "flattened top-k), several projections by one ids tensor as one match; bf16; on CUDA at every size (measured 1.1-69x "
+        "flattened top-k), several projections by one ids tensor as one match; bf16; on CUDA at every size "
+        "(measured 1.1-69x "
         "alone, 1.22x generate() at batch 1), CPU forced only"
     )
     becomes = ("the pairs sorted by expert and one `torch._grouped_mm` per projection (each used expert's weights "

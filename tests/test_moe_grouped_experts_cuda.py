@@ -92,8 +92,11 @@ def test_reduce_overhead_no_cudagraph_skips():
 
 
 def test_an_expert_id_out_of_range_is_never_stale_memory():
-    """Eager's gather raises; the rewrite's assert traps where Inductor keeps it (a child process, whose CUDA
-    context a trap kills), else the pair's rows are NaN (its token's output NaN), the other tokens as eager's."""
+    """An expert id of 64 among 64 experts, in a child process (a device assert kills its CUDA context).
+    Eager decides what is right: where this transformers clamps the ids first (some 5.x releases do, for
+    expert parallelism's sentinels), the rewrite sees clamped ids and must give eager's rows; where eager's
+    gather fails, the rewrite's assert traps where Inductor keeps it, else the pair's token comes out NaN
+    (on an H100, torch 2.11, Inductor's assert did not trap), the other tokens as eager's."""
     code = textwrap.dedent("""
         import torch
         from tests.test_moe_grouped_experts_cuda import _layer, _inputs
@@ -108,10 +111,20 @@ def test_an_expert_id_out_of_range_is_never_stale_memory():
         others = torch.tensor([0, 2], device="cuda")
         ok = bool(torch.isnan(got[1]).all()) and not bool(torch.isnan(got[others]).any())
         diff = float((got[others].float() - want[others].float()).abs().max())
-        print("NAN ROW" if ok else "NO NAN", diff)
+        print("matches", c.matches["moe_grouped_experts"], "nan_fraction", float(torch.isnan(got[1]).float().mean()))
+        print("NAN ROW" if ok else "NO NAN", diff, flush=True)
+        with torch.inference_mode():  # last: where eager's gather fails, the context dies here
+            eager = layer(x, ids, w)
+            torch.cuda.synchronize()
+        step = torch.finfo(torch.bfloat16).eps * float(eager.float().abs().max())
+        print("EAGER RETURNS", float((got.float() - eager.float()).abs().max()) / step, flush=True)
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
-    trapped = r.returncode != 0 and ("expert id outside" in r.stderr or "device-side assert" in r.stderr)
-    assert trapped or (r.returncode == 0 and "NAN ROW" in r.stdout), r.stdout[-2000:] + r.stderr[-2000:]
-    if not trapped:
-        assert float(r.stdout.split()[-1]) < 0.05, r.stdout
+    said = r.stdout[-2000:] + r.stderr[-2000:]
+    if "EAGER RETURNS" in r.stdout:  # this transformers clamps the ids: eager's rows are the answer
+        assert "matches 1 " in r.stdout and float(r.stdout.split()[-1]) <= 4, said
+        return
+    if "NAN ROW" in r.stdout:  # eager's gather failed; the rewrite's rows for that token are NaN
+        assert "matches 1 " in r.stdout and float(r.stdout.split("NAN ROW")[1].split()[0]) < 0.05, said
+    else:  # or the compiled step trapped before it printed anything
+        assert "NO NAN" not in r.stdout and ("expert id outside" in r.stderr or "device-side assert" in r.stderr), said

@@ -34,9 +34,8 @@ Measured (H100, torch 2.11, transformers 5.17, 2026-12-07, tree 702e9f7): transf
 alone (``benchmarks/bench_moe_grouped_experts.py``, Qwen3-Next's expert dims, bf16) 1.11x / 3.27x / 6.91x
 stock at 1 / 32 / 128 tokens with the released 512 experts, 1.17x / 22.6x / 68.7x with 16; in ``generate()``
 (``benchmarks/hf_generate.py``, Qwen3-Next, 4 layers, 16 experts, one cold compile each) 648.5 against
-stock's 531.1 tokens/s at batch 1 (1.22x), at batch 32 2,736 against 2,700 (1.01x; that run's tokens equal
-stock's, and the same variant alone, profiled, ran 14,951 tokens/s with the grouped GEMM in its kernel list:
-to be re-timed side by side). No measured size is slower, so symbolic token counts keep the rule; the
+stock's 531.1 tokens/s at batch 1 (1.22x); at 8214426, one process at a time, cold / warm: batch 32
+16,627 / 17,752 against 3,104 / 3,388 (5.36x / 5.24x), batch 1 1.04x / 1.30x. No measured size is slower, so symbolic token counts keep the rule; the
 history: ``docs/speed-rules.md``.
 
 Replacement (:func:`routing` once an ids tensor, :func:`project` a projection): the pairs sorted by expert id
@@ -74,7 +73,7 @@ from kda_inductor.patterns.base import (
 MEASURED: dict[str, bool] = {"cuda": True}
 """Devices where the grouped form was measured faster than stock Inductor's gather + bmm, alone and in the
 step it sits in: CUDA (H100, 2026-12-07: alone 1.11-68.7x at 1-128 tokens, 512 or 16 experts; generate()
-batch 1 1.22x, batch 32 1.01x); CPU not timed (forced only)."""
+batch 1 1.04-1.30x, batch 32 5.24-5.36x); CPU not timed (forced only)."""
 
 _INTEGER = (torch.int64, torch.int32)
 
@@ -119,7 +118,7 @@ class MoeGroupedExperts(Rewrite):
         "`einsum(\"snk,sk->sn\")`, `W.index_select(0, ids)` and `W[ids].transpose(1, 2)`; ids `[S]` integers (a "
         "flattened top-k), several projections by one ids tensor as one match; bf16; on CUDA at every size "
         "(measured 1.1-69x "
-        "alone, 1.22x generate() at batch 1), CPU forced only"
+        "alone, 5.2-5.4x generate()'s tokens/s at batch 32), CPU forced only"
     )
     becomes = ("the pairs sorted by expert and one `torch._grouped_mm` per projection (each used expert's weights "
                "read once, no copy), rows back in pair order: no kernel of ours")

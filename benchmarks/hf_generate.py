@@ -90,12 +90,12 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
     kw = generate_kwargs(spec["variant"], new_tokens=spec["new_tokens"], smoke=smoke)
     counters.clear()
 
-    def once() -> tuple[float, torch.Tensor]:
+    def once(**over) -> tuple[float, torch.Tensor]:
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         with torch.inference_mode():
-            out = model.generate(prompt, **kw)
+            out = model.generate(prompt, **{**kw, **over})
         if device == "cuda":
             torch.cuda.synchronize()
         return time.perf_counter() - t0, out
@@ -115,12 +115,18 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         with quiet.exclusive():
             times = [once()[0] for _ in range(spec["reps"])]
             profiled = where_time_goes(once, device) if spec.get("profile") else None
+            recompiles = _recompiles(counters)
+            # the prompt's forward alone (a one-token generate: no decoding step, the static cache reused),
+            # timed last so that it cannot move the figures above: what a token of decoding costs
+            prefill = statistics.median(once(max_new_tokens=1, min_new_tokens=1)[0] for _ in range(spec["reps"]))
     lock.release()
     new = out.shape[1] - prompt.shape[1]
     med = statistics.median(times)
     return {"first_s": first_s, "times_s": times, "s": med, "new_tokens": new,
-            "tokens_per_s": spec["batch"] * new / med, "graphs_first": graphs,
-            "graphs": counters["stats"].get("unique_graphs"), "recompiles": _recompiles(counters),
+            "tokens_per_s": spec["batch"] * new / med, "graphs_first": graphs, "prefill_s": prefill,
+            "decode_ms_per_token": (med - prefill) / (new - 1) * 1e3 if new > 1 else None,
+            "prefill_recompiled": _recompiles(counters) != recompiles,
+            "graphs": counters["stats"].get("unique_graphs"), "recompiles": recompiles,
             "compiled": hasattr(model, "_compiled_call"), "tokens": out[:, prompt.shape[1]:][:2, :8].tolist(),
             # what our pass replaced in the graphs it ran on (none where a warm cache served the code)
             "pass_graphs": len(passes), "rewrites": {k: n for k, n in pass_manager.total_matches(passes).items() if n},
@@ -186,6 +192,9 @@ def summarize(records: list[dict]) -> list[dict]:
                               {"family": r["family"], "case": r["case"], "variant": r["variant"]})
         row[f"{r['cache']}_tps"] = r.get("tokens_per_s")
         row[f"{r['cache']}_first_s"] = r.get("first_s")
+        row[f"{r['cache']}_decode_ms"] = r.get("decode_ms_per_token")
+        if r.get("prefill_s") is not None and (r["cache"] == "cold" or row.get("prefill_ms") is None):
+            row["prefill_ms"] = r["prefill_s"] * 1e3
         row[f"{r['cache']}_graphs"] = f"{r.get('graphs')} ({r.get('recompiles')} recompiles)" \
             if r.get("graphs") is not None else None
         prof = r.get("profile")
@@ -206,6 +215,8 @@ def summarize(records: list[dict]) -> list[dict]:
 COLUMNS = [("family", "family", ""), ("case", "case", ""), ("variant", "variant", ""),
            ("cold_tps", "tokens/s (cold cache)", ".1f"), ("cold_vs_stock", "/ stock", ".3f"),
            ("warm_tps", "tokens/s (warm cache)", ".1f"), ("warm_vs_stock", "/ stock", ".3f"),
+           ("prefill_ms", "prompt's forward ms (cold)", ".1f"), ("cold_decode_ms", "decode ms / token (cold)", ".2f"),
+           ("warm_decode_ms", "decode ms / token (warm)", ".2f"),
            ("cold_first_s", "first generate s (cold)", ".1f"), ("warm_first_s", "first generate s (warm)", ".1f"),
            ("cold_graphs", "graphs (cold)", ""),
            ("gpu_busy", "GPU busy / wall (--profile; warm)", ".2f"), ("error", "error", "")]
@@ -224,7 +235,9 @@ def section_markdown(section: dict[str, Any], spec: dict[str, Any] | None = None
     lines += [f"- call {c['started']} (`{' '.join(c.get('argv', []))}`)" for c in section.get("calls", [])]
     lines += ["", f"Prompt {spec['prompt']} random tokens, {spec['new_tokens']} new greedy tokens, median of "
               f"{spec['reps']} generates after the first (which compiles); cold: a process on an empty Inductor "
-              "cache, warm: a second process reading it. eager: the default dynamic cache, nothing compiled.", "",
+              "cache, warm: a second process reading it. eager: the default dynamic cache, nothing compiled. "
+              "The prompt's forward: a one-token generate, timed after the others (transformers compiles only the "
+              "decoding steps); decode ms / token: the rest of a generate over its other tokens.", "",
               _timing.markdown_table(summarize(section["records"]), COLUMNS).rstrip()]
     return "\n".join(lines) + "\n"
 

@@ -848,12 +848,16 @@ def test_hf_generate_eager_tokens_per_second():
                              "new_tokens": 3, "reps": 1, "variant": "eager", "profile": True})
     assert r["new_tokens"] == 3 and r["tokens_per_s"] == 2 * 3 / r["s"] and not r["compiled"]
     assert r["pass_graphs"] == 0 and r["rewrites"] == {}  # nothing compiled: our pass saw no graph
+    # the prompt's forward alone (a one-token generate), and what is left a decoded token
+    assert 0 < r["prefill_s"] and r["decode_ms_per_token"] == pytest.approx((r["s"] - r["prefill_s"]) / 2 * 1e3)
+    assert r["prefill_recompiled"] is False
     # --profile: one more generate under the profiler; the host's operators account for part of its wall time
     prof = r["profile"]
     assert 0 < prof["host_ops_s"] and prof["gpu_busy_s"] == 0.0 and prof["wall_s"] > 0
     assert prof["top_host"] and any(op["op"].startswith("aten::") for op in prof["top_host"])
     rows = hf_generate.summarize([{**r, "family": "qwen3_next", "case": "batch 2", "variant": "eager", "cache": "cold"}])
     assert rows[0]["cold_tps"] == r["tokens_per_s"] and rows[0]["gpu_busy"] == 0.0  # CPU: no GPU time
+    assert rows[0]["prefill_ms"] == r["prefill_s"] * 1e3 and rows[0]["cold_decode_ms"] == r["decode_ms_per_token"]
 
 
 @pytest.mark.slow
@@ -871,6 +875,8 @@ def test_hf_generate_smoke_cold_and_warm(tmp_path):
     # the record says whether our pass ran: kda's cold compile, not stock, not a warm cache's served code
     assert [r["pass_graphs"] > 0 for r in records] == [False, False, False, True, False]
     assert len({json_tokens(r) for r in records}) == 1
+    # the one-token generates after the timed ones recompile nothing (the static cache is reused)
+    assert not [r for r in records if r["prefill_recompiled"] or r["recompiles"]], records
     assert "<!-- hf-section" in (tmp_path / "hf_generate.md").read_text()
 
 

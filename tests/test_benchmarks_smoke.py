@@ -52,9 +52,25 @@ def test_gdn_spec_split_smoke(capsys):
     assert "NOT meaningful" in capsys.readouterr().out
 
 
+def test_moe_routing_smoke(capsys):
+    """The routing formulations agree on CPU (sorted ids, offsets, the stable ones' permutation), and a
+    wrong one is caught: the benchmark's check is what a GPU run's timings rest on."""
+    bench = _load("bench_moe_routing")
+    rows = bench.main(["--smoke", "--reps", "1"])
+    assert [(r["E"], r["S"]) for r in rows] == [(8, 6), (8, 40), (16, 320)]
+    assert all(r[f"{name}_us"] > 0 for r in rows for name in bench.FORMS)
+    assert "NOT meaningful" in capsys.readouterr().out
+    ids = bench.pair_ids(40, 8, "cpu")
+    got = {name: fn(ids, 8) for name, fn in bench.FORMS.items()}
+    ids_g, perm, offs, inv = got["one_hot"]
+    got["one_hot"] = (ids_g, perm.flip(0), offs, inv)  # a permutation that does not sort
+    with pytest.raises(SystemExit, match="one_hot: routing differs"):
+        bench.check(ids, 8, got)
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the check a CPU-only machine takes")
 @pytest.mark.parametrize("name", ["bench_gqa_decode_attention", "bench_gdn_chunk", "bench_causal_conv1d",
-                                  "bench_gdn_recurrent_step", "bench_gated_norm_quant"])
+                                  "bench_gdn_recurrent_step", "bench_gated_norm_quant", "bench_moe_routing"])
 def test_a_gpu_benchmark_without_a_gpu_says_so(name):
     """A GPU benchmark run without ``--smoke`` on a machine without CUDA stops with its message
     before anything else (a stray local import once turned that check into an UnboundLocalError on

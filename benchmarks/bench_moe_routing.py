@@ -5,8 +5,9 @@ transformers' ``grouped_mm`` experts (the default on GPUs outside ``generate()``
 per expert (``histc``) for the grouped GEMM's offsets, and invert the permutation to put the rows
 back. In kda's Qwen3-Next decode-32 step at 8101af1 (H100, ``hf_models.json``'s kernel table) the
 kernel Inductor makes of the sort + count (``triton_per_fused__to_copy_arange_index_put_sort_view``:
-one program, ``XBLOCK`` 1) took 61.7 us over 4 layers and the put-back's another 32.8, against
-225 us for the grouped GEMMs themselves: ~10 % of a 972 us step for 320 integers a layer.
+one program, ``XBLOCK`` 1) took 61.7 us over 4 layers, and a second kernel with a sort in it
+(``..._ge_index_masked_fill_mul_sort_sum_...``) another 32.8, against 225 us for the grouped GEMMs
+themselves: up to ~10 % of a 972 us step for 320 integers a layer.
 
 Each formulation below gives the same sorted ids, offsets and (for the stable ones) permutation, all
 in torch ops that Inductor compiles (no kernel of ours), timed under CUDA-graph replay, stock Inductor:

@@ -37,10 +37,12 @@ def _rel(got: torch.Tensor, want: torch.Tensor) -> float:
     return ((got.float() - want.float()).norm() / want.float().norm()).item()
 
 
-def _package_in_child(tmp_path, disable: str) -> subprocess.CompletedProcess:
+def _package_in_child(tmp_path, disable: str, post_grad: bool = True) -> subprocess.CompletedProcess:
     """Export the layer, package it with AOTInductor, load the package and call it twice (fresh inputs), in a
     child process: on an H100 (torch 2.11, 2026-12-07) ``aoti_load_package`` of the package with our op died
-    with SIGSEGV, which took the whole test worker with it. The child says how far it got."""
+    with SIGSEGV, which took the whole test worker with it. The child says how far it got, and which of
+    our ops the package calls (``post_grad``: our post-grad pass in the package's compile, whose rewrites add
+    ops of their own)."""
     code = textwrap.dedent(f"""
         import zipfile, torch, kda_inductor
         from kda_inductor import KdaOptions
@@ -59,8 +61,11 @@ def _package_in_child(tmp_path, disable: str) -> subprocess.CompletedProcess:
             print("OPS", sum(1 for n in ep.graph.nodes if "kda.gdn_chunk" in str(n.target)), flush=True)
             pkg = torch._inductor.aoti_compile_and_package(
                 ep, package_path={str(tmp_path / "gdn.pt2")!r},
-                inductor_configs={{"post_grad_custom_post_pass": KdaPostGradPass(KdaOptions())}})
-            print("PACKAGED", flush=True)
+                inductor_configs={{"post_grad_custom_post_pass": KdaPostGradPass(KdaOptions())}} if {post_grad!r} else {{}})
+            with zipfile.ZipFile(pkg) as z:
+                said = b"".join(z.read(n) for n in z.namelist() if n.endswith(".wrapper.json")).decode()
+            import re
+            print("PACKAGED", sorted(set(re.findall(r"kda::[a-z_0-9]+", said))), flush=True)
             run = torch._inductor.aoti_load_package(pkg)
             print("LOADED", flush=True)
             got = run(x)
@@ -91,4 +96,12 @@ def test_aotinductor_package_without_the_op_loads_on_cuda(tmp_path):
     for the torch reference), so a failure of the one above that this one does not share is our op's."""
     r = _package_in_child(tmp_path, "gdn_chunk")
     assert r.returncode == 0 and "OPS 0" in r.stdout and "CALLS_OP False" in r.stdout, _said(r)
+    assert max(float(e) for e in r.stdout.split("ERRORS")[1].split()[:2]) < 2e-2, _said(r)
+
+
+def test_aotinductor_package_of_the_op_without_our_post_grad_pass_on_cuda(tmp_path):
+    """The second control: the export's op, the package compiled without our post-grad pass (so the only op
+    of ours in it is ``kda::gdn_chunk``): with the two above, it says which op a load failure comes from."""
+    r = _package_in_child(tmp_path, "", post_grad=False)
+    assert r.returncode == 0 and "PACKAGED ['kda::gdn_chunk']" in r.stdout, _said(r)
     assert max(float(e) for e in r.stdout.split("ERRORS")[1].split()[:2]) < 2e-2, _said(r)

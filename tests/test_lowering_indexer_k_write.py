@@ -356,6 +356,20 @@ def test_opcheck():
                           (pages, k, slots, w, b, 1e-6, True, True, cache.shape[1], True))
 
 
+@pytest.mark.parametrize("capability,hardware", [((7, 5), False), ((8, 0), False), ((8, 6), False),
+                                                  ((8, 9), True), ((9, 0), True), ((10, 0), True)])
+def test_hardware_fp8_casts_only_where_the_gpu_has_them(capability, hardware, monkeypatch):
+    """Triton refuses ``float8e4nv`` below compute capability 8.9 (an A100 would fail to compile the
+    kernel): there the kernels take the integer roundings, which the test below checks equal."""
+    from types import SimpleNamespace
+
+    from kda_inductor.lowerings._fp8 import hardware_casts
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert hardware_casts(SimpleNamespace(is_cuda=True, device=torch.device("cuda", 0))) is hardware
+    assert hardware_casts(torch.zeros(1)) is False  # CPU: the interpreter's integer roundings
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("norm", [False, True], ids=["quant", "norm"])
 @pytest.mark.parametrize("ue8m0", [False, True], ids=["plain", "ue8m0"])

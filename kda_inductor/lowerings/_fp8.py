@@ -15,6 +15,8 @@ The Triton helpers round by integer arithmetic where the interpreter's casts tru
 
 from __future__ import annotations
 
+import torch
+
 from kda_inductor.lowerings._triton import tl, triton
 
 FP8_MAX = 448.0
@@ -27,7 +29,14 @@ TINY_POW2_INPUT = 7.888609052210118e-31
 """2**-100: what ``dynamic_scale`` raises a zero or tiny scale to before its power-of-two
 ceiling (far below ``SCALE_FLOOR``, so the floor still decides, as eager's 0 or 2**ceil)."""
 
-__all__ = ["AMAX_FLOOR", "FP8_MAX", "SCALE_FLOOR", "aot_variants"]
+__all__ = ["AMAX_FLOOR", "FP8_MAX", "SCALE_FLOOR", "aot_variants", "hardware_casts"]
+
+
+def hardware_casts(t: torch.Tensor) -> bool:
+    """Whether the kernels' ``HW_CASTS`` hold for ``t``'s device: a GPU that casts to fp8 e4m3 in
+    hardware (compute capability 8.9+: Ada, Hopper and newer; Triton refuses ``float8e4nv`` below).
+    Elsewhere (an A100, the interpreter) they round by integer arithmetic: the same bits, exact."""
+    return t.is_cuda and torch.cuda.get_device_capability(t.device) >= (8, 9)
 
 if triton is not None:
     _FP8_MAX = tl.constexpr(FP8_MAX)

@@ -53,7 +53,7 @@ from torch import Tensor
 
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import definitely, triton_launch_options
-from kda_inductor.lowerings._fp8 import FP8_MAX, SCALE_FLOOR
+from kda_inductor.lowerings._fp8 import FP8_MAX, SCALE_FLOOR, hardware_casts
 from kda_inductor.lowerings._triton import tl, triton
 from kda_inductor.lowerings.gated_norm_merge import (
     MAX_BLOCK_ELEMENTS,
@@ -396,7 +396,7 @@ def norm_quant_triton(sources, indices, z, weight, q, scales, *, eps: float, act
         *L.inputs, q.view(torch.uint8), scales, *L.sizes, M, G, **L.constexprs,
         NORM_DTYPE=TL_DTYPES[norm_dtype], BLOCK_R=plan.block_r, ROW_GROUP=plan.row_group, GROUP=plan.group,
         UE8M0=ue8m0, DIVIDE=1 if reciprocal else _DIVIDE_MODE[divide], COLUMN_MAJOR=column_major,
-        HW_CASTS=q.is_cuda, num_warps=plan.num_warps, **extra,
+        HW_CASTS=hardware_casts(q), num_warps=plan.num_warps, **extra,
     )
     return q, scales
 

@@ -62,7 +62,7 @@ from kda_inductor.lowerings import (
     interpreter_checks,
     triton_launch_options,
 )
-from kda_inductor.lowerings._fp8 import AMAX_FLOOR, FP8_MAX
+from kda_inductor.lowerings._fp8 import AMAX_FLOOR, FP8_MAX, hardware_casts
 from kda_inductor.lowerings._triton import tl, triton
 from kda_inductor.reference import QUANT_GROUP, CacheLayout, layer_norm_k, quantize_k
 
@@ -266,7 +266,7 @@ def _launch(kv_cache, k, slot_mapping, weight, bias, eps, ue8m0, meta: _Meta,
     if num_warps is None:  # one warp per 512 values
         num_warps = max(1, min(8, block_t * groups_p2 * 128 // 512))
     if hw_casts is None:
-        hw_casts = kv_cache.is_cuda
+        hw_casts = hardware_casts(kv_cache)
     norm = weight is not None
     extra = triton_launch_options() if kv_cache.is_cuda else {}
     with interpreter_checks(check and not kv_cache.is_cuda):

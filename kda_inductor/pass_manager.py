@@ -136,9 +136,14 @@ class KdaPostGradPass(CustomGraphPass):
         return matches
 
     def _replace(self, graph: fx.Graph, rewrite: Rewrite, match: Match, moved: dict[fx.Node, fx.Node]) -> bool:
-        """Replace ``match`` in a transaction, unless its speed rule leaves it to Inductor (a
-        ``Stage.SPEED_RULE`` miss, and False) or it refuses where it would go (a miss at its stage);
+        """Replace ``match`` in a transaction, unless its GPU is too old for it (a ``Stage.VALIDATED``
+        miss), its speed rule leaves it to Inductor (a ``Stage.SPEED_RULE`` miss, and False) or it
+        refuses where it would go (a miss at its stage);
         what the replacement stands for goes into ``moved``."""
+        refused = rewrite.device_refuses(match)
+        if refused:
+            rewrite.miss(match.anchor, Stage.VALIDATED, refused)
+            return False
         why = None if self.options.force else rewrite.speed_rule(match)
         if why:
             rewrite.miss(match.anchor, Stage.SPEED_RULE, f"left to Inductor: {why}{FORCE_HINT}")

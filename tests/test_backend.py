@@ -257,3 +257,33 @@ def test_fx_graph_cache_serves_same_options_and_never_stale(inputs):
         assert compile_once({}) == [0]  # the speed rules on: another key, recompiled (left to Inductor on CPU)
     assert counters["inductor"]["fxgraph_cache_bypass"] == 0
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("capability,refused", [((7, 5), True), ((8, 0), False), ((9, 0), False)])
+def test_a_gpu_older_than_sm80_is_a_miss_even_when_forced(capability, refused, monkeypatch):
+    """Our kernels are written for sm_80+ (``Rewrite.min_cuda_capability``): on an older GPU every
+    match is a miss that names the GPU's generation, ``force`` or not, and the graph is untouched."""
+    import torch.fx as fx
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from kda_inductor.patterns import REWRITES
+    from kda_inductor.patterns.base import Match, Stage
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    graph = fx.Graph()
+    x = graph.placeholder("x")
+    with FakeTensorMode():
+        x.meta["val"] = torch.empty(4, 8, device="cuda")
+    y = graph.call_function(torch.ops.aten.neg.default, (x,))
+    graph.output(y)
+    rewrite = REWRITES["gdn_spec_split"]()
+    replaced = []
+    monkeypatch.setattr(rewrite, "replace", lambda graph, match: replaced.append(match))
+    done = KdaPostGradPass(KdaOptions.parse({"force": True}))._replace(graph, rewrite, Match(nodes=[x, y]), {})
+    assert done is (not refused) and len(replaced) == (0 if refused else 1)
+    misses = rewrite.misses
+    if refused:
+        assert [m.stage for m in misses] == [Stage.VALIDATED]
+        assert "compute capability 7.5: the replacement needs 8.0 or newer" in misses[0].check
+    else:
+        assert not misses

@@ -119,6 +119,10 @@ class Rewrite(Misses):
     and ``runs_after`` (``ordered``), a comment beside each says why."""
     runs_after: ClassVar[tuple[str, ...]] = ()
     """Rewrites (by name) that must run before this one."""
+    min_cuda_capability: ClassVar[tuple[int, int]] = (8, 0)
+    """The oldest GPU generation the replacement runs on (our Triton kernels are written and tested
+    for sm_80+: bf16 arithmetic and dots); older GPUs get a miss even when forced
+    (:meth:`device_refuses`)."""
 
     def __init__(self, analyses: Analyses | None = None) -> None:
         super().__init__()
@@ -134,6 +138,18 @@ class Rewrite(Misses):
 
     def find(self, graph: fx.Graph) -> list[Match]:
         raise NotImplementedError
+
+    def device_refuses(self, match: Match) -> str | None:
+        """Why the GPU the match runs on cannot run the replacement (older than
+        ``min_cuda_capability``), or None. Not a speed rule: ``force`` does not lift it."""
+        device = next((v.device for n in match.nodes if isinstance(v := val(n), torch.Tensor)), None)
+        if device is None or device.type != "cuda":
+            return None
+        have = tuple(torch.cuda.get_device_capability(device))
+        if have >= self.min_cuda_capability:
+            return None
+        need = "{}.{}".format(*self.min_cuda_capability)
+        return f"a GPU of compute capability {have[0]}.{have[1]}: the replacement needs {need} or newer"
 
     def speed_rule(self, match: Match) -> str | None:
         """Why this match is left to Inductor (its op was measured slower than Inductor's

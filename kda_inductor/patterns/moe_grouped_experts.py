@@ -25,8 +25,8 @@ Must not match: a gather read elsewhere too (the copy stays, a miss), ids that a
 tensor of ``[S]`` integers, weights that are not ``[E, rows, cols]`` with static sizes, a bmm whose
 other operand is not the per-pair vector (``[S, K, 1]`` / ``[S, 1, K]``), dtypes that differ, anything
 but bf16 (torch's grouped GEMM's shape check; on CUDA other dtypes would take a host-syncing loop), and
-on CUDA rows that are not 16-byte aligned or a GPU older than sm_80 (no grouped GEMM there; transformers
-checks the same before it calls one).
+on CUDA rows that are not 16-byte aligned. A GPU older than sm_80 (no grouped GEMM there; transformers
+checks the same) is the framework's miss (``Rewrite.min_cuda_capability``).
 
 Speed rule (``speed_rule``): on CUDA at every size (``MEASURED["cuda"]``); CPU forced only (not timed).
 The grouped GEMM reads each used expert's weights once (``E_used x N x K``) where the gather writes and the
@@ -212,14 +212,7 @@ def _grouped_mm_refuses(weight, vector) -> str | None:
                 "dtypes would run a loop over the experts that syncs with the host)")
     if weight.device.type == "cuda" and any(s * weight.element_size() % 16 for s in weight.shape[1:]):
         return f"rows of {tuple(weight.shape[1:])} bf16 elements are not 16-byte aligned for the grouped GEMM"
-    if weight.device.type == "cuda" and _capability(weight.device) < (8, 0):
-        return (f"a GPU of compute capability {_capability(weight.device)}: torch's grouped GEMM needs 8.0 "
-                "(sm_80) or newer on torch 2.9+")
     return None
-
-
-def _capability(device) -> tuple[int, int]:
-    return torch.cuda.get_device_capability(device)
 
 
 def _grouped_mm(x, w, offs):

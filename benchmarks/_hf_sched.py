@@ -301,7 +301,15 @@ class QuietLock:
     compiles (:func:`outside_compiles`), a timing holds it exclusively, so no compile of another
     process runs on the CPU while a process times (a cold ``generate()`` timed beside others'
     compiles ran 2.8x slower: H200, 2026-12-06, 1,611 against 4,523 tokens/s warm). A timing that
-    waits lets compiles already queued go first (``flock`` does not order waiters)."""
+    waits lets compiles already queued go first (``flock`` does not order waiters).
+
+    Compiles were not all: with the model's build outside the lock (CPU-side weight init on every core,
+    then the copy to the GPU), ``--jobs 4`` and ``--jobs 6`` runs timed kda's batch-32 ``generate()`` no
+    faster than stock's, Qwen3-Next 1,575 against 1,572 tokens/s and Kimi Linear 2,024 against 1,254,
+    where one process at a time gave 16,627 against 3,104 and 11,992 against 2,351 (H100, 2026-12-07,
+    ``benchmarks/results/hf_generate.md``): a process holds it shared from its build on (``shared_during``).
+    Waits never hold one lock while asking for the other: a holder of the GPU lock asks for it only
+    exclusively, and a shared holder never waits for the GPU lock."""
 
     def __init__(self, path: str | None):
         self.path, self.fd, self.waited = path, None, 0.0
@@ -317,6 +325,15 @@ class QuietLock:
     def shared(self) -> None:
         """Taken shared: this process compiles."""
         self._take("LOCK_SH")
+
+    @contextlib.contextmanager
+    def shared_during(self):
+        """Held shared for the block (CPU work that must not overlap another process's timing)."""
+        self.shared()
+        try:
+            yield self
+        finally:
+            self.release()
 
     def release(self) -> None:
         if self.fd is not None:

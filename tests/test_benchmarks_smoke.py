@@ -736,6 +736,36 @@ def test_quiet_lock_times_only_when_no_other_process_compiles(tmp_path):
         assert free.fd is None and free.waited == 0.0
 
 
+def test_generate_builds_its_model_under_the_quiet_lock(tmp_path, monkeypatch):
+    """``hf_generate.run_one``: the model's build (CPU weight init on every core) holds the quiet lock
+    shared, so no other process times meanwhile; released after it (a timing may follow)."""
+    import fcntl
+    import os
+
+    from benchmarks import hf_generate, hf_models
+
+    path, seen = str(tmp_path / "quiet.lock"), {}
+
+    def try_exclusive() -> bool:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+
+    def build(*_a, **_k):
+        seen["timing could start"] = try_exclusive()
+
+    monkeypatch.setattr(hf_models, "build", build)
+    got = hf_generate.run_one({"smoke": True, "device": "cpu", "variant": "stock", "family": "qwen3_next",
+                               "quiet_lock": path, "gpu_lock": str(tmp_path / "gpu.lock")})
+    assert got == {"error": "not in this transformers"} and seen == {"timing could start": False}
+    assert try_exclusive()
+
+
 def test_outside_compiles_holds_quiet_shared_only_while_compiling(tmp_path):
     """``outside_compiles(lock, quiet)``: during Dynamo's compile the GPU lock is free and the quiet
     lock held shared; after it, the GPU lock held and the quiet lock free (never both at once)."""

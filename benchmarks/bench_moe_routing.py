@@ -39,7 +39,10 @@ sys.path[:0] = [str(_HERE)]
 from _timing import finish, graph_replay_median_us, perf_counter_median_us, progress  # noqa: E402
 
 NAME = "moe_routing"
-CASES = [(e, s) for e in (16, 64, 512) for s in (10, 320, 1280, 40960)]  # S: 1 / 32 / 128 / 4096 tokens x 10
+# S: 1 / 32 / 128 / 4096 tokens x 10 first (the 2026-12-07 run), then the sizes between (Kimi Linear's top-8:
+# 256 pairs at 32 sequences) that place RANKED_PAIRS' bounds (patterns/moe_grouped_experts.py)
+CASES = ([(e, s) for e in (16, 64, 512) for s in (10, 320, 1280, 40960)]
+         + [(e, s) for e in (16, 512) for s in (80, 160, 256, 2560, 5120)])
 COLUMNS = (("E", "experts", ","), ("S", "pairs", ","), ("transformers_us", "transformers us", ".1f"),
            ("stable_sort_us", "stable sort us", ".1f"), ("one_hot_us", "one-hot us", ".1f"),
            ("best", "fastest", ""))

@@ -177,6 +177,42 @@ def test_an_out_of_range_pair_is_nan_where_the_assert_does_not_trap():
         rule.routing(torch.tensor([0, E]), E)
 
 
+@pytest.mark.parametrize("experts", [16, 512])
+def test_ranked_routing_is_the_stable_sort(experts):
+    """At the pair counts of ``RANKED_PAIRS`` the routing ranks the pairs by a cumulative count: the same
+    permutation and offsets as the stable sort (ties in pair order), negative ids read as ``id + E``; an id
+    outside ``[-E, E)`` goes after the last offset and its pair is not valid."""
+    g = torch.Generator().manual_seed(experts)
+    ids = torch.randint(-experts, experts, (rule.RANKED_PAIRS[0],), generator=g)
+    perm, offs, valid = rule.routing(ids, experts)
+    normal = torch.where(ids < 0, ids + experts, ids)
+    order, want = torch.sort(normal, stable=True)
+    assert torch.equal(perm, want) and valid.all()
+    assert torch.equal(offs, torch.searchsorted(order, torch.arange(experts), right=True, out_int32=True))
+    bad = ids.clone()
+    bad[[3, 100]] = torch.tensor([experts + 5, -experts - 1])
+    bad = torch.where(bad < 0, bad + experts, bad)
+    place, offs_bad = rule.ranked(bad, experts)
+    inside = torch.ones_like(ids, dtype=torch.bool)
+    inside[[3, 100]] = False
+    assert torch.equal(place[offs_bad[-1]:], torch.tensor([3, 100]))  # after the last offset, in pair order
+    assert torch.equal(place[:offs_bad[-1]], torch.arange(len(ids))[inside][torch.sort(bad[inside], stable=True).indices])
+    assert torch.equal(torch.sort(place).values, torch.arange(len(ids)))  # a permutation
+
+
+def test_a_step_at_a_ranked_pair_count_matches_eager(monkeypatch):
+    """A compiled layer whose pair count lies in ``RANKED_PAIRS`` (160 tokens x top-2 = 320 pairs): one
+    match, routed by the count (not the sort), the grouped GEMM's rows as the gather + bmm give them."""
+    torch.manual_seed(0)
+    module = Experts().to(torch.bfloat16).eval()
+    args = routing(tokens=rule.RANKED_PAIRS[0] // TOPK, seed=4)
+    calls = []
+    monkeypatch.setattr(rule, "ranked", lambda *a, _f=rule.ranked: calls.append(1) or _f(*a))
+    got, want, c = _run(module, args)
+    assert c.matches[NAME] == 1 and calls
+    assert_close_to_eager(got, want)
+
+
 def test_tokens_dynamic():
     """The pairs' count S symbolic (a dynamic batch): the match holds, each size checked."""
     torch.manual_seed(0)

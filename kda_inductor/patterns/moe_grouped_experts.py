@@ -40,8 +40,9 @@ stock's 531.1 tokens/s at batch 1 (1.22x); at 8214426, one process at a time, co
 history: ``docs/speed-rules.md``.
 
 Replacement (:func:`routing` once an ids tensor, :func:`project` a projection): the pairs sorted by expert id
-(stable), each expert's rows offset by ``searchsorted`` (no host sync: CUDA-graph safe), ``torch._grouped_mm``
-(``F.grouped_mm`` where this torch has it) of the sorted rows with the weights, the rows put back in pair
+(stable), each expert's rows offset by ``searchsorted`` (no host sync: CUDA-graph safe), or ranked by a
+cumulative count per expert at the pair counts where that was measured faster (:data:`RANKED_PAIRS`);
+``torch._grouped_mm`` (``F.grouped_mm`` where this torch has it) of the sorted rows with the weights, the rows put back in pair
 order. Negative ids read ``W[id + E]`` as the gather does; an id outside ``[-E, E)`` fails an assert where the
 device checks them (on CPU; eager's gather raises) and its pair's rows come out NaN (on CUDA Inductor's assert
 did not trap on an H100, torch 2.11: the NaN is what a user sees), never rows the GEMM left unwritten. Each
@@ -220,17 +221,48 @@ def _grouped_mm(x, w, offs):
     return fn(x, w, offs=offs) if fn is not None else torch._grouped_mm(x, w, offs=offs)
 
 
+RANKED_PAIRS = (320, 1280)
+"""Pair counts S (a static size; experts E <= 512) whose routing ranks the pairs by a cumulative count per
+expert (:func:`ranked`, O(S x E)) instead of sorting them: measured alone (``benchmarks/bench_moe_routing.py``,
+H100, torch 2.11, stock Inductor of each form, CUDA-graph replay, 2026-12-07, commit 2095f50,
+``benchmarks/results/moe_routing.md``) the count took 6.2 / 8.7 / 11.3 us at 320 pairs with 16 / 64 / 512
+experts against the stable sort's 13.4-13.6, and 8.9-20.0 against 35.7-36.4 at 1,280; the sort won at 10
+pairs (3.2-3.4 against 5.5-5.8) and at 40,960 (78-81 against 85-449). Between the measured sizes the sort
+stays, and a symbolic S keeps the sort (neither form is faster at every measured size)."""
+
+
 def routing(ids, experts: int):
     """``(perm, offs, valid)``: the pairs sorted by expert id (stable; a negative id read as ``id + E``, as
-    the gather reads it), each expert's end offset among them (``searchsorted``: no host sync) and which
-    pairs' ids lie in ``[-E, E)``. Computed once for the projections that gather by ``ids``. An id outside
-    it fails an assert where the device checks them (CPU; eager's gather raises) and its rows come out NaN
-    (the grouped GEMM leaves rows past the last offset unwritten): never silent garbage."""
+    the gather reads it), each expert's end offset among them (no host sync) and which pairs' ids lie in
+    ``[-E, E)``. Computed once for the projections that gather by ``ids``. An id outside it fails an assert
+    where the device checks them (CPU; eager's gather raises) and its rows come out NaN (the grouped GEMM
+    leaves rows past the last offset unwritten): never silent garbage. The same ``perm`` whichever of the
+    sort or the count (:data:`RANKED_PAIRS`) computes it, for ids in range."""
     valid = (ids >= -experts) & (ids < experts)
     torch._assert_async(valid.all(), "moe_grouped_experts: an expert id outside [-E, E)")
-    order, perm = torch.sort(torch.where(ids < 0, ids + experts, ids), stable=True)
+    normal = torch.where(ids < 0, ids + experts, ids)
+    pairs = ids.shape[0]
+    if isinstance(pairs, int) and RANKED_PAIRS[0] <= pairs <= RANKED_PAIRS[1] and experts <= 512:
+        return (*ranked(normal, experts), valid)
+    order, perm = torch.sort(normal, stable=True)
     bounds = torch.arange(experts, device=ids.device, dtype=order.dtype)
     return perm, torch.searchsorted(order, bounds, right=True, out_int32=True), valid
+
+
+def ranked(normal, experts: int):
+    """``(perm, offs)`` of :func:`routing` without a sort: a pair's place is the count of pairs of lower
+    experts plus its rank among its own expert's pairs (a cumulative count per expert, ``[S, E]``); pairs
+    whose id is outside ``[0, E)`` go after the last offset, in pair order (their rows come out NaN)."""
+    inside = (normal >= 0) & (normal < experts)
+    own = normal.clamp(0, experts - 1)
+    hot = (normal[:, None] == torch.arange(experts, device=normal.device)).to(torch.int32)
+    seen = hot.cumsum(0)  # [S, E]: each expert's pairs up to here
+    counts = seen[-1]
+    offs = counts.cumsum(0, dtype=torch.int32)
+    place = (offs - counts)[own] + seen.gather(1, own[:, None]).squeeze(1) - 1
+    place = torch.where(inside, place.long(), offs[-1].long() + (~inside).long().cumsum(0) - 1)
+    arange = torch.arange(normal.shape[0], device=normal.device)
+    return torch.empty_like(normal).index_put((place,), arange), offs
 
 
 def project(vector, weight, perm, offs, valid, weights_first: bool, flip: bool = False):

@@ -1,4 +1,4 @@
-"""GPU benchmark, a question before a rewrite: how fast can a MoE layer's routing prologue be?
+"""GPU benchmark of ``moe_routing``: how fast can a MoE layer's routing prologue be?
 
 transformers' ``grouped_mm`` experts (the default on GPUs outside ``generate()``'s decoding, and what
 ``benchmarks/hf_models.py``'s steps run) sort the (token, expert) pairs by expert id, count them
@@ -16,7 +16,9 @@ in torch ops that Inductor compiles (no kernel of ours), timed under CUDA-graph 
   (transformers 5.17's ``grouped_mm_experts_forward``);
 - ``stable_sort``: ``sort(stable=True)``, ``searchsorted`` offsets (``moe_grouped_experts``' routing);
 - ``one_hot``: each pair's rank from a cumulative count per expert (``one_hot(ids, E).cumsum(0)``:
-  O(S x E), a scan Inductor spreads over programs), the permutation scattered from it.
+  O(S x E), a scan Inductor spreads over programs), the permutation scattered from it;
+- ``pairwise``: the ``moe_routing`` rewrite's rank (``ranked_sort``: the pairs with a smaller id plus
+  those with the same id before, one reduction over S x S comparisons), then transformers' ``histc``.
 
     python benchmarks/bench_moe_routing.py --budget 120      # S 10 .. 40,960 pairs, E 16 / 64 / 512
     python benchmarks/bench_moe_routing.py --smoke           # CPU: the formulations agree, nothing timed
@@ -45,6 +47,7 @@ CASES = ([(e, s) for e in (16, 64, 512) for s in (10, 320, 1280, 40960)]
          + [(e, s) for e in (16, 512) for s in (80, 160, 256, 2560, 5120)])
 COLUMNS = (("E", "experts", ","), ("S", "pairs", ","), ("transformers_us", "transformers us", ".1f"),
            ("stable_sort_us", "stable sort us", ".1f"), ("one_hot_us", "one-hot us", ".1f"),
+           ("pairwise_us", "pairwise us", ".1f"),
            ("best", "fastest", ""))
 
 
@@ -75,7 +78,20 @@ def one_hot_routing(ids: torch.Tensor, experts: int):
     return ids[perm], perm, offsets, rank
 
 
-FORMS = {"transformers": transformers_routing, "stable_sort": stable_sort_routing, "one_hot": one_hot_routing}
+def pairwise_routing(ids: torch.Tensor, experts: int):
+    """The ``moe_routing`` rewrite's sort (a rank by S x S comparisons), then transformers' count."""
+    from kda_inductor.patterns.moe_routing import ranked_sort
+
+    ids_g, perm = ranked_sort(ids)
+    counts = torch.histc(ids_g.float() if ids.device.type == "cpu" else ids_g.int(), bins=experts, min=0,
+                         max=experts - 1)
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel(), device=ids.device)
+    return ids_g, perm, torch.cumsum(counts, 0, dtype=torch.int32), inv
+
+
+FORMS = {"transformers": transformers_routing, "stable_sort": stable_sort_routing, "one_hot": one_hot_routing,
+         "pairwise": pairwise_routing}
 
 
 def pair_ids(pairs: int, experts: int, device) -> torch.Tensor:
@@ -112,6 +128,22 @@ def run(experts: int, pairs: int, *, smoke: bool, reps: int) -> dict:
             row[f"{name}_us"] = timer(lambda fn=fn: fn(ids, experts))
     row["best"] = min(FORMS, key=lambda name: row[f"{name}_us"])
     return row
+
+
+def report_row(experts: int, pairs: int, s) -> dict:
+    """One case for ``benchmarks/report.py`` (``s``: its ``Settings``): stock is transformers' sort + count,
+    kda the ``moe_routing`` rewrite's rank + the same count (what the forced rewrite leaves), both compiled
+    by Inductor."""
+    row = run(experts, pairs, smoke=s.smoke, reps=s.reps)
+    return {"rewrite": NAME, "shape": f"E={experts} S={pairs}", "T": pairs, "stock_us": row["transformers_us"],
+            "kda_us": row["pairwise_us"]}
+
+
+def report_jobs(s) -> list:
+    """The report's rows: 320 and 1,280 pairs (32 / 128 tokens x top-10) with 16 and 512 experts."""
+    if s.smoke:
+        return [lambda: report_row(8, 40, s)]
+    return [lambda e=e, n=n: report_row(e, n, s) for e, n in ((16, 320), (512, 320), (16, 1280), (512, 1280))]
 
 
 def main(argv=None) -> list[dict]:

@@ -128,8 +128,10 @@ def fla_chunk(q, k, v, g=None, beta=None, scale=None, initial_state=None, output
     channel), ``beta [B, T, HV]``, an ``[N, HV, K, V]`` state read as float32, varlen
     ``cu_seqlens``; ``(o in q's dtype as fla returns it, final_state or None)``."""
     state = None if initial_state is None else initial_state.float()
+    # None where q's dtype is v's (the op's default): no dtype argument for a package's proxy executor to
+    # misread (patterns/base.py: proxy_executor_reads_dtypes)
     out, final = torch.ops.kda.gdn_chunk(q, k, v, g, beta, scale, state, bool(use_qk_l2norm_in_kernel), cu_seqlens,
-                                         out_dtype=q.dtype)
+                                         out_dtype=None if q.dtype == v.dtype else q.dtype)
     return out, final if output_final_state else None
 
 

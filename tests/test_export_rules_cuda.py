@@ -109,9 +109,10 @@ def test_aotinductor_package_of_the_op_without_our_post_grad_pass_on_cuda(tmp_pa
 
 def test_aotinductor_package_with_none_of_our_ops_on_cuda(tmp_path):
     """The third control: the layer exported without the op and packaged without our post-grad pass, so the
-    package holds none of our ops: on an H100 (torch 2.11, 2026-12-07) the three above all died with SIGSEGV
-    while loading (each package named one of our ops or two); if this one dies too, the crash is
-    AOTInductor's loader on that machine, not our ops."""
+    package holds none of our ops. On an H100 (torch 2.11, 2026-12-07) the three above all died with SIGSEGV
+    (each package named one of our ops or two, every one with a dtype argument, which torch 2.11's proxy
+    executor misreads: docs/aotinductor.md); since then no op of ours in a package takes a dtype on such a
+    torch, and this control says whether the loader crashes whatever the package holds."""
     r = _package_in_child(tmp_path, "gdn_chunk", post_grad=False)
     assert r.returncode == 0 and "PACKAGED []" in r.stdout and "CALLS_OP False" in r.stdout, _said(r)
     assert max(float(e) for e in r.stdout.split("ERRORS")[1].split()[:2]) < 2e-2, _said(r)

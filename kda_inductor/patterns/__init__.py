@@ -18,10 +18,11 @@ from kda_inductor.patterns.gqa_decode_attention import GqaDecodeAttention
 from kda_inductor.patterns.indexer_k_gather import IndexerKGather
 from kda_inductor.patterns.indexer_k_write import IndexerKWrite
 from kda_inductor.patterns.moe_grouped_experts import MoeGroupedExperts
+from kda_inductor.patterns.moe_routing import MoeRouting
 
 REWRITES: dict[str, type[Rewrite]] = ordered(
-    (IndexerKWrite, IndexerKGather, CausalConv1d, GdnRecurrentStep, MoeGroupedExperts, GdnSpecSplit, GatedNormQuant,
-     GatedNormMerge, GqaDecodeAttention))
+    (IndexerKWrite, IndexerKGather, CausalConv1d, GdnRecurrentStep, MoeGroupedExperts, MoeRouting, GdnSpecSplit,
+     GatedNormQuant, GatedNormMerge, GqaDecodeAttention))
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 """The only list of rewrites: the pass, the options, ``benchmarks/report.py``, ``.ci/gpu``, the
 spelling corpus, the README's rewrite table and ``docs/rewrites.md`` all read it."""

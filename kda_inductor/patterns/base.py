@@ -17,8 +17,10 @@ what Inductor fuses (``_fusion``) and the rejected candidates (``_misses``) are 
 from __future__ import annotations
 
 import contextlib
+import functools
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -225,11 +227,12 @@ class ReplacementRefused(Exception):
 
 
 def aot_refusal(gm: fx.GraphModule) -> str | None:
-    """Why ``gm`` (a traced replacement) cannot go into an AOTInductor package, else None: a call
-    of one of our ops with an empty ``Tensor[]`` argument (AOTInductor's proxy executor, which runs
-    custom ops in a package, leaves an empty serialized list as None: the call fails with "Expected
-    a value of type 'List[Tensor]'", torch 2.13; its fix for int lists, pytorch#194324, left tensor
-    lists out). Only under AOT compilation (``V.aot_compilation``); a compile keeps the op."""
+    """Why ``gm`` (a traced replacement) cannot go into an AOTInductor package, else None. Two defects of
+    AOTInductor's proxy executor (which runs custom ops in a package): an empty ``Tensor[]`` argument reaches
+    the op as None (the call fails with "Expected a value of type 'List[Tensor]'", torch 2.13; its fix for int
+    lists, pytorch#194324, left tensor lists out); and where :func:`proxy_executor_reads_dtypes` is False, a
+    ``torch.dtype`` argument reaches the op as another dtype. Only under AOT compilation
+    (``V.aot_compilation``); a compile keeps the op."""
     from torch._inductor.virtualized import V
 
     if not getattr(V, "aot_compilation", False):
@@ -244,7 +247,22 @@ def aot_refusal(gm: fx.GraphModule) -> str | None:
             if isinstance(value, (list, tuple)) and not value and str(arg.type) == "List[Tensor]":
                 return (f"AOTInductor cannot pass {schema.name}'s empty Tensor[] {arg.name!r} (its proxy executor "
                         f"gives the op None): left to Inductor in a package")
+            if isinstance(value, torch.dtype) and not proxy_executor_reads_dtypes():
+                return (f"this torch's AOTInductor passes {schema.name}'s dtype argument {arg.name!r} as another "
+                        "dtype (pytorch#173562, fixed after torch 2.11): left to Inductor in a package")
     return None
+
+
+@functools.lru_cache(maxsize=None)
+def proxy_executor_reads_dtypes() -> bool:
+    """Whether this torch's AOTInductor proxy executor maps a serialized dtype to torch's own: before
+    pytorch#173562 it cast the export schema's number (float32 is 7 there) to a c10 ``ScalarType`` (7 is
+    float64), so an op of a package got every dtype argument shifted by one (float32 -> float64,
+    bfloat16 -> a quantized type, float64 -> complex32: on CUDA a SIGSEGV; torch 2.11, CPU and an H100,
+    2026-12-07). The fix ships the converters' header, ``generated_enum_converters.h``: its presence in
+    the installed torch is the feature tested (no version string)."""
+    root = Path(torch.__file__).resolve().parent / "include" / "torch" / "csrc" / "inductor" / "aoti_torch"
+    return (root / "generated_enum_converters.h").is_file() or not root.is_dir()
 
 
 # --------------------------------------------------------------------------- replacing by a function

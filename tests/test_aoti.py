@@ -152,10 +152,11 @@ def test_aoti_gdn_layers_dynamic_tokens_keep_split_and_merge(tmp_path, cls, cfg)
         loaded, records = _aoti(ep, tmp_path)
         # the recurrence of each set (spec: draft windows; non-spec: one token) is gdn_recurrent_step's
         want = _counts(gdn_spec_split=1, gated_norm_merge=1, gdn_recurrent_step=2)
-        if not proxy_executor_reads_dtypes():  # torch 2.11: ops with a dtype argument stay out of packages
+        if not proxy_executor_reads_dtypes():  # torch 2.11: a call with a dtype argument stays out of packages
+            assert any("dtype argument" in str(m) for m in records[0].misses["gated_norm_merge"])  # always one
             for name in ("gated_norm_merge", "gdn_recurrent_step"):
-                want[name] = 0
-                assert any("dtype argument" in str(m) for m in records[0].misses[name]), records[0].misses
+                if any("dtype argument" in str(m) for m in records[0].misses.get(name, [])):
+                    want[name] = 0
         assert [r.matches for r in records] == [want]
         for spec_reqs, decode_reqs in ((3, 4), (2, 7), (5, 1)):
             step = _gdn_args(layer, spec_reqs, decode_reqs, seed=spec_reqs)

@@ -351,18 +351,20 @@ class StepMatch(Match):
 
         def fn(q, k, v, g, beta, state):
             xs = [m.tokens(x, r) for x, r in zip((q, k, v, g, beta), ("q", "k", "v", "g", "beta"))]
+            # v's dtype is the op's default: no dtype argument for a package to misread (base.aot_refusal)
+            opts = {**kw, "out_dtype": None} if kw["out_dtype"] == xs[2].dtype else kw
             if m.inplace:
-                out = torch.ops.kda.gdn_recurrent_step_inplace(*xs, state, **kw)
+                out = torch.ops.kda.gdn_recurrent_step_inplace(*xs, state, **opts)
                 new = state
             elif state is not None and m.steps[0].labels != _S:
                 # a state kept transposed: the op continues a copy of it in place (the functional op's
                 # CPU implementation returns its final state in the initial state's strides, which its
                 # fake does not say: reported to gdnkernel)
                 new = m.state(state).clone()
-                out = torch.ops.kda.gdn_recurrent_step_inplace(*xs, new, **kw)
+                out = torch.ops.kda.gdn_recurrent_step_inplace(*xs, new, **opts)
                 new = arrange(new, _S, m.steps[0].labels)
             else:
-                out, new = torch.ops.kda.gdn_recurrent_step(*xs, m.state(state), **kw)
+                out, new = torch.ops.kda.gdn_recurrent_step(*xs, m.state(state), **opts)
                 new = arrange(new, _S, m.steps[0].labels)
             if m.assembled:
                 outs = [arrange(out, _OUT, names) for _, names in m.outs]

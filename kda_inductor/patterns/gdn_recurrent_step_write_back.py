@@ -74,7 +74,7 @@ class WriteBackMatch(Match):
     def fn(self) -> Callable[..., Any]:
         def fn(q, k, v, g, beta, state, scale, use_qk_l2norm, eps, out_dtype):
             out = torch.ops.kda.gdn_recurrent_step_inplace(q, k, v, g, beta, state, scale, use_qk_l2norm, eps,
-                                                           out_dtype)
+                                                           None if out_dtype == v.dtype else out_dtype)
             return out, state
 
         return fn

@@ -1,7 +1,8 @@
 """transformers' own hybrid model families (``benchmarks/hf_models.py``, tiny dims, bf16, CPU):
 each compiles with ``backend="kda_inductor"`` and the rewrites forced, matches eager on a decode
 step (cache of 8 tokens) and a 16-token prefill, and gets exactly the rewrites it should; with the
-experts as ``generate()``'s decoding runs them (``batched_mm``), ``moe_grouped_experts`` on each MoE layer.
+experts as ``generate()``'s decoding runs them (``batched_mm``), ``moe_grouped_experts`` on each MoE layer;
+with their default (``grouped_mm``), ``moe_routing`` on each MoE layer's routing sort.
 
 Where a family's spelling is not rewritten today the test asserts 0 and that ``explain()``'s
 misses name the reason at the transformers source line (``NOT_REWRITTEN``)."""
@@ -72,7 +73,8 @@ def family_run(request):
         pytest.skip(f"{family.name}: not in the installed transformers")
     model, config = built
     runs = {"decode": _run(model, *hf_models.decode_case(model, config, batch=2, context=8, device="cpu")),
-            "prefill": _run(model, *hf_models.prefill_case(model, config, tokens=16, device="cpu"))}
+            "prefill": _run(model, *hf_models.prefill_case(model, config, tokens=16, device="cpu")),
+            "experts": _experts_modules(model)}  # each one's grouped_mm routing sort: moe_routing (forced)
     return family, runs
 
 
@@ -96,7 +98,8 @@ def test_rewrite_counts(family_run, case):
     family, runs = family_run
     records = runs[case][2]
     assert records, f"{family.name} {case}: no graph went through our pass"
-    want = {name: 0 for name in REWRITE_NAMES} | EXPECTED[family.name] | {"gdn_recurrent_step": RECURRENCES[case](family)}
+    want = {name: 0 for name in REWRITE_NAMES} | EXPECTED[family.name] | {"gdn_recurrent_step": RECURRENCES[case](family),
+                                                                           "moe_routing": runs["experts"]}
     assert pass_manager.total_matches(records) == want
     convs, steps = want["causal_conv1d"], want["gdn_recurrent_step"]
     parts: dict[str, dict[str, int]] = {"causal_conv1d": {}, "gdn_recurrent_step": {}}

@@ -59,6 +59,7 @@ import torch.fx as fx
 import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from kda_inductor.lowerings import gqa_decode_attention as _lowering  # noqa: F401  (registers the op)
 from kda_inductor.patterns.base import (
     VIEWS,
     Match,
@@ -79,6 +80,11 @@ _OP_NAMES = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_a
 SDPA_OPS = tuple(getattr(aten, name).default for name in _OP_NAMES if hasattr(aten, name))
 """The fused attention ops sdpa lowers to; each returns the attention output first."""
 _MASK_ARGS = ("attn_bias", "attn_mask")  # the mask's name in each op's schema (flash has none)
+
+KERNEL_MEASURED = False
+"""Whether our decode kernel (``kda::gqa_decode_attention``: the keys split over programs, each kv
+head's rows at once) replaces the folded sdpa: not yet measured (``benchmarks/bench_gqa_decode_attention.py``'s
+``op`` and ``kda+op`` columns decide it); until then the fold calls torch's sdpa."""
 
 MEASURED = True
 """Whether the fold was measured faster than stock Inductor's code on CUDA: yes (H100, 2026-12-06,
@@ -277,7 +283,7 @@ class GqaDecodeAttention(Rewrite):
 
     def replace(self, graph: fx.Graph, match: FoldMatch) -> dict[fx.Node, fx.Node]:
         m = match
-        args = (m.query, m.key, m.value, m.mask, m.n_rep, m.scale, m.per_head_mask, len(m.outs))
+        args = (m.query, m.key, m.value, m.mask, m.n_rep, m.scale, m.per_head_mask, len(m.outs), KERNEL_MEASURED)
         new = replace_by_function(graph, folded, args, outputs=list(m.outs), before=m.op, region=m.nodes, origin=m.op)
         # the fused ops are tagged nondeterministic_seeded (their dropout), which fx reads as
         # impure: erase_dead keeps them, so the old op and its unread outputs go here
@@ -289,14 +295,18 @@ class GqaDecodeAttention(Rewrite):
         return moved(list(m.outs), new)
 
 
-def folded(query, key, value, mask, n_rep, scale, per_head_mask, readers=1):
+def folded(query, key, value, mask, n_rep, scale, per_head_mask, readers=1, kernel=False):
     """The replacement: ``query [B, H, 1, D]`` as ``n_rep`` query rows of each kv head of ``key``
     / ``value [B, Hkv, S, D]`` (head ``h * n_rep + r`` -> kv head ``h``, row ``r``), the output
-    viewed back to ``[B, H, 1, D]`` (once for each of the op's ``readers`` of it)."""
+    viewed back to ``[B, H, 1, D]`` (once for each of the op's ``readers`` of it); attended by
+    torch's sdpa, or with ``kernel`` by ``kda::gqa_decode_attention`` (the same computation)."""
     q = query.unflatten(1, (-1, n_rep)).squeeze(3)  # [B, Hkv, n_rep, D]
     if mask is not None:
         mask = mask[(None,) * (4 - mask.dim())]  # [b, h, 1, s]
         if per_head_mask:
             mask = mask.unflatten(1, (-1, n_rep)).squeeze(3)  # [b, Hkv, n_rep, s]
-    out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scale)
+    if kernel:
+        out = torch.ops.kda.gqa_decode_attention(q, key, value, mask, scale)
+    else:
+        out = F.scaled_dot_product_attention(q, key, value, attn_mask=mask, scale=scale)
     return (out.unsqueeze(3).flatten(1, 2),) * readers  # [B, H, 1, D]

@@ -54,8 +54,15 @@ names the prefill Dynamo rules instead (``kda_inductor/_dynamo_chunk.py``): fla'
 and transformers' torch chunk references traced as ``kda::gdn_chunk`` (every ``*_RULE_MEASURED`` there
 set), issue 43's "our chunk core against fla's in the prefill step"; with ``@no-fla``, against
 Inductor's code for the torch reference (Kimi Linear's, forced only until measured)."""
-DYNAMO_RULES = ("gdn_chunk",)
-"""``@with-`` names that are Dynamo rules, not registry rewrites."""
+FLAGS = {
+    "gdn_chunk": ("kda_inductor._dynamo_chunk", ("CHUNK_RULE_MEASURED", "KDA_CHUNK_RULE_MEASURED",
+                                                 "TORCH_CHUNK_RULE_MEASURED", "TORCH_KDA_RULE_MEASURED")),
+    "gqa_decode_kernel": ("kda_inductor.patterns.gqa_decode_attention", ("KERNEL_MEASURED",)),
+}
+"""``@with-`` names that are not registry rewrites: each sets its module's not-yet-measured flags
+(``gdn_chunk``: the prefill Dynamo rules; ``gqa_decode_kernel``: ``gqa_decode_attention``'s fold
+calls our decode kernel instead of torch's sdpa)."""
+DYNAMO_RULES = tuple(FLAGS)
 _WITH = re.compile(r"@with-([a-z0-9_]+)")
 MODIFIERS = (NO_FLA, NO_CUDNN_SDP)
 
@@ -81,12 +88,12 @@ def apply_modifiers(variant: str) -> str | None:
     for name in _WITH.findall(variant):  # a fresh process a compile: the rule stays bypassed in it
         from kda_inductor import REWRITE_NAMES
 
-        if name == "gdn_chunk":
-            from kda_inductor import _dynamo_chunk
+        if name in FLAGS:
+            import importlib
 
-            for flag in ("CHUNK_RULE_MEASURED", "KDA_CHUNK_RULE_MEASURED", "TORCH_CHUNK_RULE_MEASURED",
-                         "TORCH_KDA_RULE_MEASURED"):
-                setattr(_dynamo_chunk, flag, True)
+            module = importlib.import_module(FLAGS[name][0])
+            for flag in FLAGS[name][1]:
+                setattr(module, flag, True)
             continue
         if name not in REWRITE_NAMES:
             return (f"{variant}: no rewrite {name!r} (the registry's: {', '.join(REWRITE_NAMES)}; "

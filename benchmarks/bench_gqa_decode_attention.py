@@ -9,8 +9,9 @@ benchmarks/results/ (``finish``).
 
 Per case (model dims: Qwen3-Next H 16 / Hkv 2 / D 256, Qwen3.5 H 16 / Hkv 4 / D 256; batches 32 /
 128; contexts 256 / 4096 keys), CUDA-graph replay medians (``_timing``) of eager, stock
-``torch.compile`` and kda_inductor with the rewrite forced (it is forced only until this
-measures it), the floor (q, the un-repeated K / V, the mask and the output read or written
+``torch.compile``, kda_inductor with the rewrite forced (its fold calling torch's sdpa), the same
+with the fold calling our decode kernel (``kda+kernel``: ``KERNEL_MEASURED`` in the pattern file),
+the kernel alone on the folded shapes (``op``), the floor (q, the un-repeated K / V, the mask and the output read or written
 once, at the copy bandwidth) and the bytes the repeat moves (``2 x B x H x S x D`` elements
 written, then read by the attention). Each compiled result is checked against eager first
 (bf16: within two bf16 steps of the output's scale; the fold runs the fused kernel on
@@ -45,9 +46,11 @@ SMOKE_DIMS = (4, 2, 16)
 BATCHES, CONTEXTS = (32, 128), (256, 4096)
 FORCED = {"kda": {"force": True}}
 COLUMNS = (("model", "model", ""), ("B", "B", ","), ("S", "S", ","), ("eager_us", "eager us", ".1f"),
-           ("stock_us", "stock us", ".1f"), ("kda_us", "kda us", ".1f"), ("floor_us", "floor us", ".1f"),
+           ("stock_us", "stock us", ".1f"), ("kda_us", "kda us", ".1f"), ("kda_kernel_us", "kda+kernel us", ".1f"),
+           ("op_us", "op us", ".1f"), ("floor_us", "floor us", ".1f"),
            ("repeat_mb", "repeat MB", ".0f"), ("stock_over_kda", "stock/kda", ".2f"),
-           ("kda_over_floor", "kda/floor", ".2f"))
+           ("kda_over_floor", "kda/floor", ".2f"), ("kernel_over_kda", "kda+kernel/kda", ".2f"),
+           ("op_over_floor", "op/floor", ".2f"))
 
 
 def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
@@ -101,21 +104,45 @@ def check(label: str, got, want) -> None:
 
 
 def compiled_pair(label: str, args):
-    """``(stock, kda)`` compiled and checked; kda must have folded exactly one attention."""
-    from kda_inductor import pass_manager
+    """``(stock, kda, kda with our decode kernel)`` compiled and checked; each kda compile must
+    have folded exactly one attention."""
+    from kda_inductor.lowerings.gqa_decode_attention import refusal
 
     torch._dynamo.reset()  # each case compiled for its own static shapes
     want = attention(*args)
     stock = torch.compile(attention, backend="inductor")
-    kda = torch.compile(attention, backend="kda_inductor", options=FORCED)
     check(f"{label} stock", stock(*args), want)
-    with pass_manager.observe() as records:
-        got = kda(*args)
+    kda = _kda(label, args, want, kernel=False)
+    takes = args[0].device.type == "cpu" or refusal(args[0], args[2]) is None  # CPU: the op is sdpa (smoke)
+    kernel = _kda(label, args, want, kernel=True) if takes else None
+    return stock, kda, kernel
+
+
+def _kda(label: str, args, want, *, kernel: bool):
+    """kda_inductor forced, its fold calling torch's sdpa or (``kernel``) our decode kernel."""
+    from kda_inductor import pass_manager
+    from kda_inductor.patterns import gqa_decode_attention as pattern
+
+    flag, pattern.KERNEL_MEASURED = pattern.KERNEL_MEASURED, kernel
+    try:
+        fn = torch.compile(attention, backend="kda_inductor", options=FORCED, dynamic=False)
+        torch._dynamo.reset()
+        with pass_manager.observe() as records:
+            got = fn(*args)
+    finally:
+        pattern.KERNEL_MEASURED = flag
     folded = pass_manager.total_matches(records)[NAME]
     if folded != 1:
         raise SystemExit(f"{label}: kda folded {folded} attentions, expected 1")
-    check(f"{label} kda", got, want)
-    return stock, kda
+    check(f"{label} kda{'+kernel' if kernel else ''}", got, want)
+    return fn
+
+
+def op_call(args):
+    """Our decode kernel called directly on the folded shapes (``[B, Hkv, n_rep, D]`` queries)."""
+    q, k, v, mask = args
+    qf = q.unflatten(1, (k.shape[1], -1)).squeeze(3)
+    return lambda: torch.ops.kda.gqa_decode_attention(qf, k, v, mask, q.shape[-1] ** -0.5)
 
 
 def run(model: str, batch: int, keys: int, *, smoke: bool, reps: int, bandwidth: float | None, s=None) -> dict:
@@ -123,15 +150,19 @@ def run(model: str, batch: int, keys: int, *, smoke: bool, reps: int, bandwidth:
     dims = SMOKE_DIMS if smoke else MODELS[model]
     args = inputs(batch, keys, dims, device, dtype=torch.float32 if smoke else torch.bfloat16)
     label = f"{model} B={batch} S={keys}"
-    stock, kda = compiled_pair(label, args)
+    stock, kda, kernel = compiled_pair(label, args)
     timer = (s.timer if s is not None else (lambda f: perf_counter_median_us(f, reps)) if smoke
              else (lambda f: graph_replay_median_us(f, reps=reps, inner=5, calls=5)))
     row = {"model": model, "B": batch, "S": keys, "eager_us": timer(lambda: attention(*args)),
            "stock_us": timer(lambda: stock(*args)), "kda_us": timer(lambda: kda(*args)),
            "repeat_mb": repeated_bytes(args) / 1e6}
+    if kernel is not None:
+        row["kda_kernel_us"] = timer(lambda: kernel(*args))
+        row["op_us"] = timer(op_call(args))
     if bandwidth:
         row["floor_us"] = bytes_moved(args) / bandwidth * 1e6
-    return add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"), ("kda_over_floor", "kda_us", "floor_us")))
+    return add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"), ("kda_over_floor", "kda_us", "floor_us"),
+                            ("kernel_over_kda", "kda_kernel_us", "kda_us"), ("op_over_floor", "op_us", "floor_us")))
 
 
 def report_row(model: str, batch: int, keys: int, s) -> dict:

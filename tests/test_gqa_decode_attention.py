@@ -131,6 +131,21 @@ def test_symbolic_batch_and_context(layer):
     assert c.matches[NAME] >= 1
 
 
+@pytest.mark.parametrize("mask", ["bool", "per_head"])
+def test_fold_calls_our_kernel_once_measured(layer, mask, monkeypatch):
+    """With ``KERNEL_MEASURED`` the fold attends through ``kda::gqa_decode_attention`` (on CPU:
+    torch's sdpa inside the op) instead of the fused sdpa op; the step is eager's."""
+    from kda_inductor.patterns import gqa_decode_attention as pattern
+
+    monkeypatch.setattr(pattern, "KERNEL_MEASURED", True)
+    got, want, c = _run(layer, _inputs(layer, mask, seed=5))
+    assert c.matches[NAME] == 1
+    counts = op_counts(c)
+    assert counts.after["kda.gqa_decode_attention.default"] == 1 and counts.after[CPU_OP] == 0
+    assert counts.after["aten.expand.default"] == 0
+    assert_close_to_eager(got, want)
+
+
 # --------------------------------------------------------------------------- what must not match
 def test_prefill_is_no_candidate_shown(layer):
     """Two query tokens: the group cannot fold into one row per head; the miss is logged at

@@ -214,7 +214,8 @@ class GqaDecodeAttention(Rewrite):
         "size (measured 4-10x faster alone, 0.79-0.83x the decode step at 128 sequences), CPU forced only"
     )
     becomes = ("the same sdpa (torch's own backend choice) on `q` viewed `[B, Hkv, n_rep, D]` and the "
-               "un-repeated K / V: no kernel of ours")
+               "un-repeated K / V; `kda::gqa_decode_attention` (our flash-decoding kernel) there once it is "
+               "measured faster (not yet)")
 
     def speed_rule(self, match: FoldMatch) -> str | None:
         if match.device == "cuda" and MEASURED:

@@ -282,3 +282,33 @@ def test_can_be_disabled():
     layer = MLAAttention().eval()
     _, _, c = _run(layer, _inputs(layer, "float"), options={"kda": {"disable": [NAME], "force": True}})
     assert c.matches[NAME] == 0
+
+
+# --------------------------------------------------------------------------- transformers' own step
+@pytest.mark.parametrize("family", ["kimi_linear"])
+def test_transformers_decode_step(family):
+    """transformers' decode step (tiny dims: 4 heads, kv_lora_rank 16; one KDA and one MLA layer)
+    of a left-padded batch: its MLA layer's ``expand_kv`` (``new_empty`` + ``copy_``) is absorbed."""
+    pytest.importorskip("transformers")
+    from benchmarks import hf_models
+
+    built = hf_models.build(hf_models.BY_NAME[family], tiny=True, device="cpu", dtype=torch.float32,
+                            layers=hf_models.SMOKE_LAYERS)
+    if built is None:
+        pytest.skip(f"{family}: not in the installed transformers")
+    model, config = built
+    step, reset = hf_models.decode_case(model, config, batch=2, context=8, device="cpu")
+    padding = torch.ones(2, 9, dtype=torch.long)
+    padding[1, :3] = 0  # the second sequence is 3 tokens shorter, padded on the left
+
+    def run(decoder):
+        return decoder(**step.inputs(), attention_mask=padding).last_hidden_state
+
+    with torch.inference_mode(), fresh_compile():
+        reset()
+        want = run(model.model).clone()
+        c = compile_for_test(model.model)
+        reset()
+        got = run(c)
+    assert c.matches[NAME] == 1
+    assert_close_to_eager(got, want, rtol=1e-4, atol=1e-4)

@@ -14,7 +14,7 @@ broadcast over the heads (``expand``). The key is built as transformers 5.25 wri
 GLM-MoE-DSA's and Bailing-hybrid's MLA: every decode step re-expands the whole compressed cache
 (``H x (dn + dv)`` values per token written, then read) and builds the key (``H x (dn + dr)``
 more). On an H100 (Kimi Linear's decode step at 128 sequences x 256 cached tokens, torch 2.11)
-that is ~944 us per MLA layer (the kv_b GEMM 424, the key's build 223, cuDNN's attention 297)
+that is ~945 us per MLA layer (the kv_b GEMM 425, the key's build 223, cuDNN's attention 297)
 of a 2,535 us step.
 
 Must not match (misses at the user's sdpa line): more than one query token (a prefill: absorbing

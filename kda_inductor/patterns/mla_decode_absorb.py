@@ -90,6 +90,7 @@ class _Slice:
     lo: int
     hi: int
     nodes: tuple[fx.Node, ...]
+    heads: tuple[int, Any]  # (H, E): how the mm's columns split into heads
 
 
 def _feature_slice(node: fx.Node) -> tuple[fx.Node, int, int, list[fx.Node]] | None:
@@ -123,9 +124,9 @@ def expanded(node: fx.Node) -> _Slice | None:
     if sliced is None:
         return None
     p, lo, hi, nodes = sliced
-    if is_op(p, aten.permute) and [d % 4 for d in p.args[1]] == [0, 2, 1, 3]:
-        pass
-    elif not (is_op(p, aten.transpose) and sorted(d % 4 for d in p.args[1:3]) == [1, 2]):
+    heads_first = (is_op(p, aten.permute) and [d % 4 for d in p.args[1]] == [0, 2, 1, 3]) or (
+        is_op(p, aten.transpose) and sorted(d % 4 for d in p.args[1:3]) == [1, 2])
+    if not heads_first:
         return None
     x, chain = p.args[0], [p]
     while is_op(x, *VIEWS):
@@ -137,7 +138,7 @@ def expanded(node: fx.Node) -> _Slice | None:
     b, s, h, e = xv.shape
     if not (_known(mv.shape[0] == b * s) and _known(mv.shape[1] == h * e) and isinstance(h, int)):
         return None
-    return _Slice(x, lo, hi, (*nodes, *chain, x))
+    return _Slice(x, lo, hi, (*nodes, *chain, x), (h, e))
 
 
 def _pieces(node: fx.Node, nodes: list[fx.Node]) -> list[tuple[int, int, fx.Node]] | None:
@@ -244,8 +245,8 @@ class MlaDecodeAbsorb(Rewrite):
         if value is None:
             return None  # the value is no slice of an expansion of latents: no MLA attention
         qv, kv = val(a["query"]), val(a["key"])
-        if qv is None or qv.dim() != 4 or kv is None or kv.dim() != 4:
-            return None
+        if qv is None or qv.dim() != 4 or kv is None or kv.dim() != 4 or not _known(qv.shape[1] == value.heads[0]):
+            return None  # not one query head per expanded head
         if not _known(qv.shape[2] == 1):
             return self.miss(op, Stage.INCIDENTAL, f"{qv.shape[2]} query tokens: absorbing the weights pays for "
                              "one query token per sequence (decode); a prefill reads each expanded token many times")
@@ -280,7 +281,7 @@ class MlaDecodeAbsorb(Rewrite):
         b, s = val(key).shape[0], val(key).shape[2]
         for (lo, _, src), (rot_lo, _, rot_src) in (pieces, pieces[::-1]):
             nope, rot = expanded(src), _broadcast_rot(rot_src, b, s)
-            if nope is not None and nope.mm is value.mm and rot is not None:
+            if nope is not None and nope.mm is value.mm and nope.heads == value.heads and rot is not None:
                 return nope, rot[0], lo, rot_lo, [*nodes, *rot[1]]
         return self.miss(op, Stage.PIECES, "the key is not the value's kv_b_proj expansion (its other slice) "
                          "beside one k_rot [B, 1, S, dr] broadcast over the heads: absorbing needs both from the "

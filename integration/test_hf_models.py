@@ -29,6 +29,10 @@ NORMS = hf_models.N_LAYERS - 1
 EXPECTED = {f.name: {"gated_norm_merge": hf_models.linear_layers(f), "causal_conv1d": hf_models.linear_layers(f)}
             for f in hf_models.FAMILIES}
 RECURRENCES = {"decode": hf_models.linear_layers, "prefill": lambda family: 0}
+# MLA layers (kimi_linear's and bailing_hybrid's full-attention layer, every layer of deepseek_v32 and
+# glm_moe_dsa: transformers' expand_kv, the key built by new_empty + copy_): absorbed at decode (one
+# query token); a prefill's 16 query tokens are a DEBUG-only miss
+ABSORBED = {"decode": lambda runs: runs["mla"], "prefill": lambda runs: 0}
 CONV_PARTS = {"decode": "conv + state update + silu", "prefill": "conv + silu"}
 # families whose gated norm is spelled in a way gated_norm_merge does not match today:
 # family -> the words explain()'s miss gives at the transformers line
@@ -74,7 +78,8 @@ def family_run(request):
     model, config = built
     runs = {"decode": _run(model, *hf_models.decode_case(model, config, batch=2, context=8, device="cpu")),
             "prefill": _run(model, *hf_models.prefill_case(model, config, tokens=16, device="cpu")),
-            "experts": _experts_modules(model)}  # each one's grouped_mm routing sort: moe_routing (forced)
+            "experts": _experts_modules(model),  # each one's grouped_mm routing sort: moe_routing (forced)
+            "mla": _mla_modules(model)}  # each MLA layer's expand_kv at decode: mla_decode_absorb (forced)
     return family, runs
 
 
@@ -99,7 +104,8 @@ def test_rewrite_counts(family_run, case):
     records = runs[case][2]
     assert records, f"{family.name} {case}: no graph went through our pass"
     want = {name: 0 for name in REWRITE_NAMES} | EXPECTED[family.name] | {"gdn_recurrent_step": RECURRENCES[case](family),
-                                                                           "moe_routing": runs["experts"]}
+                                                                           "moe_routing": runs["experts"],
+                                                                           "mla_decode_absorb": ABSORBED[case](runs)}
     assert pass_manager.total_matches(records) == want
     convs, steps = want["causal_conv1d"], want["gdn_recurrent_step"]
     parts: dict[str, dict[str, int]] = {"causal_conv1d": {}, "gdn_recurrent_step": {}}
@@ -129,6 +135,11 @@ if NOT_REWRITTEN:  # defined only while some family's spelling is not rewritten
         misses = [m for r in runs[case][2] for m in r.misses.get("gated_norm_merge", [])]
         where = f"transformers/models/{family.module}/modeling_{family.module}.py"
         assert any(where in (m.location or "") and NOT_REWRITTEN[family.name] in m.check for m in misses), misses
+
+
+def _mla_modules(model) -> int:
+    """The model's MLA attention modules (a ``kv_b_proj`` expanding the latent cache)."""
+    return sum(1 for m in model.modules() if isinstance(getattr(m, "kv_b_proj", None), torch.nn.Linear))
 
 
 def _experts_modules(model) -> int:

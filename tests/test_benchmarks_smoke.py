@@ -70,7 +70,8 @@ def test_moe_routing_smoke(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the check a CPU-only machine takes")
 @pytest.mark.parametrize("name", ["bench_gqa_decode_attention", "bench_gdn_chunk", "bench_causal_conv1d",
-                                  "bench_gdn_recurrent_step", "bench_gated_norm_quant", "bench_moe_routing"])
+                                  "bench_gdn_recurrent_step", "bench_gated_norm_quant", "bench_moe_routing",
+                                  "bench_mla_decode_absorb"])
 def test_a_gpu_benchmark_without_a_gpu_says_so(name):
     """A GPU benchmark run without ``--smoke`` on a machine without CUDA stops with its message
     before anything else (a stray local import once turned that check into an UnboundLocalError on
@@ -89,6 +90,16 @@ def test_gqa_decode_attention_smoke(capsys):
     assert "NOT meaningful" in capsys.readouterr().out
     assert bench.main(["--smoke", "--budget", "0"]) == [{"model": "qwen3_next", "B": 2, "S": 16},
                                                        {"model": "qwen3_5", "B": 3, "S": 9}]
+
+
+def test_mla_decode_absorb_smoke(capsys):
+    """The MLA decode attention's checks (against eager, exactly one absorbed attention in the kda
+    compile) run on CPU at tiny dims (timings are not meaningful)."""
+    bench = _load("bench_mla_decode_absorb")
+    rows = bench.main(["--smoke", "--no-record"])
+    assert [(r["B"], r["S"]) for r in rows] == [(2, 16), (3, 9)]
+    assert all(r["kda_us"] > 0 and r["stock_us"] > 0 for r in rows)
+    assert "NOT meaningful" in capsys.readouterr().out
 
 
 def test_indexer_k_write_smoke(capsys):

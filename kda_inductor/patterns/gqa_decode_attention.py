@@ -51,7 +51,6 @@ backend's own rounding (a kernel tiles ``n_rep`` rows differently from one). Tur
 from __future__ import annotations
 
 import dataclasses
-import operator
 from typing import Any
 
 import torch
@@ -60,6 +59,7 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from kda_inductor.lowerings import gqa_decode_attention as _lowering  # noqa: F401  (registers the op)
+from kda_inductor.patterns._sdpa import SDPA_OPS, bound, getitems, mask_of
 from kda_inductor.patterns.base import (
     VIEWS,
     Match,
@@ -67,19 +67,11 @@ from kda_inductor.patterns.base import (
     Stage,
     aten,
     erase_dead,
-    is_dead,
     is_op,
     moved,
     replace_by_function,
     val,
 )
-
-_OP_NAMES = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
-             "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu",
-             "_scaled_dot_product_fused_attention_overrideable")
-SDPA_OPS = tuple(getattr(aten, name).default for name in _OP_NAMES if hasattr(aten, name))
-"""The fused attention ops sdpa lowers to; each returns the attention output first."""
-_MASK_ARGS = ("attn_bias", "attn_mask")  # the mask's name in each op's schema (flash has none)
 
 KERNEL_MEASURED = False
 """Whether our decode kernel (``kda::gqa_decode_attention``: the keys split over programs, each kv
@@ -132,19 +124,6 @@ class FoldMatch(Match):
         return 2 * b * h * s * d * k.element_size()
 
 
-def _bound(node: fx.Node) -> dict[str, Any]:
-    """``node``'s arguments by their schema names, defaults filled in."""
-    out, args = {}, list(node.args)
-    for i, a in enumerate(node.target._schema.arguments):
-        if i < len(args) and not a.kwarg_only:
-            out[a.name] = args[i]
-        elif a.name in node.kwargs:
-            out[a.name] = node.kwargs[a.name]
-        else:
-            out[a.name] = a.default_value if a.has_default_value() else None
-    return out
-
-
 def _known(x: Any) -> bool:
     return bool(statically_known_true(x))
 
@@ -193,15 +172,6 @@ def _unit_dim_source(inner: fx.Node) -> fx.Node | None:
     return None
 
 
-def _getitems(op: fx.Node) -> dict[int, list[fx.Node]]:
-    """The op's live ``getitem`` users by output index."""
-    items: dict[int, list[fx.Node]] = {}
-    for u in op.users:
-        if u.op == "call_function" and u.target is operator.getitem and not is_dead(u):
-            items.setdefault(u.args[1], []).append(u)
-    return items
-
-
 class GqaDecodeAttention(Rewrite):
     name = "gqa_decode_attention"
     finds = ("a decode step's grouped-query attention (one query token) fed a `repeat_kv` of K and V "
@@ -236,7 +206,7 @@ class GqaDecodeAttention(Rewrite):
         return matches
 
     def _fold(self, op: fx.Node) -> FoldMatch | None:
-        a = _bound(op)
+        a = bound(op)
         rk, rv = repeated(a["key"]), repeated(a["value"])
         if rk is None and rv is None:
             return None  # no repeated heads: multi-head attention, nothing to fold
@@ -252,11 +222,11 @@ class GqaDecodeAttention(Rewrite):
         if a.get("dropout_p", 0.0) != 0.0 or a.get("is_causal", False):
             why = "dropout" if a.get("dropout_p", 0.0) != 0.0 else "is_causal=True (one query token sees key 0 only)"
             return self.miss(op, Stage.VALUES, f"{why}: the folded rows would attend differently")
-        mask = next((a[n] for n in _MASK_ARGS if a.get(n) is not None), None)
+        mask = mask_of(a)
         per_head = self._per_head(op, mask, qv.shape[1])
         if per_head is None:
             return None
-        items = _getitems(op)
+        items = getitems(op)
         if set(items) - {0}:
             return self.miss(op, Stage.REGION, f"outputs {sorted(set(items) - {0})} of {op.target.__name__} "
                              "(its logsumexp) are read: the fold would have to regroup them")

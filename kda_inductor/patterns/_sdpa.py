@@ -11,7 +11,7 @@ from typing import Any
 
 import torch.fx as fx
 
-from kda_inductor.patterns._graph import aten, is_dead
+from kda_inductor.patterns._graph import aten, erase_dead, is_dead, val
 
 _OP_NAMES = ("_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention",
              "_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention_for_cpu",
@@ -47,3 +47,46 @@ def getitems(op: fx.Node) -> dict[int, list[fx.Node]]:
         if u.op == "call_function" and u.target is operator.getitem and not is_dead(u):
             items.setdefault(u.args[1], []).append(u)
     return items
+
+
+def sdpa_calls(graph: fx.Graph) -> list[fx.Node]:
+    """The graph's fused attention calls (:data:`SDPA_OPS`), in order."""
+    return [n for n in graph.nodes if n.op == "call_function" and n.target in SDPA_OPS]
+
+
+def not_plain(args: dict[str, Any]) -> str | None:
+    """Why the ``bound`` arguments are no plain attention a rewrite may restate (dropout, or
+    ``is_causal``: with one query token "key 0 only", top-left aligned), or None."""
+    if args.get("dropout_p", 0.0) != 0.0:
+        return "dropout"
+    if args.get("is_causal", False):
+        return "is_causal=True (one query token sees key 0 only)"
+    return None
+
+
+def mask_rows(mask: fx.Node | None) -> tuple[Any, Any] | None:
+    """``(mask's head dim, its query-row dim)`` with the mask read as 4-D ``[b, h, rows, S]``
+    (leading unit dims added); ``(1, 1)`` without a mask; None where it has no such reading."""
+    if mask is None:
+        return 1, 1
+    mv = val(mask)
+    if mv is None or mv.dim() > 4:
+        return None
+    shape = (1,) * (4 - mv.dim()) + tuple(mv.shape)
+    return shape[1], shape[2]
+
+
+def extra_outputs(op: fx.Node) -> list[int]:
+    """The op's outputs besides the attention (its logsumexp, ...) that something reads."""
+    return sorted(set(getitems(op)) - {0})
+
+
+def drop_replaced(graph: fx.Graph, op: fx.Node, region: list[fx.Node], outs: tuple[fx.Node, ...]) -> None:
+    """After ``outs`` were replaced: the fused op, its unread outputs and the region's dead nodes
+    erased. The fused ops are tagged nondeterministic_seeded (their dropout), which fx reads as
+    impure, so ``erase_dead`` alone would keep them."""
+    for item in [u for u in op.users if not u.users]:
+        graph.erase_node(item)
+    if not op.users:
+        graph.erase_node(op)
+        erase_dead(graph, [n for n in region if n is not op and n not in outs])

@@ -59,14 +59,22 @@ import torch.nn.functional as F
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from kda_inductor.lowerings import gqa_decode_attention as _lowering  # noqa: F401  (registers the op)
-from kda_inductor.patterns._sdpa import SDPA_OPS, bound, getitems, mask_of
+from kda_inductor.patterns._sdpa import (
+    bound,
+    drop_replaced,
+    extra_outputs,
+    getitems,
+    mask_of,
+    mask_rows,
+    not_plain,
+    sdpa_calls,
+)
 from kda_inductor.patterns.base import (
     VIEWS,
     Match,
     Rewrite,
     Stage,
     aten,
-    erase_dead,
     is_op,
     moved,
     replace_by_function,
@@ -197,13 +205,7 @@ class GqaDecodeAttention(Rewrite):
                 "(benchmarks/bench_gqa_decode_attention.py; MEASURED in patterns/gqa_decode_attention.py)")
 
     def find(self, graph: fx.Graph) -> list[Match]:
-        matches = []
-        for op in graph.nodes:
-            if op.op == "call_function" and op.target in SDPA_OPS:
-                m = self._fold(op)
-                if m is not None:
-                    matches.append(m)
-        return matches
+        return [m for m in map(self._fold, sdpa_calls(graph)) if m is not None]
 
     def _fold(self, op: fx.Node) -> FoldMatch | None:
         a = bound(op)
@@ -219,16 +221,16 @@ class GqaDecodeAttention(Rewrite):
         if not _known(qv.shape[2] == 1):
             return self.miss(op, Stage.INCIDENTAL, f"{qv.shape[2]} query tokens: folding the group into the "
                              "query rows needs one query token per sequence (decode)")
-        if a.get("dropout_p", 0.0) != 0.0 or a.get("is_causal", False):
-            why = "dropout" if a.get("dropout_p", 0.0) != 0.0 else "is_causal=True (one query token sees key 0 only)"
+        why = not_plain(a)
+        if why:
             return self.miss(op, Stage.VALUES, f"{why}: the folded rows would attend differently")
         mask = mask_of(a)
         per_head = self._per_head(op, mask, qv.shape[1])
         if per_head is None:
             return None
         items = getitems(op)
-        if set(items) - {0}:
-            return self.miss(op, Stage.REGION, f"outputs {sorted(set(items) - {0})} of {op.target.__name__} "
+        if extra_outputs(op):
+            return self.miss(op, Stage.REGION, f"outputs {extra_outputs(op)} of {op.target.__name__} "
                              "(its logsumexp) are read: the fold would have to regroup them")
         if 0 not in items:
             return None  # the attention's output is not read
@@ -239,30 +241,21 @@ class GqaDecodeAttention(Rewrite):
     def _per_head(self, op: fx.Node, mask: fx.Node | None, heads) -> bool | None:
         """Whether ``mask`` has one row per head (regrouped) rather than one for all heads
         (broadcast); None with a miss where it is neither."""
-        if mask is None:
-            return False
-        mv = val(mask)
-        shape = (1,) * (4 - mv.dim()) + tuple(mv.shape) if mv is not None and mv.dim() <= 4 else None
-        if shape is None or not _known(shape[2] == 1):
+        dims = mask_rows(mask)
+        if dims is None or not _known(dims[1] == 1):
             return self.miss(op, Stage.LAYOUT, "the mask is not [.., heads, 1, S]: it does not broadcast per group")
-        if _known(shape[1] == 1):
+        if _known(dims[0] == 1):
             return False
-        if _known(shape[1] == heads):
+        if _known(dims[0] == heads):
             return True
-        return self.miss(op, Stage.LAYOUT, f"the mask's head dim ({shape[1]}) is neither 1 nor the {heads} "
+        return self.miss(op, Stage.LAYOUT, f"the mask's head dim ({dims[0]}) is neither 1 nor the {heads} "
                          "query heads: it does not regroup per kv head")
 
     def replace(self, graph: fx.Graph, match: FoldMatch) -> dict[fx.Node, fx.Node]:
         m = match
         args = (m.query, m.key, m.value, m.mask, m.n_rep, m.scale, m.per_head_mask, len(m.outs), KERNEL_MEASURED)
         new = replace_by_function(graph, folded, args, outputs=list(m.outs), before=m.op, region=m.nodes, origin=m.op)
-        # the fused ops are tagged nondeterministic_seeded (their dropout), which fx reads as
-        # impure: erase_dead keeps them, so the old op and its unread outputs go here
-        for item in [u for u in m.op.users if not u.users]:
-            graph.erase_node(item)
-        if not m.op.users:
-            graph.erase_node(m.op)
-            erase_dead(graph, [n for n in m.nodes if n is not m.op and n not in m.outs])  # the repeats
+        drop_replaced(graph, m.op, m.nodes, m.outs)  # the fused op, then the repeats
         return moved(list(m.outs), new)
 
 

@@ -50,15 +50,14 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 
+from kda_inductor.patterns import _sdpa as sdpa
 from kda_inductor.patterns._graph import escaping
-from kda_inductor.patterns._sdpa import SDPA_OPS, bound, getitems, mask_of
 from kda_inductor.patterns.base import (
     VIEWS,
     Match,
     Rewrite,
     Stage,
     aten,
-    erase_dead,
     is_op,
     moved,
     replace_by_function,
@@ -231,16 +230,10 @@ class MlaDecodeAbsorb(Rewrite):
                 "key's build, and reads the latents twice instead")
 
     def find(self, graph: fx.Graph) -> list[Match]:
-        matches = []
-        for op in graph.nodes:
-            if op.op == "call_function" and op.target in SDPA_OPS:
-                m = self._absorb(op)
-                if m is not None:
-                    matches.append(m)
-        return matches
+        return [m for m in map(self._absorb, sdpa.sdpa_calls(graph)) if m is not None]
 
     def _absorb(self, op: fx.Node) -> AbsorbMatch | None:
-        a = bound(op)
+        a = sdpa.bound(op)
         value = expanded(a["value"])
         if value is None:
             return None  # the value is no slice of an expansion of latents: no MLA attention
@@ -254,7 +247,7 @@ class MlaDecodeAbsorb(Rewrite):
         if key is None or not self._plain(op, a, value.mm):
             return None
         nope, rot, nope_at, rot_at, key_nodes = key
-        mask = mask_of(a)
+        mask = sdpa.mask_of(a)
         outs = self._outs(op) if self._mask_fits(op, mask, qv.shape[1]) else None
         if outs is None:
             return None
@@ -291,28 +284,25 @@ class MlaDecodeAbsorb(Rewrite):
         """No bias on ``kv_b_proj``, no dropout, no ``is_causal``; False with a miss otherwise."""
         if is_op(mm, aten.addmm):
             return bool(self.miss(op, Stage.VALUES, "kv_b_proj has a bias (addmm): not absorbed"))
-        if a.get("dropout_p", 0.0) != 0.0 or a.get("is_causal", False):
-            why = "dropout" if a.get("dropout_p", 0.0) != 0.0 else "is_causal=True (one query token sees key 0 only)"
+        why = sdpa.not_plain(a)
+        if why:
             return bool(self.miss(op, Stage.VALUES, f"{why}: the absorbed attention has no such form"))
         return True
 
     def _mask_fits(self, op: fx.Node, mask: fx.Node | None, heads) -> bool:
         """``mask`` is none, or one row of keys per sequence or per head; False with a miss otherwise."""
-        if mask is None:
-            return True
-        mv = val(mask)
-        shape = (1,) * (4 - mv.dim()) + tuple(mv.shape) if mv is not None and mv.dim() <= 4 else None
-        if shape is not None and _known(shape[2] == 1) and (_known(shape[1] == 1) or _known(shape[1] == heads)):
+        dims = sdpa.mask_rows(mask)
+        if dims is not None and _known(dims[1] == 1) and (_known(dims[0] == 1) or _known(dims[0] == heads)):
             return True
         return bool(self.miss(op, Stage.LAYOUT, "the mask is not [B, 1 or heads, 1, S]: no row per head to add to "
                               "the absorbed scores"))
 
     def _outs(self, op: fx.Node) -> tuple[fx.Node, ...] | None:
         """The readers of the attention's output; None (a miss where the logsumexp is read) otherwise."""
-        items = getitems(op)
-        if set(items) - {0}:
-            return self.miss(op, Stage.REGION, f"outputs {sorted(set(items) - {0})} of {op.target.__name__} "
+        if sdpa.extra_outputs(op):
+            return self.miss(op, Stage.REGION, f"outputs {sdpa.extra_outputs(op)} of {op.target.__name__} "
                              "(its logsumexp) are read: the absorbed attention does not make them")
+        items = sdpa.getitems(op)
         return tuple(items[0]) if 0 in items else None
 
     def replace(self, graph: fx.Graph, match: AbsorbMatch) -> dict[fx.Node, fx.Node]:
@@ -321,13 +311,7 @@ class MlaDecodeAbsorb(Rewrite):
                 len(m.outs))
         new = replace_by_function(graph, absorbed, args, outputs=list(m.outs), before=m.op, region=m.nodes,
                                   origin=m.op)
-        # the fused ops are tagged nondeterministic_seeded (their dropout), which fx reads as impure:
-        # erase_dead keeps them, so the old op and its unread outputs go here, then the expansion
-        for item in [u for u in m.op.users if not u.users]:
-            graph.erase_node(item)
-        if not m.op.users:
-            graph.erase_node(m.op)
-            erase_dead(graph, [n for n in m.nodes if n is not m.op and n not in m.outs])
+        sdpa.drop_replaced(graph, m.op, m.nodes, m.outs)  # the fused op, then the expansion
         return moved(list(m.outs), new)
 
 

@@ -327,9 +327,9 @@ def absorbed(query, latents, weight_t, rot, mask, key_nope, value, q_nope, q_rop
     q = query.squeeze(2).transpose(0, 1)  # [H, B, D]
     q_lat = torch.bmm(q[..., q_nope:q_nope + key_nope[1] - key_nope[0]],
                       w[..., key_nope[0]:key_nope[1]].transpose(1, 2))  # [H, B, r]
-    scores = torch.bmm(q_lat.transpose(0, 1), c.transpose(1, 2)).float()  # [B, H, S]: all heads share c
+    scores = _float_bmm(q_lat.transpose(0, 1), c.transpose(1, 2))  # [B, H, S]: all heads share c
     q_r = q[..., q_rope:q_rope + dr].transpose(0, 1)  # [B, H, dr]
-    scores = scores + torch.bmm(q_r, rot.reshape(b, -1, dr).transpose(1, 2)).float()
+    scores = scores + _float_bmm(q_r, rot.reshape(b, -1, dr).transpose(1, 2))
     scores = scores * (d ** -0.5 if scale is None else scale)
     if mask is not None:
         m = mask[(None,) * (4 - mask.dim())][:, :, 0]  # [b, h, S]
@@ -338,3 +338,12 @@ def absorbed(query, latents, weight_t, rot, mask, key_nope, value, q_nope, q_rop
     o_lat = torch.bmm(p, c)  # [B, H, r]
     out = torch.bmm(o_lat.transpose(0, 1), w[..., value[0]:value[1]])  # [H, B, dv]
     return (out.transpose(0, 1).unsqueeze(2),) * readers
+
+
+def _float_bmm(a, b):
+    """``a @ b`` as float32 scores, not rounded to the inputs' dtype (eager's attention keeps its
+    scores in float32): CUDA's ``bmm`` with ``out_dtype`` where this torch has it (no float32 copy
+    of the cache), else on float32 copies."""
+    if a.dtype != torch.float32 and a.device.type == "cuda" and hasattr(torch.ops.aten.bmm, "dtype"):
+        return torch.bmm(a, b, out_dtype=torch.float32)
+    return torch.bmm(a.float(), b.float())

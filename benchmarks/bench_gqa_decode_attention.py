@@ -47,7 +47,8 @@ BATCHES, CONTEXTS = (32, 128), (256, 4096)
 FORCED = {"kda": {"force": True}}
 COLUMNS = (("model", "model", ""), ("B", "B", ","), ("S", "S", ","), ("eager_us", "eager us", ".1f"),
            ("stock_us", "stock us", ".1f"), ("kda_us", "kda us", ".1f"), ("kda_kernel_us", "kda+kernel us", ".1f"),
-           ("op_us", "op us", ".1f"), ("floor_us", "floor us", ".1f"),
+           ("op_us", "op us", ".1f"), ("op_b16_us", "op 16x4 us", ".1f"), ("op_b64w8_us", "op 64x8 us", ".1f"),
+           ("floor_us", "floor us", ".1f"),
            ("repeat_mb", "repeat MB", ".0f"), ("stock_over_kda", "stock/kda", ".2f"),
            ("kda_over_floor", "kda/floor", ".2f"), ("kernel_over_kda", "kda+kernel/kda", ".2f"),
            ("op_over_floor", "op/floor", ".2f"))
@@ -138,11 +139,21 @@ def _kda(label: str, args, want, *, kernel: bool):
     return fn
 
 
-def op_call(args):
-    """Our decode kernel called directly on the folded shapes (``[B, Hkv, n_rep, D]`` queries)."""
+OP_CONFIGS = {"op_b16_us": (16, 4), "op_b64w8_us": (64, 8)}
+"""Other launches of the kernel timed beside the default (keys a step, warps): the sweep."""
+
+
+def op_call(args, config=None):
+    """Our decode kernel called directly on the folded shapes (``[B, Hkv, n_rep, D]`` queries): the
+    op, or with ``config`` (keys a step, warps) its launcher with that launch."""
+    from kda_inductor.lowerings.gqa_decode_attention import attention_triton
+
     q, k, v, mask = args
     qf = q.unflatten(1, (k.shape[1], -1)).squeeze(3)
-    return lambda: torch.ops.kda.gqa_decode_attention(qf, k, v, mask, q.shape[-1] ** -0.5)
+    if config is None:
+        return lambda: torch.ops.kda.gqa_decode_attention(qf, k, v, mask, q.shape[-1] ** -0.5)
+    out = qf.new_empty((*qf.shape[:3], v.shape[3]))
+    return lambda: attention_triton(qf, k, v, mask, None, out, block_s=config[0], num_warps=config[1])
 
 
 def run(model: str, batch: int, keys: int, *, smoke: bool, reps: int, bandwidth: float | None, s=None) -> dict:
@@ -159,6 +170,8 @@ def run(model: str, batch: int, keys: int, *, smoke: bool, reps: int, bandwidth:
     if kernel is not None:
         row["kda_kernel_us"] = timer(lambda: kernel(*args))
         row["op_us"] = timer(op_call(args))
+        if not smoke:
+            row.update({name: timer(op_call(args, config)) for name, config in OP_CONFIGS.items()})
     if bandwidth:
         row["floor_us"] = bytes_moved(args) / bandwidth * 1e6
     return add_ratios(row, (("stock_over_kda", "stock_us", "kda_us"), ("kda_over_floor", "kda_us", "floor_us"),

@@ -79,9 +79,9 @@ def test_triton_kernel_scale_and_splits():
 def test_splits_for():
     assert mod.splits_for(heads=64, S=256, sms=132) == (4, 64)  # Qwen3-Next decode 32: 4 slices of 64 keys
     assert mod.splits_for(heads=512, S=4096, sms=132) == (1, 4096)  # enough heads: one slice, written directly
-    assert mod.splits_for(heads=1, S=1, sms=132) == (1, 64)
+    assert mod.splits_for(heads=1, S=1, sms=132) == (1, mod.BLOCK_S)
     splits, per = mod.splits_for(heads=2, S=1000, sms=132)
-    assert per % 64 == 0 and (splits - 1) * per < 1000 <= splits * per
+    assert per % mod.BLOCK_S == 0 and (splits - 1) * per < 1000 <= splits * per
 
 
 def test_op_on_cpu_is_sdpa():

@@ -36,8 +36,13 @@ MAX_HEAD_DIM = 256
 """The widest q / k and v rows the kernel takes (a [16, 256] float32 accumulator a program)."""
 MAX_ROWS = 64
 """The most query rows per kv head the kernel takes (the group size ``n_rep``)."""
-BLOCK_S = 64
-"""Keys a program scores per step."""
+BLOCK_S = 32
+"""Keys a program scores per step: 32 with 4 warps holds 256-wide heads in 227 registers a thread,
+no spills (64: 255 and 424 stack bytes; 16: 150), compiled for sm_90 by ``tests/aot_sm90.py
+--registers gqa_decode_attention`` (Triton 3.9); not yet timed against the others."""
+STAGES = 2
+"""Pipeline stages of the key loop: two K and V tiles in flight (64 KB each at 256-wide bf16 heads;
+three would hold 192 KB of shared memory)."""
 PROGRAMS_PER_SM = 2
 """Key slices are added until about this many programs per SM run."""
 
@@ -261,7 +266,7 @@ def attention_triton(query: Tensor, key: Tensor, value: Tensor, mask: Tensor | N
     partial_kernel[(splits, B * H)](
         query, key, value, query if m is None else m, out, w, ml, S, per, R, H, D, DV, scale * 1.4426950408889634,
         *query.stride(), *key.stride(), *value.stride(), *sm, *out.stride(),
-        DP=DP, DVP=DVP, RP=RP, BLOCK=block_s, MASK=kind, DIRECT=direct, num_warps=num_warps)
+        DP=DP, DVP=DVP, RP=RP, BLOCK=block_s, MASK=kind, DIRECT=direct, num_warps=num_warps, num_stages=STAGES)
     if not direct:
         merge_kernel[(B * H,)](w, ml, out, splits, R, H, DV, *out.stride(), DVP=DVP, RP=RP, num_warps=num_warps)
 
@@ -279,7 +284,7 @@ def aot_variants():
              "w_ptr": "*fp32", "ml_ptr": "*fp32", "scale_log2": "fp32", **{n: "i32" for n in ints + ones + zeros}}
     for direct in (False, True):
         constexprs = {"DP": 256, "DVP": 256, "RP": 16, "BLOCK": BLOCK_S, "MASK": 1, "DIRECT": direct}
-        yield AotVariant(partial_kernel, types, constexprs, {"num_warps": 4})
+        yield AotVariant(partial_kernel, types, constexprs, {"num_warps": 4, "num_stages": STAGES})
     merge_types = {"w_ptr": "*fp32", "ml_ptr": "*fp32", "o_ptr": "*bf16", "splits": "i32", "R": "i32", "H": "i32",
                    "DVN": "i32", "so_b": "i32", "so_h": "i32", "so_r": "i32", "so_d": "i32"}
     yield AotVariant(merge_kernel, merge_types, {"DVP": 256, "RP": 16}, {"num_warps": 4})

@@ -92,8 +92,9 @@ def apply_modifiers(variant: str) -> str | None:
             import importlib
 
             module = importlib.import_module(FLAGS[name][0])
-            for flag in FLAGS[name][1]:
-                setattr(module, flag, True)
+            for flag in FLAGS[name][1]:  # a flag per device type (a dict) on for every device
+                on = {"cuda": True, "cpu": True} if isinstance(getattr(module, flag), dict) else True
+                setattr(module, flag, on)
             continue
         if name not in REWRITE_NAMES:
             return (f"{variant}: no rewrite {name!r} (the registry's: {', '.join(REWRITE_NAMES)}; "

@@ -124,7 +124,7 @@ def _kda(label: str, args, want, *, kernel: bool):
     from kda_inductor import pass_manager
     from kda_inductor.patterns import gqa_decode_attention as pattern
 
-    flag, pattern.KERNEL_MEASURED = pattern.KERNEL_MEASURED, kernel
+    flag, pattern.KERNEL_MEASURED = pattern.KERNEL_MEASURED, {"cuda": kernel, "cpu": kernel}
     try:
         fn = torch.compile(attention, backend="kda_inductor", options=FORCED, dynamic=False)
         torch._dynamo.reset()

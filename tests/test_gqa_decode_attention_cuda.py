@@ -47,7 +47,7 @@ def test_float32_runs_torch_sdpa():
 def test_fold_calls_the_kernel_in_a_compiled_step(monkeypatch):
     from kda_inductor.patterns import gqa_decode_attention as pattern
 
-    monkeypatch.setattr(pattern, "KERNEL_MEASURED", True)
+    monkeypatch.setitem(pattern.KERNEL_MEASURED, "cuda", True)
     torch.manual_seed(0)
     layer = GQAAttention(hidden=256, heads=16, kv_heads=2, head_dim=128).eval().cuda().to(torch.bfloat16)
     args = [t.cuda() if t is not None else None for t in _inputs(layer, "bool", batch=8, context=300,

@@ -121,13 +121,29 @@ def test_a_symbolic_pair_count_keeps_the_sort():
 
 
 def test_off_unless_forced():
-    """Not yet measured: a user's compile leaves the sort to Inductor, saying why."""
+    """Not measured on CPU: a user's compile leaves the sort to Inductor, saying why."""
     module = Routed().eval()
     with torch.no_grad(), fresh_compile():
         c = compile_for_test(module, force=False)
         c(*_inputs(12, 1))
     misses = [m for r in c.records for m in r.misses.get(NAME, [])]
-    assert c.matches.get(NAME, 0) == 0 and any("not yet measured" in str(m) for m in misses), misses
+    assert c.matches.get(NAME, 0) == 0 and any("24 pairs" in str(m) and "at no size" in str(m) for m in misses), misses
+
+
+@pytest.mark.parametrize("span, fires", [((24, 24), True), ((25, 1280), False), ((1, 23), False)])
+def test_speed_rule_holds_in_the_measured_pair_range(monkeypatch, span, fires):
+    """The rule fires at pair counts inside the device's measured range (ends included), not outside."""
+    import kda_inductor.patterns.moe_routing as pattern
+
+    monkeypatch.setitem(pattern.MEASURED, "cpu", span)
+    module = Routed().eval()
+    with torch.no_grad(), fresh_compile():
+        c = compile_for_test(module, force=False)
+        c(*_inputs(12, 1))
+    assert c.matches.get(NAME, 0) == int(fires)
+    if not fires:
+        misses = [str(m) for r in c.records for m in r.misses.get(NAME, [])]
+        assert any(f"{span[0]}-{span[1]} pairs" in m for m in misses), misses
 
 
 def test_transformers_grouped_mm_experts():

@@ -81,10 +81,14 @@ from kda_inductor.patterns.base import (
     val,
 )
 
-KERNEL_MEASURED = False
-"""Whether our decode kernel (``kda::gqa_decode_attention``: the keys split over programs, each kv
-head's rows at once) replaces the folded sdpa: not yet measured (``benchmarks/bench_gqa_decode_attention.py``'s
-``op`` and ``kda+op`` columns decide it); until then the fold calls torch's sdpa."""
+KERNEL_MEASURED: dict[str, bool] = {"cuda": True}
+"""Device types where our decode kernel (``kda::gqa_decode_attention``: the keys split over programs, each
+kv head's rows at once) replaces the folded sdpa: CUDA, from the step (H100, torch 2.11, 2026-12-07, commit
+1cd46cc, ``benchmarks/hf_models.py`` ``kda@with-gqa_decode_kernel``): Qwen3-Next decode 32 944 against
+960 us, and with ``moe_routing`` 900 against 920 (0.98x twice); the op alone ties cuDNN's folded sdpa
+(13.2-54.7 against 14.2-54.8 us, ``benchmarks/results/gqa_decode_attention.md``); CPU: the op
+is torch's sdpa there, not timed. Float32 and heads
+over 256 wide run torch's sdpa inside the op."""
 
 MEASURED = True
 """Whether the fold was measured faster than stock Inductor's code on CUDA: yes (H100, 2026-12-06,
@@ -253,7 +257,8 @@ class GqaDecodeAttention(Rewrite):
 
     def replace(self, graph: fx.Graph, match: FoldMatch) -> dict[fx.Node, fx.Node]:
         m = match
-        args = (m.query, m.key, m.value, m.mask, m.n_rep, m.scale, m.per_head_mask, len(m.outs), KERNEL_MEASURED)
+        args = (m.query, m.key, m.value, m.mask, m.n_rep, m.scale, m.per_head_mask, len(m.outs),
+                bool(KERNEL_MEASURED.get(m.device)))
         new = replace_by_function(graph, folded, args, outputs=list(m.outs), before=m.op, region=m.nodes, origin=m.op)
         drop_replaced(graph, m.op, m.nodes, m.outs)  # the fused op, then the repeats
         return moved(list(m.outs), new)

@@ -15,8 +15,8 @@ Spellings: ``torch.sort(ids)`` / ``ids.sort()`` / ``torch.sort(ids, stable=True)
 a descending sort, a sort of floats or of more than one dim, sorted values no ``histc`` counts (not a
 MoE routing: no miss reported), a symbolic pair count or one past ``MAX_PAIRS`` (the rank is O(S^2)).
 
-Speed rule (``speed_rule``): forced only (``MEASURED`` is empty): the rank's formulation is not yet timed,
-alone or in a step. ``benchmarks/bench_moe_routing.py`` times it (``pairwise``) beside transformers'
+Speed rule (``speed_rule``): on CUDA from 320 to 1,280 pairs (``MEASURED``: 32 to 128 decode tokens at
+top-10), measured in Qwen3-Next's decode-32 step (0.96x, H100, 2026-12-07, 1cd46cc); elsewhere forced only. ``benchmarks/bench_moe_routing.py`` times it (``pairwise``) beside transformers'
 sort + ``histc``, our stable sort and a one-hot count (H100, 2026-12-07, 2095f50: the sort + count
 13.5-13.7 us at 320 pairs, 38.4-39.6 at 1,280; the one-hot count 6.2-11.3 / 8.9-20.0,
 ``benchmarks/results/moe_routing.md``); the history: ``docs/speed-rules.md``.
@@ -39,8 +39,12 @@ import torch.fx as fx
 
 from kda_inductor.patterns.base import Match, Rewrite, Stage, aten, erase_dead, is_op, moved, replace_by_function, val
 
-MEASURED: dict[str, bool] = {}
-"""Devices where the rank was measured faster than Inductor's sort in the step it sits in: none yet."""
+MEASURED: dict[str, tuple[int, int]] = {"cuda": (320, 1280)}
+"""Per device type, the pair counts (lowest, highest) where the rank was measured faster than Inductor's
+sort in the step it sits in. CUDA (H100, torch 2.11, 2026-12-07, commit 1cd46cc, ``benchmarks/hf_models.py``
+``kda@with-moe_routing``): Qwen3-Next decode 32 (320 pairs) 922 and 920 us against kda's 960 (0.96x, two
+compiles); alone 6.2-11.3 / 8.9-20.0 us against the sort + count's 13.5 / 38.4 at 320 / 1,280 pairs
+(``benchmarks/results/moe_routing.md``). The sort won at 10 and 40,960 pairs: outside the range, Inductor's."""
 
 MAX_PAIRS = 4096
 """The most pairs ranked: ``S x S`` comparisons (16.8 M at 4,096, one reduction); past it the sort stays."""
@@ -68,15 +72,18 @@ class MoeRouting(Rewrite):
              "sorted by expert id, the sorted ids counted per expert by `histc`")
     spellings = ("`torch.sort(ids)` / `ids.sort()` / `torch.sort(ids, stable=True)` of `[S]` integer ids "
                  "(static S <= 4,096), ascending, the values counted by `torch.histc` (cast first or not); "
-                 "forced only (not yet measured)")
+                 "on CUDA at 320-1,280 pairs (measured), elsewhere forced only")
     becomes = ("a rank by comparisons (one reduction over S x S, the stable sort's exact result for any ids), "
                "the ids and pair indices scattered to their places: no kernel of ours")
 
     def speed_rule(self, match: RoutingMatch) -> str | None:
-        if MEASURED.get(match.device):
+        span = MEASURED.get(match.device)
+        pairs = val(match.ids).shape[0]
+        if span is not None and span[0] <= pairs <= span[1]:
             return None
-        return ("not yet measured: forced only; the rank's formulation is timed by benchmarks/bench_moe_routing.py "
-                "(pairwise), not yet in a step (MEASURED in patterns/moe_routing.py)")
+        where = f"{span[0]}-{span[1]} pairs" if span else "no size"
+        return (f"{pairs} pairs: the rank was measured faster than the sort on {match.device} at {where} "
+                "(MEASURED in patterns/moe_routing.py; benchmarks/bench_moe_routing.py times it): forced only here")
 
     def find(self, graph: fx.Graph) -> list[Match]:
         found = []

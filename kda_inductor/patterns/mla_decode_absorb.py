@@ -211,7 +211,7 @@ class AbsorbMatch(Match):
 class MlaDecodeAbsorb(Rewrite):
     name = "mla_decode_absorb"
     finds = ("a decode step's MLA attention (one query token) fed K / V expanded from the whole latent cache by "
-             "`kv_b_proj` every step (transformers' Kimi Linear, DeepSeek-V3 / V3.2); forced only (not yet measured)")
+             "`kv_b_proj` every step (transformers' Kimi Linear, DeepSeek-V3 / V3.2)")
     spellings = (
         "one query token (`q [B, H, 1, dn + dr]`) into a fused sdpa op (cuDNN, flash, efficient, CPU flash) whose "
         "value and key's `k_nope` are the two slices (`torch.split` or slicing) of `kv_b_proj(c).view(B, S, H, dn + dv)"

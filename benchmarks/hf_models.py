@@ -491,19 +491,85 @@ def reference_logits(model, config, case: str, *, smoke: bool, device: str) -> t
     return logits
 
 
-def _reference(spec: dict[str, Any], model, config) -> torch.Tensor:
+def _reference(spec: dict[str, Any], model, config) -> tuple[torch.Tensor, str]:
     """The fp32 copy's logits of this case: computed by the case's first compile and kept in
-    ``spec["reference_path"]`` (beside its caches) for the others (the same weights: one seed)."""
+    ``spec["reference_path"]`` (beside its caches) for the others (the same weights: one seed).
+    Where fla-core is importable on CUDA, a child process computes it with fla-core hidden
+    (:func:`reference_worker`): transformers' torch code in float32, not fla's kernels (which
+    autotune again in float32, round through tf32 products, and do not fit Kimi Linear's
+    float32 prefill in shared memory); in this process where that child fails. Also returns
+    what computed it: "torch" (no fla-core) or "fla-core"."""
     path = Path(spec["reference_path"]) if spec.get("reference_path") else None
+    if path is not None and not path.exists() and _fla_visible() and spec["device"] == "cuda":
+        _reference_child(spec, model)
     if path is not None and path.exists():
-        return torch.load(path, map_location=spec["device"])
+        by = path.with_suffix(".by")
+        return torch.load(path, map_location=spec["device"]), by.read_text() if by.exists() else "?"
     logits = reference_logits(model, config, spec["case"], smoke=spec["smoke"], device=spec["device"])
-    if path is not None:  # written whole or not at all: another compile of the run may read it next
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        torch.save(logits, tmp)
-        os.replace(tmp, path)
-    return logits
+    by = "fla-core" if _fla_visible() and spec["device"] == "cuda" else "torch"
+    if path is not None:
+        _save_whole(logits, path, by)
+    return logits, by
+
+
+def _save_whole(logits: torch.Tensor, path: Path, by: str) -> None:
+    """Written whole or not at all (another compile of the run may read it next), what computed
+    it beside it (``.by``)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.with_suffix(".by").write_text(by)
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    torch.save(logits, tmp)
+    os.replace(tmp, path)
+
+
+def _fla_visible() -> bool:
+    """Whether this process can import fla-core (not hidden by ``@no-fla``)."""
+    import importlib.util
+    import sys
+
+    if "fla" in sys.modules:
+        return sys.modules["fla"] is not None
+    return importlib.util.find_spec("fla") is not None
+
+
+def _reference_child(spec: dict[str, Any], model) -> None:
+    """:func:`reference_worker` in a fresh process (its output to this one's log), handed this
+    process's weights (whatever the model's init does without fla-core, its weights are these)."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hf_reference_") as tmp:
+        spec_path, weights = Path(tmp) / "spec.json", Path(tmp) / "weights.pt"
+        torch.save(model.state_dict(), weights)
+        spec_path.write_text(json.dumps({**spec, "reference_only": True, "weights": str(weights),
+                                         "out": str(Path(tmp) / "record.json")}))
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_HERE.parent),
+                                                                          os.environ.get("PYTHONPATH")]))}
+        try:
+            subprocess.run([sys.executable, "-m", "benchmarks.hf_models", "--worker", str(spec_path)], env=env,
+                           cwd=_HERE.parent, timeout=600, check=False)
+        except subprocess.TimeoutExpired:
+            print("    the fp32 reference's process ran past 600 s: computed in this one", flush=True)
+
+
+def reference_worker(spec: dict[str, Any]) -> dict[str, Any]:
+    """The fp32 reference of ``spec``'s case with fla-core hidden: the model built as a compile
+    builds it (one seed, the same dtype; ``spec["weights"]``: the compile's weights loaded), copied
+    to float32, its step run eagerly."""
+    t0 = time.perf_counter()
+    if err := _hf_sched.hide_fla():
+        return {"error": err}
+    family, device, smoke = BY_NAME[spec["family"]], spec["device"], spec["smoke"]
+    if load(family) is None:
+        return {"error": "not in this transformers"}
+    dtype = torch.float32 if smoke and family.kind == "indexer" else torch.bfloat16
+    model, config = build(family, tiny=smoke, device=device, dtype=dtype, layers=SMOKE_LAYERS if smoke else N_LAYERS)
+    if spec.get("weights"):  # the compile's own weights; a module that differs without fla-core fails here
+        model.load_state_dict(torch.load(spec["weights"], map_location=device), strict=True)
+    _save_whole(reference_logits(model, config, spec["case"], smoke=smoke, device=device),
+                Path(spec["reference_path"]), "torch")
+    return {"reference": spec["reference_path"], "s": round(time.perf_counter() - t0, 1)}
 
 
 CASES = ("decode32", "decode128", "prefill", "prefill1024")
@@ -585,7 +651,7 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
         record["build_s"] = round(time.perf_counter() - t_setup, 1)
         if spec.get("numerics", True):
             try:
-                reference = _reference(spec, model, config)
+                reference, record["reference_by"] = _reference(spec, model, config)
             except Exception as err:  # noqa: BLE001 - the timing stands without the check
                 record["numerics_error"] = f"{type(err).__name__}: {str(err)[:300]}"
         t_case = time.perf_counter()
@@ -797,7 +863,7 @@ def worker_main(spec_path: str) -> None:
     import json
 
     spec = json.loads(Path(spec_path).read_text())
-    record = run_compile(spec)
+    record = reference_worker(spec) if spec.get("reference_only") else run_compile(spec)
     Path(spec["out"]).write_text(json.dumps(record, default=str))
 
 
@@ -967,8 +1033,9 @@ def _numerics_cells(records: list[dict]) -> dict[str, Any]:
     nums = [r["numerics"] for r in records if r.get("numerics")]
     if not nums:
         return {"logits": None, "argmax": None}
+    by = sorted({r["reference_by"] for r in records if r.get("numerics") and r.get("reference_by")})
     return {"logits": f"{_median([n['max_diff_median'] for n in nums]):.3g} / "
-                      f"{max(n['max_diff_max'] for n in nums):.3g}",
+                      f"{max(n['max_diff_max'] for n in nums):.3g}" + (f" (fp32 by {', '.join(by)})" if by else ""),
             "argmax": min(n["argmax_agree"] for n in nums)}
 
 

@@ -1176,3 +1176,28 @@ def test_hf_kda_no_variant_takes_a_trace_rule():
     assert "kda-no-gdn_chunk" in hf_models.variants_for(["kda", "kda-no-gdn_chunk"], None)
     with pytest.raises(SystemExit, match="trace rule of"):
         hf_models._check_variants(["kda-no-nope"])
+
+
+def test_hf_models_fp32_reference_child_uses_the_compiles_weights_without_fla(tmp_path):
+    """The fp32 reference's child process (fla-core hidden there) loads this process's weights:
+    its logits are the in-process reference's, bit for bit (CPU: the same torch code both ways);
+    weights it cannot load leave no reference behind (the caller then computes it itself)."""
+    pytest.importorskip("transformers")
+    from benchmarks import hf_models
+
+    built = hf_models.build(hf_models.BY_NAME["qwen3_next"], tiny=True, device="cpu", layers=hf_models.SMOKE_LAYERS)
+    if built is None:
+        pytest.skip("qwen3_next is not in this transformers")
+    model, config = built
+    with torch.no_grad():  # weights no fresh build has: the child must load them to match
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.01)
+    spec = {"family": "qwen3_next", "case": "decode32", "smoke": True, "device": "cpu",
+            "reference_path": str(tmp_path / "ref.pt")}
+    hf_models._reference_child(spec, model)
+    want = hf_models.reference_logits(model, config, "decode32", smoke=True, device="cpu")
+    assert torch.equal(torch.load(tmp_path / "ref.pt"), want)
+    other = hf_models.build(hf_models.BY_NAME["qwen3_5"], tiny=True, device="cpu", layers=hf_models.SMOKE_LAYERS)[0]
+    spec["reference_path"] = str(tmp_path / "none.pt")
+    hf_models._reference_child(spec, other)  # qwen3_5's weights into qwen3_next: strict load fails
+    assert not (tmp_path / "none.pt").exists()

@@ -5,12 +5,12 @@ then sdpa with a left-padded batch's bool mask ``[B, 1, 1, S]``), alone; a GPU r
 table under benchmarks/results/ (``finish``).
 
     python benchmarks/bench_mla_decode_absorb.py --budget 360     # every case
-    python benchmarks/bench_mla_decode_absorb.py --batches 128 --contexts 256
+    python benchmarks/bench_mla_decode_absorb.py --batches 128 --contexts 257
     python benchmarks/bench_mla_decode_absorb.py --smoke          # CPU, tiny dims: checks only
 
 Per case (Kimi Linear's MLA dims from transformers' ``KimiLinearConfig`` defaults: 32 heads,
-kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head 128; batches 32 / 128; contexts 256 / 4096
-cached tokens), CUDA-graph replay medians (``_timing``) of eager, stock ``torch.compile``,
+kv_lora_rank 512, qk_nope 128, qk_rope 64, v_head 128; batches 32 / 128; contexts 257 / 4097 keys (a cache of
+256 / 4,096 and the new token: odd, as in a decode step), CUDA-graph replay medians (``_timing``) of eager, stock ``torch.compile``,
 kda_inductor with the rewrite forced (weight absorption in plain torch ops), the floor (the
 query, the latents and the rope keys, the mask, ``kv_b_proj``'s weight and the output read or
 written once, at the copy bandwidth) and the bytes the expansion writes (K and V at every head:
@@ -44,7 +44,7 @@ from _timing import (  # noqa: E402
 NAME = "mla_decode_absorb"
 MODELS = {"kimi_linear": (32, 512, 128, 64, 128)}  # (H, r, dn, dr, dv): KimiLinearConfig's defaults
 SMOKE_DIMS = (4, 16, 8, 4, 12)
-BATCHES, CONTEXTS = (32, 128), (256, 4096)
+BATCHES, CONTEXTS = (32, 128), (257, 4097)  # a decode step's keys: the cache + the new token
 FORCED = {"kda": {"force": True}}
 COLUMNS = (("model", "model", ""), ("B", "B", ","), ("S", "S", ","), ("eager_us", "eager us", ".1f"),
            ("stock_us", "stock us", ".1f"), ("kda_us", "kda us", ".1f"), ("floor_us", "floor us", ".1f"),

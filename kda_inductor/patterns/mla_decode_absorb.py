@@ -331,15 +331,20 @@ def absorbed(query, latents, weight_t, rot, mask, key_nope, value, q_nope, q_rop
     q = query.squeeze(2).transpose(0, 1)  # [H, B, D]
     q_lat = torch.bmm(q[..., q_nope:q_nope + key_nope[1] - key_nope[0]],
                       w[..., key_nope[0]:key_nope[1]].transpose(1, 2))  # [H, B, r]
-    scores = _float_bmm(q_lat.transpose(0, 1), c.transpose(1, 2))  # [B, H, S]: all heads share c
-    q_r = q[..., q_rope:q_rope + dr].transpose(0, 1)  # [B, H, dr]
-    scores = scores + _float_bmm(q_r, rot.reshape(b, -1, dr).transpose(1, 2))
+    # scores kept [B, S, H] (keys down the rows): every GEMM operand's rows start 16-byte aligned
+    # whatever S is. A decode step's S (the cache + the new token) is odd; as [B, H, S] rows, cuBLAS
+    # ran its unaligned kernels in Kimi Linear's decode-128 step (S 257, H100, hf_models.md's 1cd46cc /
+    # bef5211 kernel tables): 66 us for the two score GEMMs and 37 for p @ c, where the whole absorbed
+    # attention takes 54 alone at S 256 (benchmarks/results/mla_decode_absorb.md)
+    scores = _float_bmm(c, q_lat.permute(1, 2, 0))  # [B, S, H]: all heads share c
+    q_r = q[..., q_rope:q_rope + dr].permute(1, 2, 0)  # [B, dr, H]
+    scores = scores + _float_bmm(rot.reshape(b, -1, dr), q_r)
     scores = scores * (d ** -0.5 if scale is None else scale)
     if mask is not None:
-        m = mask[(None,) * (4 - mask.dim())][:, :, 0]  # [b, h, S]
+        m = mask[(None,) * (4 - mask.dim())][:, :, 0].transpose(1, 2)  # [b, S, h]
         scores = scores.masked_fill(~m, float("-inf")) if m.dtype == torch.bool else scores + m
-    p = torch.softmax(scores, dim=-1).to(query.dtype)
-    o_lat = torch.bmm(p, c)  # [B, H, r]
+    p = torch.softmax(scores, dim=1).to(query.dtype)
+    o_lat = torch.bmm(p.transpose(1, 2), c)  # [B, H, r]
     out = torch.bmm(o_lat.transpose(0, 1), w[..., value[0]:value[1]])  # [H, B, dv]
     return (out.transpose(0, 1).unsqueeze(2),) * readers
 

@@ -245,9 +245,11 @@ def kda_transformers() -> Callable | None:
 
 def kda_variants(T: int, *, smoke: bool, stock_max_t: int, eager: bool) -> dict[str, Callable]:
     """``--kda``: the op, its float32-intermediate launches, its ``A`` / ``Aqk`` over 32-column key blocks
-    (``kda_cols``), fla's ``chunk_kda``, transformers' reference compiled by stock Inductor and eager."""
+    (``kda_cols``), its ``A`` / ``Aqk`` one program per block pair (``kda_split``), fla's ``chunk_kda``,
+    transformers' reference compiled by stock Inductor and eager."""
     out: dict[str, Callable] = {"kda": kda, "kda2": lambda x: kda(x, L.KDA._replace(lowp=False)),
-                                "kda_cols": lambda x: kda(x, L.KDA._replace(kda_intra_cols=32))}
+                                "kda_cols": lambda x: kda(x, L.KDA._replace(kda_intra_cols=32)),
+                                "kda_split": lambda x: kda(x, L.KDA._replace(kda_intra_split=True))}
     fla = None if smoke else kda_fla()
     if fla is not None:
         out["fla"] = fla
@@ -337,8 +339,9 @@ def run_case(T: int, *, device, smoke: bool, stock_max_t: int, eager: bool) -> d
     for peer in ("fla", "stock", "eager"):
         a, b = row.get(f"{peer}_us"), row.get("kda_us")
         row[f"vs_{peer}"] = None if a is None or b is None else a / b
-    a, b = row.get("fla_us"), row.get("kda2_us")
-    row["vs_fla2"] = None if a is None or b is None else a / b
+    for key, mine in (("vs_fla2", "kda2_us"), ("vs_fla_split", "kda_split_us")):
+        a, b = row.get("fla_us"), row.get(mine)
+        row[key] = None if a is None or b is None else a / b
     row["note"] = "; ".join(notes)
     del x, want
     if device == "cuda":
@@ -347,10 +350,11 @@ def run_case(T: int, *, device, smoke: bool, stock_max_t: int, eager: bool) -> d
 
 
 COLUMNS = (("T", "T", ","), ("kda_us", "kda us", ".1f"), ("kda2_us", "kda2 us", ".1f"),
-           ("kda_cols_us", "kda cols us", ".1f"), ("fla_us", "fla us", ".1f"),
+           ("kda_cols_us", "kda cols us", ".1f"), ("kda_split_us", "kda split us", ".1f"), ("fla_us", "fla us", ".1f"),
            ("stock_us", "stock us", ".1f"), ("eager_us", "eager us", ".1f"), ("vs_fla", "fla/kda", ".2f"),
-           ("vs_fla2", "fla/kda2", ".2f"), ("vs_stock", "stock/kda", ".2f"), ("kda_err", "kda err", ".2e"),
-           ("kda2_err", "kda2 err", ".2e"), ("kda_cols_err", "kda cols err", ".2e"), ("fla_err", "fla err", ".2e"), ("stock_err", "stock err", ".2e"),
+           ("vs_fla2", "fla/kda2", ".2f"), ("vs_fla_split", "fla/kda split", ".2f"), ("vs_stock", "stock/kda", ".2f"),
+           ("kda_err", "kda err", ".2e"), ("kda2_err", "kda2 err", ".2e"), ("kda_cols_err", "kda cols err", ".2e"),
+           ("kda_split_err", "kda split err", ".2e"), ("fla_err", "fla err", ".2e"), ("stock_err", "stock err", ".2e"),
            ("eager_err", "eager err", ".2e"), ("kda_state_err", "kda state err", ".2e"),
            ("kda2_state_err", "kda2 state err", ".2e"), ("fla_state_err", "fla state err", ".2e"),
            ("note", "note", "s"))

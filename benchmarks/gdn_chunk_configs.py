@@ -148,6 +148,12 @@ def kda_sweep_configs(smoke: bool) -> dict[str, object]:
             "KDA cols 32 bf16": k._replace(kda_intra_cols=32, kda_intra_dot=""),
             # the inverse's diagonal blocks by doubling (the GDN default's) instead of the substitution
             "KDA cols 32 inv doubling": k._replace(kda_intra_cols=32, wu_inverse="doubling"),
-            "KDA cols 32 inv doubling_tf32": k._replace(kda_intra_cols=32, wu_inverse="doubling_tf32")}
+            "KDA cols 32 inv doubling_tf32": k._replace(kda_intra_cols=32, wu_inverse="doubling_tf32"),
+            # A / Aqk one program per block pair, then the rest (fla's split; sm_90, Triton 3.9: pairs 232
+            # registers, no spills at 64 columns, 4 warps; rest 254 / 16 stack bytes at 8 warps)
+            "KDA split": k._replace(kda_intra_split=True), "KDA split cols 32": k._replace(kda_intra_split=True,
+                                                                                            kda_intra_cols=32),
+            "KDA split w4": k._replace(kda_intra_split=True, warps=4),
+            "KDA split inv doubling_tf32": k._replace(kda_intra_split=True, wu_inverse="doubling_tf32")}
     return {"KDA": k, "KDA intra bf16": cfgs["KDA intra bf16"], "KDA fp32 inter": cfgs["KDA fp32 inter"],
-            "KDA cols 32": cfgs["KDA cols 32"]} if smoke else cfgs
+            "KDA cols 32": cfgs["KDA cols 32"], "KDA split": cfgs["KDA split"]} if smoke else cfgs

@@ -199,8 +199,10 @@ def test_gdn_chunk_kda_smoke(capsys):
     assert all(r["kda_err"] < 3e-2 and r["kda_state_err"] < 3e-2 and r["kda_us"] for r in rows), rows
     # kda_cols: A / Aqk over 32-column key blocks, the same roundings as kda's
     assert all(r["kda_cols_err"] < 3e-2 and r["kda_cols_state_err"] < 3e-2 and r["kda_cols_us"] for r in rows), rows
+    # kda_split: A / Aqk one program per block pair, the same roundings again
+    assert all(r["kda_split_err"] < 3e-2 and r["kda_split_state_err"] < 3e-2 and r["kda_split_us"] for r in rows), rows
     sweep = bench.main(["--smoke", "--kda", "--sweep"])
-    assert [r["config"] for r in sweep] == ["KDA", "KDA intra bf16", "KDA fp32 inter", "KDA cols 32"]
+    assert [r["config"] for r in sweep] == ["KDA", "KDA intra bf16", "KDA fp32 inter", "KDA cols 32", "KDA split"]
     assert all(r["us"] is not None and r["err"] < 3e-2 for r in sweep), sweep
 
 

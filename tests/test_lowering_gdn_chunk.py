@@ -457,6 +457,21 @@ def test_kda_intra_by_column_blocks(shape, decay):
 
 
 @needs_runner
+@pytest.mark.parametrize("decay", ["weak", "strong", "mixed"])
+@pytest.mark.parametrize("shape", ["T 130 K 32", "T 37 K 80 by 32", "T 90 K 80 V 20 varlen"])
+def test_kda_intra_split(shape, decay):
+    """``LaunchConfig.kda_intra_split``: ``A`` / ``Aqk`` one program per block pair (each pair's gap below
+    the diagonal summed at run time; the diagonal blocks by products or by the loop), the rest reading
+    ``A`` back: the CPU op's result (T below / across chunks, a masked last key block at K = 80, varlen
+    with an empty sequence, GQA)."""
+    T, K = int(shape.split()[1]), int(shape.split()[3])
+    V, cu = (20, [0, 5, 5, 90]) if "varlen" in shape else (16, None)
+    cols = 32 if "by 32" in shape else 0
+    args = kda_inputs(1200 + T + K, T=T, Hk=1, Hv=2, K=K, V=V, N=3 if cu else None, decay=decay)
+    _kernel_vs_op(args, cu=cu, config=V2._replace(kda_intra_split=True, kda_intra_cols=cols))
+
+
+@needs_runner
 @pytest.mark.parametrize("inverse", ["doubling", "ieee"])
 @pytest.mark.parametrize("decay", ["weak", "mixed"])
 def test_kda_intra_inverse_choices(decay, inverse):
@@ -565,3 +580,22 @@ def test_scratch_is_written_before_it_is_read(config, case, monkeypatch):
     assert not got.isnan().any() and not final.isnan().any()
     bound = 2e-5 if config == "V2" else 2e-2
     assert _rel(got.cpu(), want) < bound and _rel(final.cpu(), want_state) < bound
+
+
+@needs_runner
+@pytest.mark.parametrize("case", ["T 100", "varlen"])
+def test_kda_split_scratch_is_written_before_it_is_read(case, monkeypatch):
+    """As above for :attr:`LaunchConfig.kda_intra_split` (KDA): ``A``'s float32 scratch, ``Aqk``, ``gc``, ``w``,
+    ``u``, ``kd`` start as NaN; the pair programs write every block the rest reads."""
+    empty = torch.empty
+    cu = [0, 1, 70, 70, 103] if case == "varlen" else None
+    q, k, v, g, beta, s = kda_inputs(750, T=103 if cu else 100, Hk=1, Hv=2, K=32, V=16, N=4 if cu else None)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32)
+    want, want_state = op(q, k, v, g, beta, None, s, True, cu_t, 1e-6, torch.float32)
+    monkeypatch.setattr(torch, "empty", lambda *a, **kw: (lambda t: t.fill_(float("nan")) if t.is_floating_point()
+                                                          else t)(empty(*a, **kw)))
+    got, final = mod.chunk_triton(*_dev(q, k, v, g, beta), None, *_dev(s), True, *_dev(cu_t), 1e-6, torch.float32,
+                                  dot="ieee", config=V2._replace(kda_intra_split=True))
+    monkeypatch.undo()
+    assert not got.isnan().any() and not final.isnan().any()
+    assert _rel(got.cpu(), want) < 2e-5 and _rel(final.cpu(), want_state) < 2e-5

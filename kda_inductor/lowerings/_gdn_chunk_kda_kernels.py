@@ -336,6 +336,94 @@ if triton is not None:
            _vec(bb, sb_t, r + 48, L), L, V, sv_t, sv_v, su_t, BV, DOT)
 
     @triton.jit
+    def _pair_rt(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, I, J, AB: tl.constexpr, DOT: tl.constexpr):
+        """:func:`_pair_cols` with the block pair ``(I, J)`` known at run time (one program a pair)."""
+        a = tl.zeros((16, 16), tl.float32)
+        aq = tl.zeros((16, 16), tl.float32)
+        for c0 in range(0, K, AB):
+            X, Q, G, tot = _cols_rows(qb, kb, gb, I, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, c0, AB)
+            if I == J:
+                da, dq = _diag(X, Q, G, tot, kb, gb, I, L, K, sk_t, sk_k, sg_t, sg_k, c0, AB, DOT)
+            else:
+                Xj = _load(_tile(kb, L, K, sk_t, sk_k, 16 * J, c0, 16, AB))
+                Gj, tj = _gblock(gb, J, L, K, sg_t, sg_k, c0, AB)
+                between = tl.zeros((AB,), tl.float32)
+                for m in range(J + 1, I):
+                    between += _gblock(gb, m, L, K, sg_t, sg_k, c0, AB)[1]
+                e = tl.exp(G + between[None, :])
+                Rt = tl.trans(Xj * tl.exp(tj[None, :] - Gj))
+                da, dq = _dot(X * e, Rt, DOT), _dot(Q * e, Rt, DOT)
+            a += da
+            aq += dq
+        return a, aq
+
+    @triton.jit
+    def pairs_kernel(q_ptr, k_ptr, g_ptr, b_ptr, a_ptr, aq_ptr, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, K, GROUP,
+                     scale, eps, sq_t, sq_h, sq_k, sk_t, sk_h, sk_k, sg_t, sg_h, sg_k, sb_t, sb_h, sa_t, sa_h,
+                     AB: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr):
+        """Program (chunk, head, block pair ``p`` of the ten on and below the diagonal: ``I`` its row block,
+        ``J <= I`` its column block): ``A``'s block (``beta`` and the norms applied, float32 ``[tokens,
+        heads, 64]``) and ``Aqk``'s (with ``scale``) stored; a diagonal program also zeros ``Aqk`` right
+        of its block. :data:`rest_kernel` reads ``A`` back."""
+        c, h, p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        I = (p >= 1).to(tl.int32) + (p >= 3).to(tl.int32) + (p >= 6).to(tl.int32)
+        J = p - I * (I + 1) // 2
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
+        qb, kb, gb = q_ptr + hk * sq_h + t0 * sq_t, k_ptr + hk * sk_h + t0 * sk_t, g_ptr + h64 * sg_h + t0 * sg_t
+        ab, aqb = a_ptr + h64 * sa_h + t0 * sa_t, aq_ptr + h64 * sa_h + t0 * sa_t
+        rk, rq = _norms(qb, kb, L, K, sq_t, sq_k, sk_t, sk_k, I, eps, AB, L2NORM)
+        rkj = _norms(qb, kb, L, K, sq_t, sq_k, sk_t, sk_k, J, eps, AB, L2NORM)[0]
+        f = _vec(b_ptr + h64 * sb_h + t0 * sb_t, sb_t, 16 * I + tl.arange(0, 16), L) * rk
+        a, aq = _pair_rt(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, I, J, AB, DOT)
+        _store(_tile(ab, L, 64, sa_t, 1, 16 * I, 16 * J, 16, 16), a * f[:, None] * rkj[None, :])
+        _store(_tile(aqb, L, 64, sa_t, 1, 16 * I, 16 * J, 16, 16), aq * (rq * scale)[:, None] * rkj[None, :])
+        if I == J:
+            _store(_tile(aqb, L, 64, sa_t, 1, 16 * I, 16 * I + 16, 16, 64), tl.zeros((16, 64), tl.float32))
+
+    @triton.jit
+    def rest_kernel(k_ptr, v_ptr, g_ptr, b_ptr, a_ptr, gc_ptr, w_ptr, u_ptr, kd_ptr, seq_ptr, start_ptr, len_ptr,
+                    n_tok, n_chk, K, V, GROUP, eps, sk_t, sk_h, sk_k, sv_t, sv_h, sv_v, sg_t, sg_h, sg_k, sb_t, sb_h,
+                    sa_t, sa_h, sc_t, sc_h, sw_t, sw_h, su_t, su_h, skd_t, skd_h, BK: tl.constexpr,
+                    BV: tl.constexpr, L2NORM: tl.constexpr, DOT: tl.constexpr, REGULAR: tl.constexpr,
+                    INV: tl.constexpr = "subst"):
+        """Program (chunk, head): :data:`intra_kernel` after its ``A``: the ten blocks :data:`pairs_kernel`
+        stored read back, the inverse, ``gc``, ``kd``, ``w`` and ``u`` stored."""
+        c, h = tl.program_id(0), tl.program_id(1)
+        _, t0, L = _chunk2(c, seq_ptr, start_ptr, len_ptr, n_tok, n_chk, REGULAR)
+        h64, hk = h.to(tl.int64), (h // GROUP).to(tl.int64)
+        kb, gb, bb = k_ptr + hk * sk_h + t0 * sk_t, g_ptr + h64 * sg_h + t0 * sg_t, b_ptr + h64 * sb_h + t0 * sb_t
+        ab = a_ptr + h64 * sa_h + t0 * sa_t
+        T00, T10, T11, T20, T21, T22, T30, T31, T32, T33 = _inverse(
+            _block_a(ab, L, sa_t, 0, 0), _block_a(ab, L, sa_t, 1, 0), _block_a(ab, L, sa_t, 1, 1),
+            _block_a(ab, L, sa_t, 2, 0), _block_a(ab, L, sa_t, 2, 1), _block_a(ab, L, sa_t, 2, 2),
+            _block_a(ab, L, sa_t, 3, 0), _block_a(ab, L, sa_t, 3, 1), _block_a(ab, L, sa_t, 3, 2),
+            _block_a(ab, L, sa_t, 3, 3), INV)
+        r, keys = tl.arange(0, 16), (kb, L, K, sk_t, sk_k)
+        k0, k1 = _key_norm(*keys, 0, eps, BK, L2NORM), _key_norm(*keys, 1, eps, BK, L2NORM)
+        k2, k3 = _key_norm(*keys, 2, eps, BK, L2NORM), _key_norm(*keys, 3, eps, BK, L2NORM)
+        b0, b1 = _vec(bb, sb_t, r, L), _vec(bb, sb_t, r + 16, L)
+        b2, b3 = _vec(bb, sb_t, r + 32, L), _vec(bb, sb_t, r + 48, L)
+        _w_kd(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, kb, gb, gc_ptr + h64 * sc_h + t0 * sc_t,
+              kd_ptr + h64 * skd_h + t0 * skd_t, w_ptr + h64 * sw_h + t0 * sw_t, b0 * k0, b1 * k1, b2 * k2, b3 * k3,
+              k0, k1, k2, k3, L, K, sk_t, sk_k, sg_t, sg_k, sc_t, skd_t, sw_t, BK, DOT)
+        _u(T00, T10, T11, T20, T21, T22, T30, T31, T32, T33, v_ptr + h64 * sv_h + t0 * sv_t,
+           u_ptr + h64 * su_h + t0 * su_t, b0, b1, b2, b3, L, V, sv_t, sv_v, su_t, BV, DOT)
+
+    @triton.jit
+    def _block_a(ab, L, sa_t, i: tl.constexpr, j: tl.constexpr):
+        return _load(_tile(ab, L, 64, sa_t, 1, 16 * i, 16 * j, 16, 16))
+
+    @triton.jit
+    def _key_norm(kb, L, K, sk_t, sk_k, i, eps, AB: tl.constexpr, L2NORM: tl.constexpr):
+        """Block ``i``'s keys' ``1 / |k|`` (ones without ``L2NORM``), by ``AB`` columns."""
+        n = tl.zeros((16,), tl.float32)
+        if L2NORM:
+            for c0 in range(0, K, AB):
+                n += _sumsq(_load(_tile(kb, L, K, sk_t, sk_k, 16 * i, c0, 16, AB)))
+        return _inv_norm(n, eps, L2NORM)
+
+    @triton.jit
     def _decay_rows(cb, K, sc_t, L, c0, KB: tl.constexpr):
         """``exp(gc_last)`` of the key rows ``c0 .. c0 + KB`` (the state's row factor; ``L >= 1``)."""
         cols = c0 + tl.arange(0, KB)
@@ -410,8 +498,8 @@ def aot_variants():
     """The KDA launches for sm_90 at Kimi Linear's dims (K = V = 128, bf16 q / k / v / beta, float32
     g, l2norm, a state) as ``gdn_chunk.KDA`` runs them (bf16 intermediates, ``intra``'s products tf32,
     the others' bf16), ``intra`` with bf16 products (``kda_intra_dot=""``), the float32
-    intermediates of ``lowp=False`` (tf32 products), and ``intra`` over 32-column key blocks
-    (``kda_intra_cols=32``)."""
+    intermediates of ``lowp=False`` (tf32 products), ``intra`` over 32-column key blocks
+    (``kda_intra_cols=32``), and ``kda_intra_split``'s ``pairs`` (64 / 32 columns) and ``rest``."""
     from kda_inductor.lowerings import AotVariant
 
     maps = {"seq_ptr": "*i32", "start_ptr": "*i64", "len_ptr": "*i32", "cu_ptr": "*i64", "cuc_ptr": "*i64"}
@@ -421,6 +509,13 @@ def aot_variants():
     for io, dot, ab in ((low, "tf32", 0), (low, "bf16", 0), (bf16, "tf32", 0), (low, "tf32", 32)):
         yield AotVariant(intra_kernel, _aot_signature(intra_kernel, io),
                          dict(KP=128, BK=64, BV=64, L2NORM=True, DOT=dot, REGULAR=True, AB=ab), opts8)
+    for ab in (64, 32):  # kda_intra_split's two launches
+        pairs = {**bf16, "a_ptr": "*fp32", "aq_ptr": "*bf16"}
+        yield AotVariant(pairs_kernel, _aot_signature(pairs_kernel, pairs),
+                         dict(AB=ab, L2NORM=True, DOT="tf32", REGULAR=True), {"num_warps": 4, "num_stages": 2})
+    rest = {**low, "a_ptr": "*fp32"}
+    yield AotVariant(rest_kernel, _aot_signature(rest_kernel, rest),
+                     dict(BK=64, BV=64, L2NORM=True, DOT="tf32", REGULAR=True), opts8)
     for io, dot in ((low, "bf16"), (bf16, "tf32")):
         yield AotVariant(scan_kernel, _aot_signature(scan_kernel, io),
                          dict(KB=64, TWO=True, BV=32, HAS_STATE=True, DOT=dot, REGULAR=False), opts4)

@@ -273,6 +273,14 @@ class LaunchConfig(NamedTuple):
     """A decay per key channel (:data:`KDA`): the ``intra`` launch's products (``A``, ``Aqk``, ``w``,
     ``u``) in this precision (``"tf32"``: float32 operands on tf32 tensor cores) instead of the
     launch's (``"bf16"`` with ``lowp``); ``""``: the launch's; ``dot="ieee"`` keeps float32."""
+    kda_intra_split: bool = False
+    """KDA: ``intra`` as two launches: ``A`` / ``Aqk`` one program per block pair (chunk x head x 10, the ten
+    16 x 16 blocks on and below the diagonal: :data:`~._gdn_chunk_kda_kernels.pairs_kernel`, ``A`` stored
+    float32), then the inverse, ``w``, ``kd``, ``u`` (:data:`~._gdn_chunk_kda_kernels.rest_kernel`), as
+    fla splits its ``chunk_kda`` intra kernels: ten times the programs for the exponentials' products where
+    the single launch runs them one after another (2,136 us a layer in Kimi Linear's prefill 4096 against
+    fla's three intra kernels' ~315: H100, 584a967, ``docs/speed-rules.md``). The pairs' key columns by
+    ``kda_intra_cols`` (0: 64). Not yet timed on a GPU."""
     kda_intra_cols: int = 0
     """KDA: ``intra``'s ``A`` / ``Aqk`` block by block over this many key columns (0: whole key rows, which
     spill at K = 128; sm_90 at 32 columns, 8 warps: 88 stack bytes against 960 with Triton 3.9, 0 against
@@ -567,6 +575,22 @@ def _launch_wu3(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l
         num_stages=cfg.num_stages)
 
 
+def _launch_kda_split(kern, M, ins, outs, maps, K, V, group, scale, eps, meta, inv, cfg) -> None:
+    """``intra`` as :attr:`LaunchConfig.kda_intra_split`'s two launches (``A`` through a float32 scratch)."""
+    (q3, k3, v3, g3, b2), (gc, w, u, kd, aq) = ins, outs
+    Hv = v3.shape[1]
+    a = torch.empty(aq.shape, device=aq.device, dtype=torch.float32)
+    kern.pairs_kernel[(M, Hv, 10)](
+        q3, k3, g3, b2, a, aq, *maps, K, group, scale, eps, *q3.stride(), *k3.stride(), *g3.stride(), *b2.stride(),
+        *aq.stride()[:2], AB=meta["AB"], L2NORM=meta["L2NORM"], DOT=meta["DOT"], REGULAR=meta["REGULAR"],
+        num_warps=4, num_stages=cfg.num_stages)
+    kern.rest_kernel[(M, Hv)](
+        k3, v3, g3, b2, a, gc, w, u, kd, *maps, K, V, group, eps, *k3.stride(), *v3.stride(), *g3.stride(),
+        *b2.stride(), *a.stride()[:2], *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2], *kd.stride()[:2],
+        BK=meta["BK"], BV=meta["BV"], L2NORM=meta["L2NORM"], DOT=meta["DOT"], REGULAR=meta["REGULAR"], INV=inv,
+        num_warps=cfg.warps, num_stages=cfg.num_stages)
+
+
 def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, scale, eps) -> None:
     """A decay per key channel (KDA, ``K <= 128``): ``intra`` (``gc``, ``Aqk``, ``w``, ``u``, ``kd``),
     the scan, the output (:mod:`~kda_inductor.lowerings._gdn_chunk_kda_kernels`); without
@@ -589,7 +613,11 @@ def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
     w, kd, u, vn, aq = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, K, V, V, CHUNK))
     KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     BV, OBV, group = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp), Hv // Hk
-    if M:
+    if M and cfg.kda_intra_split:
+        _launch_kda_split(kern, M, (q3, k3, v3, g3, b2), (gc, w, u, kd, aq), maps, K, V, group, scale, eps,
+                          dict(AB=min(KP, max(16, cfg.kda_intra_cols or 64)), BK=min(KP, 64), BV=OBV, L2NORM=l2,
+                               DOT=idot, REGULAR=regular), _inverse(cfg.wu_inverse, idot), cfg)
+    elif M:
         kern.intra_kernel[(M, Hv)](
             q3, k3, v3, g3, b2, gc, w, u, kd, aq, *maps, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
             *v3.stride(), *g3.stride(), *b2.stride(), *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2],

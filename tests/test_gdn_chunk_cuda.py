@@ -295,11 +295,12 @@ def _kda_fla():
 
 
 KDA_CONFIGS = {"default": None, "intra bf16": mod.KDA._replace(kda_intra_dot=""),
-               "fp32 inter": mod.KDA._replace(lowp=False), "cols 32": mod.KDA._replace(kda_intra_cols=32)}
+               "fp32 inter": mod.KDA._replace(lowp=False), "cols 32": mod.KDA._replace(kda_intra_cols=32),
+               "split": mod.KDA._replace(kda_intra_split=True)}
 """The op's KDA launches (:data:`~kda_inductor.lowerings.gdn_chunk.KDA`: bf16 intermediates, the
 intra launch's products tf32, the others' bf16), the same with bf16 products in the intra launch
-too, tf32 products with float32 intermediates, and ``A`` / ``Aqk`` over 32-column key blocks
-(``kda_intra_cols``): held to the same bounds."""
+too, tf32 products with float32 intermediates, ``A`` / ``Aqk`` over 32-column key blocks
+(``kda_intra_cols``) and one program per block pair (``kda_intra_split``): held to the same bounds."""
 
 
 @pytest.mark.parametrize("config", list(KDA_CONFIGS))

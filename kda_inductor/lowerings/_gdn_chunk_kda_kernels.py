@@ -191,25 +191,9 @@ if triton is not None:
                    AB: tl.constexpr, DOT: tl.constexpr):
         """Block ``(I, J)`` (``J <= I``) of ``A`` and ``Aqk``, raw (no norms / ``beta`` / ``scale``), the
         key dimension in a loop of ``AB`` columns (each column block's decay factors its own): the
-        diagonal by :func:`_diag`, below it ``(X_I exp(G_I + between)) R_J^T`` (:func:`_off`'s)."""
-        a = tl.zeros((16, 16), tl.float32)
-        aq = tl.zeros((16, 16), tl.float32)
-        for c0 in range(0, K, AB):
-            X, Q, G, tot = _cols_rows(qb, kb, gb, I, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, c0, AB)
-            if I == J:
-                da, dq = _diag(X, Q, G, tot, kb, gb, I, L, K, sk_t, sk_k, sg_t, sg_k, c0, AB, DOT)
-            else:
-                Xj = _load(_tile(kb, L, K, sk_t, sk_k, 16 * J, c0, 16, AB))
-                Gj, tj = _gblock(gb, J, L, K, sg_t, sg_k, c0, AB)
-                between = tl.zeros((AB,), tl.float32)
-                for m in tl.static_range(J + 1, I):
-                    between += _gblock(gb, m, L, K, sg_t, sg_k, c0, AB)[1]
-                e = tl.exp(G + between[None, :])
-                Rt = tl.trans(Xj * tl.exp(tj[None, :] - Gj))
-                da, dq = _dot(X * e, Rt, DOT), _dot(Q * e, Rt, DOT)
-            a += da
-            aq += dq
-        return a, aq
+        diagonal by :func:`_diag`, below it ``(X_I exp(G_I + between)) R_J^T`` (:func:`_off`'s);
+        :func:`_pair_rt` with the pair known when compiled."""
+        return _pair_rt(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, I, J, AB, DOT)
 
     @triton.jit
     def _norms(qb, kb, L, K, sq_t, sq_k, sk_t, sk_k, i, eps, AB: tl.constexpr, L2NORM: tl.constexpr):
@@ -337,7 +321,8 @@ if triton is not None:
 
     @triton.jit
     def _pair_rt(qb, kb, gb, L, K, sq_t, sq_k, sk_t, sk_k, sg_t, sg_k, I, J, AB: tl.constexpr, DOT: tl.constexpr):
-        """:func:`_pair_cols` with the block pair ``(I, J)`` known at run time (one program a pair)."""
+        """Block ``(I, J)`` (``J <= I``) of ``A`` and ``Aqk``, raw, by ``AB`` key columns (:func:`_pair_cols`),
+        the pair known at run time (one program a pair: :data:`pairs_kernel`) or when compiled."""
         a = tl.zeros((16, 16), tl.float32)
         aq = tl.zeros((16, 16), tl.float32)
         for c0 in range(0, K, AB):

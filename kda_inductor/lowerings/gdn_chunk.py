@@ -575,20 +575,27 @@ def _launch_wu3(k3, v3, g2, b2, gc, rk, w, u, maps, TS, NT, M, meta, cfg, dot, l
         num_stages=cfg.num_stages)
 
 
-def _launch_kda_split(kern, M, ins, outs, maps, K, V, group, scale, eps, meta, inv, cfg) -> None:
-    """``intra`` as :attr:`LaunchConfig.kda_intra_split`'s two launches (``A`` through a float32 scratch)."""
+def _launch_kda_intra(kern, M, ins, outs, maps, K, V, group, scale, eps, meta, cfg) -> None:
+    """``intra``: one launch, or :attr:`LaunchConfig.kda_intra_split`'s two (``A`` through a float32 scratch)."""
     (q3, k3, v3, g3, b2), (gc, w, u, kd, aq) = ins, outs
-    Hv = v3.shape[1]
+    KP, Hv, flags = meta["KP"], v3.shape[1], {n: meta[n] for n in ("L2NORM", "DOT", "REGULAR")}
+    if not cfg.kda_intra_split:
+        kern.intra_kernel[(M, Hv)](
+            q3, k3, v3, g3, b2, gc, w, u, kd, aq, *maps, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
+            *v3.stride(), *g3.stride(), *b2.stride(), *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2],
+            *kd.stride()[:2], *aq.stride()[:2], KP=KP, BK=meta["BK"], BV=meta["BV"], INV=meta["INV"], **flags,
+            AB=min(KP, max(16, cfg.kda_intra_cols)) if cfg.kda_intra_cols else 0, num_warps=cfg.warps,
+            num_stages=cfg.num_stages)
+        return
     a = torch.empty(aq.shape, device=aq.device, dtype=torch.float32)
     kern.pairs_kernel[(M, Hv, 10)](
         q3, k3, g3, b2, a, aq, *maps, K, group, scale, eps, *q3.stride(), *k3.stride(), *g3.stride(), *b2.stride(),
-        *aq.stride()[:2], AB=meta["AB"], L2NORM=meta["L2NORM"], DOT=meta["DOT"], REGULAR=meta["REGULAR"],
-        num_warps=4, num_stages=cfg.num_stages)
+        *aq.stride()[:2], AB=min(KP, max(16, cfg.kda_intra_cols or 64)), **flags, num_warps=4,
+        num_stages=cfg.num_stages)
     kern.rest_kernel[(M, Hv)](
         k3, v3, g3, b2, a, gc, w, u, kd, *maps, K, V, group, eps, *k3.stride(), *v3.stride(), *g3.stride(),
         *b2.stride(), *a.stride()[:2], *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2], *kd.stride()[:2],
-        BK=meta["BK"], BV=meta["BV"], L2NORM=meta["L2NORM"], DOT=meta["DOT"], REGULAR=meta["REGULAR"], INV=inv,
-        num_warps=cfg.warps, num_stages=cfg.num_stages)
+        BK=meta["BK"], BV=meta["BV"], INV=meta["INV"], **flags, num_warps=cfg.warps, num_stages=cfg.num_stages)
 
 
 def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, scale, eps) -> None:
@@ -613,17 +620,10 @@ def _launch_kda(q, k, v, g, beta, o, final, s, cu_seqlens, meta, cfg, dot, l2, s
     w, kd, u, vn, aq = (torch.empty((Ttot, Hv, n), device=dev, dtype=inter) for n in (K, K, V, V, CHUNK))
     KP, vp = max(16, triton.next_power_of_2(K)), max(16, triton.next_power_of_2(V))
     BV, OBV, group = min(max(16, cfg.scan_block_v), vp), min(max(16, cfg.out_block_v), vp), Hv // Hk
-    if M and cfg.kda_intra_split:
-        _launch_kda_split(kern, M, (q3, k3, v3, g3, b2), (gc, w, u, kd, aq), maps, K, V, group, scale, eps,
-                          dict(AB=min(KP, max(16, cfg.kda_intra_cols or 64)), BK=min(KP, 64), BV=OBV, L2NORM=l2,
-                               DOT=idot, REGULAR=regular), _inverse(cfg.wu_inverse, idot), cfg)
-    elif M:
-        kern.intra_kernel[(M, Hv)](
-            q3, k3, v3, g3, b2, gc, w, u, kd, aq, *maps, K, V, group, scale, eps, *q3.stride(), *k3.stride(),
-            *v3.stride(), *g3.stride(), *b2.stride(), *gc.stride()[:2], *w.stride()[:2], *u.stride()[:2],
-            *kd.stride()[:2], *aq.stride()[:2], KP=KP, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=idot, REGULAR=regular,
-            AB=min(KP, max(16, cfg.kda_intra_cols)) if cfg.kda_intra_cols else 0, INV=_inverse(cfg.wu_inverse, idot),
-            num_warps=cfg.warps, num_stages=cfg.num_stages)
+    if M:
+        _launch_kda_intra(kern, M, (q3, k3, v3, g3, b2), (gc, w, u, kd, aq), maps, K, V, group, scale, eps,
+                          dict(KP=KP, BK=min(KP, 64), BV=OBV, L2NORM=l2, DOT=idot, REGULAR=regular,
+                               INV=_inverse(cfg.wu_inverse, idot)), cfg)
     kern.scan_kernel[(N, Hv, triton.cdiv(V, BV))](
         w, u, kd, gc, s if s is not None else final, final, hs, vn, cu, cu_chunks, TS, NT, K, V, *w.stride()[:2],
         *u.stride()[:2], *kd.stride()[:2], *gc.stride()[:2], *(s.stride() if s is not None else (0, 0, 0, 0)),

@@ -491,25 +491,26 @@ def reference_logits(model, config, case: str, *, smoke: bool, device: str) -> t
     return logits
 
 
-def _reference(spec: dict[str, Any], model, config) -> tuple[torch.Tensor, str]:
+def _reference(spec: dict[str, Any], model, config) -> tuple[torch.Tensor, str, str | None]:
     """The fp32 copy's logits of this case: computed by the case's first compile and kept in
     ``spec["reference_path"]`` (beside its caches) for the others (the same weights: one seed).
     Where fla-core is importable on CUDA, a child process computes it with fla-core hidden
     (:func:`reference_worker`): transformers' torch code in float32, not fla's kernels (which
     autotune again in float32, round through tf32 products, and do not fit Kimi Linear's
     float32 prefill in shared memory); in this process where that child fails. Also returns
-    what computed it: "torch" (no fla-core) or "fla-core"."""
+    what computed it: "torch" (no fla-core) or "fla-core", and why the child failed (or None)."""
     path = Path(spec["reference_path"]) if spec.get("reference_path") else None
+    failed = None
     if path is not None and not path.exists() and _fla_visible() and spec["device"] == "cuda":
-        _reference_child(spec, model)
+        failed = _reference_child(spec, model)
     if path is not None and path.exists():
         by = path.with_suffix(".by")
-        return torch.load(path, map_location=spec["device"]), by.read_text() if by.exists() else "?"
+        return torch.load(path, map_location=spec["device"]), by.read_text() if by.exists() else "?", failed
     logits = reference_logits(model, config, spec["case"], smoke=spec["smoke"], device=spec["device"])
     by = "fla-core" if _fla_visible() and spec["device"] == "cuda" else "torch"
     if path is not None:
         _save_whole(logits, path, by)
-    return logits, by
+    return logits, by, failed
 
 
 def _save_whole(logits: torch.Tensor, path: Path, by: str) -> None:
@@ -532,9 +533,10 @@ def _fla_visible() -> bool:
     return importlib.util.find_spec("fla") is not None
 
 
-def _reference_child(spec: dict[str, Any], model) -> None:
+def _reference_child(spec: dict[str, Any], model) -> str | None:
     """:func:`reference_worker` in a fresh process (its output to this one's log), handed this
-    process's weights (whatever the model's init does without fla-core, its weights are these)."""
+    process's weights (whatever the model's init does without fla-core, its weights are these);
+    why it left no logits (its exit, its last error line), or None."""
     import json
     import subprocess
     import tempfile
@@ -547,10 +549,19 @@ def _reference_child(spec: dict[str, Any], model) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_HERE.parent),
                                                                           os.environ.get("PYTHONPATH")]))}
         try:
-            subprocess.run([sys.executable, "-m", "benchmarks.hf_models", "--worker", str(spec_path)], env=env,
-                           cwd=_HERE.parent, timeout=600, check=False)
+            done = subprocess.run([sys.executable, "-m", "benchmarks.hf_models", "--worker", str(spec_path)], env=env,
+                                  cwd=_HERE.parent, timeout=600, check=False, stderr=subprocess.PIPE, text=True)
         except subprocess.TimeoutExpired:
             print("    the fp32 reference's process ran past 600 s: computed in this one", flush=True)
+            return "ran past 600 s"
+        if Path(spec["reference_path"]).exists():
+            return None
+        record = Path(tmp) / "record.json"
+        said = json.loads(record.read_text()).get("error") if record.exists() else None
+        errors = [ln for ln in (done.stderr or "").splitlines() if "Error" in ln or "error" in ln]
+        why = f"exit {done.returncode}: " + str(said or (errors[-1] if errors else "no error line"))[:200]
+        print(f"    the fp32 reference's process left no logits ({why}): computed in this one", flush=True)
+        return why
 
 
 def reference_worker(spec: dict[str, Any]) -> dict[str, Any]:
@@ -651,7 +662,9 @@ def run_compile(spec: dict[str, Any]) -> dict[str, Any]:
         record["build_s"] = round(time.perf_counter() - t_setup, 1)
         if spec.get("numerics", True):
             try:
-                reference, record["reference_by"] = _reference(spec, model, config)
+                reference, record["reference_by"], failed = _reference(spec, model, config)
+                if failed:
+                    record["reference_child"] = failed
             except Exception as err:  # noqa: BLE001 - the timing stands without the check
                 record["numerics_error"] = f"{type(err).__name__}: {str(err)[:300]}"
         t_case = time.perf_counter()
@@ -1118,6 +1131,7 @@ def section_markdown(section: dict[str, Any], notes: str) -> str:
         ran = ", ".join(f"{k} ({n} compiles)" for k, n in call.get("ran", {}).items()) or "nothing"
         lines.append(f"- call {call['started']} (`{' '.join(call.get('argv', []))}`): ran {ran}"
                      + (f"; not started (budget): {'; '.join(call['not_started'])}" if call.get("not_started") else ""))
+    lines += [f"- note: {r}" for r in section.get("remarks", [])]
     lines += ["", notes, "",
               _timing.markdown_table(table_rows(summarize(section["records"])), SUMMARY_COLUMNS).rstrip()]
     return "\n".join(lines) + "\n"
@@ -1418,6 +1432,8 @@ def _args(argv):
     add("--cache-root", default=None, help="where the per-variant Inductor caches go (default: a temp dir)")
     add("--stamp", action="store_true", help="write .hf_stamp.json (HEAD and its files) for a tree without .git")
     add("--merge", nargs="+", default=None, metavar="JSON", help="merge hf_models.json copies of several calls")
+    add("--remark", default=None, help="with --merge and --at COMMIT: a note for that commit's section (a cell left "
+        "out and why)")
     add("--plan", action="store_true", help="estimate each (family, case) and propose device calls")
     add("--check", action="store_true", help="the newest GPU section against the table's bar (exit 1 if short)")
     add("--at", default=None, metavar="COMMIT", help="--plan: only what the section of COMMIT (a table frozen "
@@ -1459,7 +1475,7 @@ def main(argv=None) -> list[dict]:
         return []
     results = Path(args.results_dir) if args.results_dir else RESULTS
     if args.merge:
-        return _merge(args.merge, results)
+        return _merge(args.merge, results, args.remark, args.at)
     cases = args.case or list(TABLE_CASES)
     if args.check:
         section = newest_gpu_section(_hf_record.load_sections(results / "hf_models.json"))
@@ -1478,10 +1494,18 @@ def main(argv=None) -> list[dict]:
     return _run(args, cases, results)
 
 
-def _merge(paths: list[str], results: Path) -> list[dict]:
+def _merge(paths: list[str], results: Path, remark: str | None = None, at: str | None = None) -> list[dict]:
+    """The calls' files merged into the results (a section per commit); ``remark``: a note for the
+    section of commit ``at`` (what its rows cannot say: a cell left out and why)."""
     from benchmarks import _hf_record
 
     sections = _hf_record.merge_files([Path(p) for p in paths])
+    if remark:
+        hits = [s for s in sections if at and str(s.get("commit", "")).startswith(at)]
+        if not hits:
+            raise SystemExit(f"--remark: no section of commit {at!r} (pass --at COMMIT)")
+        for s in hits:
+            s["remarks"] = [*(r for r in s.get("remarks", []) if r != remark), remark]
     _hf_record.save_sections(results / "hf_models.json", sections)
     for s in sections:
         if s.get("records"):

@@ -1183,7 +1183,8 @@ def test_hf_kda_no_variant_takes_a_trace_rule():
 def test_hf_models_fp32_reference_child_uses_the_compiles_weights_without_fla(tmp_path):
     """The fp32 reference's child process (fla-core hidden there) loads this process's weights:
     its logits are the in-process reference's, bit for bit (CPU: the same torch code both ways);
-    weights it cannot load leave no reference behind (the caller then computes it itself)."""
+    weights it cannot load leave no reference behind (the caller then computes it itself), and the
+    child's error comes back as the reason (the record's ``reference_child``)."""
     pytest.importorskip("transformers")
     from benchmarks import hf_models
 
@@ -1196,10 +1197,11 @@ def test_hf_models_fp32_reference_child_uses_the_compiles_weights_without_fla(tm
             p.add_(torch.randn_like(p) * 0.01)
     spec = {"family": "qwen3_next", "case": "decode32", "smoke": True, "device": "cpu",
             "reference_path": str(tmp_path / "ref.pt")}
-    hf_models._reference_child(spec, model)
+    assert hf_models._reference_child(spec, model) is None
     want = hf_models.reference_logits(model, config, "decode32", smoke=True, device="cpu")
     assert torch.equal(torch.load(tmp_path / "ref.pt"), want)
     other = hf_models.build(hf_models.BY_NAME["qwen3_5"], tiny=True, device="cpu", layers=hf_models.SMOKE_LAYERS)[0]
     spec["reference_path"] = str(tmp_path / "none.pt")
-    hf_models._reference_child(spec, other)  # qwen3_5's weights into qwen3_next: strict load fails
+    why = hf_models._reference_child(spec, other)  # qwen3_5's weights into qwen3_next: strict load fails
     assert not (tmp_path / "none.pt").exists()
+    assert why is not None and why.startswith("exit 1") and "state_dict" in why, why

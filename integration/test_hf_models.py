@@ -2,7 +2,8 @@
 each compiles with ``backend="kda_inductor"`` and the rewrites forced, matches eager on a decode
 step (cache of 8 tokens) and a 16-token prefill, and gets exactly the rewrites it should; with the
 experts as ``generate()``'s decoding runs them (``batched_mm``), ``moe_grouped_experts`` on each MoE layer;
-with their default (``grouped_mm``), ``moe_routing`` on each MoE layer's routing sort.
+with their default (``grouped_mm``), ``moe_routing`` on each MoE layer's routing sort and
+``moe_grouped_mm`` on its two grouped GEMMs.
 
 Where a family's spelling is not rewritten today the test asserts 0 and that ``explain()``'s
 misses name the reason at the transformers source line (``NOT_REWRITTEN``)."""
@@ -33,6 +34,10 @@ RECURRENCES = {"decode": hf_models.linear_layers, "prefill": lambda family: 0}
 # glm_moe_dsa: transformers' expand_kv, the key built by new_empty + copy_): absorbed at decode (one
 # query token); a prefill's 16 query tokens are a DEBUG-only miss
 ABSORBED = {"decode": lambda runs: runs["mla"], "prefill": lambda runs: 0}
+# each MoE layer's two grouped GEMMs (gate-up, down: torch's grouped_mm in bf16; the float32 indexer families
+# run transformers' fallback op, not rewritten): moe_grouped_mm (forced)
+GROUPED = {case: (lambda runs, case=case: 2 * runs["experts"] if runs[case][1].dtype == torch.bfloat16 else 0)
+           for case in ("decode", "prefill")}
 CONV_PARTS = {"decode": "conv + state update + silu", "prefill": "conv + silu"}
 # families whose gated norm is spelled in a way gated_norm_merge does not match today:
 # family -> the words explain()'s miss gives at the transformers line
@@ -105,6 +110,7 @@ def test_rewrite_counts(family_run, case):
     assert records, f"{family.name} {case}: no graph went through our pass"
     want = {name: 0 for name in REWRITE_NAMES} | EXPECTED[family.name] | {"gdn_recurrent_step": RECURRENCES[case](family),
                                                                            "moe_routing": runs["experts"],
+                                                                           "moe_grouped_mm": GROUPED[case](runs),
                                                                            "mla_decode_absorb": ABSORBED[case](runs)}
     assert pass_manager.total_matches(records) == want
     convs, steps = want["causal_conv1d"], want["gdn_recurrent_step"]

@@ -71,13 +71,31 @@ def test_moe_routing_smoke(capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the check a CPU-only machine takes")
 @pytest.mark.parametrize("name", ["bench_gqa_decode_attention", "bench_gdn_chunk", "bench_causal_conv1d",
                                   "bench_gdn_recurrent_step", "bench_gated_norm_quant", "bench_moe_routing",
-                                  "bench_mla_decode_absorb"])
+                                  "bench_mla_decode_absorb", "bench_moe_grouped_mm"])
 def test_a_gpu_benchmark_without_a_gpu_says_so(name):
     """A GPU benchmark run without ``--smoke`` on a machine without CUDA stops with its message
     before anything else (a stray local import once turned that check into an UnboundLocalError on
     the device, where it runs past it)."""
     with pytest.raises(SystemExit, match="GPU"):
         _load(name).main([])
+
+
+def test_moe_grouped_mm_smoke(capsys):
+    """The grouped GEMM's launches (interpreter) agree with the groups one by one on CPU; a launch
+    that loses rows is flagged; a malformed candidate is refused by name."""
+    bench = _load("bench_moe_grouped_mm")
+    rows = bench.main(["--smoke", "--reps", "1"])
+    assert [(r["E"], r["S"], r["check"]) for r in rows] == [(4, 24, "ok"), (6, 10, "ok")]
+    assert "NOT meaningful" in capsys.readouterr().out
+    real = bench.L.grouped_triton
+    try:  # a kernel that skips the first group's rows: the check must say so
+        bench.L.grouped_triton = lambda x, w, offs, out, launch=None, sms=None: real(
+            x, w, torch.cat([offs[:1] * 0, offs[1:]]), out.fill_(0), launch=launch, sms=sms)
+        assert bench.run("tiny", 4, 24, [], smoke=True, reps=1, bandwidth=None)["check"].startswith("BAD kda")
+    finally:
+        bench.L.grouped_triton = real
+    with pytest.raises(SystemExit, match="--launches"):
+        bench.main(["--smoke", "--launches", "32x64"])
 
 
 def test_gqa_decode_attention_smoke(capsys):

@@ -19,11 +19,12 @@ from kda_inductor.patterns.indexer_k_gather import IndexerKGather
 from kda_inductor.patterns.indexer_k_write import IndexerKWrite
 from kda_inductor.patterns.mla_decode_absorb import MlaDecodeAbsorb
 from kda_inductor.patterns.moe_grouped_experts import MoeGroupedExperts
+from kda_inductor.patterns.moe_grouped_mm import MoeGroupedMm
 from kda_inductor.patterns.moe_routing import MoeRouting
 
 REWRITES: dict[str, type[Rewrite]] = ordered(
-    (IndexerKWrite, IndexerKGather, CausalConv1d, GdnRecurrentStep, MoeGroupedExperts, MoeRouting, GdnSpecSplit,
-     GatedNormQuant, GatedNormMerge, GqaDecodeAttention, MlaDecodeAbsorb))
+    (IndexerKWrite, IndexerKGather, CausalConv1d, GdnRecurrentStep, MoeGroupedExperts, MoeGroupedMm, MoeRouting,
+     GdnSpecSplit, GatedNormQuant, GatedNormMerge, GqaDecodeAttention, MlaDecodeAbsorb))
 REWRITE_NAMES: tuple[str, ...] = tuple(REWRITES)
 """The only list of rewrites: the pass, the options, ``benchmarks/report.py``, ``.ci/gpu``, the
 spelling corpus, the README's rewrite table and ``docs/rewrites.md`` all read it."""

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from tests.spellings._corpus import Spelling, close, gen, randn
 
 T, E, H, I, TOPK = 5, 8, 64, 32, 2
-ONE_LAYER = {"moe_grouped_experts": 1}
+ONE_LAYER = {"moe_grouped_experts": 1, "moe_grouped_mm": 2}
+"""One layer's experts: one routing, its two projections' grouped GEMMs then ``moe_grouped_mm``'s (forced)."""
 HF = "huggingface/transformers: src/transformers/integrations/moe.py"
 
 

@@ -347,6 +347,29 @@ def test_hf_section_refuses_rows_of_another_commit():
     assert [s["commit"] for s in sections] == ["a" * 40, "b" * 40]
 
 
+def test_hf_merge_remark_notes_one_commits_section(tmp_path):
+    """``--merge ... --at C --remark TEXT``: the note lands in commit C's section (json and markdown),
+    once however often it is given; a commit with no section is refused by name."""
+    from benchmarks import _hf_record, hf_models
+
+    env = {"gpu": "H100", "torch": "2.11", "triton": "3.6", "transformers": "5.17", "fla": "0.6.0"}
+    for c in "ab":
+        state = {"commit": c * 40, "dirty": False, "source": c * 40}
+        s = _hf_record.Section.new(state, env)
+        s.add({"id": f"call-{c}", "started": "2026-12-07 18:37 UTC"},
+              [{"family": "qwen3_next", "case": "decode32", "variant": "kda", "round": 0, "us": 1.0,
+                "call": f"call-{c}", "source": state["source"], "env": env}])
+        _hf_record.save_sections(tmp_path / f"{c}.json", [s])
+    files = [str(tmp_path / "a.json"), str(tmp_path / "b.json")]
+    for _ in range(2):
+        sections = hf_models._merge(files, tmp_path, "kimi prefill stock: no compile in a call", "bbbb")
+        files = [str(tmp_path / "hf_models.json")]
+    assert [s.get("remarks", []) for s in sections] == [[], ["kimi prefill stock: no compile in a call"]]
+    assert (tmp_path / "hf_models.md").read_text().count("- note: kimi prefill stock: no compile in a call") == 1
+    with pytest.raises(SystemExit, match="no section of commit 'cccc'"):
+        hf_models._merge(files, tmp_path, "x", "cccc")
+
+
 @pytest.mark.parametrize("order", [(0, 1), (1, 0)])
 def test_hf_merge_keeps_the_newest_call_of_a_variant_in_any_file_order(tmp_path, order):
     """Two device calls' copies of hf_models.json, each holding the section's older calls: a

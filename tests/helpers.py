@@ -75,12 +75,18 @@ def assert_bytes_equal(actual, expected):
     assert_close_to_eager(tuple(actual), tuple(expected), exact=True)
 
 
-def example_layer_reduce_overhead(cls, cfg, options: dict[str, Any], steps: int = 3) -> CompiledForTest:
-    """Compile the tiny ``examples/gdn_layers.py`` layer ``cls(cfg)`` on CUDA with
+EXAMPLE_LAYERS = ("gdn", "kda")
+"""The tiny ``examples/gdn_layers.py`` layers :func:`example_layer_reduce_overhead` builds: Qwen3-Next's GDN
+and Kimi Linear's KDA (a test parametrizes over these names)."""
+
+
+def example_layer_reduce_overhead(kind: str, options: dict[str, Any], steps: int = 3) -> CompiledForTest:
+    """Compile the tiny ``examples/gdn_layers.py`` layer ``kind`` (:data:`EXAMPLE_LAYERS`) on CUDA with
     ``mode="reduce-overhead"`` and ``options``, run ``steps`` new batches of the same
     shape, each close to eager (``assert_close_in_range``), with no cudagraph skip."""
     import gdn_layers as G
 
+    cls, cfg = {"gdn": (G.Qwen3NextGDN, G.GDNConfig.tiny()), "kda": (G.KimiKDA, G.KDAConfig.tiny())}[kind]
     torch.manual_seed(0)
     layer = cls(cfg).cuda().eval()
 

@@ -13,17 +13,14 @@ from kda_inductor.testing import (
     max_ulps,
 )
 
-import gdn_layers as G  # noqa: E402
-from tests.helpers import ON, example_layer_reduce_overhead  # noqa: E402
+from tests.helpers import EXAMPLE_LAYERS, ON, example_layer_reduce_overhead  # noqa: E402
 
 pytestmark = pytest.mark.cuda  # the kda_inductor pytest plugin skips these without a GPU
 
 
-@pytest.mark.parametrize("cls, cfg", [(G.Qwen3NextGDN, G.GDNConfig.tiny()), (G.KimiKDA, G.KDAConfig.tiny())],
-                         ids=["gdn", "kda"])
-def test_reduce_overhead_no_cudagraph_skips(cls, cfg):
-    compiled = example_layer_reduce_overhead(cls, cfg, ON)
-    assert compiled.matches["gated_norm_merge"] == 1
+@pytest.mark.parametrize("kind", EXAMPLE_LAYERS)
+def test_reduce_overhead_no_cudagraph_skips(kind):
+    assert example_layer_reduce_overhead(kind, ON).matches["gated_norm_merge"] == 1
 
 
 def test_graph_capture_no_host_syncs_and_two_ulps():

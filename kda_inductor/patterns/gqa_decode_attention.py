@@ -69,17 +69,7 @@ from kda_inductor.patterns._sdpa import (
     not_plain,
     sdpa_calls,
 )
-from kda_inductor.patterns.base import (
-    VIEWS,
-    Match,
-    Rewrite,
-    Stage,
-    aten,
-    is_op,
-    moved,
-    replace_by_function,
-    val,
-)
+from kda_inductor.patterns.base import VIEWS, Match, Rewrite, Stage, aten, is_op, moved, replace_by_function, val
 
 KERNEL_MEASURED: dict[str, bool] = {"cuda": True}
 """Device types where our decode kernel (``kda::gqa_decode_attention``: the keys split over programs, each

@@ -53,17 +53,7 @@ from torch.fx.experimental.symbolic_shapes import statically_known_true
 
 from kda_inductor.patterns import _sdpa as sdpa
 from kda_inductor.patterns._graph import escaping
-from kda_inductor.patterns.base import (
-    VIEWS,
-    Match,
-    Rewrite,
-    Stage,
-    aten,
-    is_op,
-    moved,
-    replace_by_function,
-    val,
-)
+from kda_inductor.patterns.base import VIEWS, Match, Rewrite, Stage, aten, is_op, moved, replace_by_function, val
 
 MEASURED: dict[str, bool] = {"cuda": True}
 """Device types where the absorbed attention was measured faster than stock Inductor's code for the

@@ -398,40 +398,32 @@ CANDIDATES = "seq16w1,seq16w1r128,seq8w1,seq8w1r96,pst16w1x12s2r168+lazy"
 twice the programs), each also held to fewer registers (``r``: 16 x 1 at 128, 16 programs an SM instead
 of 12, and 8 x 1 at 96, 21: sm_90, Triton 3.9, T = 4, no spills either), and the lazy persistent body
 held to 168 registers (``pst``: 12 programs per SM, 2 pipeline stages, the tile held as ``S / c``: the
-closest at B = 1, 4.09 against the table's 4.22 us). The window on tensor cores (``wdot...``:
-``LaunchConfig.window_dot``) and the other persistent launches lost at every case timed (H100,
-2026-12-06 and 2026-12-07, ``benchmarks/results/gdn_recurrent_step.md``): still parsed (``--candidates
-wdot64w4+tf32x3+tr,pst16w1x8s2``), no longer timed by default, so that a budget reaches the cases."""
+closest at B = 1, 4.09 against the table's 4.22 us). The other persistent launches lost at every case
+timed (H100, 2026-12-06 and 2026-12-07, ``benchmarks/results/gdn_recurrent_step.md``): still parsed
+(``--candidates pst16w1x8s2``), no longer timed by default, so that a budget reaches the cases. (The
+window on tensor cores lost every case too and is gone: ``gdn_recurrent_step_window_dot.md``.)"""
 
 
 def parse_config(label: str) -> L.LaunchConfig:
-    """``seq16w1`` / ``win32w4`` / ``wdot16w1+ieee`` / ``pst16w1x8s2`` (``+scaled``): body, columns per
-    program, warps; for ``pst`` (the persistent body) programs per SM and pipeline stages; ``r128``: at
-    most 128 registers a thread; ``+lazy`` (``pst``): the tile held as ``S / c``; ``+loop`` (``pst``): the
-    runtime token loop; ``wdot`` the window body on tensor cores, ``+ieee`` / ``+tf32x3`` / ``+tf32`` its
-    ``tl.dot`` precision (default ``tf32x3``), ``+tr`` its products transposed (``dot_transposed``),
-    ``+ks32`` / ``+ks64`` its keys in blocks of 32 / 64 (``dot_key_block``)."""
+    """``seq16w1`` / ``win32w4`` / ``pst16w1x8s2`` (``+scaled``): body, columns per program, warps; for
+    ``pst`` (the persistent body) programs per SM and pipeline stages; ``r128``: at most 128 registers a
+    thread; ``+lazy`` (``pst``): the tile held as ``S / c``; ``+loop`` (``pst``): the runtime token loop."""
     import re
 
-    got = re.fullmatch(r"(seq|win|wdot|pst)(\d+)w(\d+)(?:x(\d+)s(\d+))?(?:r(\d+))?(\+scaled)?(\+lazy)?(\+loop)?"
-                       r"(\+ieee|\+tf32x3|\+tf32)?(\+tr)?(?:\+ks(\d+))?", label.strip())
-    if got is None or (got[1] == "pst") != bool(got[4]) or ((got[8] or got[9]) and got[1] != "pst") or \
-            ((got[10] or got[11] or got[12]) and got[1] != "wdot"):
-        raise SystemExit(f"--candidates: {label!r} is not like seq16w1(r128), win32w4, wdot16w1(+ieee, +tf32x3, "
-                         "+tf32; +tr; +ks32) or pst16w1x8s2(r168) (+scaled, +lazy, +loop)")
-    dot = (got[10] or "+tf32x3")[1:] if got[1] == "wdot" else ""
-    return L.LaunchConfig(int(got[2]), int(got[3]), int(got[5] or 1), bool(got[7]), got[1] in ("win", "wdot"),
-                          int(got[4] or 0), not got[9], int(got[6] or 0), bool(got[8]), window_dot=dot,
-                          dot_transposed=bool(got[11]), dot_key_block=int(got[12] or 0))
+    got = re.fullmatch(r"(seq|win|pst)(\d+)w(\d+)(?:x(\d+)s(\d+))?(?:r(\d+))?(\+scaled)?(\+lazy)?(\+loop)?",
+                       label.strip())
+    if got is None or (got[1] == "pst") != bool(got[4]) or ((got[8] or got[9]) and got[1] != "pst"):
+        raise SystemExit(f"--candidates: {label!r} is not like seq16w1(r128), win32w4 or pst16w1x8s2(r168) "
+                         "(+scaled, +lazy, +loop)")
+    return L.LaunchConfig(int(got[2]), int(got[3]), int(got[5] or 1), bool(got[7]), got[1] == "win",
+                          int(got[4] or 0), not got[9], int(got[6] or 0), bool(got[8]))
 
 
 def config_label(cfg: L.LaunchConfig) -> str:
-    body = "pst" if cfg.persistent else "wdot" if cfg.window and cfg.window_dot else "win" if cfg.window else "seq"
+    body = "pst" if cfg.persistent else "win" if cfg.window else "seq"
     label = f"{body}{cfg.block_v}w{cfg.num_warps}" + (f"x{cfg.persistent}s{cfg.num_stages}" if cfg.persistent else "")
     label += (f"r{cfg.max_registers}" if cfg.max_registers else "") + ("+scaled" if cfg.scaled else "")
     label += "+lazy" if cfg.persistent and cfg.lazy else ""
-    label += (f"+{cfg.window_dot}" + ("+tr" if cfg.dot_transposed else "")
-              + (f"+ks{cfg.dot_key_block}" if cfg.dot_key_block else "")) if body == "wdot" else ""
     return label + ("+loop" if cfg.persistent and not cfg.unroll else "")
 
 

@@ -161,15 +161,15 @@ def test_gdn_recurrent_step_smoke(capsys):
 
 
 def test_gdn_recurrent_step_verify_smoke(capsys):
-    """``--verify`` on CPU (T = 2, GDN and KDA) with two tensor-core window candidates (``wdot``): each
-    checked against the float32 reference and timed; the labels round-trip."""
+    """``--verify`` on CPU (T = 2, GDN and KDA) with two candidates (the window body, the persistent one):
+    each checked against the float32 reference and timed; the labels round-trip, a bad one is refused."""
     bench = _load("bench_gdn_recurrent_step")
-    labels = ["wdot16w1+tf32x3", "wdot32w2+ieee+tr"]
-    assert [bench.config_label(bench.parse_config(c)) for c in labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32",
-                                                                     "wdot16w4+ieee+ks32"]
-            ] == labels + ["seq16w1r128", "win16w2", "wdot64w4+tf32", "wdot16w4+ieee+ks32"]
-    assert bench.parse_config("wdot64w8+ks64").dot_key_block == 64 and not bench.parse_config("wdot16w1").dot_key_block
-    assert bench.parse_config("wdot16w1").window_dot == "tf32x3" and bench.parse_config("win16w1").window_dot == ""
+    labels = ["win16w2", "pst16w1x2s2"]
+    more = ["seq16w1r128", "seq8w1+scaled", "pst16w1x12s2r168+lazy", "pst16w1x8s2+loop"]
+    assert [bench.config_label(bench.parse_config(c)) for c in labels + more] == labels + more
+    assert bench.parse_config("win16w1").window and not bench.parse_config("seq16w1").window
+    with pytest.raises(SystemExit, match="wdot16w1"):
+        bench.parse_config("wdot16w1+tf32x3")
     rows = bench.main(["--smoke", "--verify", "--candidates", ",".join(labels)])
     assert [(r["model"], r["T"]) for r in rows] == [("qwen3_next", 2), ("kimi_linear", 2)]
     assert all("check" not in r and all(r[f"{c}_us"] for c in labels) for r in rows), rows

@@ -123,6 +123,19 @@ if triton is not None:
             S += _decayed(k, gc, rt, t, last, PER_CHANNEL)[:, None] * row(d, rt, t)[None, :]
         return S, o
 
+    @triton.jit
+    def window_tile(S, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, V, rk, rv, kmask, vmask, scale, eps,
+                    sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, TP: tl.constexpr,
+                    PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr):
+        """Every token's inputs loaded once as ``[TP, ...]`` blocks, :func:`window` run, the outputs
+        stored; returns the new tile."""
+        rt = tl.arange(0, TP)
+        q, k, v, g, beta = load_window(q_row, k_row, v_base, g_row, b_row, T, rt, rk, rv, kmask, vmask, sq_t, sk_t,
+                                       sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL)
+        S, o = window(S, q, k, v, g, beta, T, rt, scale, eps, TP, PER_CHANNEL, L2NORM)
+        tl.store(o_row + rt[:, None] * HV * V, o.to(o_row.dtype.element_ty), mask=(rt[:, None] < T) & vmask[None, :])
+        return S
+
 
 def aot_variants():
     """None of its own: these helpers are inlined into ``gdn_recurrent_step``'s kernel, whose

@@ -47,9 +47,9 @@ provisional; no run-time autotuning: CUDA graphs and reproducibility). The windo
 (:mod:`._gdn_window`, the chunk form: every token's q / k / v / g / beta loaded once per tile as
 ``[TP, ...]`` blocks, the tile read by ``T`` independent sums and updated once) is a launch option
 (``LaunchConfig(window=True)``), not in the table: an H100 timed it slower than the token-by-token
-body at T = 4 (:data:`LAUNCH_TABLE`); its tile products on tensor cores (:mod:`._gdn_window_dot`,
-``LaunchConfig(window=True, window_dot="tf32x3")``: 1.6-5.9x slower on an H100) and the persistent body (:mod:`._gdn_tiles`,
-untimed) are others. For
+body at T = 4 (:data:`LAUNCH_TABLE`); the persistent body (:mod:`._gdn_tiles`) is another. (Its tile
+products on tensor cores, 1.6-5.9x slower at every case an H100 timed, are gone:
+``benchmarks/results/gdn_recurrent_step_window_dot.md``, ``docs/speed-rules.md``.) For
 sm_90 (unit strides specialized: 16-byte tile loads and stores) the token-by-token body does not spill:
 K = V = 128, Triton 3.6, 16 columns x 1 warp take 127 registers for T = 1 and 165 for T > 1 (4 / 2
 barriers a token), 64 x 4 125 / 168 (13 / 14) (``tests/aot_sm90.py --as-launched --registers gdn_recurrent_step``,
@@ -72,9 +72,6 @@ from torch import Tensor
 from kda_inductor.lowerings import arg_error as _err
 from kda_inductor.lowerings import check_tensor, definitely
 from kda_inductor.lowerings._gdn_tiles import launch_tiles
-from kda_inductor.lowerings._gdn_window_dot import MIN_ROWS as DOT_MIN_ROWS
-from kda_inductor.lowerings._gdn_window_dot import check_precision as check_dot_precision
-from kda_inductor.lowerings._gdn_window_dot_ks import key_block
 from kda_inductor.lowerings._triton import tl, triton
 
 __all__ = ["MAX_K", "LaunchConfig", "StepMeta", "gdn_recurrent_step", "gdn_recurrent_step_inplace",
@@ -296,8 +293,7 @@ def _gdn_recurrent_step_inplace_cuda(q, k, v, g, beta, state, scale, use_qk_l2no
 # --------------------------------------------------------------------------------------
 if triton is not None:
     from kda_inductor.lowerings._gdn_token import sequential as _sequential
-    from kda_inductor.lowerings._gdn_window_dot import window_tile as _window_tile
-    from kda_inductor.lowerings._gdn_window_dot_ks import window_step_ks as _window_step_ks
+    from kda_inductor.lowerings._gdn_window import window_tile as _window_tile
 
     @triton.jit
     def _program(V, HV, BV: tl.constexpr):
@@ -318,14 +314,10 @@ if triton is not None:
                    sq_b, sq_t, sq_h, sq_k, sk_b, sk_t, sk_h, sk_k, sv_b, sv_t, sv_h, sv_v, sg_b, sg_t, sg_h, sg_k,
                    sb_b, sb_t, sb_h, ss_b, ss_h, ss_k, ss_v, sf_b, sf_h, sf_k, sf_v,
                    KP: tl.constexpr, BV: tl.constexpr, PER_CHANNEL: tl.constexpr, L2NORM: tl.constexpr,
-                   HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False, TP: tl.constexpr = 0,
-                   TS: tl.constexpr = 0, DOT: tl.constexpr = "", DOT_T: tl.constexpr = False,
-                   KS: tl.constexpr = 0):
+                   HAS_STATE: tl.constexpr, SCALED: tl.constexpr = False, TP: tl.constexpr = 0):
         """Program ``(b, h, j)``: the state tile ``[b, h, :, j * BV : (j + 1) * BV]`` read once
         into registers (zeros without a state), the tokens run through it (``TP`` > 0: the window
-        body, every token's inputs loaded at once, ``TP >= T`` rows, ``DOT``: its tile products by
-        ``tl.dot`` at that input precision over ``TS`` live rows, ``DOT_T`` transposed, ``KS`` > 0: in
-        key blocks of ``KS`` rows, :mod:`._gdn_window_dot_ks`; else token by token), written once."""
+        body, every token's inputs loaded at once, ``TP >= T`` rows; else token by token), written once."""
         b, h, j = _program(V, HV, BV)
         rk = tl.arange(0, KP)
         rv = j * BV + tl.arange(0, BV)
@@ -335,24 +327,18 @@ if triton is not None:
         v_base, g_row = v_ptr + b64 * sv_b + h * sv_h, g_ptr + b64 * sg_b + h * sg_h
         b_row, o_row = b_ptr + b64 * sb_b + h * sb_h, o_ptr + (b64 * T * HV + h) * V + rv
         mask = kmask[:, None] & vmask[None, :]
-        if KS > 0:
-            _window_step_ks(s_ptr, f_ptr, b64, h, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, K, V, rv, vmask,
-                            scale, eps, sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, ss_b, ss_h, ss_k, ss_v,
-                            sf_b, sf_h, sf_k, sf_v, BV, TP, TS, KS, KP // KS, PER_CHANNEL, L2NORM, HAS_STATE, DOT)
+        if HAS_STATE:
+            S = tl.load(_tile(s_ptr, b, h, rk, rv, ss_b, ss_h, ss_k, ss_v), mask=mask, other=0.0)
         else:
-            if HAS_STATE:
-                S = tl.load(_tile(s_ptr, b, h, rk, rv, ss_b, ss_h, ss_k, ss_v), mask=mask, other=0.0)
-            else:
-                S = tl.zeros((KP, BV), tl.float32)
-            if TP > 0:
-                S = _window_tile(S, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, V, rk, rv, kmask, vmask, scale,
-                                 eps, sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, TP, TS, PER_CHANNEL,
-                                 L2NORM, DOT, DOT_T)
-            else:
-                S = _sequential(S, q_row, k_row, v_base + rv * sv_v, g_row, b_row, o_row, T, HV, V, rk, kmask, vmask,
-                                scale, eps, sq_t, sk_t, sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL, L2NORM,
-                                SCALED)
-            tl.store(_tile(f_ptr, b, h, rk, rv, sf_b, sf_h, sf_k, sf_v), S, mask=mask)
+            S = tl.zeros((KP, BV), tl.float32)
+        if TP > 0:
+            S = _window_tile(S, q_row, k_row, v_base, g_row, b_row, o_row, T, HV, V, rk, rv, kmask, vmask, scale,
+                             eps, sq_t, sk_t, sv_t, sv_v, sg_t, sb_t, sq_k, sk_k, sg_k, TP, PER_CHANNEL, L2NORM)
+        else:
+            S = _sequential(S, q_row, k_row, v_base + rv * sv_v, g_row, b_row, o_row, T, HV, V, rk, kmask, vmask,
+                            scale, eps, sq_t, sk_t, sv_t, sg_t, sb_t, sq_k, sk_k, sg_k, PER_CHANNEL, L2NORM,
+                            SCALED)
+        tl.store(_tile(f_ptr, b, h, rk, rv, sf_b, sf_h, sf_k, sf_v), S, mask=mask)
 
     _step_kernel = triton.jit(_step_body)
 
@@ -381,39 +367,6 @@ class LaunchConfig(NamedTuple):
     lazy: bool = False
     """The persistent body's unrolled tokens with a scalar decay holding the tile as ``S / c`` (one FMA
     an element a token for the update, not two: ``._gdn_tiles._lazy_token``); ignored for KDA."""
-    window_dot: str = ""
-    """The window body's state-tile products on tensor cores (:mod:`._gdn_window_dot`: ``tl.dot`` over the
-    tokens padded to 16 rows, the d-solve by a unit lower-triangular inverse), at this ``input_precision``:
-    ``"ieee"``, ``"tf32x3"`` (float32 within the op's tests' 2e-5 under the interpreter; on the GPU the CUDA
-    test's bound), ``"tf32"`` (one tf32 product: ~1e-3 relative, held only to its own bound in the CUDA test,
-    never a default unmeasured); ``""``: off (the elementwise window). Needs ``window`` and 16 columns at
-    least; untimed: off in the table, timed by the benchmark's ``wdot`` candidates. sm_90, Triton 3.9 (ahead
-    of time, 2026-12-06), Qwen3-Next T = 4: every ``[16, 128]`` dot operand is whole in each warp (M = 16
-    rows: the warps split the columns), so few warps spill: registers (stack bytes) tf32x3 16 x 1 255
-    (1,880), 16 x 2 255 (1,040), 16 x 4 255 (552), 64 x 8 255 (264); tf32 16 x 1 255 (768), 32 x 4 255
-    (40), 64 x 4 255 (104), 64 x 8 255 (0); ieee 32 x 4 255 (760); KDA T = 8 tf32x3 32 x 4 255 (264). Timed on an H100 (2026-12-06, 8b741ab,
-    ``benchmarks/results/gdn_recurrent_step_window_dot.md``): every form 1.6-5.9x slower than the
-    elementwise launch at T 2 / 4 / 8, B 1 / 32 / 128, the single tf32 product off its bound (out up to
-    4.9e-3): off, no table row."""
-    dot_transposed: bool = False
-    """``window_dot``'s reads and solve as ``S^T @ Kd^T`` (the tile's columns the dots' M: at 64 x 4, sm_90
-    ``wgmma`` with the ``[128, 16]`` operand in shared memory). Ahead of time as above: tf32 64 x 4 255 (0),
-    tf32x3 64 x 4 255 (1,096), 64 x 8 255 (1,536), 16 x 4 255 (480), KDA tf32x3 64 x 4 255 (488), KDA T = 8
-    tf32 64 x 4 255 (8)."""
-    dot_key_block: int = 0
-    """``window_dot`` with the key dimension in blocks of this many keys (:mod:`._gdn_window_dot_ks`: the
-    tile as ``KP / KS`` separate register tiles, at most 4 (a smaller block is raised to ``KP / 4``, a larger
-    one lowered to ``KP``), the window's ``[16, KS]`` key blocks read per block, so no dot operand is a whole
-    ``[16, KP]``); a power of two >= 16; 0: off (the whole-K form). Not with ``dot_transposed``. Untimed.
-    Ahead of time as above (sm_90, Triton 3.9, 2026-12-06, Qwen3-Next T = 4 unless named; registers (stack
-    bytes), the whole-K form's in brackets, measured the same day): KS 32: ieee 16 x 4 206 (0) [255 (72)],
-    32 x 4 254 (40) [255 (760)], 64 x 8 193 (0) [255 (424)]; tf32x3 16 x 4 255 (112) [255 (552)], 32 x 4 255
-    (808) [255 (280)], 64 x 8 255 (136) [255 (264)]; tf32 16 x 4 255 (120), 32 x 4 255 (72), 64 x 8 206 (0).
-    KS 64: ieee 16 x 4 255 (128), 32 x 4 255 (144), 64 x 8 255 (88); tf32x3 16 x 4 255 (440), 32 x 4 255
-    (256), 64 x 8 255 (208). ieee KS 32 at T = 2: 16 x 4 212 (0); T = 8: 16 x 4 206 (0), 64 x 8 196 (0).
-    KDA (per-channel decay), ieee KS 32: T = 4 16 x 4 210 (0); T = 8 16 x 4 255 (224), 32 x 4 255 (96),
-    64 x 8 255 (80); tf32x3 T = 8 32 x 4 255 (744). (tf32x3 splits each operand in three: KS 32 helps it
-    less; spills are no timing: the benchmark's ``+ks32`` candidates time them.)"""
 
 
 class TableRow(NamedTuple):
@@ -486,22 +439,11 @@ def launch_config(batch: int, v_heads: int, k_dim: int, v_dim: int, tokens: int 
     return cfg._replace(block_v=bv, window=cfg.window and int(tokens) <= MAX_WINDOW)
 
 
-def _window_rows(cfg: LaunchConfig, tokens: int, device_type: str) -> tuple[int, int]:
-    """The window body's block rows ``TP`` and its solve's live rows ``TS`` (0, 0: token by token);
-    with ``window_dot`` the precision checked against this Triton and ``TP`` at least 16."""
-    if cfg.window_dot:
-        check_dot_precision(cfg.window_dot, device_type)
-        if not cfg.window or cfg.block_v < DOT_MIN_ROWS:
-            raise ValueError(f"gdn_recurrent_step: LaunchConfig.window_dot needs window=True and block_v >= "
-                             f"{DOT_MIN_ROWS} (tl.dot's least dimension), got {cfg}")
-        if cfg.dot_key_block and cfg.dot_transposed:
-            raise ValueError(f"gdn_recurrent_step: LaunchConfig.dot_key_block does not take dot_transposed, got {cfg}")
-    elif cfg.dot_key_block:
-        raise ValueError(f"gdn_recurrent_step: LaunchConfig.dot_key_block needs window_dot, got {cfg}")
+def _window_rows(cfg: LaunchConfig, tokens: int) -> int:
+    """The window body's block rows ``TP``, the tokens padded to a power of two (0: token by token)."""
     if not cfg.window or not 1 < tokens <= MAX_WINDOW:
-        return 0, 0
-    ts = triton.next_power_of_2(int(tokens))
-    return (max(DOT_MIN_ROWS, ts) if cfg.window_dot else ts), ts
+        return 0
+    return triton.next_power_of_2(int(tokens))
 
 
 def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta: StepMeta,
@@ -514,9 +456,8 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
     cfg = config or launch_config(meta.batch, meta.v_heads, meta.k_dim, meta.v_dim, meta.tokens)
     if cfg.persistent:
         return launch_tiles(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta, cfg)
-    tp, ts = _window_rows(cfg, meta.tokens, v.device.type)
+    tp = _window_rows(cfg, meta.tokens)
     kp = max(16, triton.next_power_of_2(meta.k_dim))
-    ks = key_block(cfg.dot_key_block, kp)  # before the launch: a bad block errs with the state untouched
     programs = meta.batch * meta.v_heads * triton.cdiv(meta.v_dim, cfg.block_v)
     if programs == 0:
         return None
@@ -528,9 +469,7 @@ def _launch(q, k, v, g, beta, state, final, out, scale, use_qk_l2norm, eps, meta
         *(state.stride() if state is not None else (0, 0, 0, 0)), *final.stride(),
         KP=kp, BV=cfg.block_v, PER_CHANNEL=meta.per_channel,
         L2NORM=bool(use_qk_l2norm), HAS_STATE=state is not None, SCALED=bool(cfg.scaled),
-        TP=tp, TS=ts, DOT=cfg.window_dot if tp else "", DOT_T=bool(tp and cfg.window_dot and cfg.dot_transposed),
-        KS=ks if tp and cfg.window_dot else 0, num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
+        TP=tp, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         maxnreg=cfg.max_registers or None,
     )
 
@@ -560,10 +499,7 @@ def aot_variants():
     """The launches to compile ahead of time for sm_90: Qwen3-Next's decode (bf16 q / k / v and
     beta, float32 g, K = 128, scalar decay, l2norm, a state) at the table's two T = 1 configs and in
     the ``SCALED`` body, Kimi's per-channel decay, a float32 step without l2norm or state, K = 256,
-    and each window class of the table (scalar and per-channel decay; one without l2norm or state); the
-    tensor-core window (``window_dot``) at T = 4 (tf32x3 16 x 4 and 64 x 8, ieee 32 x 4), 8 (KDA, tf32x3
-    32 x 4) and 2 (tf32 64 x 8); transposed at T = 4 (tf32x3 64 x 4) and 8 (KDA, tf32 64 x 4); in key blocks
-    of 32 (``dot_key_block``) at T = 4 (ieee 16 x 4, tf32x3 64 x 8) and 8 (KDA, ieee 32 x 4)."""
+    and each window class of the table (scalar and per-channel decay; one without l2norm or state)."""
     from kda_inductor.lowerings import AotVariant
 
     names = ("q_ptr", "k_ptr", "v_ptr", "g_ptr", "b_ptr", "s_ptr", "f_ptr", "o_ptr")
@@ -573,27 +509,17 @@ def aot_variants():
     bf16 = dict(zip(names, ("*bf16", "*bf16", "*bf16", "*fp32", "*bf16", "*fp32", "*fp32", "*bf16")),
                 **dict.fromkeys(ints, "i32"), scale="fp32", eps="fp32")
     fp32 = {**bf16, **dict.fromkeys(names, "*fp32")}
-    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False, TP=0, TS=0, DOT="",
-               DOT_T=False, KS=0)
+    big = dict(KP=128, BV=64, PER_CHANNEL=False, L2NORM=True, HAS_STATE=True, SCALED=False, TP=0)
     small = dict(big, BV=16)
     variants = ((bf16, big, 4), (bf16, small, 1), (bf16, dict(small, SCALED=True), 1),
                 (bf16, dict(big, SCALED=True), 4), (bf16, dict(big, PER_CHANNEL=True), 4),
                 (fp32, dict(small, L2NORM=False, HAS_STATE=False), 1), (bf16, dict(big, KP=256, BV=32), 4),
                 *((bf16, dict(big, BV=row.config.block_v, TP=triton.next_power_of_2(row.tokens[1]), PER_CHANNEL=pc),
                    row.config.num_warps) for row in LAUNCH_TABLE if row.config.window for pc in (False, True)),
-                (fp32, dict(small, L2NORM=False, HAS_STATE=False, TP=4), 1),
-                *((bf16, dict(big, BV=bv, TP=16, TS=ts, PER_CHANNEL=pc, DOT=dot, DOT_T=tr), warps)
-                  for bv, warps, ts, pc, dot, tr in (
-                      (16, 4, 4, False, "tf32x3", False), (64, 8, 4, False, "tf32x3", False),
-                      (32, 4, 8, True, "tf32x3", False), (32, 4, 4, False, "ieee", False),
-                      (64, 8, 2, False, "tf32", False), (64, 4, 4, False, "tf32x3", True),
-                      (64, 4, 8, True, "tf32", True))),
-                *((bf16, dict(big, BV=bv, TP=16, TS=ts, PER_CHANNEL=pc, DOT=dot, KS=32), warps)
-                  for bv, warps, ts, pc, dot in ((16, 4, 4, False, "ieee"), (64, 8, 4, False, "tf32x3"),
-                                                 (32, 4, 8, True, "ieee"))))
+                (fp32, dict(small, L2NORM=False, HAS_STATE=False, TP=4), 1))
     for types, consts, warps in variants:
         yield AotVariant(_step_kernel, types, consts, {"num_warps": warps, "num_stages": 1},
-                         _aot_launch(consts["TS"] or consts["TP"] or 1, consts["KP"], consts["PER_CHANNEL"]))
+                         _aot_launch(consts["TP"] or 1, consts["KP"], consts["PER_CHANNEL"]))
 
 
 def _aot_launch(t: int, k: int, per_channel: bool) -> dict:

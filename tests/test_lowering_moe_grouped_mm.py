@@ -98,6 +98,8 @@ def test_fake_gives_the_shape_without_running():
     (320, 16, 2048, 1024, 132, (32, 32, 128, 4, 4)),    # Qwen3-Next decode 32, gate_up: 20 rows a group, 256 column blocks of 64 under 2 an SM
     (320, 512, 2048, 1024, 132, (16, 64, 128, 4, 4)),   # 512 experts: under a row a group
     (1280, 16, 512, 2048, 132, (64, 64, 128, 4, 3)),    # decode 128, down: 80 rows a group
+    (320, 16, 512, 2048, 132, (32, 128, 64, 8, 3)),     # decode 32, down: 32-row blocks over K 512 (measured)
+    (320, 16, 1024, 2048, 132, (32, 64, 128, 4, 4)),    # ... not over a longer K
     (320, 4, 2048, 256, 132, (64, 32, 128, 4, 3)),      # few column blocks: narrower ones
     (10, 16, 40, 64, 132, (16, 32, 64, 4, 4)),          # K under a tile
 ])

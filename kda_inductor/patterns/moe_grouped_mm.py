@@ -17,10 +17,15 @@ a user would look for), a bias or an ``out_dtype`` other than the inputs' (a mis
 rounds to the inputs' dtype), dtypes other than bf16 / fp16 (a miss), offsets that are not one ``[E]``
 int32 tensor (a miss).
 
-Speed rule (``speed_rule``): forced only until measured (``MEASURED``, pairs per device):
-``benchmarks/bench_moe_grouped_mm.py`` times the op against torch's grouped GEMM at Qwen3-Next's expert
-dims (10 to 40,960 pairs, 16 / 512 experts), and the step decides (``hf_models --variant
-kda,kda@with-moe_grouped_mm``); the history: ``docs/speed-rules.md``.
+Speed rule (``speed_rule``): on CUDA from 1 to 320 pairs (``MEASURED``: up to 32 decode tokens at top-10). In
+Qwen3-Next's decode-32 step (320 pairs, 16 experts; H100, torch 2.11, 2026-12-07, tree 1b64ac1,
+``hf_models --variant kda,kda@with-moe_grouped_mm``, three compiles each) 860 against kda's 905 us (0.950x).
+Alone (``benchmarks/bench_moe_grouped_mm.py``, the same day; ``benchmarks/results/moe_grouped_mm.md``) the op
+took 0.44-0.95x torch's time at 10 and 320 pairs with 16 or 512 experts, both projections; at 1,280 pairs
+with 16 experts (80 rows a group) the gate-up projection took 1.75x (each block of rows streams the weights
+again), and at 40,960 1.1-4.0x: outside the range, torch's. Fewer than 10 pairs run the same one-block-a-group
+launch over fewer groups. CPU: forced only (the op is torch's ``_grouped_mm`` there). The history:
+``docs/speed-rules.md``.
 
 Replacement: ``kda::moe_grouped_mm(x, w, offs)`` (``lowerings/moe_grouped_mm.py``): on CUDA one program
 per expert and block of output columns streams that expert's weights once per block of its rows,
@@ -39,10 +44,11 @@ import torch.fx as fx
 from kda_inductor.lowerings import moe_grouped_mm as lowering  # noqa: F401  (registers kda::moe_grouped_mm)
 from kda_inductor.patterns.base import Match, Rewrite, Stage, aten, erase_dead, is_op, moved, replace_by_function, val
 
-MEASURED: dict[str, tuple[int, int]] = {}
-"""Per device type, the pair counts (lowest, highest) where the op was measured faster than torch's
-grouped GEMM in the step it sits in. None yet: ``benchmarks/bench_moe_grouped_mm.py`` and the step's A / B
-decide (the op compiled for sm_90 without spills: 80 / 144 registers at 32 / 64 columns a program)."""
+MEASURED: dict[str, tuple[int, int]] = {"cuda": (1, 320)}
+"""Per device type, the pair counts (lowest, highest) where the op was measured faster than torch's grouped
+GEMM in the step it sits in. CUDA (H100, 2026-12-07, tree 1b64ac1): Qwen3-Next decode 32 (320 pairs) 860
+against 905 us (0.950x, three compiles each); alone 0.44-0.95x torch's at 10 and 320 pairs (16 / 512 experts),
+1.75x at 1,280 pairs over 16 experts (``benchmarks/results/moe_grouped_mm.md``)."""
 
 _GROUPED = getattr(aten, "_grouped_mm", None)  # torch 2.9+; earlier, nothing to find
 _HALF = (torch.bfloat16, torch.float16)

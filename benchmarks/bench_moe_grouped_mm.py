@@ -1,5 +1,5 @@
-"""GPU benchmark of ``kda::moe_grouped_mm`` (the op, not yet a rewrite): a MoE layer's grouped GEMM at
-decode sizes, against torch's own.
+"""GPU benchmark of ``kda::moe_grouped_mm`` (the op behind the ``moe_grouped_mm`` rewrite): a MoE layer's
+grouped GEMM at decode sizes, against torch's own.
 
 transformers' ``grouped_mm`` experts (the default on GPUs outside ``generate()``'s decoding, what
 ``benchmarks/hf_models.py``'s steps run) and the ``moe_grouped_experts`` rewrite call
@@ -19,7 +19,8 @@ against torch's on the rows the groups cover (bf16 rounding: the sums' order dif
     python benchmarks/bench_moe_grouped_mm.py --budget 150    # 10 .. 40,960 pairs, 16 / 512 experts
     python benchmarks/bench_moe_grouped_mm.py --smoke         # CPU (interpreter): checks only
 
-The answer decides whether a rewrite of ``_grouped_mm`` is worth building (``docs/speed-rules.md``).
+Its record (``benchmarks/results/moe_grouped_mm.md``) and the step's A / B set the rewrite's pair range
+(``MEASURED`` in ``patterns/moe_grouped_mm.py``; ``docs/speed-rules.md``).
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ PROJECTIONS = {"gate_up": (2048, 1024), "down": (512, 2048)}
 CASES = [(p, e, s) for s in (320, 1280) for e in (16, 512) for p in PROJECTIONS] + \
         [(p, e, s) for s in (10, 40960) for e in (16, 512) for p in PROJECTIONS]
 """Decode 32 / 128 (top-10) first, then one token and a 4,096-token prefill."""
-LAUNCHES = "16x32x128w4s4,32x32x128w4s4,32x64x128w4s4,32x64x64w4s4,64x64x128w4s3,32x128x64w8s3,16x64x128w4s6"
-"""``--launches``' default: ``BLOCK_M x BLOCK_N x BLOCK_K``, warps, stages."""
+LAUNCHES = ("16x32x128w4s4,32x32x128w4s4,32x64x128w4s4,32x64x64w4s4,64x64x128w4s3,32x128x64w8s3,16x64x128w4s6,"
+            "128x64x64w8s3,128x32x128w8s3")
+"""``--launches``' default: ``BLOCK_M x BLOCK_N x BLOCK_K``, warps, stages. The two 128-row launches (added
+after the H100 run of 2026-12-07): one block for a group of up to 128 rows, so decode 128's 80-row groups
+stream the weights once, not twice (1,280 pairs over 16 experts: 1.75x torch's at the 64-row launch)."""
 COLUMNS = (("proj", "projection", ""), ("E", "experts", ","), ("S", "pairs", ","), ("used", "experts used", ","),
            ("torch_us", "torch us", ".1f"), ("kda_us", "kda us", ".1f"), ("launch", "kda launch", ""),
            ("best", "best candidate", ""), ("best_us", "best us", ".1f"), ("floor_us", "floor us", ".1f"),

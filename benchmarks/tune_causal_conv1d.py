@@ -80,14 +80,16 @@ PREFILL_CANDIDATES = (
 UPDATE_CANDIDATES = (UC(64, 1), UC(128, 1), UC(256, 1), UC(256, 2), UC(512, 2), UC(512, 4), UC(1024, 4),
                      UC(1024, 8), UC(64, 1, True), UC(128, 1, True), UC(256, 2, True), UC(512, 4, True),
                      UC(32, 1), UC(64, 2), UC(128, 2), UC(128, 4), UC(256, 4), UC(256, 8), UC(512, 8),
-                     UC(128, 4, True), UC(256, 8, True))
+                     UC(128, 4, True), UC(256, 8, True), UC(64, 1, vector=True), UC(64, 2, vector=True),
+                     UC(128, 4, vector=True), UC(256, 2, vector=True), UC(256, 8, vector=True), UC(128, 1, vector=True))
 """The update launches timed: channel blocks x warps, and (``tile``) the one-token update through the
 multi-token path (the state read once as a tile). From ``UC(32, 1)`` on: one or two channels a thread
 (FLA's update runs about one; the launcher capped warps at 128 channels a warp before 2026-12-08, so
 the first sweeps timed 2-4 a thread only). ``--registers`` for sm_90 here (Triton 3.9, 2026-12-08): the
 shipped 256 x 2 and 128 x 1 take 80 registers, 24-25 warps an SM; 64 x 1 55, 32 warps (one-warp programs:
 32 an SM at most); one channel a thread (64 x 2, 128 x 4, 256 x 8) 32 registers, 64 warps an SM, the
-most loads in flight for a step that is all latency (B 32: 5 MB)."""
+most loads in flight for a step that is all latency (B 32: 5 MB). ``vector``: the decode's vector form
+(the state's and weights' rows as one load each, the shifted row one store)."""
 COLUMNS = (("kind", "kind", "s"), ("C", "C", ","), ("T", "T", ","), ("B", "B", ","), ("config", "config", "s"),
            ("us", "us", ".2f"), ("floor_us", "floor us", ".2f"), ("over_floor", "/floor", ".2f"),
            ("exact", "exact", "s"), ("table", "table's", "s"), ("best", "best", "s"))

@@ -241,8 +241,10 @@ pipelined loop, the streaming window (``_conv_stream.py``; its ``ptx`` division 
 are GPU-only: the interpreter runs the plain silu there, ``tests/test_causal_conv1d_cuda.py``
 checks them on every bf16 value)."""
 UPDATE_CLASSES = {reason.split(":")[1]: cfg for _, cfg, reason in mod.UPDATE_CONFIGS}
-UPDATE_CLASSES.update({f"{name} tile": cfg._replace(tile=True) for name, cfg in list(UPDATE_CLASSES.items())})
-"""Each update class, and the same with ``tile`` (one token through the multi-token path)."""
+UPDATE_CLASSES.update({f"{name} {kind}": cfg._replace(**{kind: True}) for name, cfg in list(UPDATE_CLASSES.items())
+                       for kind in ("tile", "vector")})
+"""Each update class, and the same with ``tile`` (one token through the multi-token path) and with
+``vector`` (one token through the decode's vector form where the layout allows)."""
 
 
 def _poisoned(B, C, T, dtype=torch.bfloat16):
@@ -375,17 +377,34 @@ def test_triton_kernel_update_matches_the_cpu_op(T):
 def test_triton_kernel_every_update_config_class(name):
     """Each class of ``UPDATE_CONFIGS``: decode (T = 1, the one-token launch) with one row and
     several, a state of K (transformers), of K - 1 (vLLM); a few tokens, a state of 6; a state
-    whose taps are strided (the generic addressing); K = 2 and 4."""
+    whose taps are strided (the generic addressing); K = 2, 4 and 8 (the vector form's rows of 2 and 8)."""
     cfg = UPDATE_CLASSES[name]
     g = torch.Generator().manual_seed(cfg.block_c)
     for B, T, S, K, strided in ((1, 1, 4, 4, False), (3, 1, 4, 4, False), (2, 1, 3, 4, False), (3, 3, 6, 4, False),
-                                (1, 1, 4, 2, True), (3, 5, 3, 4, True)):
+                                (1, 1, 4, 2, True), (3, 5, 3, 4, True), (2, 1, 2, 2, False), (2, 1, 8, 8, False)):
         x = _x(g, B, 40, T, torch.bfloat16)
         w, b = _params(g, 40, K, torch.bfloat16)
         state = torch.randn(B, 40, S, generator=g).to(torch.bfloat16)
         if strided:
             state = torch.randn(B, S, 40, generator=g).to(torch.bfloat16).transpose(1, 2)
         _check_update(x, state, w, b, "silu", cfg, f"{name} B={B} T={T} S={S} K={K} strided={strided}")
+
+
+def test_the_decode_vector_form_reads_only_contiguous_rows():
+    """``UpdateConfig(vector=True)`` takes the vector form only where each channel's state and weight rows
+    are ``K`` contiguous values (K a power of two, the state K wide); elsewhere the decode path."""
+    from kda_inductor.lowerings._conv_launch import _vector_layout
+    from kda_inductor.lowerings._conv_validate import ConvMeta
+
+    def meta(S, K):
+        return ConvMeta(batch=2, channels=8, tokens=1, width=K, state_width=S, num_seqs=1)
+
+    w4, w3 = torch.empty(8, 4), torch.empty(8, 3)
+    assert _vector_layout(torch.empty(2, 8, 4), w4, meta(4, 4))
+    assert not _vector_layout(torch.empty(2, 4, 8).transpose(1, 2), w4, meta(4, 4))  # taps strided
+    assert not _vector_layout(torch.empty(2, 8, 3), w4, meta(3, 4))  # vLLM's K - 1
+    assert not _vector_layout(torch.empty(2, 8, 3), w3, meta(3, 3))  # K not a power of two
+    assert not _vector_layout(torch.empty(2, 8, 4), torch.empty(4, 8).t(), meta(4, 4))  # weights strided
 
 
 def test_launch_config():

@@ -61,6 +61,10 @@ class UpdateConfig(NamedTuple):
     block_c: int
     num_warps: int
     tile: bool = False
+    vector: bool = False
+    """One token through the decode path's vector form (``_conv_kernels._decode_rows``: each channel's
+    state and weight rows read as one vector, the shifted row written as one) where the layout allows
+    (``[C, K]`` rows, the state ``K`` wide); not yet timed on a GPU (2026-12-08: the sweep's candidates)."""
 
 
 _RESULTS = "benchmarks/results/tune_causal_conv1d.md"

@@ -316,7 +316,20 @@ if triton is not None:
     @triton.jit
     def _decode_one(xp, sp, ch, m, w_ptr, b_ptr, yp, S, ss_t, sw_c, sw_k, C: tl.constexpr, K: tl.constexpr,
                     S_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, W_KIND: tl.constexpr,
-                    ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr, S_KIND: tl.constexpr, HW: tl.constexpr):
+                    ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr, S_KIND: tl.constexpr, HW: tl.constexpr,
+                    VECTOR: tl.constexpr):
+        """One token (decode): :func:`_decode_rows` (``VECTOR``: each channel's rows as one vector), else
+        :func:`_decode_cols`."""
+        if VECTOR:
+            _decode_rows(xp, sp, ch, m, w_ptr, b_ptr, yp, C, K, HAS_BIAS, SILU, W_KIND, ACT_KIND, OUT_KIND, S_KIND, HW)
+        else:
+            _decode_cols(xp, sp, ch, m, w_ptr, b_ptr, yp, S, ss_t, sw_c, sw_k, C, K, S_P2, HAS_BIAS, SILU, W_KIND,
+                         ACT_KIND, OUT_KIND, S_KIND, HW)
+
+    @triton.jit
+    def _decode_cols(xp, sp, ch, m, w_ptr, b_ptr, yp, S, ss_t, sw_c, sw_k, C: tl.constexpr, K: tl.constexpr,
+                     S_P2: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, W_KIND: tl.constexpr,
+                     ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr, S_KIND: tl.constexpr, HW: tl.constexpr):
         """One token (decode) of the tile's channels (``sp``: their state rows): tap ``k`` reads
         column ``S - (K - 1) + k`` of ``[state | x]``, each a ``[BH, BD]`` vector of channels (``x``
         and the output contiguous: vector loads and stores); the new state's column ``j`` is the
@@ -341,6 +354,36 @@ if triton is not None:
         tl.debug_barrier()  # every read of the state before any write
         tl.store(sp3 + jj * ss_t, new, mask=m[:, :, None] & (jj < S))
 
+    @triton.jit
+    def _decode_rows(xp, sp, ch, m, w_ptr, b_ptr, yp, C: tl.constexpr, K: tl.constexpr, HAS_BIAS: tl.constexpr,
+                     SILU: tl.constexpr, W_KIND: tl.constexpr, ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr,
+                     S_KIND: tl.constexpr, HW: tl.constexpr):
+        """:func:`_decode_cols` where the state's rows and the weights are ``[channels, K]``
+        contiguous, ``K`` a power of two and the state ``K`` wide (transformers' and FLA's decode
+        cache): each channel's state row and weight row read as one vector (no mask along the
+        taps), the taps picked in registers (tap ``k`` is state column ``k + 1``, the last ``x``),
+        the shifted row written as one vector. The same FMAs in the same order as
+        :func:`_decode_cols`: bit-identical results."""
+        D = w_ptr.dtype.element_ty
+        jj = tl.arange(0, K)[None, None, :]
+        m3 = m[:, :, None]
+        # float32 (exact) before the picks: the interpreter's picks of bfloat16 came back negated
+        old = tl.load(sp[:, :, None] + jj, mask=m3, other=0.0).to(tl.float32)
+        wrow = tl.load(w_ptr + ch[:, :, None] * K + jj, mask=m3, other=0.0).to(tl.float32)
+        acc = _bias(b_ptr, ch, m, D, W_KIND, HAS_BIAS, HW)
+        xv = tl.load(xp, mask=m, other=0.0)
+        for k in tl.static_range(K):
+            if k == K - 1:
+                v = _to_w(xv, D, W_KIND, HW)
+            else:
+                v = _to_w(_pick(old, k + 1), D, W_KIND, HW)
+            acc = tl.fma(_pick(wrow, k), v, acc)
+        new = tl.where(jj == K - 1, _round(xv.to(tl.float32), S_KIND, HW)[:, :, None], old)
+        for j in tl.static_range(K - 1):
+            new = tl.where(jj == j, _pick(old, j + 1)[:, :, None], new)
+        _store_row(yp, 0, 1, m, acc, C, SILU, ACT_KIND, OUT_KIND, HW)
+        tl.store(sp[:, :, None] + jj, new.to(sp.dtype.element_ty), mask=m3)
+
     def _update_body(x0, x1, x2, x3, s_ptr, w_ptr, b_ptr, y_ptr, T, S, sx_b, sx_t, sx_c, ss_n, ss_c, ss_t,
                      sw_c, sw_k, H0: tl.constexpr, D0: tl.constexpr, SH0: tl.constexpr,
                      H1: tl.constexpr, D1: tl.constexpr, SH1: tl.constexpr, JB1: tl.constexpr, CO1: tl.constexpr,
@@ -350,20 +393,20 @@ if triton is not None:
                      S_P2: tl.constexpr, SS_C: tl.constexpr, S_W: tl.constexpr, CONV: tl.constexpr,
                      ONE: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, W_KIND: tl.constexpr,
                      ACT_KIND: tl.constexpr, OUT_KIND: tl.constexpr, S_KIND: tl.constexpr,
-                     HW: tl.constexpr, X_UNIT: tl.constexpr):
+                     HW: tl.constexpr, X_UNIT: tl.constexpr, VECTOR: tl.constexpr = False):
         """Program (j, b): channel block ``j`` of row ``b``, every token: the state tile read once
         into registers, the conv of each token (``CONV``; else the state shift alone, after a
         prefill launch), the shifted state written once. ``SS_C > 0``: the state's taps are
         contiguous, ``SS_C`` apart per channel; ``S_W``: the state's width where a power of two
         (then unmasked taps: vector loads and stores). ``ONE``: one token, the conv (decode),
-        :func:`_decode_one`."""
+        :func:`_decode_one`; ``VECTOR`` (with ``ONE``): its vector form :func:`_decode_rows`."""
         b = tl.program_id(1).to(tl.int64)
         xp, off, ch, m = _block(tl.program_id(0), x0, x1, x2, x3, sx_c, H0, D0, SH0, H1, D1, SH1, JB1, CO1,
                                 H2, D2, SH2, JB2, CO2, H3, D3, SH3, JB3, CO3, NSRC, BH, BD, X_UNIT)
         xp = xp + b * sx_b + off
         if ONE:
             _decode_one(xp, s_ptr + b * ss_n + ch * ss_c, ch, m, w_ptr, b_ptr, y_ptr + b * C + ch, S, ss_t, sw_c,
-                        sw_k, C, K, S_P2, HAS_BIAS, SILU, W_KIND, ACT_KIND, OUT_KIND, S_KIND, HW)
+                        sw_k, C, K, S_P2, HAS_BIAS, SILU, W_KIND, ACT_KIND, OUT_KIND, S_KIND, HW, VECTOR)
             return
         sp, sm = _state_tile(s_ptr + b * ss_n, ch, m, S, ss_c, ss_t, S_P2, SS_C, S_W)
         old = tl.load(sp, mask=sm, other=0.0)

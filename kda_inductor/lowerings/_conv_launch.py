@@ -95,6 +95,14 @@ def _launch_prefill(srcs, w, bias, state, cu_seqlens, out, activation, act_dtype
         )
 
 
+def _vector_layout(state, w, meta: ConvMeta) -> bool:
+    """Whether the decode's vector form (``_decode_rows``) reads this state and weight: ``[C, K]``
+    rows contiguous in both, ``K`` a power of two, the state ``K`` wide."""
+    k = meta.width
+    return (meta.state_width == k and k in (2, 4, 8) and state.stride()[1:] == (k, 1)
+            and tuple(w.stride()) == (k, 1))
+
+
 def _launch_update(srcs, w, bias, state, out, activation, act_dtype, meta: ConvMeta, cfg: UpdateConfig, *,
                    conv: bool) -> None:
     bh, bd = head_block(srcs, cfg.block_c)
@@ -103,7 +111,8 @@ def _launch_update(srcs, w, bias, state, out, activation, act_dtype, meta: ConvM
         *ptrs, state, w, bias if bias is not None else w, out, meta.tokens, meta.state_width, **strides,
         ss_n=state.stride(0), ss_c=state.stride(1), ss_t=state.stride(2), sw_c=w.stride(0), sw_k=w.stride(1),
         **consts, S_P2=next_power_of_2(max(meta.state_width, 1)), CONV=conv,
-        ONE=conv and meta.tokens == 1 and not cfg.tile, S_KIND=KIND[state.dtype],
+        ONE=conv and meta.tokens == 1 and not cfg.tile, VECTOR=cfg.vector and _vector_layout(state, w, meta),
+        S_KIND=KIND[state.dtype],
         SS_C=state.stride(1) if state.stride(2) == 1 or meta.state_width == 1 else 0,
         S_W=meta.state_width if meta.state_width in (1, 2, 4, 8, 16) else 0,
         num_warps=cfg.num_warps,
@@ -171,7 +180,8 @@ def aot_variants():
 
 
 def _aot_updates(up_types: dict, base: dict, at: dict):
-    """:func:`aot_variants`' update launches: every update config class, and the state shift alone."""
+    """:func:`aot_variants`' update launches: every update config class, the decode's vector form, and the
+    state shift alone."""
     from kda_inductor.lowerings import AotVariant
 
     plain = ((1, 8192, 0),)
@@ -183,6 +193,7 @@ def _aot_updates(up_types: dict, base: dict, at: dict):
     yield AotVariant(kernels.update_kernel, up_types, dict(consts, CONV=False, ONE=False), warps, at[plain, True])
     yield AotVariant(kernels.update_kernel, up_types, dict(consts, **aot_geometry(QWEN3_NEXT_SOURCES, 256)),
                      {"num_warps": 1}, at[QWEN3_NEXT_SOURCES, True])
+    yield AotVariant(kernels.update_kernel, up_types, dict(consts, VECTOR=True), warps, at[plain, True])
 
 
 def _aot_launches() -> dict:

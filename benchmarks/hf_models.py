@@ -587,6 +587,11 @@ CASES = ("decode32", "decode128", "prefill", "prefill1024")
 TABLE_CASES = CASES[:3]
 """The table's cases (the default); ``prefill1024``: a shorter prefill, for a speed rule's A / B at
 another size (``kda@with-gdn_chunk``)."""
+TABLE_CASES_OF = {"deepseek_v32": ("decode32",)}
+"""Families whose table cells are fewer than ``TABLE_CASES`` (``--plan`` without ``--case``): the
+indexer family's one cell is decode 32 (nothing fires there: the check that nothing is slower). Its
+prefill 4096 replays take 98-134 ms (40-75 s of GPU a variant on an H100, 2026-12-08) and its decode
+128 is no GDN / KDA cell; both still run by name (``--case``)."""
 SMOKE_SHAPES = {"decode32": ("decode", 2, 8), "decode128": ("decode", 3, 8), "prefill": ("prefill", 1, 16),
                 "prefill1024": ("prefill", 1, 12)}
 REAL_SHAPES = {"decode32": ("decode", 32, 256), "decode128": ("decode", 128, 256), "prefill": ("prefill", 1, 4096),
@@ -1229,7 +1234,8 @@ def plan_variants(family: Family, case: str, fired: list[str] | None, recipe: st
 def plan(sections: list[dict], families: list[Family], cases: list[str], compiles: int, call_s: float,
          lanes: int = 1, recipe: str = "rounds", jobs: int = 1,
          variants: list[str] | None = None,
-         done: dict[tuple[str, str], set[str]] | None = None) -> tuple[list[dict], list[list[list[str]]]]:
+         done: dict[tuple[str, str], set[str]] | None = None,
+         only: dict[str, tuple[str, ...]] | None = None) -> tuple[list[dict], list[list[list[str]]]]:
     """Estimated seconds per (family, case) under ``recipe`` (``compiles``), from the recorded
     cold compile times and GPU-lock times (``PLAN_*`` assumptions where none), and a split into
     device calls of ``lanes`` GPUs, each lane at most ``call_s`` seconds (a case longer than that
@@ -1240,11 +1246,12 @@ def plan(sections: list[dict], families: list[Family], cases: list[str], compile
     ``variants`` narrows each case's (``--variant``). A family's first compile in a call holds the
     GPU longer (the largest recorded lock time over the median, added to each case's first
     variant: a case may open a call). ``done``: the variants a (family, case) needs no more
-    (:func:`measured_at`); a case with nothing left is not planned."""
+    (:func:`measured_at`); a case with nothing left is not planned. ``only``: a family's cases where it
+    names the family (:data:`TABLE_CASES_OF`)."""
     recorded = _recorded(sections)
     rows, out_jobs = [], []
     for fam in families:
-        for case in cases:
+        for case in [c for c in cases if c in (only or {}).get(fam.name, cases)]:
             rec = recorded.get((fam.name, case), {})
             stock = rec.get("stock", PLAN_DEFAULT_COLD_S)
             kda = rec.get("kda", stock)
@@ -1489,7 +1496,8 @@ def main(argv=None) -> list[dict]:
         sections = _hf_record.load_sections(results / "hf_models.json")
         done = measured_at(sections, args.at, args.recipe, args.compiles) if args.at else None
         print_plan(*plan(sections, _families(args), cases, args.compiles, args.call_seconds, args.lanes, args.recipe,
-                         args.jobs, args.variant.split(",") if args.variant else None, done), jobs=args.jobs)
+                         args.jobs, args.variant.split(",") if args.variant else None, done,
+                         None if args.case else TABLE_CASES_OF), jobs=args.jobs)
         return []
     return _run(args, cases, results)
 

@@ -1185,6 +1185,11 @@ def test_hf_plan_at_a_frozen_commit_plans_only_what_its_section_lacks():
                        "prefill": ["eager", "stock+fix", "kda", "kda-no-causal_conv1d"]}
     with pytest.raises(SystemExit, match="no section"):
         hf_models.measured_at(sections, "0123", "table", 3)
+    rows, _ = hf_models.plan(sections, [hf_models.BY_NAME["deepseek_v32"], hf_models.BY_NAME["olmo_hybrid"]],
+                             ["decode32", "decode128", "prefill"], 3, 480.0, recipe="table", jobs=6, done=done,
+                             only=hf_models.TABLE_CASES_OF)  # the indexer family: decode 32 only
+    assert sorted((r["family"], r["case"]) for r in rows) == [("deepseek_v32", "decode32"),
+                                                              ("olmo_hybrid", "decode32"), ("olmo_hybrid", "prefill")]
 
 
 def test_hf_a_compile_killed_past_the_limit_by_a_budget_counts_as_limited():

@@ -85,10 +85,11 @@ UPDATE_CANDIDATES = (UC(64, 1), UC(128, 1), UC(256, 1), UC(256, 2), UC(512, 2), 
 """The update launches timed: channel blocks x warps, and (``tile``) the one-token update through the
 multi-token path (the state read once as a tile). From ``UC(32, 1)`` on: one or two channels a thread
 (FLA's update runs about one; the launcher capped warps at 128 channels a warp before 2026-12-08, so
-the first sweeps timed 2-4 a thread only). ``--registers`` for sm_90 here (Triton 3.9, 2026-12-08): the
-shipped 256 x 2 and 128 x 1 take 80 registers, 24-25 warps an SM; 64 x 1 55, 32 warps (one-warp programs:
-32 an SM at most); one channel a thread (64 x 2, 128 x 4, 256 x 8) 32 registers, 64 warps an SM, the
-most loads in flight for a step that is all latency (B 32: 5 MB). ``vector``: the decode's vector form
+the first sweeps timed 2-4 a thread only). ``--registers`` for sm_90 here (2026-12-08; Triton 3.9, in brackets 3.6,
+the device's): the shipped 256 x 2 takes 80 (72) registers, 24 (28) warps an SM; 128 x 1 tile 66 (72), 31
+(28); 64 x 1 55 (52), 32 (one-warp programs: 32 an SM at most); one channel a thread (64 x 2, 128 x 4,
+256 x 8, with or without the tile or the vector form) 30-32 registers, 64 warps an SM on both: the most
+loads in flight for a step that is all latency (B 32: 5 MB). ``vector``: the decode's vector form
 (the state's and weights' rows as one load each, the shifted row one store)."""
 COLUMNS = (("kind", "kind", "s"), ("C", "C", ","), ("T", "T", ","), ("B", "B", ","), ("config", "config", "s"),
            ("us", "us", ".2f"), ("floor_us", "floor us", ".2f"), ("over_floor", "/floor", ".2f"),
@@ -304,7 +305,7 @@ def registers(widths, smoke: bool) -> list[dict]:
                 else:
                     kernel, types = kernels.update_kernel, dict(ptrs, **ints)
                     consts = dict(base, **aot_geometry(((1, C, 0),), cand.block_c), S_P2=4, SS_C=4, S_W=4, CONV=True,
-                                  ONE=True, S_KIND=1)
+                                  ONE=not cand.tile, VECTOR=cand.vector, S_KIND=1)
                 names = kernel.arg_names
                 src = ASTSource(fn=kernel, signature={n: types.get(n, "constexpr") for n in names},
                                 constexprs={(names.index(k),): v for k, v in consts.items()},
